@@ -1,0 +1,207 @@
+//! Requests the edge makes of the agent, and their replies.
+
+use serde::{Deserialize, Serialize};
+
+/// One operation. Each is answered by exactly one `FromAgent::Reply`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Op {
+    /// First request to a fresh container agent: build the root filesystem
+    /// inside the sandbox's namespaces and become its init. Reply: `Ready`.
+    SetupContainer(ContainerSetup),
+    /// Liveness check. Reply: `Pong`.
+    Ping,
+    /// Run a program. With `stream_output`, output arrives as `Data` frames
+    /// and the final `Exited` carries no output; otherwise output is buffered
+    /// (up to `max_output_bytes` per stream) and returned in `Exited`.
+    /// With `stdin: Stdin::Stream`, the edge sends `Data`/`Eof` for stdin.
+    Exec(ExecSpec),
+    /// Open a persistent shell session (cwd and exported environment carry
+    /// over between the commands run in it). Reply: `Session`.
+    OpenSession(SessionSpec),
+    /// End a session and kill every process its commands started.
+    /// Reply: `Done`.
+    CloseSession { session_id: String },
+    /// Start a program on a new PTY. Output arrives as `Data(Pty)`; input as
+    /// `Data` from the edge; `Resize` changes the window. Reply: `Exited`
+    /// when the program ends.
+    OpenPty(PtySpec),
+    /// Read a file. Content arrives as `Data(Content)`. Reply: `Done`.
+    ReadFile { path: String, offset: u64, limit: Option<u64> },
+    /// Write a file from the `Data` frames that follow, until `Eof`.
+    /// Reply: `Written`. The file appears atomically (written to a temporary
+    /// name, then renamed) unless `append`.
+    WriteFile(WriteFileSpec),
+    /// Reply: `Stat`.
+    Stat { path: String },
+    /// Reply: `Dir`.
+    ListDir { path: String },
+    /// Reply: `Done`.
+    Mkdir { path: String, parents: bool, mode: u32 },
+    /// Reply: `Done`.
+    Remove { path: String, recursive: bool },
+    /// Stream a directory (or file) as an uncompressed tar archive in `Data`
+    /// frames. Reply: `Done`.
+    TarCreate { path: String },
+    /// Extract the tar archive that arrives in `Data` frames into directory
+    /// `path` (created if missing). Entries that would land outside `path`
+    /// are refused. Reply: `Done`.
+    TarExtract { path: String, max_bytes: u64 },
+    /// Kill every process, flush filesystems and exit. Reply: `Done`, sent
+    /// before the agent exits.
+    Shutdown,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Reply {
+    Ready,
+    Pong,
+    Exited(ExecResult),
+    Session { session_id: String },
+    Stat(FileStat),
+    Dir(Vec<FileStat>),
+    Written { bytes: u64 },
+    Done,
+}
+
+/// What the container agent needs to turn the namespaces it was started in
+/// into a sandbox. Every path here is a host path, valid in the agent's mount
+/// namespace before it pivots into the new root.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ContainerSetup {
+    pub sandbox_id: String,
+    pub hostname: String,
+    /// Read-only layer directories (EROFS mounts), topmost first: the order
+    /// of overlayfs `lowerdir`.
+    pub lower_dirs: Vec<String>,
+    /// An empty host directory on which the agent mounts the sandbox's own
+    /// writable tmpfs (holding the overlay upper, work and merged root).
+    /// Private to the new mount namespace, so every sandbox may share it.
+    pub scratch_mount: String,
+    /// Size limit of the writable layer (tmpfs `size=`).
+    pub disk_limit_bytes: u64,
+    /// Paths under /proc and /sys hidden from the sandbox (files get
+    /// /dev/null, directories an empty read-only tmpfs).
+    pub masked_paths: Vec<String>,
+    /// Paths remounted read-only.
+    pub readonly_paths: Vec<String>,
+    /// The image's default environment for every command.
+    pub env: Vec<(String, String)>,
+    /// Default working directory for commands.
+    pub workdir: String,
+    /// Default user for commands (`init_user`): a name or uid from the
+    /// image's /etc/passwd.
+    pub default_user: String,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Command {
+    /// Run through the sandbox's shell: `/bin/sh -c STRING` (bash if the
+    /// image has it).
+    Shell(String),
+    /// Run a program directly; `argv[0]` is looked up in `PATH`.
+    Argv(Vec<String>),
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub enum Stdin {
+    /// stdin is /dev/null.
+    Null,
+    /// stdin is these bytes, then end of file.
+    Bytes(#[serde(with = "serde_bytes")] Vec<u8>),
+    /// stdin arrives as `Data` frames until `Eof`.
+    Stream,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct ExecSpec {
+    pub command: Command,
+    /// Added to (and overriding) the image and session environment.
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    /// A user name or numeric uid of the sandbox; default: the sandbox's
+    /// `init_user`.
+    pub user: Option<String>,
+    pub stdin: Stdin,
+    pub stream_output: bool,
+    /// SIGTERM to the process group after this long, SIGKILL after
+    /// `kill_grace_ms` more; `timed_out` is then set.
+    pub timeout_ms: Option<u64>,
+    pub kill_grace_ms: u64,
+    /// Per stream, output beyond this is read and discarded and `truncated`
+    /// is set, so a flood never grows memory.
+    pub max_output_bytes: u64,
+    /// Run in this persistent shell session (its cwd and environment).
+    pub session: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct ExecResult {
+    /// Exit status if the process exited normally.
+    pub exit_code: Option<i32>,
+    /// Signal number if the process was killed by a signal.
+    pub signal: Option<i32>,
+    #[serde(with = "serde_bytes")]
+    pub stdout: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    pub stderr: Vec<u8>,
+    /// Output beyond `max_output_bytes` was discarded (either stream).
+    pub truncated: bool,
+    pub timed_out: bool,
+    pub duration_us: u64,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct SessionSpec {
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct PtySpec {
+    /// Program to run; `None` runs the user's login shell.
+    pub command: Option<Command>,
+    pub env: Vec<(String, String)>,
+    pub cwd: Option<String>,
+    pub user: Option<String>,
+    pub rows: u16,
+    pub cols: u16,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct WriteFileSpec {
+    pub path: String,
+    /// Permission bits of a newly created file.
+    pub mode: u32,
+    pub append: bool,
+    /// Create missing parent directories.
+    pub create_parents: bool,
+    /// Refuse (with `TooLarge`) content beyond this many bytes.
+    pub max_bytes: u64,
+    /// Owner of a newly created file: a user name or uid; default root.
+    pub owner: Option<String>,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FileKind {
+    File,
+    Dir,
+    Symlink,
+    Other,
+}
+
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct FileStat {
+    /// The entry's name (its last path component).
+    pub name: String,
+    pub kind: FileKind,
+    pub size: u64,
+    /// Permission bits (`st_mode & 0o7777`).
+    pub mode: u32,
+    pub uid: u32,
+    pub gid: u32,
+    /// Modification time, seconds since the epoch.
+    pub mtime: i64,
+    /// Target of a symlink.
+    pub link_target: Option<String>,
+}

@@ -1,0 +1,192 @@
+//! The agent's process-wide state, shared (single-threaded, `Rc`) by every
+//! request task.
+
+use std::cell::{Cell, RefCell};
+use std::time::Duration;
+use std::collections::HashSet;
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+
+use crate::envs::Env;
+use crate::paths::Root;
+use crate::reaper::Reaper;
+use crate::session::Sessions;
+use crate::spawn::ChildPolicy;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// PID 1 of a container sandbox's namespaces.
+    Container,
+    /// No namespaces of its own; file operations confined to a directory.
+    Plain,
+}
+
+/// What the sandbox is: from SetupContainer, or defaults in plain mode.
+pub struct Identity {
+    pub sandbox_id: String,
+    /// The image's default environment, working directory and user.
+    pub image_env: Env,
+    pub workdir: String,
+    pub default_user: String,
+}
+
+pub struct Agent {
+    pub mode: Mode,
+    pub sandbox_id: String,
+    pub root: Root,
+    /// Plain mode: the root directory's path as the kernel reports cwds
+    /// (to map a session's `$PWD` back to a sandbox path).
+    pub root_path: Option<String>,
+    pub image_env: Env,
+    pub workdir: String,
+    pub default_user: String,
+    pub reaper: Rc<Reaper>,
+    pub sessions: RefCell<Sessions>,
+    /// Process groups of the commands we started that may still be alive
+    /// (Shutdown in plain mode kills these; in container mode kill(-1) does).
+    groups: RefCell<HashSet<i32>>,
+    pub devnull: OwnedFd,
+    pub policy: ChildPolicy,
+    /// Requests running (over every connection).
+    active: Cell<usize>,
+    idle: tokio::sync::Notify,
+}
+
+impl Agent {
+    pub fn new(mode: Mode, id: Identity, root: Root, root_path: Option<String>, devnull: OwnedFd, policy: ChildPolicy) -> Rc<Agent> {
+        Rc::new(Agent {
+            mode,
+            sandbox_id: id.sandbox_id,
+            root,
+            root_path,
+            image_env: id.image_env,
+            workdir: id.workdir,
+            default_user: id.default_user,
+            reaper: Rc::new(Reaper::default()),
+            sessions: RefCell::new(Sessions::default()),
+            groups: RefCell::new(HashSet::new()),
+            devnull,
+            policy,
+            active: Cell::new(0),
+            idle: tokio::sync::Notify::new(),
+        })
+    }
+
+    pub fn request_started(&self) {
+        self.active.set(self.active.get() + 1);
+    }
+
+    pub fn request_finished(&self) {
+        self.active.set(self.active.get().saturating_sub(1));
+        if self.active.get() == 0 {
+            self.idle.notify_one();
+        }
+    }
+
+    /// Hands memory freed by finished requests back to the kernel once the
+    /// agent has been idle for a moment: glibc only trims the top of the
+    /// heap by itself, and an idle agent should cost as little as the day it
+    /// started (thousands of them share a host).
+    pub async fn trim_when_idle(self: Rc<Self>) {
+        loop {
+            self.idle.notified().await;
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            if self.active.get() == 0 {
+                // SAFETY: malloc_trim only returns free heap pages.
+                unsafe { libc::malloc_trim(0) };
+            }
+        }
+    }
+
+    /// Remembers a new process group; prunes empty ones now and then so the
+    /// set stays small.
+    pub fn track_group(&self, pgid: i32) {
+        let mut g = self.groups.borrow_mut();
+        if g.len() >= 256 {
+            g.retain(|&p| group_alive(p));
+        }
+        g.insert(pgid);
+    }
+
+    /// SIGKILL to every process we know of.
+    pub fn kill_everything(&self) {
+        match self.mode {
+            // As PID 1 of the namespace this reaches every process in it but
+            // ourselves.
+            Mode::Container => {
+                // SAFETY: kill(2) with integer arguments.
+                unsafe { libc::kill(-1, libc::SIGKILL) };
+            }
+            // Never kill(-1) outside our own pid namespace.
+            Mode::Plain => {
+                for &pg in self.groups.borrow().iter() {
+                    signal_group(pg, libc::SIGKILL);
+                }
+            }
+        }
+        self.groups.borrow_mut().clear();
+    }
+
+    /// Plain mode, on the way out: nothing we started may outlive us. Kills
+    /// our process groups and every direct child (orphans adopted as a
+    /// subreaper included), then reaps them for up to a second so none is
+    /// left as a zombie of the host's init.
+    pub fn kill_and_reap_all(&self) {
+        self.kill_everything();
+        for pid in own_children() {
+            // SAFETY: kill(2) of our own child.
+            unsafe { libc::kill(pid, libc::SIGKILL) };
+        }
+        let deadline = std::time::Instant::now() + Duration::from_secs(1);
+        loop {
+            let mut status = 0;
+            // SAFETY: waitpid with a valid out pointer.
+            match unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG) } {
+                p if p > 0 => continue,
+                0 if std::time::Instant::now() < deadline => std::thread::sleep(Duration::from_millis(5)),
+                _ => return,
+            }
+        }
+    }
+
+    /// The shell commands run through: bash when the sandbox has it.
+    pub fn shell(&self) -> &'static str {
+        if crate::spawn::find_program("/bin/bash", "").is_some_and(|p| is_exec(&p)) {
+            "/bin/bash"
+        } else {
+            "/bin/sh"
+        }
+    }
+}
+
+fn is_exec(p: &std::ffi::CStr) -> bool {
+    rustix::fs::access(p, rustix::fs::Access::EXEC_OK).is_ok()
+        && rustix::fs::stat(p).is_ok_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode) == rustix::fs::FileType::RegularFile)
+}
+
+/// Sends `sig` to process group `pgid`; a group that is already gone is fine.
+pub fn signal_group(pgid: i32, sig: i32) {
+    if pgid <= 1 {
+        return;
+    }
+    // SAFETY: kill(2) with integer arguments; pgid > 1 never means "all".
+    unsafe { libc::kill(-pgid, sig) };
+}
+
+pub fn group_alive(pgid: i32) -> bool {
+    // SAFETY: kill(2) with signal 0 only checks existence.
+    pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
+}
+
+/// Pids of our direct children (from /proc/self/task/*/children).
+fn own_children() -> Vec<i32> {
+    let mut out = Vec::new();
+    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
+        for t in tasks.flatten() {
+            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
+                out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
+            }
+        }
+    }
+    out
+}

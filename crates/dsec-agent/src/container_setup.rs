@@ -1,0 +1,314 @@
+//! Turning the fresh namespaces the edge cloned us into a sandbox.
+//!
+//! Direct system calls only (spawning mount(8) or ip(8) would cost 10-30x
+//! more). The writable layer is a size-limited tmpfs mounted inside our own
+//! mount namespace, so the host's mount table never grows with sandboxes and
+//! the disk limit is enforced by the kernel (ENOSPC), not by polling.
+//!
+//! Order matters: the mounts that build the root happen before pivot_root;
+//! masking and read-only remounts happen after it, so the paths the edge
+//! names resolve inside the sandbox (an image's symlink cannot point a mask
+//! at a host path).
+
+use std::ffi::{CStr, CString};
+use std::fmt;
+
+use dsec_agent_proto::ContainerSetup;
+use rustix::io::Errno;
+
+#[derive(Debug)]
+pub struct SetupError {
+    pub step: String,
+    pub errno: Errno,
+}
+
+impl fmt::Display for SetupError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {}", self.step, self.errno)
+    }
+}
+
+impl std::error::Error for SetupError {}
+
+type Result<T> = std::result::Result<T, SetupError>;
+
+fn fail(step: impl Into<String>) -> impl FnOnce(Errno) -> SetupError {
+    let step = step.into();
+    move |errno| SetupError { step, errno }
+}
+
+fn errno() -> Errno {
+    Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
+}
+
+fn cstr(s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| SetupError { step: format!("path {s:?}"), errno: Errno::INVAL })
+}
+
+/// mount(2) with optional source, type and data.
+fn mount(src: Option<&CStr>, target: &CStr, fstype: Option<&CStr>, flags: libc::c_ulong, data: Option<&CStr>) -> std::result::Result<(), Errno> {
+    let p = |c: Option<&CStr>| c.map_or(std::ptr::null(), |c| c.as_ptr());
+    // SAFETY: every pointer is either null or a NUL-terminated string that
+    // outlives the call.
+    let r = unsafe { libc::mount(p(src), target.as_ptr(), p(fstype), flags, p(data).cast()) };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(errno())
+    }
+}
+
+fn mkdir(path: &CStr, mode: libc::mode_t) -> std::result::Result<(), Errno> {
+    // SAFETY: NUL-terminated path.
+    match unsafe { libc::mkdir(path.as_ptr(), mode) } {
+        0 => Ok(()),
+        _ => match errno() {
+            Errno::EXIST => Ok(()),
+            e => Err(e),
+        },
+    }
+}
+
+/// Overlay options quote `\`, `:` and `,` with a backslash.
+fn escape_overlay(path: &str) -> String {
+    let mut out = String::with_capacity(path.len());
+    for c in path.chars() {
+        if matches!(c, '\\' | ':' | ',') {
+            out.push('\\');
+        }
+        out.push(c);
+    }
+    out
+}
+
+pub fn overlay_options(lower: &[String], upper: &str, work: &str) -> String {
+    let lower: Vec<String> = lower.iter().map(|l| escape_overlay(l)).collect();
+    // index/redirect_dir/metacopy off: none of their features matter for a
+    // throwaway upper, and each costs lookups on every copy-up.
+    format!(
+        "lowerdir={},upperdir={},workdir={},index=off,redirect_dir=off,metacopy=off",
+        lower.join(":"),
+        escape_overlay(upper),
+        escape_overlay(work)
+    )
+}
+
+fn check_abs(what: &str, p: &str) -> Result<()> {
+    if !p.starts_with('/') || p.split('/').any(|c| c == "..") {
+        return Err(SetupError { step: format!("{what} {p:?} must be an absolute path without `..`"), errno: Errno::INVAL });
+    }
+    Ok(())
+}
+
+pub fn setup(cfg: &ContainerSetup) -> Result<()> {
+    check_abs("scratch_mount", &cfg.scratch_mount)?;
+    if cfg.lower_dirs.is_empty() {
+        return Err(SetupError { step: "lower_dirs is empty".into(), errno: Errno::INVAL });
+    }
+    for l in &cfg.lower_dirs {
+        check_abs("lower dir", l)?;
+    }
+    for p in cfg.masked_paths.iter().chain(&cfg.readonly_paths) {
+        check_abs("path", p)?;
+    }
+
+    // SAFETY: a new cgroup namespace changes neither our fd table nor our
+    // memory, which is what makes unshare unsafe in general.
+    unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWCGROUP) }.map_err(fail("unshare cgroup namespace"))?;
+    // Nothing we mount may propagate back to the host (or to other sandboxes
+    // sharing a peer group with it).
+    mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None).map_err(fail("make / private"))?;
+
+    let scratch = cfg.scratch_mount.trim_end_matches('/');
+    let size = cstr(&format!("size={},mode=0755", cfg.disk_limit_bytes.max(4096)))?;
+    mount(Some(c"tmpfs"), &cstr(scratch)?, Some(c"tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&size))
+        .map_err(fail("mount the writable tmpfs"))?;
+    let (upper, work, root) = (format!("{scratch}/upper"), format!("{scratch}/work"), format!("{scratch}/root"));
+    for d in [&upper, &work, &root] {
+        mkdir(&cstr(d)?, 0o755).map_err(fail(format!("mkdir {d}")))?;
+    }
+    let opts = cstr(&overlay_options(&cfg.lower_dirs, &upper, &work))?;
+    let root_c = cstr(&root)?;
+    mount(Some(c"overlay"), &root_c, Some(c"overlay"), 0, Some(&opts)).map_err(fail("mount the overlay root"))?;
+
+    let at = |p: &str| cstr(&format!("{root}{p}"));
+    for d in ["/proc", "/dev", "/sys"] {
+        mkdir(&at(d)?, 0o755).map_err(fail(format!("mkdir {d}")))?;
+    }
+    mount(Some(c"proc"), &at("/proc")?, Some(c"proc"), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None).map_err(fail("mount /proc"))?;
+    dev(&root)?;
+    mount(
+        Some(c"sysfs"),
+        &at("/sys")?,
+        Some(c"sysfs"),
+        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        None,
+    )
+    .map_err(fail("mount /sys"))?;
+
+    pivot(&root_c)?;
+
+    for p in &cfg.masked_paths {
+        mask(p)?;
+    }
+    for p in &cfg.readonly_paths {
+        readonly(p)?;
+    }
+    rustix::system::sethostname(cfg.hostname.as_bytes()).map_err(fail("sethostname"))?;
+    loopback_up().map_err(fail("bring up lo"))?;
+    // The memcg OOM killer must never pick the agent: the sandbox would lose
+    // its init and its channel. Children reset this to 0 before exec.
+    // Lowering it needs CAP_SYS_RESOURCE; a host that withholds it from the
+    // edge still gets a working sandbox, where the tiny agent is the OOM
+    // killer's last choice anyway (it picks by size). Said once per sandbox
+    // would flood the edge's log, so it is not said at all.
+    match std::fs::write("/proc/self/oom_score_adj", b"-1000") {
+        Ok(()) => {}
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {}
+        Err(e) => return Err(SetupError { step: "set oom_score_adj".into(), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) }),
+    }
+    // Not dumpable: /proc/1/{fd,mem,exe,environ} need ptrace access, which
+    // the sandbox's root (no CAP_SYS_PTRACE) does not have. The edge has it,
+    // for pidfd_getfd on re-attach.
+    rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable).map_err(fail("prctl(PR_SET_DUMPABLE)"))?;
+    Ok(())
+}
+
+/// A minimal /dev: a small tmpfs with the usual character devices, a private
+/// devpts instance and /dev/shm.
+fn dev(root: &str) -> Result<()> {
+    let d = |p: &str| cstr(&format!("{root}/dev{p}"));
+    mount(Some(c"tmpfs"), &d("")?, Some(c"tmpfs"), libc::MS_NOSUID | libc::MS_STRICTATIME, Some(c"mode=755,size=64k"))
+        .map_err(fail("mount /dev"))?;
+    for (name, major, minor) in [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)] {
+        let p = d(&format!("/{name}"))?;
+        // SAFETY: NUL-terminated path; the agent's umask is 0 so the mode is
+        // exactly 0666.
+        if unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(major, minor)) } != 0 {
+            return Err(SetupError { step: format!("mknod /dev/{name}"), errno: errno() });
+        }
+    }
+    mkdir(&d("/pts")?, 0o755).map_err(fail("mkdir /dev/pts"))?;
+    mount(
+        Some(c"devpts"),
+        &d("/pts")?,
+        Some(c"devpts"),
+        libc::MS_NOSUID | libc::MS_NOEXEC,
+        Some(c"newinstance,ptmxmode=0666,mode=0620,gid=5"),
+    )
+    .map_err(fail("mount /dev/pts"))?;
+    mkdir(&d("/shm")?, 0o1777).map_err(fail("mkdir /dev/shm"))?;
+    mount(
+        Some(c"shm"),
+        &d("/shm")?,
+        Some(c"tmpfs"),
+        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+        Some(c"mode=1777,size=65536k"),
+    )
+    .map_err(fail("mount /dev/shm"))?;
+    for (link, target) in [
+        ("/ptmx", "pts/ptmx"),
+        ("/fd", "/proc/self/fd"),
+        ("/stdin", "/proc/self/fd/0"),
+        ("/stdout", "/proc/self/fd/1"),
+        ("/stderr", "/proc/self/fd/2"),
+    ] {
+        rustix::fs::symlink(target, d(link)?.as_c_str()).map_err(fail(format!("symlink /dev{link}")))?;
+    }
+    Ok(())
+}
+
+/// pivot_root(".", "."): the old root ends up stacked on the new one and is
+/// detached at once; no directory for it is needed in the image.
+fn pivot(root: &CStr) -> Result<()> {
+    rustix::process::chdir(root).map_err(fail("chdir to the new root"))?;
+    rustix::process::pivot_root(".", ".").map_err(fail("pivot_root"))?;
+    rustix::mount::unmount(".", rustix::mount::UnmountFlags::DETACH).map_err(fail("detach the old root"))?;
+    rustix::process::chdir("/").map_err(fail("chdir /"))?;
+    Ok(())
+}
+
+/// Hides a path: /dev/null over a file, an empty read-only tmpfs over a
+/// directory. Paths the image does not have are skipped.
+fn mask(p: &str) -> Result<()> {
+    let target = cstr(p)?;
+    let st = match rustix::fs::stat(target.as_c_str()) {
+        Ok(st) => st,
+        Err(Errno::NOENT | Errno::NOTDIR) => return Ok(()),
+        Err(e) => return Err(SetupError { step: format!("mask {p}"), errno: e }),
+    };
+    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+        mount(Some(c"tmpfs"), &target, Some(c"tmpfs"), libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, Some(c"size=4k,mode=0555"))
+    } else {
+        mount(Some(c"/dev/null"), &target, None, libc::MS_BIND, None)
+    }
+    .map_err(fail(format!("mask {p}")))
+}
+
+/// Bind-mounts a path onto itself and remounts it read-only, keeping the
+/// nosuid/nodev/noexec flags it had (a bind remount would otherwise drop
+/// them).
+fn readonly(p: &str) -> Result<()> {
+    let target = cstr(p)?;
+    match mount(Some(&target), &target, None, libc::MS_BIND | libc::MS_REC, None) {
+        Ok(()) => {}
+        Err(Errno::NOENT | Errno::NOTDIR) => return Ok(()),
+        Err(e) => return Err(SetupError { step: format!("bind {p}"), errno: e }),
+    }
+    let vfs = rustix::fs::statvfs(target.as_c_str()).map_err(fail(format!("statvfs {p}")))?;
+    let mut flags = libc::MS_BIND | libc::MS_REMOUNT | libc::MS_RDONLY;
+    use rustix::fs::StatVfsMountFlags as F;
+    for (have, ms) in [(F::NOSUID, libc::MS_NOSUID), (F::NODEV, libc::MS_NODEV), (F::NOEXEC, libc::MS_NOEXEC)] {
+        if vfs.f_flag.contains(have) {
+            flags |= ms;
+        }
+    }
+    mount(None, &target, None, flags, None).map_err(fail(format!("remount {p} read-only")))
+}
+
+/// `ip link set lo up`, as one ioctl: the only interface of a fresh network
+/// namespace.
+fn loopback_up() -> std::result::Result<(), Errno> {
+    // SAFETY: a socket used only for the two ioctls below on a zeroed,
+    // correctly sized ifreq; closed before returning.
+    unsafe {
+        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
+        if s < 0 {
+            return Err(errno());
+        }
+        let mut ifr: libc::ifreq = std::mem::zeroed();
+        for (i, b) in b"lo".iter().enumerate() {
+            ifr.ifr_name[i] = *b as libc::c_char;
+        }
+        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr);
+        if r == 0 {
+            ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
+            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
+        }
+        let e = errno();
+        libc::close(s);
+        if r == 0 {
+            Ok(())
+        } else {
+            Err(e)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn overlay_options_escape_separators() {
+        let o = overlay_options(&["/l/a:b".into(), "/l/c,d".into()], "/s/upper", "/s/work");
+        assert_eq!(o, "lowerdir=/l/a\\:b:/l/c\\,d,upperdir=/s/upper,workdir=/s/work,index=off,redirect_dir=off,metacopy=off");
+    }
+
+    #[test]
+    fn relative_or_dotdot_paths_are_refused() {
+        assert!(check_abs("x", "/ok/path").is_ok());
+        assert!(check_abs("x", "rel").is_err());
+        assert!(check_abs("x", "/a/../b").is_err());
+    }
+}

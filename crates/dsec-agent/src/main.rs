@@ -1,0 +1,224 @@
+//! dsec-agent: the guest agent, PID 1 of every sandbox.
+//!
+//! ```text
+//! dsec-agent container                       # PID 1 of fresh namespaces
+//! dsec-agent plain --root DIR [--sandbox-id ID]
+//! ```
+//! Either way it speaks dsec-agent-proto on fd 3. The handshake and (in
+//! container mode) the setup run with blocking I/O before the event loop
+//! starts; then a single-threaded tokio runtime serves every request.
+
+mod agent;
+mod aio;
+mod caps;
+mod channel;
+mod container_setup;
+mod envs;
+mod errors;
+mod exec;
+mod files;
+mod input;
+mod launch;
+mod ops;
+mod paths;
+mod pty;
+mod reaper;
+mod reattach;
+mod request;
+mod server;
+mod session;
+mod session_state;
+mod signals;
+mod spawn;
+mod startup;
+mod tar;
+mod users;
+
+use std::fs::File;
+use std::os::fd::OwnedFd;
+use std::process::ExitCode;
+use std::rc::Rc;
+use std::time::Instant;
+
+use dsec_agent_proto::codec::{read_frame, write_frame, CodecError};
+use dsec_agent_proto::{AgentError, AgentState, ErrorKind, FromAgent, Op, Reply, ToAgent, PROTOCOL_VERSION};
+
+use agent::{Agent, Identity, Mode};
+use paths::Root;
+use spawn::ChildPolicy;
+
+const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]";
+
+enum Cli {
+    Container,
+    Plain { root: String, sandbox_id: String },
+}
+
+fn parse_args(args: &[String]) -> Result<Cli, String> {
+    match args.first().map(String::as_str) {
+        Some("container") if args.len() == 1 => Ok(Cli::Container),
+        Some("plain") => {
+            let mut root = None;
+            let mut sandbox_id = "plain".to_string();
+            let mut it = args[1..].iter();
+            while let Some(a) = it.next() {
+                match a.as_str() {
+                    "--root" => root = it.next().cloned(),
+                    "--sandbox-id" => sandbox_id = it.next().cloned().ok_or("--sandbox-id needs a value")?,
+                    other => return Err(format!("unknown argument {other:?}")),
+                }
+            }
+            Ok(Cli::Plain { root: root.ok_or("plain mode needs --root DIR")?, sandbox_id })
+        }
+        _ => Err("expected a mode".into()),
+    }
+}
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let cli = match parse_args(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("dsec-agent: {e}\n{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    let chan = match startup::prepare_process() {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("dsec-agent: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let r = match cli {
+        Cli::Container => container(chan),
+        Cli::Plain { root, sandbox_id } => plain(chan, &root, sandbox_id),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("dsec-agent: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Blocking handshake: our Hello, then the edge's, version-checked.
+fn handshake(chan: &mut File, state: AgentState) -> Result<(), String> {
+    write_frame(chan, &server::hello(state)).map_err(|e| format!("send Hello: {e}"))?;
+    match read_frame::<_, ToAgent>(chan) {
+        Ok(ToAgent::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => Ok(()),
+        Ok(ToAgent::Hello(h)) => Err(format!("the edge speaks protocol {}, we speak {PROTOCOL_VERSION}", h.protocol_version)),
+        Ok(other) => Err(format!("expected Hello, got {other:?}")),
+        Err(e) => Err(format!("read Hello: {e}")),
+    }
+}
+
+fn policy() -> ChildPolicy {
+    ChildPolicy {
+        reset_oom: startup::oom_score_adj() != 0,
+        restrict_caps: caps::can_restrict(),
+        ignored_signals: signals::ignored_mask(),
+    }
+}
+
+fn devnull() -> Result<OwnedFd, String> {
+    rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| format!("open /dev/null: {e}"))
+}
+
+fn plain(chan: OwnedFd, root_dir: &str, sandbox_id: String) -> Result<(), String> {
+    let root = Root::open(root_dir).map_err(|e| format!("--root {root_dir}: {e}"))?;
+    // Not PID 1 here, but orphans of our commands should still come to us
+    // (and be reaped by us) rather than to the host's init.
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        eprintln!("dsec-agent: cannot become a child subreaper: {}", std::io::Error::last_os_error());
+    }
+    let root_path = std::fs::canonicalize(root_dir).ok().map(|p| p.to_string_lossy().into_owned());
+    let mut chan = File::from(chan);
+    handshake(&mut chan, AgentState::Ready { sandbox_id: sandbox_id.clone() })?;
+    // SAFETY: getuid cannot fail.
+    let uid = unsafe { libc::getuid() };
+    let id = Identity {
+        sandbox_id,
+        // A plain agent passes its own environment on, as a runner would.
+        image_env: std::env::vars().collect(),
+        workdir: "/".into(),
+        default_user: uid.to_string(),
+    };
+    let agent = Agent::new(Mode::Plain, id, root, root_path, devnull()?, policy());
+    run(agent.clone(), chan.into())?;
+    // Leave nothing running behind us.
+    agent.kill_and_reap_all();
+    Ok(())
+}
+
+fn container(chan: OwnedFd) -> Result<(), String> {
+    let mut chan = File::from(chan);
+    handshake(&mut chan, AgentState::Fresh)?;
+    let (id, cfg) = loop {
+        match read_frame::<_, ToAgent>(&mut chan) {
+            Ok(ToAgent::Request { id, op: Op::SetupContainer(cfg) }) => break (id, cfg),
+            Ok(ToAgent::Request { id, .. }) => {
+                let err = AgentError::new(ErrorKind::Protocol, "the first request must be SetupContainer");
+                write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) }).map_err(|e| e.to_string())?;
+            }
+            Ok(other) => eprintln!("dsec-agent: ignoring {other:?} before setup"),
+            Err(CodecError::Decode(e)) => eprintln!("dsec-agent: dropped a malformed frame: {e}"),
+            Err(e) => return Err(format!("channel closed before setup: {e}")),
+        }
+    };
+    let started = Instant::now();
+    let setup = container_setup::setup(&cfg).map_err(|e| e.to_string()).and_then(|()| {
+        let root = Root::open("/").map_err(|e| format!("open /: {e}"))?;
+        Ok((root, devnull()?))
+    });
+    let (root, null) = match setup {
+        Ok(v) => v,
+        Err(msg) => {
+            let err = AgentError::new(ErrorKind::SetupFailed, msg.clone());
+            let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) });
+            return Err(format!("setup failed: {msg}"));
+        }
+    };
+    eprintln!("dsec-agent: sandbox {} set up in {} us", cfg.sandbox_id, started.elapsed().as_micros());
+    write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(|e| e.to_string())?;
+    let ident = Identity { sandbox_id: cfg.sandbox_id, image_env: cfg.env, workdir: cfg.workdir, default_user: cfg.default_user };
+    let agent = Agent::new(Mode::Container, ident, root, None, null, policy());
+    run(agent, chan.into())
+}
+
+/// The event loop: one thread, no blocking pool.
+fn run(agent: Rc<Agent>, chan: OwnedFd) -> Result<(), String> {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_io()
+        .enable_time()
+        .build()
+        .map_err(|e| format!("event loop: {e}"))?;
+    let local = tokio::task::LocalSet::new();
+    local.block_on(&rt, server::serve(agent, chan));
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(a: &[&str]) -> Vec<String> {
+        a.iter().map(|s| s.to_string()).collect()
+    }
+
+    #[test]
+    fn command_line() {
+        assert!(matches!(parse_args(&args(&["container"])), Ok(Cli::Container)));
+        match parse_args(&args(&["plain", "--root", "/r", "--sandbox-id", "x"])) {
+            Ok(Cli::Plain { root, sandbox_id }) => assert_eq!((root.as_str(), sandbox_id.as_str()), ("/r", "x")),
+            _ => panic!("plain mode not parsed"),
+        }
+        assert!(parse_args(&args(&["plain"])).is_err());
+        assert!(parse_args(&args(&["container", "extra"])).is_err());
+        assert!(parse_args(&args(&[])).is_err());
+        assert!(parse_args(&args(&["plain", "--root", "/r", "--bogus"])).is_err());
+    }
+}

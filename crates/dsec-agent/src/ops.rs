@@ -1,0 +1,56 @@
+//! Runs one request to its single reply.
+
+use std::rc::Rc;
+
+use dsec_agent_proto::{AgentError, ErrorKind, Op, Reply};
+
+use crate::agent::{Agent, Mode};
+use crate::errors::protocol;
+use crate::request::ReqCtx;
+use crate::{exec, files, pty, session, tar};
+
+pub async fn run(agent: Rc<Agent>, ctx: Rc<ReqCtx>, op: Op) {
+    let shutdown = matches!(op, Op::Shutdown);
+    agent.request_started();
+    let result = handle(&agent, &ctx, op).await;
+    ctx.reply(result);
+    agent.request_finished();
+    if shutdown {
+        // The reply must reach the edge before we go.
+        ctx.conn().flush().await;
+        std::process::exit(0);
+    }
+}
+
+async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, AgentError> {
+    match op {
+        Op::Ping => Ok(Reply::Pong),
+        Op::SetupContainer(_) => Err(match agent.mode {
+            Mode::Container => protocol("the sandbox is already set up"),
+            Mode::Plain => AgentError::new(ErrorKind::Unsupported, "plain mode has no container to set up"),
+        }),
+        Op::Exec(spec) => exec::exec(agent, ctx, spec).await,
+        Op::OpenSession(spec) => session::open(agent, spec),
+        Op::CloseSession { session_id } => session::close(agent, &session_id),
+        Op::OpenPty(spec) => pty::open(agent, ctx, spec).await,
+        Op::ReadFile { path, offset, limit } => files::read_file(agent, ctx, &path, offset, limit).await,
+        Op::WriteFile(spec) => files::write_file(agent, ctx, spec).await,
+        Op::Stat { path } => files::stat(agent, &path),
+        Op::ListDir { path } => files::list_dir(agent, &path),
+        Op::Mkdir { path, parents, mode } => files::mkdir(agent, &path, parents, mode),
+        Op::Remove { path, recursive } => files::remove(agent, &path, recursive),
+        Op::TarCreate { path } => tar::create(agent, ctx, &path).await,
+        Op::TarExtract { path, max_bytes } => tar::extract(agent, ctx, &path, max_bytes).await,
+        Op::Shutdown => {
+            agent.kill_everything();
+            // tmpfs has nothing to flush; a VM's disk does. syncfs, not
+            // sync: in plain mode the host's other filesystems are not ours.
+            // (syncfs needs a real fd, not the O_PATH root.)
+            let root = crate::paths::SandboxPath::parse("/")?;
+            if let Ok(fd) = agent.root.open_at(&root, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY, rustix::fs::Mode::empty()) {
+                let _ = rustix::fs::syncfs(&fd);
+            }
+            Ok(Reply::Done)
+        }
+    }
+}

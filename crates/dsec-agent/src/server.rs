@@ -1,0 +1,156 @@
+//! The connection loop: read frames, route them to requests, and outlive
+//! the edge in container mode (see reattach.rs).
+
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+
+use dsec_agent_proto::{AgentHello, AgentState, FromAgent, ToAgent, PROTOCOL_VERSION};
+
+use crate::agent::{Agent, Mode};
+use crate::channel::{Conn, FrameReader, Incoming};
+use crate::errors::protocol;
+use crate::ops;
+use crate::reattach;
+use crate::request::ReqCtx;
+
+pub fn hello(state: AgentState) -> FromAgent {
+    FromAgent::Hello(AgentHello { protocol_version: PROTOCOL_VERSION, agent_version: env!("CARGO_PKG_VERSION").to_string(), state })
+}
+
+/// Serves `fd` (whose handshake is done) and every later channel, until
+/// Shutdown, or until the edge goes away in plain mode.
+pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
+    tokio::task::spawn_local({
+        let reaper = agent.reaper.clone();
+        async move {
+            if let Err(e) = reaper.run().await {
+                eprintln!("dsec-agent: the reaper failed: {e}");
+            }
+        }
+    });
+    tokio::task::spawn_local(agent.clone().trim_when_idle());
+    let mut fd = fd;
+    let mut greeted = true;
+    loop {
+        let conn = match Conn::new(fd) {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("dsec-agent: cannot use the channel: {e}");
+                return;
+            }
+        };
+        tokio::task::spawn_local(conn.clone().writer());
+        run_conn(&agent, &conn, greeted).await;
+        conn.close();
+        // Requests of the lost edge run on (their processes are the
+        // sandbox's), with nowhere to send output.
+        let orphans: Vec<Rc<ReqCtx>> = conn.requests.borrow().values().cloned().collect();
+        for ctx in orphans {
+            ctx.detach();
+        }
+        if agent.mode != Mode::Container {
+            return;
+        }
+        fd = match reattach::new_channel() {
+            Ok(fd) => fd,
+            Err(e) => {
+                eprintln!("dsec-agent: cannot create a channel for re-attachment: {e}");
+                return;
+            }
+        };
+        greeted = false;
+        eprintln!("dsec-agent: the edge went away; waiting for it on fd {}", reattach::REATTACH_FD);
+    }
+}
+
+async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, greeted: bool) {
+    let mut reader = FrameReader::default();
+    if !greeted {
+        let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.clone() }));
+        match reader.next(conn).await {
+            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if h.protocol_version == PROTOCOL_VERSION => {
+                reattach::release();
+            }
+            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) => {
+                eprintln!("dsec-agent: edge speaks protocol {}, we speak {PROTOCOL_VERSION}", h.protocol_version);
+                return;
+            }
+            Ok(None) => return,
+            Ok(Some(_)) => {
+                eprintln!("dsec-agent: the edge must say Hello first");
+                return;
+            }
+            Err(e) => {
+                eprintln!("dsec-agent: channel: {e}");
+                return;
+            }
+        }
+    }
+    loop {
+        match reader.next(conn).await {
+            Ok(Some(Incoming::Frame(msg))) => dispatch(agent, conn, msg),
+            Ok(Some(Incoming::Garbage(e))) => eprintln!("dsec-agent: dropped a malformed frame: {e}"),
+            Ok(None) => return,
+            Err(e) => {
+                eprintln!("dsec-agent: channel: {e}");
+                return;
+            }
+        }
+        if conn.is_closed() {
+            return;
+        }
+    }
+}
+
+fn dispatch(agent: &Rc<Agent>, conn: &Rc<Conn>, msg: ToAgent) {
+    let find = |id| conn.requests.borrow().get(&id).cloned();
+    match msg {
+        ToAgent::Hello(_) => eprintln!("dsec-agent: unexpected Hello in the middle of a conversation"),
+        ToAgent::Request { id, op } => {
+            if conn.requests.borrow().contains_key(&id) {
+                eprintln!("dsec-agent: request id {id} is already in use");
+                let _ = conn.send(&FromAgent::Reply { id, result: Err(protocol(format!("request id {id} is already in use"))) });
+                return;
+            }
+            let ctx = ReqCtx::new(id, conn.clone());
+            conn.requests.borrow_mut().insert(id, ctx.clone());
+            tokio::task::spawn_local(ops::run(agent.clone(), ctx, op));
+        }
+        // Frames for a request that has already replied are a normal race
+        // (the edge sent them before seeing the reply): dropped quietly.
+        ToAgent::Data { id, data } => {
+            if let Some(c) = find(id) {
+                c.push_data(data);
+            }
+        }
+        ToAgent::Eof { id } => {
+            if let Some(c) = find(id) {
+                c.push_eof();
+            }
+        }
+        ToAgent::Signal { id, signal } => {
+            if let Some(c) = find(id) {
+                if (1..=64).contains(&signal) {
+                    c.push_signal(signal);
+                } else {
+                    eprintln!("dsec-agent: request {id}: invalid signal {signal}");
+                }
+            }
+        }
+        ToAgent::Resize { id, rows, cols } => {
+            if let Some(c) = find(id) {
+                c.push_resize(rows, cols);
+            }
+        }
+        ToAgent::Credit { id, bytes } => {
+            if let Some(c) = find(id) {
+                c.push_credit(bytes);
+            }
+        }
+        ToAgent::Cancel { id } => {
+            if let Some(c) = find(id) {
+                c.cancel();
+            }
+        }
+    }
+}

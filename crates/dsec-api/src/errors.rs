@@ -1,0 +1,144 @@
+//! The one table of error codes. The HTTP API answers every failure with
+//! `{"error": {"code": CODE, "message": TEXT}}` and the status below; the
+//! Python SDK raises the exception class named for the code. The SDK ships
+//! the same table as `sdk/python/dsec/error_codes.json`; a test keeps the two
+//! equal (regenerate with `DSEC_WRITE_ERROR_CODES=1 cargo test -p dsec-api`).
+
+use serde::{Deserialize, Serialize};
+
+macro_rules! error_codes {
+    ($( $variant:ident = ($code:literal, $status:literal, $doc:literal), )*) => {
+        /// A stable, machine-readable reason for a failed request.
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
+        #[serde(rename_all = "snake_case")]
+        pub enum ErrorCode {
+            $( #[doc = $doc] $variant, )*
+        }
+
+        impl ErrorCode {
+            pub const ALL: &'static [ErrorCode] = &[$(ErrorCode::$variant,)*];
+
+            /// The code as it appears on the wire.
+            pub fn as_str(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $code,)* }
+            }
+
+            /// The HTTP status that carries this code.
+            pub fn http_status(self) -> u16 {
+                match self { $(ErrorCode::$variant => $status,)* }
+            }
+
+            pub fn description(self) -> &'static str {
+                match self { $(ErrorCode::$variant => $doc,)* }
+            }
+        }
+    };
+}
+
+error_codes! {
+    InvalidRequest = ("invalid_request", 400, "The request is malformed: bad JSON, an unknown field, a missing or ill-typed value."),
+    InvalidLimits = ("invalid_limits", 400, "A resource limit is impossible (zero, negative, or above the node's maximum)."),
+    InvalidPath = ("invalid_path", 400, "A file path is not absolute, contains '..', or is otherwise unusable."),
+    UnsupportedBackend = ("unsupported_backend", 400, "The requested backend is not available on this platform."),
+    UnsupportedNetworkPolicy = ("unsupported_network_policy", 400, "The requested network rules cannot be enforced by this platform."),
+    UserNotFound = ("user_not_found", 400, "The named user does not exist in the sandbox's image."),
+    SpawnFailed = ("spawn_failed", 400, "The program could not be started (not found or not executable)."),
+    NotADirectory = ("not_a_directory", 400, "A path component that must be a directory is not one."),
+    IsADirectory = ("is_a_directory", 400, "The path is a directory where a file was expected."),
+    Unauthorized = ("unauthorized", 401, "The bearer token is missing or wrong."),
+    Forbidden = ("forbidden", 403, "The token is valid but may not do this (e.g. an admin-only call)."),
+    PermissionDenied = ("permission_denied", 403, "The sandbox's filesystem refused the operation."),
+    NotFound = ("not_found", 404, "No such route or resource."),
+    SandboxNotFound = ("sandbox_not_found", 404, "No sandbox with this id is visible to this tenant."),
+    ImageNotFound = ("image_not_found", 404, "No image or layer with this name exists."),
+    FileNotFound = ("file_not_found", 404, "No file or directory at this path in the sandbox."),
+    SessionNotFound = ("session_not_found", 404, "No terminal session with this id in the sandbox."),
+    MethodNotAllowed = ("method_not_allowed", 405, "The route exists but not for this HTTP method."),
+    SandboxNotRunning = ("sandbox_not_running", 409, "The sandbox is not running (stopped, failed or still starting)."),
+    AlreadyExists = ("already_exists", 409, "Something already exists at this path or with this name."),
+    DirectoryNotEmpty = ("directory_not_empty", 409, "The directory is not empty (use recursive removal)."),
+    PayloadTooLarge = ("payload_too_large", 413, "The upload is larger than the allowed maximum."),
+    UnsupportedMediaType = ("unsupported_media_type", 415, "The request body must be JSON (Content-Type: application/json)."),
+    RateLimited = ("rate_limited", 429, "Too many requests; retry after the time in the Retry-After header."),
+    Internal = ("internal", 500, "An unexpected fault in the platform; it was logged."),
+    AgentUnavailable = ("agent_unavailable", 502, "The sandbox's guest agent stopped answering; the sandbox is being marked failed."),
+    NoCapacity = ("no_capacity", 503, "No node has room for this sandbox now (admission refused)."),
+    EdgeUnavailable = ("edge_unavailable", 503, "The node that owns this sandbox cannot be reached."),
+    Timeout = ("timeout", 504, "The operation did not finish within its deadline."),
+    NoSpace = ("no_space", 507, "The sandbox's disk is full."),
+}
+
+impl std::fmt::Display for ErrorCode {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The body of every error response.
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorBody {
+    pub error: ErrorDetail,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, utoipa::ToSchema)]
+pub struct ErrorDetail {
+    pub code: ErrorCode,
+    pub message: String,
+}
+
+impl ErrorBody {
+    pub fn new(code: ErrorCode, message: impl Into<String>) -> Self {
+        Self { error: ErrorDetail { code, message: message.into() } }
+    }
+}
+
+/// The table as JSON: `[{"code", "http_status", "description"}, ...]`.
+pub fn error_table_json() -> String {
+    let rows: Vec<serde_json::Value> = ErrorCode::ALL
+        .iter()
+        .map(|c| {
+            serde_json::json!({
+                "code": c.as_str(),
+                "http_status": c.http_status(),
+                "description": c.description(),
+            })
+        })
+        .collect();
+    let mut s = serde_json::to_string_pretty(&rows).expect("a table of strings serializes");
+    s.push('\n');
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn serde_name_matches_table_code() {
+        for c in ErrorCode::ALL {
+            let wire = serde_json::to_value(c).unwrap();
+            assert_eq!(wire, serde_json::Value::String(c.as_str().to_string()));
+        }
+    }
+
+    #[test]
+    fn codes_are_unique() {
+        let mut seen = std::collections::HashSet::new();
+        for c in ErrorCode::ALL {
+            assert!(seen.insert(c.as_str()), "duplicate code {c}");
+            assert!((400..600).contains(&c.http_status()));
+        }
+    }
+
+    /// The SDK's copy of the table must equal this one.
+    #[test]
+    fn sdk_table_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sdk/python/dsec/error_codes.json");
+        let want = error_table_json();
+        if std::env::var_os("DSEC_WRITE_ERROR_CODES").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        assert_eq!(have, want, "sdk/python/dsec/error_codes.json is stale: run DSEC_WRITE_ERROR_CODES=1 cargo test -p dsec-api");
+    }
+}

@@ -1,0 +1,26 @@
+//! Public HTTP/JSON API types of dsec: request and response bodies of the
+//! apiserver, and the error-code table shared with the Python SDK.
+//!
+//! These are wire types only. The edge and the apiserver convert them into
+//! their own core types at the HTTP boundary; nothing below this crate needs
+//! serde names to stay stable except the wire itself.
+
+mod errors;
+mod exec;
+mod files;
+mod images;
+mod sandboxes;
+mod tenants;
+
+pub use errors::*;
+pub use exec::*;
+pub use files::*;
+pub use images::*;
+pub use sandboxes::*;
+pub use tenants::*;
+
+/// The API version prefix of every route.
+pub const API_PREFIX: &str = "/v1";
+
+/// The header that carries the caller's token (`Authorization: Bearer T`).
+pub const AUTH_HEADER: &str = "authorization";

@@ -1,0 +1,162 @@
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+use utoipa::ToSchema;
+
+/// Which kind of isolation runs the sandbox.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, Default)]
+#[serde(rename_all = "lowercase")]
+pub enum Backend {
+    /// Namespaces + cgroups + overlayfs over EROFS layers.
+    #[default]
+    Container,
+    /// A QEMU microvm guest.
+    Microvm,
+    /// A QEMU q35 full VM.
+    Vm,
+    /// A warm runner from the FnCall pool.
+    Fncall,
+}
+
+impl Backend {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Backend::Container => "container",
+            Backend::Microvm => "microvm",
+            Backend::Vm => "vm",
+            Backend::Fncall => "fncall",
+        }
+    }
+}
+
+/// `POST /v1/sandboxes`. Field names follow the paper's SDK listing.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateSandboxRequest {
+    #[serde(default)]
+    pub backend: Backend,
+    /// Base image name (`name` or `name:tag`), e.g. `python`, `busybox`.
+    #[serde(alias = "container_image")]
+    pub image: String,
+    /// One workspace layer placed above the base image.
+    #[serde(default)]
+    pub workspace: Option<String>,
+    /// Toolkit layers placed above the workspace; the last one is topmost.
+    #[serde(default)]
+    pub toolkits: Vec<String>,
+    #[serde(default)]
+    pub memory_limit_mb: Option<u64>,
+    #[serde(default)]
+    pub cpu_cores_limit: Option<f64>,
+    /// Size of the writable layer.
+    #[serde(default)]
+    pub disk_limit_mb: Option<u64>,
+    #[serde(default)]
+    pub pids_limit: Option<u64>,
+    /// Idle lifetime in seconds: the sandbox is stopped after this long
+    /// without any request. 0 disables the idle timeout.
+    #[serde(default)]
+    pub ttl_running_stop: Option<u64>,
+    /// Hard lifetime in seconds, counted from creation, whatever the
+    /// activity. 0 means the node's maximum.
+    #[serde(default)]
+    pub max_lifetime_s: Option<u64>,
+    /// Named egress services to allow (`{"pypi": true, "npm": false}`).
+    /// Without a rule, the sandbox has no outside network.
+    #[serde(default)]
+    pub network_rules: BTreeMap<String, bool>,
+    /// The default user for commands: `root` or a user of the image.
+    #[serde(default)]
+    pub init_user: Option<String>,
+    #[serde(default)]
+    pub env: BTreeMap<String, String>,
+    #[serde(default)]
+    pub workdir: Option<String>,
+    /// Free-form labels, for filtering in list calls.
+    #[serde(default)]
+    pub labels: BTreeMap<String, String>,
+    /// The training job this sandbox belongs to.
+    #[serde(default)]
+    pub job: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum SandboxState {
+    Creating,
+    Running,
+    Stopping,
+    Stopped,
+    Failed,
+    /// The node that owns the sandbox cannot be reached.
+    Unknown,
+}
+
+impl SandboxState {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            SandboxState::Creating => "creating",
+            SandboxState::Running => "running",
+            SandboxState::Stopping => "stopping",
+            SandboxState::Stopped => "stopped",
+            SandboxState::Failed => "failed",
+            SandboxState::Unknown => "unknown",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        Some(match s {
+            "creating" => SandboxState::Creating,
+            "running" => SandboxState::Running,
+            "stopping" => SandboxState::Stopping,
+            "stopped" => SandboxState::Stopped,
+            "failed" => SandboxState::Failed,
+            "unknown" => SandboxState::Unknown,
+            _ => return None,
+        })
+    }
+
+    pub fn is_terminal(self) -> bool {
+        matches!(self, SandboxState::Stopped | SandboxState::Failed)
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Limits {
+    pub memory_limit_mb: u64,
+    pub cpu_cores_limit: f64,
+    pub disk_limit_mb: u64,
+    pub pids_limit: u64,
+}
+
+/// A sandbox as the API reports it.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Sandbox {
+    /// Encodes the node that owns the sandbox.
+    pub id: String,
+    pub backend: Backend,
+    pub image: String,
+    pub workspace: Option<String>,
+    pub toolkits: Vec<String>,
+    pub state: SandboxState,
+    /// Why the sandbox stopped or failed (`idle timeout`, `deleted`, ...).
+    pub state_reason: Option<String>,
+    pub node: String,
+    pub limits: Limits,
+    pub init_user: String,
+    pub ttl_running_stop: u64,
+    pub max_lifetime_s: u64,
+    pub labels: std::collections::BTreeMap<String, String>,
+    pub job: Option<String>,
+    /// RFC 3339 times.
+    pub created_at: String,
+    pub last_active_at: String,
+    pub stopped_at: Option<String>,
+    /// Milliseconds from the create request to a running sandbox.
+    pub create_ms: Option<f64>,
+}
+
+/// `GET /v1/sandboxes`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SandboxList {
+    pub sandboxes: Vec<Sandbox>,
+}

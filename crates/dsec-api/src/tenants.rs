@@ -1,0 +1,45 @@
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+/// `POST /v1/tenants` (admin only).
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateTenantRequest {
+    pub name: String,
+}
+
+/// A tenant; `token` is only present in the answer that created it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TenantInfo {
+    pub name: String,
+    pub admin: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub token: Option<String>,
+    pub created_at: String,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TenantList {
+    pub tenants: Vec<TenantInfo>,
+}
+
+/// `GET /healthz`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct Health {
+    pub status: String,
+    pub version: String,
+    pub nodes: Vec<NodeStatus>,
+}
+
+/// A node (edge) as the apiserver sees it.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct NodeStatus {
+    pub name: String,
+    pub healthy: bool,
+    pub sandboxes: u64,
+    pub cpu_reserved: f64,
+    pub cpu_capacity: f64,
+    pub memory_reserved_mb: u64,
+    pub memory_capacity_mb: u64,
+    pub cgroup_version: u8,
+}

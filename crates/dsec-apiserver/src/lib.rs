@@ -1,0 +1,58 @@
+//! The apiserver: the one door between the trusted training side and the
+//! sandboxes. HTTP/JSON with streaming over WebSocket, token auth, and
+//! routing of every sandbox request to the edge that owns it.
+//!
+//! API boundary: [`router`] builds the axum `Router` from an [`AppState`].
+//! Invariant: no per-sandbox state lives here; a sandbox id names its node.
+
+pub mod auth;
+mod convert;
+pub mod error;
+mod extract;
+pub mod nodes;
+mod openapi;
+mod routes;
+pub mod state;
+
+use axum::routing::{get, post};
+use axum::Router;
+use dsec_api::ErrorCode;
+use utoipa::OpenApi;
+
+pub use state::{ApiLimits, AppState, ImageCatalog};
+
+use crate::error::ApiError;
+use crate::routes::{admin, files, sandboxes, stream};
+
+pub fn openapi_json() -> String {
+    openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
+}
+
+pub fn router(state: AppState) -> Router {
+    let doc = openapi_json();
+    Router::new()
+        .route("/healthz", get(admin::healthz))
+        .route("/openapi.json", get(move || async move { ([("content-type", "application/json")], doc) }))
+        .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
+        .route("/v1/images", get(admin::list_images))
+        .route("/v1/images/{*name}", axum::routing::delete(admin::delete_image))
+        .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
+        .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::delete))
+        .route("/v1/sandboxes/{id}/stop", post(sandboxes::stop))
+        .route("/v1/sandboxes/{id}/exec", post(sandboxes::exec))
+        .route("/v1/sandboxes/{id}/exec/stream", get(stream::exec_stream))
+        .route("/v1/sandboxes/{id}/pty", get(stream::pty))
+        .route("/v1/sandboxes/{id}/sessions", post(sandboxes::create_session))
+        .route("/v1/sandboxes/{id}/sessions/{sid}", axum::routing::delete(sandboxes::delete_session))
+        .route("/v1/sandboxes/{id}/files", get(files::read).put(files::write).delete(files::remove))
+        .route("/v1/sandboxes/{id}/files/stat", get(files::stat))
+        .route("/v1/sandboxes/{id}/files/list", get(files::list))
+        .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
+        .route("/v1/sandboxes/{id}/archive", get(files::archive_get).put(files::archive_put))
+        .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
+        .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this route") })
+        // Uploads are streamed and bounded by ApiLimits, not by axum's
+        // default 2 MB body limit.
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(state)
+}

@@ -1,0 +1,4 @@
+pub mod admin;
+pub mod files;
+pub mod sandboxes;
+pub mod stream;

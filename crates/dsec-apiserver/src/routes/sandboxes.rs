@@ -1,0 +1,115 @@
+//! Sandbox lifecycle, exec and sessions.
+
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::response::IntoResponse;
+use axum::Json;
+use dsec_agent_proto::{Op, Reply, SessionSpec};
+use dsec_api as api;
+use dsec_edge::ListFilter;
+
+use crate::auth::Auth;
+use crate::convert;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::{ApiJson, QueryPairs};
+use crate::state::AppState;
+
+/// Create a sandbox and wait until it runs.
+#[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    request_body = api::CreateSandboxRequest,
+    responses((status = 201, body = api::Sandbox), (status = "4XX", body = api::ErrorBody), (status = "5XX", body = api::ErrorBody)))]
+pub async fn create(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    ApiJson(req): ApiJson<api::CreateSandboxRequest>,
+) -> ApiResult<(StatusCode, Json<api::Sandbox>)> {
+    let rec = st.nodes.create(&caller, convert::create_request(req)).await?;
+    Ok((StatusCode::CREATED, Json(convert::sandbox_out(rec))))
+}
+
+/// List sandboxes, filtered by `state`, `job` and repeatable `label=k=v`.
+#[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
+    params(("state" = Option<String>, Query), ("job" = Option<String>, Query), ("label" = Option<Vec<String>>, Query, description = "k=v; repeat for several")),
+    responses((status = 200, body = api::SandboxList)))]
+pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs) -> ApiResult<Json<api::SandboxList>> {
+    let mut filter = ListFilter { state: q.get("state").map(convert::state_in).transpose()?, job: q.get("job").map(str::to_string), labels: vec![] };
+    for l in q.all("label") {
+        let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid(format!("label filter {l:?} must be key=value")))?;
+        filter.labels.push((k.to_string(), v.to_string()));
+    }
+    let sandboxes = st.nodes.list(&caller, &filter).into_iter().map(convert::sandbox_out).collect();
+    Ok(Json(api::SandboxList { sandboxes }))
+}
+
+#[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path)), responses((status = 200, body = api::Sandbox), (status = 404, body = api::ErrorBody)))]
+pub async fn get(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<api::Sandbox>> {
+    let rec = st.nodes.owner(&id)?.get(&caller, &id)?;
+    Ok(Json(convert::sandbox_out(rec)))
+}
+
+/// Stop a sandbox; its record stays (state `stopped`) for inspection.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes",
+    params(("id" = String, Path)), responses((status = 200, body = api::Sandbox), (status = 404, body = api::ErrorBody)))]
+pub async fn stop(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<api::Sandbox>> {
+    let rec = st.nodes.owner(&id)?.stop(&caller, &id, "stopped by request").await?;
+    Ok(Json(convert::sandbox_out(rec)))
+}
+
+/// Stop a sandbox if needed and forget it.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path)), responses((status = 204), (status = 404, body = api::ErrorBody)))]
+pub async fn delete(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<StatusCode> {
+    st.nodes.owner(&id)?.delete(&caller, &id).await?;
+    Ok(StatusCode::NO_CONTENT)
+}
+
+/// Run a command to completion and return its output.
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
+    params(("id" = String, Path)), request_body = api::ExecRequest,
+    responses((status = 200, body = api::ExecResponse), (status = "4XX", body = api::ErrorBody)))]
+pub async fn exec(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<api::ExecRequest>,
+) -> ApiResult<Json<api::ExecResponse>> {
+    let spec = convert::exec_spec(&req, false)?;
+    let result = st.nodes.owner(&id)?.exec(&caller, &id, spec).await?;
+    Ok(Json(convert::exec_response(result, req.encoding.unwrap_or_default())))
+}
+
+/// Open a persistent shell session (cwd and exported variables carry over).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions", tag = "exec",
+    params(("id" = String, Path)), request_body = api::CreateSessionRequest,
+    responses((status = 201, body = api::SessionInfo)))]
+pub async fn create_session(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    body: axum::body::Bytes,
+) -> ApiResult<impl IntoResponse> {
+    // The body is optional: an empty one means defaults.
+    let req: api::CreateSessionRequest = if body.iter().all(u8::is_ascii_whitespace) {
+        Default::default()
+    } else {
+        serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("invalid session request: {e}")))?
+    };
+    let spec = SessionSpec { env: req.env.into_iter().collect(), cwd: req.cwd, user: req.user };
+    match st.nodes.owner(&id)?.call(&caller, &id, Op::OpenSession(spec)).await? {
+        Reply::Session { session_id } => Ok((StatusCode::CREATED, Json(api::SessionInfo { session_id }))),
+        other => Err(ApiError::new(api::ErrorCode::Internal, format!("unexpected agent reply {other:?}"))),
+    }
+}
+
+/// End a session, killing every process it started.
+#[utoipa::path(delete, path = "/v1/sandboxes/{id}/sessions/{sid}", tag = "exec",
+    params(("id" = String, Path), ("sid" = String, Path)), responses((status = 204), (status = 404, body = api::ErrorBody)))]
+pub async fn delete_session(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path((id, sid)): Path<(String, String)>,
+) -> ApiResult<StatusCode> {
+    st.nodes.owner(&id)?.call(&caller, &id, Op::CloseSession { session_id: sid }).await?;
+    Ok(StatusCode::NO_CONTENT)
+}

@@ -1,0 +1,204 @@
+//! Streaming exec and interactive PTYs over WebSocket.
+//!
+//! Exec: the client's first text frame is an `ExecRequest`; output arrives as
+//! binary frames tagged with their stream; the last frame is a JSON `exit`
+//! (or `error`) message. PTY: binary frames are terminal bytes both ways.
+//! When the client goes away, the command is cancelled (killed).
+
+use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
+use axum::extract::{Path, State};
+use axum::response::Response;
+use dsec_agent_proto::client::{CallEvent, CallSender};
+use dsec_agent_proto::{Command, Op, PtySpec, Reply, Stream};
+use dsec_api::{self as api, ErrorCode, ErrorDetail, StreamMessage};
+use dsec_edge::{Caller, EdgeError};
+use futures_util::{SinkExt, StreamExt};
+
+use crate::auth::Auth;
+use crate::convert;
+use crate::error::{ApiError, ApiResult};
+use crate::extract::QueryPairs;
+use crate::state::AppState;
+
+/// Stream a command's output (WebSocket).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec",
+    params(("id" = String, Path)),
+    responses((status = 101, description = "WebSocket: first client frame is an ExecRequest; see docs/api.md"), (status = 404, body = api::ErrorBody)))]
+pub async fn exec_stream(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, ws: WebSocketUpgrade) -> ApiResult<Response> {
+    st.nodes.owner(&id)?.get(&caller, &id)?;
+    Ok(ws.on_upgrade(move |socket| exec_session(st, caller, id, socket)))
+}
+
+/// Open an interactive terminal (WebSocket).
+#[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "exec",
+    params(("id" = String, Path), ("rows" = Option<u16>, Query), ("cols" = Option<u16>, Query), ("cmd" = Option<String>, Query), ("user" = Option<String>, Query), ("cwd" = Option<String>, Query)),
+    responses((status = 101, description = "WebSocket: binary frames are terminal bytes"), (status = 404, body = api::ErrorBody)))]
+pub async fn pty(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs, ws: WebSocketUpgrade) -> ApiResult<Response> {
+    st.nodes.owner(&id)?.get(&caller, &id)?;
+    let spec = PtySpec {
+        command: q.get("cmd").map(|c| Command::Shell(c.to_string())),
+        env: vec![],
+        cwd: q.get("cwd").map(str::to_string),
+        user: q.get("user").map(str::to_string),
+        rows: q.number("rows")?.unwrap_or(24),
+        cols: q.number("cols")?.unwrap_or(80),
+    };
+    Ok(ws.on_upgrade(move |socket| pty_session(st, caller, id, spec, socket)))
+}
+
+fn text(msg: &StreamMessage) -> Message {
+    Message::Text(serde_json::to_string(msg).unwrap_or_default().into())
+}
+
+fn error_msg(e: ApiError) -> Message {
+    text(&StreamMessage::Error(ErrorDetail { code: e.code, message: e.message }))
+}
+
+async fn exec_session(st: AppState, caller: Caller, id: String, socket: WebSocket) {
+    let (mut out, mut inp) = socket.split();
+    let req: api::ExecRequest = match inp.next().await {
+        Some(Ok(Message::Text(t))) => match serde_json::from_str(&t) {
+            Ok(r) => r,
+            Err(e) => {
+                let _ = out.send(error_msg(ApiError::invalid(format!("first frame must be an ExecRequest: {e}")))).await;
+                return;
+            }
+        },
+        _ => {
+            let _ = out.send(error_msg(ApiError::invalid("first frame must be an ExecRequest as JSON text"))).await;
+            return;
+        }
+    };
+    let encoding = req.encoding.unwrap_or_default();
+    let opened = async {
+        let spec = convert::exec_spec(&req, true)?;
+        let edge = st.nodes.owner(&id)?;
+        edge.open(&caller, &id, Op::Exec(spec)).await.map_err(ApiError::from)
+    };
+    let (call, _guard) = match opened.await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = out.send(error_msg(e)).await;
+            return;
+        }
+    };
+    let (tx, mut rx) = call.into_split();
+    let input = tokio::spawn(forward_input(inp, tx, InputMode::Exec));
+    loop {
+        let msg = match rx.recv().await {
+            Ok(Some(CallEvent::Data { stream, data })) => {
+                let tag = if stream == Stream::Stderr { api::STREAM_STDERR } else { api::STREAM_STDOUT };
+                let mut frame = Vec::with_capacity(data.len() + 1);
+                frame.push(tag);
+                frame.extend_from_slice(&data);
+                Message::Binary(frame.into())
+            }
+            Ok(Some(CallEvent::Reply(Ok(Reply::Exited(r))))) => {
+                let _ = out.send(text(&StreamMessage::Exit(convert::exec_response(r, encoding)))).await;
+                break;
+            }
+            Ok(Some(CallEvent::Reply(Ok(other)))) => {
+                let _ = out.send(error_msg(ApiError::new(ErrorCode::Internal, format!("unexpected reply {other:?}")))).await;
+                break;
+            }
+            Ok(Some(CallEvent::Reply(Err(e)))) => {
+                let _ = out.send(error_msg(EdgeError::Agent(e).into())).await;
+                break;
+            }
+            Ok(None) => break,
+            Err(e) => {
+                let _ = out.send(error_msg(EdgeError::from(e).into())).await;
+                break;
+            }
+        };
+        if out.send(msg).await.is_err() {
+            // The client left: dropping the receiver cancels the command.
+            break;
+        }
+    }
+    input.abort();
+    let _ = out.close().await;
+}
+
+async fn pty_session(st: AppState, caller: Caller, id: String, spec: PtySpec, socket: WebSocket) {
+    let (mut out, inp) = socket.split();
+    let opened = async {
+        let edge = st.nodes.owner(&id)?;
+        edge.open(&caller, &id, Op::OpenPty(spec)).await.map_err(ApiError::from)
+    };
+    let (call, _guard) = match opened.await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = out.send(error_msg(e)).await;
+            return;
+        }
+    };
+    let (tx, mut rx) = call.into_split();
+    let input = tokio::spawn(forward_input(inp, tx, InputMode::Pty));
+    loop {
+        let msg = match rx.recv().await {
+            Ok(Some(CallEvent::Data { data, .. })) => Message::Binary(data.into()),
+            Ok(Some(CallEvent::Reply(Ok(Reply::Exited(r))))) => {
+                let _ = out.send(text(&StreamMessage::Exit(convert::exec_response(r, api::OutputEncoding::Utf8)))).await;
+                break;
+            }
+            Ok(Some(CallEvent::Reply(Ok(other)))) => {
+                let _ = out.send(error_msg(ApiError::new(ErrorCode::Internal, format!("unexpected reply {other:?}")))).await;
+                break;
+            }
+            Ok(Some(CallEvent::Reply(Err(e)))) => {
+                let _ = out.send(error_msg(EdgeError::Agent(e).into())).await;
+                break;
+            }
+            Ok(None) => break,
+            Err(e) => {
+                let _ = out.send(error_msg(EdgeError::from(e).into())).await;
+                break;
+            }
+        };
+        if out.send(msg).await.is_err() {
+            break;
+        }
+    }
+    input.abort();
+    let _ = out.close().await;
+}
+
+#[derive(Clone, Copy, PartialEq)]
+enum InputMode {
+    /// Binary frames carry a stream tag byte (0 = stdin).
+    Exec,
+    /// Binary frames are raw terminal input.
+    Pty,
+}
+
+/// Client -> sandbox: stdin bytes, EOF, signals, resizes. When the client
+/// closes the socket, the command is cancelled.
+async fn forward_input(mut inp: futures_util::stream::SplitStream<WebSocket>, tx: CallSender, mode: InputMode) {
+    while let Some(msg) = inp.next().await {
+        let ok = match msg {
+            Ok(Message::Binary(b)) => {
+                let data = match mode {
+                    InputMode::Exec => match b.split_first() {
+                        Some((&api::STREAM_STDIN, rest)) => rest.to_vec(),
+                        _ => continue,
+                    },
+                    InputMode::Pty => b.to_vec(),
+                };
+                tx.send_data(&data).await.is_ok()
+            }
+            Ok(Message::Text(t)) => match serde_json::from_str::<StreamMessage>(&t) {
+                Ok(StreamMessage::Eof) => tx.send_eof().is_ok(),
+                Ok(StreamMessage::Signal { signal }) => tx.signal(signal).is_ok(),
+                Ok(StreamMessage::Resize { rows, cols }) => tx.resize(rows, cols).is_ok(),
+                _ => true,
+            },
+            Ok(Message::Close(_)) | Err(_) => break,
+            Ok(_) => true,
+        };
+        if !ok {
+            return;
+        }
+    }
+    let _ = tx.cancel();
+}

@@ -1,0 +1,37 @@
+//! What every handler can reach.
+
+use std::sync::Arc;
+
+use dsec_api::ImageInfo;
+
+use crate::auth::TokenStore;
+use crate::nodes::Nodes;
+
+/// The node's image store as the API sees it (implemented by the binary over
+/// dsec-image, so this crate stays free of storage code).
+pub trait ImageCatalog: Send + Sync + 'static {
+    fn list(&self) -> Result<Vec<ImageInfo>, String>;
+    /// `Ok(false)` if no such image.
+    fn remove(&self, reference: &str) -> Result<bool, String>;
+}
+
+#[derive(Clone)]
+pub struct AppState {
+    pub tokens: Arc<TokenStore>,
+    pub nodes: Arc<Nodes>,
+    pub images: Option<Arc<dyn ImageCatalog>>,
+    pub limits: Arc<ApiLimits>,
+}
+
+/// Bounds on what one request may carry.
+#[derive(Debug, Clone)]
+pub struct ApiLimits {
+    /// Largest file or archive upload, in bytes.
+    pub max_upload_bytes: u64,
+}
+
+impl Default for ApiLimits {
+    fn default() -> Self {
+        Self { max_upload_bytes: 4 << 30 }
+    }
+}

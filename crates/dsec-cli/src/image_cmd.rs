@@ -1,0 +1,306 @@
+//! `dsec image build|setup|ls|rm`: images are built on this node, straight
+//! into its image store (root, offline work), with progress bars.
+
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::{Args, Subcommand};
+use dsec_api::ImageInfo;
+use dsec_image::build::{build_layer_debootstrap, build_layer_from_dir, build_layer_from_tar, DebootstrapRecipe};
+use dsec_image::{build_default_image, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Subcommand, Debug)]
+pub enum ImageCmd {
+    /// Build an image from a directory, a tar(.gz) or a debootstrap run.
+    Build(BuildArgs),
+    /// Build the default images (busybox, python) that are missing.
+    Setup(SetupArgs),
+    /// List images.
+    Ls(StoreArgs),
+    /// Remove images (their layers go at the next gc).
+    Rm {
+        #[arg(required = true)]
+        names: Vec<String>,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+}
+
+#[derive(Args, Debug)]
+pub struct StoreArgs {
+    /// Image store directory. Default: $DSEC_DATA_DIR/images.
+    #[arg(long, env = "DSEC_IMAGES_DIR")]
+    pub images_dir: Option<PathBuf>,
+}
+
+impl StoreArgs {
+    fn open(&self) -> anyhow::Result<ImageStore> {
+        let dir = self.images_dir.clone().unwrap_or_else(|| crate::default_data_dir().join("images"));
+        ImageStore::open(&dir).with_context(|| format!("opening the image store at {}", dir.display()))
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct BuildArgs {
+    /// `name` or `name:tag`.
+    pub name: String,
+    /// Root filesystem directory.
+    #[arg(long, group = "source")]
+    pub from_dir: Option<PathBuf>,
+    /// Root filesystem as a .tar or .tar.gz.
+    #[arg(long, group = "source")]
+    pub from_tar: Option<PathBuf>,
+    /// Debian suite for debootstrap --variant=minbase (e.g. bookworm).
+    #[arg(long, group = "source")]
+    pub debootstrap: Option<String>,
+    /// Extra packages for --debootstrap (comma-separated or repeated).
+    #[arg(long, value_delimiter = ',')]
+    pub packages: Vec<String>,
+    #[arg(long, env = "DSEC_DEBIAN_MIRROR", default_value = "http://deb.debian.org/debian")]
+    pub mirror: String,
+    /// base, workspace or toolkit.
+    #[arg(long, default_value = "base")]
+    pub kind: String,
+    /// Compress data with lz4hc (smaller, slower to build and to read).
+    #[arg(long)]
+    pub compress: bool,
+    /// Environment of commands, KEY=VALUE (repeatable).
+    #[arg(long = "env")]
+    pub env: Vec<String>,
+    #[arg(long)]
+    pub workdir: Option<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct SetupArgs {
+    #[arg(long, env = "DSEC_DEBIAN_MIRROR", default_value = "http://deb.debian.org/debian")]
+    pub mirror: String,
+    /// Only these default images (busybox, python).
+    #[arg(long = "only")]
+    pub only: Vec<String>,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+/// Draws a build's progress: a spinner with the current stage, turning into
+/// a bar (bytes or items, rate, ETA) when the builder reports a total.
+struct Bars {
+    bar: ProgressBar,
+    unit: Mutex<Option<Unit>>,
+    /// Without a terminal (CI logs), stages are printed as plain lines.
+    plain: bool,
+}
+
+impl Bars {
+    fn new(prefix: &str) -> Bars {
+        let bar = ProgressBar::new_spinner();
+        bar.set_style(ProgressStyle::with_template("{spinner} [{elapsed_precise}] {prefix}: {wide_msg}").expect("valid template"));
+        bar.set_prefix(prefix.to_string());
+        bar.enable_steady_tick(Duration::from_millis(120));
+        let plain = !std::io::IsTerminal::is_terminal(&std::io::stderr());
+        Bars { bar, unit: Mutex::new(None), plain }
+    }
+
+    fn finish(&self, msg: String) {
+        if self.plain {
+            eprintln!("{}: {msg}", self.bar.prefix());
+        }
+        self.bar.finish_with_message(msg);
+    }
+}
+
+impl Progress for Bars {
+    fn stage(&self, text: &str) {
+        if self.plain {
+            eprintln!("{}: {}", self.bar.prefix(), text.trim());
+        }
+        self.bar.set_message(text.trim().to_string());
+    }
+
+    fn advance(&self, done: u64, total: Option<u64>, unit: Unit) {
+        let mut current = self.unit.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(total) = total {
+            if *current != Some(unit) || self.bar.length() != Some(total) {
+                let tmpl = match unit {
+                    Unit::Bytes => "{spinner} [{elapsed_precise}] {prefix}: [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {wide_msg}",
+                    Unit::Items => "{spinner} [{elapsed_precise}] {prefix}: [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
+                };
+                self.bar.set_style(ProgressStyle::with_template(tmpl).expect("valid template").progress_chars("=> "));
+                self.bar.set_length(total);
+                *current = Some(unit);
+            }
+        }
+        self.bar.set_position(done);
+    }
+}
+
+pub async fn run(cmd: ImageCmd) -> anyhow::Result<u8> {
+    // Builds are long blocking work (mkfs, debootstrap): keep them off the
+    // async runtime's workers.
+    tokio::task::spawn_blocking(move || run_blocking(cmd)).await?
+}
+
+fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
+    match cmd {
+        ImageCmd::Build(a) => build(a),
+        ImageCmd::Setup(a) => setup(a),
+        ImageCmd::Ls(s) => {
+            let store = s.open()?;
+            println!("{:<24} {:>10} {:>7}  {:<24} LAYERS", "NAME", "SIZE", "LAYERS", "CREATED");
+            for img in Catalog::infos(&store)? {
+                println!(
+                    "{:<24} {:>10} {:>7}  {:<24} {}",
+                    img.name,
+                    human_bytes(img.size_bytes),
+                    img.layers.len(),
+                    img.created_at,
+                    img.layers.iter().map(|l| short_digest(l)).collect::<Vec<_>>().join(",")
+                );
+            }
+            Ok(0)
+        }
+        ImageCmd::Rm { names, store } => {
+            let store = store.open()?;
+            let mut code = 0;
+            for n in names {
+                match store.remove(&n) {
+                    Ok(()) => println!("{n}"),
+                    Err(e) => {
+                        eprintln!("{n}: {e}");
+                        code = 1;
+                    }
+                }
+            }
+            Ok(code)
+        }
+    }
+}
+
+fn short_digest(d: &str) -> &str {
+    let hex = d.strip_prefix("sha256:").unwrap_or(d);
+    &hex[..hex.len().min(12)]
+}
+
+fn human_bytes(n: u64) -> String {
+    indicatif::HumanBytes(n).to_string()
+}
+
+fn build(a: BuildArgs) -> anyhow::Result<u8> {
+    let store = a.store.open()?;
+    let reference: Reference = parse_reference(&a.name)?;
+    let kind = match a.kind.as_str() {
+        "base" => LayerKind::Base,
+        "workspace" => LayerKind::Workspace,
+        "toolkit" => LayerKind::Toolkit,
+        other => anyhow::bail!("--kind must be base, workspace or toolkit, not {other:?}"),
+    };
+    let options = BuildOptions { compression: if a.compress { Compression::Lz4hc { level: None } } else { Compression::None } };
+    let mut config = ImageConfig::default();
+    config.env.extend(a.env.iter().cloned());
+    if let Some(w) = &a.workdir {
+        config.workdir = w.clone();
+    }
+    let bars = Bars::new(&a.name);
+    let started = std::time::Instant::now();
+    let result = dsec_image::build::build_image(&store, &reference, kind, config, || {
+        if let Some(dir) = &a.from_dir {
+            build_layer_from_dir(&store, dir, &options, &bars)
+        } else if let Some(tar) = &a.from_tar {
+            build_layer_from_tar(&store, tar, &options, &bars)
+        } else if let Some(suite) = &a.debootstrap {
+            let mut recipe = DebootstrapRecipe::new(suite);
+            recipe.mirror = a.mirror.clone();
+            recipe.include = a.packages.clone();
+            build_layer_debootstrap(&store, &recipe, &options, &bars)
+        } else {
+            Err(dsec_image::BuildError::InvalidRecipe("give one of --from-dir, --from-tar, --debootstrap".into()))
+        }
+    });
+    match result {
+        Ok(img) => {
+            let size: u64 = img.layers.iter().map(|l| l.size).sum();
+            bars.finish(format!("built {} ({}) in {:.1?}", a.name, human_bytes(size), started.elapsed()));
+            Ok(0)
+        }
+        Err(e) => {
+            bars.bar.abandon_with_message("failed");
+            Err(e.into())
+        }
+    }
+}
+
+fn parse_reference(s: &str) -> anyhow::Result<Reference> {
+    let (name, tag) = s.split_once(':').unwrap_or((s, dsec_image::DEFAULT_TAG));
+    Ok(Reference::new(name, tag)?)
+}
+
+fn setup(a: SetupArgs) -> anyhow::Result<u8> {
+    let store = a.store.open()?;
+    for which in DefaultImage::ALL {
+        if !a.only.is_empty() && !a.only.iter().any(|o| o == which.name()) {
+            continue;
+        }
+        if store.contains(&which.reference()) {
+            eprintln!("image {} is ready (cached)", which.name());
+            continue;
+        }
+        let bars = Bars::new(which.name());
+        let started = std::time::Instant::now();
+        match build_default_image(&store, which, &bars, &a.mirror) {
+            Ok(_) => bars.finish(format!("built in {:.1?}", started.elapsed())),
+            Err(e) => {
+                bars.bar.abandon_with_message("failed");
+                return Err(anyhow::anyhow!("building image {}: {e}", which.name()));
+            }
+        }
+    }
+    Ok(0)
+}
+
+/// The image store as the API lists it.
+pub struct Catalog {
+    store: ImageStore,
+}
+
+impl Catalog {
+    pub fn open(dir: &Path) -> anyhow::Result<Catalog> {
+        Ok(Catalog { store: ImageStore::open(dir)? })
+    }
+
+    fn infos(store: &ImageStore) -> anyhow::Result<Vec<ImageInfo>> {
+        let mut out: Vec<ImageInfo> = store
+            .list()?
+            .into_iter()
+            .map(|e| ImageInfo {
+                name: e.reference.to_string(),
+                layers: e.manifest.layers.iter().map(|l| format!("sha256:{}", l.digest.hex())).collect(),
+                size_bytes: e.manifest.size_bytes,
+                created_at: e.manifest.created_at.clone(),
+                env: e.manifest.config.env.clone(),
+                workdir: e.manifest.config.workdir.clone(),
+                user: e.manifest.config.user.clone(),
+            })
+            .collect();
+        out.sort_by(|a, b| a.name.cmp(&b.name));
+        Ok(out)
+    }
+}
+
+impl dsec_apiserver::ImageCatalog for Catalog {
+    fn list(&self) -> Result<Vec<ImageInfo>, String> {
+        Catalog::infos(&self.store).map_err(|e| e.to_string())
+    }
+
+    fn remove(&self, reference: &str) -> Result<bool, String> {
+        match self.store.remove(reference) {
+            Ok(()) => Ok(true),
+            Err(dsec_image::ImageError::ImageNotFound(_)) => Ok(false),
+            Err(e) => Err(e.to_string()),
+        }
+    }
+}

@@ -1,0 +1,88 @@
+//! `dsec`: runs the platform (`dsec up`) and talks to it.
+
+mod connect;
+mod image_cmd;
+mod sandbox_cmd;
+mod shell;
+mod up;
+
+use std::path::PathBuf;
+
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "dsec", version, about = "Sandboxes for agentic RL: run the platform and use it")]
+struct Cli {
+    #[command(subcommand)]
+    command: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the single-node platform (apiserver + placement + edge) in one process.
+    Up(up::UpArgs),
+    /// Create a sandbox; with `-- CMD...` run CMD in it, print its output and remove it.
+    Run(sandbox_cmd::RunArgs),
+    /// List sandboxes.
+    Ps(sandbox_cmd::PsArgs),
+    /// Run a command in a sandbox.
+    Exec(sandbox_cmd::ExecArgs),
+    /// Open an interactive terminal in a sandbox.
+    Shell(shell::ShellArgs),
+    /// Stop sandboxes (their records stay for inspection).
+    Stop(sandbox_cmd::IdsArgs),
+    /// Stop and remove sandboxes.
+    Rm(sandbox_cmd::IdsArgs),
+    /// Build, list and remove images.
+    #[command(subcommand)]
+    Image(image_cmd::ImageCmd),
+    /// Print the OpenAPI document of the HTTP API.
+    Openapi,
+}
+
+/// Where `dsec up` keeps its state unless told otherwise.
+pub const DEFAULT_DATA_DIR: &str = "/var/lib/dsec";
+
+pub fn default_data_dir() -> PathBuf {
+    std::env::var_os("DSEC_DATA_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from(DEFAULT_DATA_DIR))
+}
+
+fn main() -> std::process::ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("DSEC_LOG").unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
+    let result = runtime.block_on(async move {
+        match cli.command {
+            Cmd::Up(a) => up::run(a).await,
+            Cmd::Run(a) => sandbox_cmd::run(a).await,
+            Cmd::Ps(a) => sandbox_cmd::ps(a).await,
+            Cmd::Exec(a) => sandbox_cmd::exec(a).await,
+            Cmd::Shell(a) => shell::run(a).await,
+            Cmd::Stop(a) => sandbox_cmd::stop(a).await,
+            Cmd::Rm(a) => sandbox_cmd::rm(a).await,
+            Cmd::Image(c) => image_cmd::run(c).await,
+            Cmd::Openapi => {
+                println!("{}", dsec_apiserver::openapi_json());
+                Ok(0)
+            }
+        }
+    });
+    match result {
+        Ok(code) => std::process::ExitCode::from(code),
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,194 @@
+//! run, ps, exec, stop, rm.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+
+use clap::Args;
+use dsec_api as api;
+
+use crate::connect::ConnectArgs;
+
+#[derive(Args, Debug)]
+pub struct RunArgs {
+    /// Image name, e.g. python or busybox.
+    pub image: String,
+    #[arg(long)]
+    pub memory_mb: Option<u64>,
+    #[arg(long)]
+    pub cpus: Option<f64>,
+    #[arg(long)]
+    pub disk_mb: Option<u64>,
+    /// Idle seconds before the sandbox is stopped (0: never).
+    #[arg(long)]
+    pub ttl: Option<u64>,
+    #[arg(long)]
+    pub user: Option<String>,
+    #[arg(long)]
+    pub workspace: Option<String>,
+    #[arg(long = "toolkit")]
+    pub toolkits: Vec<String>,
+    /// Labels as key=value.
+    #[arg(long = "label", value_parser = parse_kv)]
+    pub labels: Vec<(String, String)>,
+    /// Keep the sandbox after CMD finishes.
+    #[arg(long)]
+    pub keep: bool,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+    /// Command to run (after `--`).
+    #[arg(last = true)]
+    pub cmd: Vec<String>,
+}
+
+fn parse_kv(s: &str) -> Result<(String, String), String> {
+    s.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())).ok_or_else(|| format!("expected key=value, got {s:?}"))
+}
+
+pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
+    let client = a.conn.client()?;
+    let req = api::CreateSandboxRequest {
+        backend: api::Backend::Container,
+        image: a.image,
+        workspace: a.workspace,
+        toolkits: a.toolkits,
+        memory_limit_mb: a.memory_mb,
+        cpu_cores_limit: a.cpus,
+        disk_limit_mb: a.disk_mb,
+        pids_limit: None,
+        ttl_running_stop: a.ttl,
+        max_lifetime_s: None,
+        network_rules: BTreeMap::new(),
+        init_user: a.user,
+        env: BTreeMap::new(),
+        workdir: None,
+        labels: a.labels.into_iter().collect(),
+        job: None,
+    };
+    let sb = client.create(&req).await?;
+    if a.cmd.is_empty() {
+        println!("{}", sb.id);
+        return Ok(0);
+    }
+    let result = client.exec(&sb.id, &api::ExecRequest { argv: Some(a.cmd), ..Default::default() }).await;
+    if !a.keep {
+        client.delete(&sb.id).await?;
+    } else {
+        eprintln!("sandbox {} kept", sb.id);
+    }
+    Ok(print_result(result?))
+}
+
+fn print_result(r: api::ExecResponse) -> u8 {
+    let _ = std::io::stdout().write_all(r.stdout.as_bytes());
+    let _ = std::io::stderr().write_all(r.stderr.as_bytes());
+    if r.truncated {
+        eprintln!("[output truncated]");
+    }
+    if r.timed_out {
+        eprintln!("[timed out]");
+    }
+    r.exit_code.clamp(0, 255) as u8
+}
+
+#[derive(Args, Debug)]
+pub struct PsArgs {
+    /// Include stopped and failed sandboxes.
+    #[arg(short, long)]
+    pub all: bool,
+    #[arg(long = "label", value_parser = parse_kv)]
+    pub labels: Vec<(String, String)>,
+    /// Print JSON.
+    #[arg(long)]
+    pub json: bool,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+pub async fn ps(a: PsArgs) -> anyhow::Result<u8> {
+    let client = a.conn.client()?;
+    let labels: Vec<String> = a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    let mut q: Vec<(&str, &str)> = labels.iter().map(|l| ("label", l.as_str())).collect();
+    if !a.all {
+        q.push(("state", "running"));
+    }
+    let list = client.list(&q).await?;
+    if a.json {
+        println!("{}", serde_json::to_string_pretty(&list.sandboxes)?);
+        return Ok(0);
+    }
+    println!("{:<28} {:<10} {:<10} {:>7} {:>6}  {:<24} REASON", "ID", "IMAGE", "STATE", "MEM_MB", "CPUS", "CREATED");
+    for s in list.sandboxes {
+        println!(
+            "{:<28} {:<10} {:<10} {:>7} {:>6}  {:<24} {}",
+            s.id,
+            s.image,
+            s.state.as_str(),
+            s.limits.memory_limit_mb,
+            s.limits.cpu_cores_limit,
+            s.created_at,
+            s.state_reason.unwrap_or_default()
+        );
+    }
+    Ok(0)
+}
+
+#[derive(Args, Debug)]
+pub struct ExecArgs {
+    pub id: String,
+    /// Seconds before the command is killed.
+    #[arg(long)]
+    pub timeout: Option<f64>,
+    #[arg(long)]
+    pub user: Option<String>,
+    #[arg(long)]
+    pub cwd: Option<String>,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+    /// Command and arguments (after `--`).
+    #[arg(last = true, required = true)]
+    pub cmd: Vec<String>,
+}
+
+pub async fn exec(a: ExecArgs) -> anyhow::Result<u8> {
+    let client = a.conn.client()?;
+    let req = api::ExecRequest { argv: Some(a.cmd), timeout: a.timeout, user: a.user, cwd: a.cwd, ..Default::default() };
+    Ok(print_result(client.exec(&a.id, &req).await?))
+}
+
+#[derive(Args, Debug)]
+pub struct IdsArgs {
+    #[arg(required = true)]
+    pub ids: Vec<String>,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+pub async fn stop(a: IdsArgs) -> anyhow::Result<u8> {
+    let client = a.conn.client()?;
+    let mut failed = 0u8;
+    for id in &a.ids {
+        match client.stop(id).await {
+            Ok(s) => println!("{} {}", s.id, s.state.as_str()),
+            Err(e) => {
+                eprintln!("{id}: {e}");
+                failed = 1;
+            }
+        }
+    }
+    Ok(failed)
+}
+
+pub async fn rm(a: IdsArgs) -> anyhow::Result<u8> {
+    let client = a.conn.client()?;
+    let mut failed = 0u8;
+    for id in &a.ids {
+        match client.delete(id).await {
+            Ok(()) => println!("{id}"),
+            Err(e) => {
+                eprintln!("{id}: {e}");
+                failed = 1;
+            }
+        }
+    }
+    Ok(failed)
+}

@@ -1,0 +1,143 @@
+//! `dsec up`: the single-node platform in one process: apiserver,
+//! placement and one edge, with embedded storage under the data dir.
+
+use std::net::SocketAddr;
+use std::os::fd::AsRawFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use anyhow::Context;
+use clap::Args;
+use dsec_apiserver::auth::TokenStore;
+use dsec_apiserver::nodes::Nodes;
+use dsec_apiserver::{ApiLimits, AppState};
+use dsec_edge::cgroup::CgroupMode;
+use dsec_edge::{Edge, EdgeConfig, ImageLayers};
+
+use crate::image_cmd::Catalog;
+
+#[derive(Args, Debug)]
+pub struct UpArgs {
+    /// Where the platform keeps its state (databases, images, admin token).
+    #[arg(long, env = "DSEC_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
+    /// Address of the HTTP API.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    pub listen: SocketAddr,
+    /// This node's name (sandbox ids start with it). Default: the host name.
+    #[arg(long)]
+    pub node: Option<String>,
+    /// Image store directory. Default: DATA_DIR/images.
+    #[arg(long)]
+    pub images_dir: Option<PathBuf>,
+    /// The guest agent binary. Default: $DSEC_AGENT, else `dsec-agent` next to this binary.
+    #[arg(long, env = "DSEC_AGENT")]
+    pub agent: Option<PathBuf>,
+    /// cgroup version to drive: auto, v1 or v2.
+    #[arg(long, default_value = "auto")]
+    pub cgroup: CgroupMode,
+    /// Schedulable CPU = cores x this (sandboxes mostly wait).
+    #[arg(long, default_value_t = 16.0)]
+    pub cpu_overcommit: f64,
+    /// Schedulable memory = RAM x this.
+    #[arg(long, default_value_t = 2.0)]
+    pub memory_overcommit: f64,
+    #[arg(long, default_value_t = 8192)]
+    pub max_sandboxes: u64,
+    /// Stop every sandbox when dsec exits (default: keep them running; the
+    /// next `dsec up` on this data dir re-adopts them).
+    #[arg(long)]
+    pub stop_sandboxes_on_exit: bool,
+}
+
+fn default_node_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
+    let name: String = host
+        .trim()
+        .to_ascii_lowercase()
+        .chars()
+        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
+        .take(32)
+        .collect();
+    let name = name.trim_start_matches('-').to_string();
+    if name.is_empty() { "node".into() } else { name }
+}
+
+fn default_agent() -> anyhow::Result<PathBuf> {
+    let exe = std::env::current_exe().context("finding this executable")?;
+    Ok(exe.with_file_name("dsec-agent"))
+}
+
+/// One `dsec up` per data dir: a second one would fight the first over the
+/// same cgroups, mounts and databases.
+fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join("dsec.lock"))
+        .with_context(|| format!("opening {}/dsec.lock", dir.display()))?;
+    // SAFETY: flock on an fd we own.
+    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
+        anyhow::bail!("another dsec is already running on {}", dir.display());
+    }
+    Ok(f)
+}
+
+pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        anyhow::bail!("dsec up needs root: it creates namespaces, cgroups and mounts");
+    }
+    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
+    let _lock = lock_data_dir(&a.data_dir)?;
+    let node = a.node.clone().unwrap_or_else(default_node_name);
+    let images_dir = a.images_dir.clone().unwrap_or_else(|| a.data_dir.join("images"));
+    let agent = match &a.agent {
+        Some(p) => p.clone(),
+        None => default_agent()?,
+    };
+
+    let layers = Arc::new(ImageLayers::open(&images_dir, &a.data_dir.join("layers").join(&node))?);
+    let mut config = EdgeConfig::for_host(&node, a.data_dir.join("edge").join(&node), agent);
+    config.cgroup_mode = a.cgroup;
+    config.cpu_overcommit = a.cpu_overcommit;
+    config.memory_overcommit = a.memory_overcommit;
+    config.max_sandboxes = a.max_sandboxes;
+    config.stop_sandboxes_on_shutdown = a.stop_sandboxes_on_exit;
+    let edge = Edge::start(config, layers).await?;
+
+    let tokens = TokenStore::open(&a.data_dir.join("apiserver.db"), &a.data_dir.join("admin-token"))?;
+    let state = AppState {
+        tokens: Arc::new(tokens),
+        nodes: Arc::new(Nodes::new(vec![edge.clone()])),
+        images: Some(Arc::new(Catalog::open(&images_dir)?)),
+        limits: Arc::new(ApiLimits::default()),
+    };
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+    let addr = listener.local_addr()?;
+    eprintln!(
+        "dsec is up at http://{addr} (node {node}); admin token in {}",
+        a.data_dir.join("admin-token").display()
+    );
+    axum::serve(listener, dsec_apiserver::router(state))
+        .with_graceful_shutdown(shutdown_signal())
+        .await
+        .context("serving the API")?;
+    eprintln!("dsec is shutting down");
+    tokio::time::timeout(Duration::from_secs(60), edge.shutdown()).await.ok();
+    Ok(0)
+}
+
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(_) => return std::future::pending().await,
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

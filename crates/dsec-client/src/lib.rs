@@ -1,0 +1,149 @@
+//! A small async client of the dsec HTTP API, over one pooled keep-alive
+//! HTTP/1.1 connection set. The CLI and the compiled load generators use it;
+//! Python users have the SDK in sdk/python.
+
+use bytes::Bytes;
+use dsec_api as api;
+use http::{header, Method, Request, StatusCode};
+use http_body_util::{BodyExt, Full};
+use hyper_util::client::legacy::{connect::HttpConnector, Client as HyperClient};
+use hyper_util::rt::TokioExecutor;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    /// The server answered with an API error.
+    #[error("{code}: {message} (HTTP {status})")]
+    Api { status: u16, code: api::ErrorCode, message: String },
+    #[error("cannot reach {endpoint}: {detail}")]
+    Connect { endpoint: String, detail: String },
+    #[error("unexpected answer (HTTP {status}): {body}")]
+    Protocol { status: u16, body: String },
+    #[error("invalid endpoint {0:?}")]
+    Endpoint(String),
+}
+
+impl ClientError {
+    pub fn code(&self) -> Option<api::ErrorCode> {
+        match self {
+            ClientError::Api { code, .. } => Some(*code),
+            _ => None,
+        }
+    }
+}
+
+#[derive(Clone)]
+pub struct Client {
+    http: HyperClient<HttpConnector, Full<Bytes>>,
+    endpoint: String,
+    auth: Option<String>,
+}
+
+impl Client {
+    /// `endpoint` like `http://127.0.0.1:8080`.
+    pub fn new(endpoint: &str, token: Option<&str>) -> Result<Client, ClientError> {
+        let endpoint = endpoint.trim_end_matches('/').to_string();
+        if !endpoint.starts_with("http://") {
+            return Err(ClientError::Endpoint(endpoint));
+        }
+        let mut connector = HttpConnector::new();
+        connector.set_nodelay(true);
+        let http = HyperClient::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build(connector);
+        Ok(Client { http, endpoint, auth: token.map(|t| format!("Bearer {t}")) })
+    }
+
+    pub fn endpoint(&self) -> &str {
+        &self.endpoint
+    }
+
+    pub fn token(&self) -> Option<&str> {
+        self.auth.as_deref().and_then(|a| a.strip_prefix("Bearer "))
+    }
+
+    /// One request; JSON in, raw bytes out.
+    pub async fn raw(&self, method: Method, path: &str, body: Option<Vec<u8>>, content_type: &str) -> Result<(StatusCode, Bytes), ClientError> {
+        let mut req = Request::builder().method(method).uri(format!("{}{path}", self.endpoint));
+        if let Some(a) = &self.auth {
+            req = req.header(header::AUTHORIZATION, a);
+        }
+        if body.is_some() {
+            req = req.header(header::CONTENT_TYPE, content_type);
+        }
+        let req = req
+            .body(Full::new(Bytes::from(body.unwrap_or_default())))
+            .map_err(|e| ClientError::Endpoint(e.to_string()))?;
+        let resp = self.http.request(req).await.map_err(|e| ClientError::Connect {
+            endpoint: self.endpoint.clone(),
+            detail: format!("{e:?}"),
+        })?;
+        let status = resp.status();
+        let body = resp
+            .into_body()
+            .collect()
+            .await
+            .map_err(|e| ClientError::Connect { endpoint: self.endpoint.clone(), detail: e.to_string() })?
+            .to_bytes();
+        if !status.is_success() {
+            return Err(match serde_json::from_slice::<api::ErrorBody>(&body) {
+                Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
+                Err(_) => ClientError::Protocol { status: status.as_u16(), body: String::from_utf8_lossy(&body).into_owned() },
+            });
+        }
+        Ok((status, body))
+    }
+
+    async fn json<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, ClientError> {
+        let body = body.map(|b| serde_json::to_vec(b).expect("API types serialize"));
+        let (status, bytes) = self.raw(method, path, body, "application/json").await?;
+        serde_json::from_slice(&bytes)
+            .map_err(|e| ClientError::Protocol { status: status.as_u16(), body: format!("{e}: {}", String::from_utf8_lossy(&bytes)) })
+    }
+
+    pub async fn health(&self) -> Result<api::Health, ClientError> {
+        self.json::<(), _>(Method::GET, "/healthz", None).await
+    }
+
+    pub async fn create(&self, req: &api::CreateSandboxRequest) -> Result<api::Sandbox, ClientError> {
+        self.json(Method::POST, "/v1/sandboxes", Some(req)).await
+    }
+
+    pub async fn get(&self, id: &str) -> Result<api::Sandbox, ClientError> {
+        self.json::<(), _>(Method::GET, &format!("/v1/sandboxes/{id}"), None).await
+    }
+
+    pub async fn list(&self, query: &[(&str, &str)]) -> Result<api::SandboxList, ClientError> {
+        let q: String = form_urlencoded::Serializer::new(String::new()).extend_pairs(query).finish();
+        let path = if q.is_empty() { "/v1/sandboxes".to_string() } else { format!("/v1/sandboxes?{q}") };
+        self.json::<(), _>(Method::GET, &path, None).await
+    }
+
+    pub async fn stop(&self, id: &str) -> Result<api::Sandbox, ClientError> {
+        self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/stop"), None).await
+    }
+
+    pub async fn delete(&self, id: &str) -> Result<(), ClientError> {
+        self.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None, "").await.map(|_| ())
+    }
+
+    pub async fn exec(&self, id: &str, req: &api::ExecRequest) -> Result<api::ExecResponse, ClientError> {
+        self.json(Method::POST, &format!("/v1/sandboxes/{id}/exec"), Some(req)).await
+    }
+
+    pub async fn images(&self) -> Result<api::ImageList, ClientError> {
+        self.json::<(), _>(Method::GET, "/v1/images", None).await
+    }
+
+    pub async fn create_tenant(&self, name: &str) -> Result<api::TenantInfo, ClientError> {
+        self.json(Method::POST, "/v1/tenants", Some(&api::CreateTenantRequest { name: name.into() })).await
+    }
+
+    /// The WebSocket URL of a streaming route, and the auth header value.
+    pub fn ws_url(&self, path: &str) -> String {
+        format!("ws://{}{path}", self.endpoint.trim_start_matches("http://"))
+    }
+
+    pub fn auth_header(&self) -> Option<&str> {
+        self.auth.as_deref()
+    }
+}

@@ -1,0 +1,208 @@
+//! Per-sandbox cgroups on cgroup v1 (these development machines) and v2
+//! (most production hosts), behind one type.
+//!
+//! Every sandbox gets one cgroup named after its id under a per-node parent
+//! (`dsec/<node>`), so the reaper can tell ours from everything else and two
+//! edges on one machine never touch each other's cgroups.
+
+mod mountinfo;
+mod v1;
+mod v2;
+
+pub use mountinfo::{find_cgroup_mounts, CgroupMounts};
+pub use v1::V1Cgroups;
+pub use v2::V2Cgroups;
+
+use std::path::Path;
+
+/// CFS period used for CPU limits (the kernel default).
+pub const CPU_PERIOD_US: u64 = 100_000;
+
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("no usable cgroup hierarchy: {0}")]
+    NoHierarchy(String),
+    #[error("cgroup {path}: {source}")]
+    Io { path: String, source: std::io::Error },
+}
+
+pub(crate) fn io_err(path: &Path, source: std::io::Error) -> CgroupError {
+    CgroupError::Io { path: path.display().to_string(), source }
+}
+
+/// Which cgroup version to drive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CgroupMode {
+    /// v1 if the memory controller is mounted as v1, else v2.
+    Auto,
+    V1,
+    V2,
+}
+
+impl std::str::FromStr for CgroupMode {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(CgroupMode::Auto),
+            "v1" => Ok(CgroupMode::V1),
+            "v2" => Ok(CgroupMode::V2),
+            other => Err(format!("cgroup mode must be auto, v1 or v2, not {other:?}")),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CgroupLimits {
+    pub memory_bytes: u64,
+    /// CPU time per `CPU_PERIOD_US`, in microseconds (cores x period).
+    pub cpu_quota_us: u64,
+    pub pids: u64,
+}
+
+/// The cgroup driver of one edge.
+#[derive(Debug)]
+pub enum Cgroups {
+    V1(V1Cgroups),
+    V2(V2Cgroups),
+}
+
+impl Cgroups {
+    /// Finds the hierarchies and creates the node's parent cgroup.
+    pub fn open(mode: CgroupMode, parent: &str) -> Result<Cgroups, CgroupError> {
+        let mounts = find_cgroup_mounts(Path::new("/proc/self/mountinfo"))?;
+        let use_v1 = match mode {
+            CgroupMode::V1 => true,
+            CgroupMode::V2 => false,
+            CgroupMode::Auto => mounts.v1.contains_key("memory"),
+        };
+        let cg = if use_v1 {
+            Cgroups::V1(V1Cgroups::new(&mounts, parent)?)
+        } else {
+            let root = mounts.v2.clone().ok_or_else(|| CgroupError::NoHierarchy("no cgroup2 mount".into()))?;
+            Cgroups::V2(V2Cgroups::new(root, parent, true)?)
+        };
+        cg.init()?;
+        Ok(cg)
+    }
+
+    pub fn version(&self) -> u8 {
+        match self {
+            Cgroups::V1(_) => 1,
+            Cgroups::V2(_) => 2,
+        }
+    }
+
+    fn init(&self) -> Result<(), CgroupError> {
+        match self {
+            Cgroups::V1(c) => c.init(),
+            Cgroups::V2(c) => c.init(),
+        }
+    }
+
+    /// Creates the cgroup `name` with `limits`. An existing cgroup of that
+    /// name (a leftover) is reused and its limits rewritten.
+    pub fn create(&self, name: &str, limits: &CgroupLimits) -> Result<(), CgroupError> {
+        match self {
+            Cgroups::V1(c) => c.create(name, limits),
+            Cgroups::V2(c) => c.create(name, limits),
+        }
+    }
+
+    pub fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
+        match self {
+            Cgroups::V1(c) => c.attach(name, pid),
+            Cgroups::V2(c) => c.attach(name, pid),
+        }
+    }
+
+    /// Pids in the cgroup (empty if it does not exist).
+    pub fn procs(&self, name: &str) -> Vec<i32> {
+        match self {
+            Cgroups::V1(c) => c.procs(name),
+            Cgroups::V2(c) => c.procs(name),
+        }
+    }
+
+    /// SIGKILLs every process in the cgroup (freezing first on v1 so no
+    /// process can fork away while we iterate).
+    pub fn kill_all(&self, name: &str) {
+        match self {
+            Cgroups::V1(c) => c.kill_all(name),
+            Cgroups::V2(c) => c.kill_all(name),
+        }
+    }
+
+    /// Removes the cgroup; `Ok` if it is gone (or never existed).
+    pub fn remove(&self, name: &str) -> Result<(), CgroupError> {
+        match self {
+            Cgroups::V1(c) => c.remove(name),
+            Cgroups::V2(c) => c.remove(name),
+        }
+    }
+
+    /// Names of every cgroup under the node's parent.
+    pub fn list(&self) -> Vec<String> {
+        match self {
+            Cgroups::V1(c) => c.list(),
+            Cgroups::V2(c) => c.list(),
+        }
+    }
+
+    /// Current memory use of the cgroup in bytes.
+    pub fn memory_usage(&self, name: &str) -> Option<u64> {
+        match self {
+            Cgroups::V1(c) => c.memory_usage(name),
+            Cgroups::V2(c) => c.memory_usage(name),
+        }
+    }
+
+    /// How many times the kernel OOM-killed a process in this cgroup.
+    pub fn oom_kills(&self, name: &str) -> u64 {
+        match self {
+            Cgroups::V1(c) => c.oom_kills(name),
+            Cgroups::V2(c) => c.oom_kills(name),
+        }
+    }
+
+    /// Whether `pid` is in cgroup `name` (checked through /proc, so it also
+    /// guards re-adoption against pid reuse).
+    pub fn contains(&self, name: &str, pid: i32) -> bool {
+        let Ok(text) = std::fs::read_to_string(format!("/proc/{pid}/cgroup")) else { return false };
+        let suffix = format!("/{name}");
+        text.lines().any(|l| l.ends_with(&suffix))
+    }
+}
+
+pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
+    std::fs::write(path, value).map_err(|e| io_err(path, e))
+}
+
+pub(crate) fn read_pids(path: &Path) -> Vec<i32> {
+    std::fs::read_to_string(path)
+        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
+        .unwrap_or_default()
+}
+
+/// rmdir with a few retries: a cgroup stays busy for a moment after its last
+/// process has been reaped.
+pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
+    for attempt in 0..50 {
+        match std::fs::remove_dir(path) {
+            Ok(()) => return Ok(()),
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) if e.raw_os_error() == Some(libc::EBUSY) && attempt < 49 => {
+                std::thread::sleep(std::time::Duration::from_millis(2));
+            }
+            Err(e) => return Err(io_err(path, e)),
+        }
+    }
+    unreachable!("the loop returns on its last attempt")
+}
+
+pub(crate) fn list_dirs(path: &Path) -> Vec<String> {
+    let Ok(rd) = std::fs::read_dir(path) else { return Vec::new() };
+    rd.filter_map(|e| e.ok())
+        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
+        .filter_map(|e| e.file_name().into_string().ok())
+        .collect()
+}

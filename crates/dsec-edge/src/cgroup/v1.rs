@@ -1,0 +1,183 @@
+//! cgroup v1: one directory per controller hierarchy.
+
+use std::path::{Path, PathBuf};
+
+use super::*;
+
+/// Controllers a sandbox is placed in. cpuset is left out on purpose: a new
+/// v1 cpuset cgroup starts with no CPUs and would need two extra writes per
+/// sandbox for nothing we use.
+const CONTROLLERS: &[&str] = &["memory", "cpu", "cpuacct", "pids", "freezer"];
+
+#[derive(Debug)]
+pub struct V1Cgroups {
+    /// Distinct hierarchy directories of our parent cgroup, with the
+    /// controllers each carries (co-mounted controllers share a directory).
+    parents: Vec<(PathBuf, Vec<String>)>,
+}
+
+impl V1Cgroups {
+    pub fn new(mounts: &CgroupMounts, parent: &str) -> Result<Self, CgroupError> {
+        let mut parents: Vec<(PathBuf, Vec<String>)> = Vec::new();
+        for ctrl in CONTROLLERS {
+            let Some(mp) = mounts.v1.get(*ctrl) else {
+                if matches!(*ctrl, "memory" | "cpu" | "pids" | "freezer") {
+                    return Err(CgroupError::NoHierarchy(format!("cgroup v1 controller {ctrl} is not mounted")));
+                }
+                continue;
+            };
+            let dir = mp.join(parent);
+            match parents.iter_mut().find(|(d, _)| *d == dir) {
+                Some((_, ctrls)) => ctrls.push(ctrl.to_string()),
+                None => parents.push((dir, vec![ctrl.to_string()])),
+            }
+        }
+        Ok(Self { parents })
+    }
+
+    pub(super) fn init(&self) -> Result<(), CgroupError> {
+        for (dir, _) in &self.parents {
+            std::fs::create_dir_all(dir).map_err(|e| io_err(dir, e))?;
+        }
+        Ok(())
+    }
+
+    fn dir_of(&self, ctrl: &str, name: &str) -> Option<PathBuf> {
+        self.parents.iter().find(|(_, c)| c.iter().any(|x| x == ctrl)).map(|(d, _)| d.join(name))
+    }
+
+    fn memory_dir(&self, name: &str) -> PathBuf {
+        self.dir_of("memory", name).expect("memory hierarchy is required at construction")
+    }
+
+    pub(super) fn create(&self, name: &str, l: &CgroupLimits) -> Result<(), CgroupError> {
+        for (parent, ctrls) in &self.parents {
+            let dir = parent.join(name);
+            match std::fs::create_dir(&dir) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(io_err(&dir, e)),
+            }
+            for ctrl in ctrls {
+                match ctrl.as_str() {
+                    "memory" => write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?,
+                    "cpu" => write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?,
+                    "pids" => write_file(&dir.join("pids.max"), &l.pids.to_string())?,
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
+        let pid = pid.to_string();
+        for (parent, _) in &self.parents {
+            write_file(&parent.join(name).join("cgroup.procs"), &pid)?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn procs(&self, name: &str) -> Vec<i32> {
+        read_pids(&self.memory_dir(name).join("cgroup.procs"))
+    }
+
+    pub(super) fn kill_all(&self, name: &str) {
+        let freezer = self.dir_of("freezer", name);
+        if let Some(f) = &freezer {
+            let _ = std::fs::write(f.join("freezer.state"), "FROZEN");
+        }
+        // A frozen process still receives SIGKILL once thawed; killing all
+        // first and then thawing leaves no window to fork.
+        for _ in 0..10 {
+            let pids = self.procs(name);
+            if pids.is_empty() {
+                break;
+            }
+            for pid in pids {
+                // SAFETY: kill(2) has no memory effects; a stale pid at worst
+                // fails with ESRCH.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+            if let Some(f) = &freezer {
+                let _ = std::fs::write(f.join("freezer.state"), "THAWED");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    pub(super) fn remove(&self, name: &str) -> Result<(), CgroupError> {
+        for (parent, _) in &self.parents {
+            rmdir_retry(&parent.join(name))?;
+        }
+        Ok(())
+    }
+
+    pub(super) fn list(&self) -> Vec<String> {
+        let mut all: Vec<String> = self.parents.iter().flat_map(|(p, _)| list_dirs(p)).collect();
+        all.sort();
+        all.dedup();
+        all
+    }
+
+    pub(super) fn memory_usage(&self, name: &str) -> Option<u64> {
+        read_u64(&self.memory_dir(name).join("memory.usage_in_bytes"))
+    }
+
+    pub(super) fn oom_kills(&self, name: &str) -> u64 {
+        let Ok(text) = std::fs::read_to_string(self.memory_dir(name).join("memory.oom_control")) else { return 0 };
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+pub(crate) fn read_u64(path: &Path) -> Option<u64> {
+    std::fs::read_to_string(path).ok()?.trim().parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn fake(root: &Path, comounted: bool) -> V1Cgroups {
+        let mut m = CgroupMounts::default();
+        for c in ["memory", "pids", "freezer"] {
+            m.v1.insert(c.into(), root.join(c));
+        }
+        if comounted {
+            m.v1.insert("cpu".into(), root.join("cpu,cpuacct"));
+            m.v1.insert("cpuacct".into(), root.join("cpu,cpuacct"));
+        } else {
+            m.v1.insert("cpu".into(), root.join("cpu"));
+            m.v1.insert("cpuacct".into(), root.join("cpuacct"));
+        }
+        V1Cgroups::new(&m, "dsec/n1").unwrap()
+    }
+
+    #[test]
+    fn writes_limits_into_each_hierarchy() {
+        let t = tempfile::tempdir().unwrap();
+        let cg = fake(t.path(), true);
+        cg.init().unwrap();
+        assert_eq!(cg.parents.len(), 4, "cpu and cpuacct share one directory");
+        let l = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 100 };
+        cg.create("sb1", &l).unwrap();
+        let read = |p: &str| std::fs::read_to_string(t.path().join(p)).unwrap();
+        assert_eq!(read("memory/dsec/n1/sb1/memory.limit_in_bytes"), (64u64 << 20).to_string());
+        assert_eq!(read("cpu,cpuacct/dsec/n1/sb1/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("pids/dsec/n1/sb1/pids.max"), "100");
+        cg.attach("sb1", 42).unwrap();
+        assert_eq!(read("freezer/dsec/n1/sb1/cgroup.procs"), "42");
+        assert_eq!(cg.list(), vec!["sb1".to_string()]);
+    }
+
+    #[test]
+    fn missing_required_controller_is_an_error() {
+        let mut m = CgroupMounts::default();
+        m.v1.insert("memory".into(), PathBuf::from("/x"));
+        let err = V1Cgroups::new(&m, "dsec").unwrap_err();
+        assert!(err.to_string().contains("cpu"), "{err}");
+    }
+}

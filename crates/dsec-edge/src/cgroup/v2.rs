@@ -1,0 +1,147 @@
+//! cgroup v2: one unified hierarchy.
+
+use std::path::PathBuf;
+
+use super::v1::read_u64;
+use super::*;
+
+const CONTROLLERS: &[&str] = &["memory", "cpu", "pids"];
+
+#[derive(Debug)]
+pub struct V2Cgroups {
+    root: PathBuf,
+    parent: PathBuf,
+    /// Refuse to run when a limit cannot be enforced (production). Tests of
+    /// the v2 mechanics on a hybrid host, whose cgroup2 carries no
+    /// controllers, turn this off.
+    require_controllers: bool,
+}
+
+impl V2Cgroups {
+    pub fn new(root: PathBuf, parent: &str, require_controllers: bool) -> Result<Self, CgroupError> {
+        let parent = root.join(parent);
+        Ok(Self { root, parent, require_controllers })
+    }
+
+    fn available(&self) -> Vec<String> {
+        std::fs::read_to_string(self.root.join("cgroup.controllers"))
+            .map(|t| t.split_whitespace().map(str::to_string).collect())
+            .unwrap_or_default()
+    }
+
+    pub(super) fn init(&self) -> Result<(), CgroupError> {
+        let avail = self.available();
+        let wanted: Vec<&str> = CONTROLLERS.iter().copied().filter(|c| avail.iter().any(|a| a == c)).collect();
+        if self.require_controllers && wanted.len() != CONTROLLERS.len() {
+            return Err(CgroupError::NoHierarchy(format!(
+                "cgroup2 at {} offers controllers {avail:?}; memory, cpu and pids are needed",
+                self.root.display()
+            )));
+        }
+        std::fs::create_dir_all(&self.parent).map_err(|e| io_err(&self.parent, e))?;
+        // Delegate the controllers down every level to our parent, so each
+        // sandbox cgroup below it gets the interface files.
+        let enable: String = wanted.iter().map(|c| format!("+{c} ")).collect();
+        if !enable.is_empty() {
+            let rel = self.parent.strip_prefix(&self.root).unwrap_or(&self.parent).to_path_buf();
+            let mut dir = self.root.clone();
+            write_file(&dir.join("cgroup.subtree_control"), enable.trim())?;
+            for comp in rel.components() {
+                dir.push(comp);
+                write_file(&dir.join("cgroup.subtree_control"), enable.trim())?;
+            }
+        }
+        Ok(())
+    }
+
+    pub(super) fn create(&self, name: &str, l: &CgroupLimits) -> Result<(), CgroupError> {
+        let dir = self.parent.join(name);
+        match std::fs::create_dir(&dir) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(io_err(&dir, e)),
+        }
+        let set = |file: &str, value: String| -> Result<(), CgroupError> {
+            let p = dir.join(file);
+            if !self.require_controllers && !p.exists() {
+                return Ok(());
+            }
+            write_file(&p, &value)
+        };
+        set("memory.max", l.memory_bytes.to_string())?;
+        set("cpu.max", format!("{} {CPU_PERIOD_US}", l.cpu_quota_us))?;
+        set("pids.max", l.pids.to_string())?;
+        Ok(())
+    }
+
+    pub(super) fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
+        write_file(&self.parent.join(name).join("cgroup.procs"), &pid.to_string())
+    }
+
+    pub(super) fn procs(&self, name: &str) -> Vec<i32> {
+        read_pids(&self.parent.join(name).join("cgroup.procs"))
+    }
+
+    pub(super) fn kill_all(&self, name: &str) {
+        let dir = self.parent.join(name);
+        // cgroup.kill (5.14+) kills atomically, forks included.
+        if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
+            for pid in self.procs(name) {
+                // SAFETY: kill(2) has no memory effects.
+                unsafe { libc::kill(pid, libc::SIGKILL) };
+            }
+        }
+        for _ in 0..200 {
+            if self.procs(name).is_empty() {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+    }
+
+    pub(super) fn remove(&self, name: &str) -> Result<(), CgroupError> {
+        rmdir_retry(&self.parent.join(name))
+    }
+
+    pub(super) fn list(&self) -> Vec<String> {
+        list_dirs(&self.parent)
+    }
+
+    pub(super) fn memory_usage(&self, name: &str) -> Option<u64> {
+        read_u64(&self.parent.join(name).join("memory.current"))
+    }
+
+    pub(super) fn oom_kills(&self, name: &str) -> u64 {
+        let Ok(text) = std::fs::read_to_string(self.parent.join(name).join("memory.events")) else { return 0 };
+        text.lines()
+            .find_map(|l| l.strip_prefix("oom_kill "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn delegates_controllers_and_writes_limits() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("cgroup.controllers"), "cpuset cpu io memory pids").unwrap();
+        let cg = V2Cgroups::new(t.path().to_path_buf(), "dsec/n1", true).unwrap();
+        cg.init().unwrap();
+        assert_eq!(std::fs::read_to_string(t.path().join("cgroup.subtree_control")).unwrap(), "+memory +cpu +pids");
+        assert_eq!(std::fs::read_to_string(t.path().join("dsec/n1/cgroup.subtree_control")).unwrap(), "+memory +cpu +pids");
+        cg.create("sb", &CgroupLimits { memory_bytes: 1 << 30, cpu_quota_us: 150_000, pids: 64 }).unwrap();
+        assert_eq!(std::fs::read_to_string(t.path().join("dsec/n1/sb/cpu.max")).unwrap(), "150000 100000");
+        assert_eq!(std::fs::read_to_string(t.path().join("dsec/n1/sb/memory.max")).unwrap(), (1u64 << 30).to_string());
+    }
+
+    #[test]
+    fn refuses_a_hierarchy_without_controllers() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("cgroup.controllers"), "hugetlb").unwrap();
+        let cg = V2Cgroups::new(t.path().to_path_buf(), "dsec", true).unwrap();
+        assert!(matches!(cg.init(), Err(CgroupError::NoHierarchy(_))));
+    }
+}

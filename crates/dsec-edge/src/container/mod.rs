@@ -1,0 +1,159 @@
+//! The container backend: namespaces + cgroups + overlayfs over EROFS
+//! layers, with the guest agent as PID 1.
+//!
+//! The edge does the host side (cgroup, clone into new namespaces, attach);
+//! the agent does the inside (mounts, pivot_root, hostname, loopback) when it
+//! receives `SetupContainer`, because mounts made inside the sandbox's own
+//! mount namespace keep the host's mount table small: otherwise every new
+//! namespace would copy every earlier sandbox's mounts and creation would
+//! slow down as the node fills.
+
+pub mod policy;
+pub mod spawn;
+
+use std::ffi::CString;
+use std::os::fd::OwnedFd;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsec_agent_proto::client::AgentClient;
+use dsec_agent_proto::{AgentState, ContainerSetup, Op, Reply};
+
+use crate::cgroup::{CgroupLimits, Cgroups, CPU_PERIOD_US};
+use crate::error::EdgeError;
+use crate::images::RootfsPlan;
+use crate::instance::Instance;
+use crate::model::SandboxSpec;
+
+/// The fd at which a container agent keeps the spare end of a fresh channel
+/// after its edge went away, for a restarted edge to take with pidfd_getfd.
+pub const AGENT_REATTACH_FD: i32 = 4;
+
+pub struct ContainerBackend {
+    cgroups: Arc<Cgroups>,
+    agent_path: CString,
+    /// Empty host directory the agent mounts its tmpfs on, privately.
+    scratch_dir: PathBuf,
+    setup_timeout: Duration,
+}
+
+impl ContainerBackend {
+    pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, scratch_dir: PathBuf, setup_timeout: Duration) -> Result<Self, EdgeError> {
+        if !agent_path.is_file() {
+            return Err(EdgeError::Internal(format!("guest agent binary not found at {}", agent_path.display())));
+        }
+        std::fs::create_dir_all(&scratch_dir)
+            .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", scratch_dir.display())))?;
+        let agent_path = CString::new(agent_path.as_os_str().as_encoded_bytes())
+            .map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
+        Ok(Self { cgroups, agent_path, scratch_dir, setup_timeout })
+    }
+
+    pub fn cgroups(&self) -> &Arc<Cgroups> {
+        &self.cgroups
+    }
+
+    /// Creates the cgroup, starts the agent in new namespaces and has it set
+    /// up the root filesystem. On any failure everything made so far is
+    /// undone before the error returns.
+    pub async fn start(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
+        let limits = CgroupLimits {
+            memory_bytes: spec.limits.memory_mb << 20,
+            cpu_quota_us: (spec.limits.cpu_cores * CPU_PERIOD_US as f64).round().max(1000.0) as u64,
+            pids: spec.limits.pids,
+        };
+        self.cgroups.create(id, &limits).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let spawned = match spawn::spawn_agent(&self.agent_path, &["container"], spawn::CONTAINER_NAMESPACES) {
+            Ok(s) => s,
+            Err(e) => {
+                let _ = self.cgroups.remove(id);
+                return Err(EdgeError::Internal(format!("starting the guest agent: {e}")));
+            }
+        };
+        let pid = spawned.pid;
+        let pidfd = spawned.pidfd;
+        let undo = |pidfd: &OwnedFd| {
+            let _ = spawn::pidfd_kill(pidfd, libc::SIGKILL);
+            spawn::reap(pidfd);
+            self.cgroups.kill_all(id);
+            let _ = self.cgroups.remove(id);
+        };
+        if let Err(e) = self.cgroups.attach(id, pid) {
+            undo(&pidfd);
+            return Err(EdgeError::Internal(e.to_string()));
+        }
+        let setup = ContainerSetup {
+            sandbox_id: id.to_string(),
+            hostname: crate::ids::short_id(id).to_string(),
+            lower_dirs: plan.lower_dirs.iter().map(|p| p.display().to_string()).collect(),
+            scratch_mount: self.scratch_dir.display().to_string(),
+            disk_limit_bytes: spec.limits.disk_mb << 20,
+            masked_paths: policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
+            readonly_paths: policy::READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
+            env: merged_env(&plan.env, spec),
+            workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
+            default_user: spec.init_user.clone(),
+        };
+        let channel = spawned.channel;
+        let handshake = async move {
+            channel.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
+            let stream = tokio::net::UnixStream::from_std(channel).map_err(|e| EdgeError::Internal(e.to_string()))?;
+            let (agent, _hello) = AgentClient::connect(stream).await?;
+            match agent.call(Op::SetupContainer(setup)).await? {
+                Reply::Ready => Ok(agent),
+                other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
+            }
+        };
+        match tokio::time::timeout(self.setup_timeout, handshake).await {
+            Ok(Ok(agent)) => Ok(Instance::new(pid, pidfd, agent)),
+            Ok(Err(e)) => {
+                undo(&pidfd);
+                Err(match e {
+                    EdgeError::Agent(a) => EdgeError::SetupFailed(a.message),
+                    other => other,
+                })
+            }
+            Err(_) => {
+                undo(&pidfd);
+                Err(EdgeError::Timeout(format!("sandbox setup took longer than {:?}", self.setup_timeout)))
+            }
+        }
+    }
+
+    /// Re-attaches to a running agent after an edge restart.
+    pub async fn adopt(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
+        if !self.cgroups.contains(id, pid) {
+            return Err(EdgeError::Internal(format!("pid {pid} is no longer the agent of {id}")));
+        }
+        let pidfd = spawn::pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+        let fd = spawn::pidfd_getfd(&pidfd, AGENT_REATTACH_FD)
+            .map_err(|e| EdgeError::Internal(format!("taking the agent's re-attach channel: {e}")))?;
+        let std_stream = std::os::unix::net::UnixStream::from(fd);
+        std_stream.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let stream = tokio::net::UnixStream::from_std(std_stream).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let connect = AgentClient::connect(stream);
+        let (agent, hello) = tokio::time::timeout(self.setup_timeout, connect)
+            .await
+            .map_err(|_| EdgeError::Timeout("re-attaching to the agent".into()))??;
+        match hello.state {
+            AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(Instance::new(pid, pidfd, agent)),
+            other => Err(EdgeError::Internal(format!("agent of {id} answered re-attach with {other:?}"))),
+        }
+    }
+
+    /// Removes what is left of a sandbox after its agent exited: stray
+    /// processes (none, normally: they die with the pid namespace) and the
+    /// cgroup. Blocking; call from a blocking context.
+    pub fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
+        self.cgroups.kill_all(id);
+        self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+    }
+}
+
+/// Image environment, overridden by the request's environment.
+fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> Vec<(String, String)> {
+    let mut env: Vec<(String, String)> = image_env.iter().filter(|(k, _)| !spec.env.contains_key(k)).cloned().collect();
+    env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+    env
+}

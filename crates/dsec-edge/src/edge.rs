@@ -1,0 +1,294 @@
+//! The edge: one per node. It owns every sandbox on the node, from admission
+//! to cleanup, and is the only component that touches the host for them.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::admission::{Admission, Capacity, Usage};
+use crate::cgroup::{CgroupMode, Cgroups};
+use crate::container::ContainerBackend;
+use crate::error::EdgeError;
+use crate::images::RootfsProvider;
+use crate::instance::Instance;
+use crate::model::{now_ms, Caller, SandboxRecord, State};
+use crate::spec::SpecPolicy;
+use crate::store::Store;
+
+#[derive(Debug, Clone)]
+pub struct EdgeConfig {
+    /// This node's name; every sandbox id starts with it.
+    pub node: String,
+    /// The edge's own state: its database and scratch mount point.
+    pub state_dir: PathBuf,
+    /// The guest agent binary (statically linked).
+    pub agent_path: PathBuf,
+    pub cgroup_mode: CgroupMode,
+    /// Cgroup parent of this node's sandboxes, e.g. `dsec/<node>`.
+    pub cgroup_parent: String,
+    pub cpu_overcommit: f64,
+    pub memory_overcommit: f64,
+    pub max_sandboxes: u64,
+    pub policy: SpecPolicy,
+    /// Creating -> running must finish within this.
+    pub create_timeout: Duration,
+    /// Stopping -> stopped must finish within this.
+    pub stop_timeout: Duration,
+    /// Stopped and failed records stay listable this long.
+    pub retention: Duration,
+    pub reap_interval: Duration,
+    /// Sweep for idle and expired sandboxes this often.
+    pub sweep_interval: Duration,
+    /// Stop every sandbox when the edge shuts down (otherwise they keep
+    /// running and a restarted edge re-adopts them).
+    pub stop_sandboxes_on_shutdown: bool,
+}
+
+impl EdgeConfig {
+    /// Sensible defaults for this host.
+    pub fn for_host(node: &str, state_dir: PathBuf, agent_path: PathBuf) -> Self {
+        let (cpus, mem_mb) = host_resources();
+        Self {
+            node: node.to_string(),
+            state_dir,
+            agent_path,
+            cgroup_mode: CgroupMode::Auto,
+            cgroup_parent: format!("dsec/{node}"),
+            cpu_overcommit: 16.0,
+            memory_overcommit: 2.0,
+            max_sandboxes: 8192,
+            policy: SpecPolicy::for_node(cpus, mem_mb),
+            create_timeout: Duration::from_secs(30),
+            stop_timeout: Duration::from_secs(10),
+            retention: Duration::from_secs(3600),
+            reap_interval: Duration::from_secs(60),
+            sweep_interval: Duration::from_millis(500),
+            stop_sandboxes_on_shutdown: false,
+        }
+    }
+}
+
+/// Online CPUs and total memory (MiB) of this host.
+pub fn host_resources() -> (f64, u64) {
+    let cpus = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) as f64;
+    let mem_mb = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|t| t.lines().find_map(|l| l.strip_prefix("MemTotal:").map(|v| v.trim().trim_end_matches("kB").trim().to_string())))
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map(|kb| kb / 1024)
+        .unwrap_or(1024);
+    (cpus, mem_mb)
+}
+
+/// Counts requests in flight and the time of the last one, for the idle TTL.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    in_flight: AtomicU32,
+    last_ms: AtomicU64,
+}
+
+/// Held for the length of one request against a sandbox.
+pub struct ActivityGuard {
+    entry: Arc<Entry>,
+}
+
+impl Drop for ActivityGuard {
+    fn drop(&mut self) {
+        self.entry.activity.last_ms.store(now_ms(), Ordering::Relaxed);
+        self.entry.activity.in_flight.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+/// One sandbox in the registry.
+pub(crate) struct Entry {
+    pub(crate) record: Mutex<SandboxRecord>,
+    pub(crate) instance: Mutex<Option<Arc<Instance>>>,
+    pub(crate) activity: Activity,
+    /// Serialises create and stop of this sandbox.
+    pub(crate) op_lock: tokio::sync::Mutex<()>,
+    /// Becomes true once the sandbox's processes are gone and cleaned up.
+    pub(crate) exited: watch::Sender<bool>,
+    /// Whether admission still holds this sandbox's reservation.
+    pub(crate) reserved: AtomicBool,
+}
+
+impl Entry {
+    pub(crate) fn new(rec: SandboxRecord, reserved: bool) -> Arc<Self> {
+        let last = rec.last_active_ms;
+        Arc::new(Entry {
+            record: Mutex::new(rec),
+            instance: Mutex::new(None),
+            activity: Activity { in_flight: AtomicU32::new(0), last_ms: AtomicU64::new(last) },
+            op_lock: tokio::sync::Mutex::new(()),
+            exited: watch::channel(false).0,
+            reserved: AtomicBool::new(reserved),
+        })
+    }
+
+    pub(crate) fn record(&self) -> SandboxRecord {
+        let mut r = lock(&self.record).clone();
+        r.last_active_ms = self.activity.last_ms.load(Ordering::Relaxed).max(r.last_active_ms);
+        r
+    }
+
+    pub(crate) fn state(&self) -> State {
+        lock(&self.record).state
+    }
+
+    pub(crate) fn instance(&self) -> Option<Arc<Instance>> {
+        lock(&self.instance).clone()
+    }
+
+    pub(crate) fn begin(self: &Arc<Self>) -> ActivityGuard {
+        self.activity.in_flight.fetch_add(1, Ordering::Relaxed);
+        self.activity.last_ms.store(now_ms(), Ordering::Relaxed);
+        ActivityGuard { entry: self.clone() }
+    }
+
+    pub(crate) fn idle_since_ms(&self) -> Option<u64> {
+        (self.activity.in_flight.load(Ordering::Relaxed) == 0).then(|| self.activity.last_ms.load(Ordering::Relaxed))
+    }
+}
+
+/// Poison-tolerant lock: a panic elsewhere must not wedge the edge.
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+pub(crate) struct EdgeInner {
+    pub(crate) config: EdgeConfig,
+    pub(crate) registry: RwLock<HashMap<String, Arc<Entry>>>,
+    pub(crate) store: Store,
+    pub(crate) admission: Admission,
+    pub(crate) container: ContainerBackend,
+    pub(crate) rootfs: Arc<dyn RootfsProvider>,
+    pub(crate) shutdown: watch::Sender<bool>,
+}
+
+/// Handle to a node's edge. Cheap to clone.
+#[derive(Clone)]
+pub struct Edge {
+    pub(crate) inner: Arc<EdgeInner>,
+}
+
+/// Load and capacity of a node, for the watcher and placement.
+#[derive(Debug, Clone)]
+pub struct NodeStats {
+    pub node: String,
+    pub running: u64,
+    pub capacity: Capacity,
+    pub used: Usage,
+    pub cgroup_version: u8,
+}
+
+impl Edge {
+    /// Opens the edge's state, re-adopts or cleans up what an earlier edge
+    /// left, reaps strays, and starts the background loops.
+    pub async fn start(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>) -> Result<Edge, EdgeError> {
+        crate::ids::validate_node_name(&config.node).map_err(EdgeError::Invalid)?;
+        std::fs::create_dir_all(&config.state_dir)
+            .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
+        raise_fd_limit();
+        let cgroups = Arc::new(
+            Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?,
+        );
+        let container = ContainerBackend::new(
+            cgroups,
+            &config.agent_path,
+            config.state_dir.join("scratch"),
+            config.create_timeout,
+        )?;
+        let (store, records) =
+            Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let (cpus, mem_mb) = host_resources();
+        let admission = Admission::new(Capacity {
+            cpu_cores: cpus * config.cpu_overcommit,
+            memory_mb: (mem_mb as f64 * config.memory_overcommit) as u64,
+            sandboxes: config.max_sandboxes,
+        });
+        let inner = Arc::new(EdgeInner {
+            config,
+            registry: RwLock::new(HashMap::new()),
+            store,
+            admission,
+            container,
+            rootfs,
+            shutdown: watch::channel(false).0,
+        });
+        let edge = Edge { inner };
+        edge.recover(records).await;
+        edge.reap_once().await;
+        edge.spawn_background_loops();
+        tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.container.cgroups().version(), "edge ready");
+        Ok(edge)
+    }
+
+    pub fn node(&self) -> &str {
+        &self.inner.config.node
+    }
+
+    pub fn config(&self) -> &EdgeConfig {
+        &self.inner.config
+    }
+
+    pub fn stats(&self) -> NodeStats {
+        let running = self
+            .inner
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .filter(|e| e.state() == State::Running)
+            .count() as u64;
+        NodeStats {
+            node: self.inner.config.node.clone(),
+            running,
+            capacity: self.inner.admission.capacity(),
+            used: self.inner.admission.usage(),
+            cgroup_version: self.inner.container.cgroups().version(),
+        }
+    }
+
+    pub(crate) fn entry(&self, caller: &Caller, id: &str) -> Result<Arc<Entry>, EdgeError> {
+        let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
+        match reg.get(id) {
+            Some(e) if caller.may_see(&lock(&e.record).tenant) => Ok(e.clone()),
+            _ => Err(EdgeError::SandboxNotFound(id.to_string())),
+        }
+    }
+
+    /// Stops background loops; stops every sandbox too if configured so.
+    pub async fn shutdown(&self) {
+        let _ = self.inner.shutdown.send(true);
+        if self.inner.config.stop_sandboxes_on_shutdown {
+            let ids: Vec<String> = self.inner.registry.read().unwrap_or_else(|p| p.into_inner()).keys().cloned().collect();
+            let mut set = tokio::task::JoinSet::new();
+            for id in ids {
+                let edge = self.clone();
+                set.spawn(async move {
+                    let _ = edge.stop(&Caller::admin(), &id, "edge shut down").await;
+                });
+            }
+            while set.join_next().await.is_some() {}
+        }
+        let _ = self.inner.store.sync().await;
+        let rootfs = self.inner.rootfs.clone();
+        let _ = tokio::task::spawn_blocking(move || rootfs.release()).await;
+    }
+}
+
+/// Thousands of sandboxes mean thousands of channel and pid fds.
+fn raise_fd_limit() {
+    let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+    // SAFETY: getrlimit/setrlimit with a valid pointer to a local struct.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
+            lim.rlim_cur = lim.rlim_max;
+            libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}

@@ -1,0 +1,84 @@
+//! The edge's error type, with the API error code each maps to.
+
+use dsec_agent_proto::{client::ClientError, AgentError, ErrorKind};
+use dsec_api::ErrorCode;
+
+#[derive(Debug, thiserror::Error)]
+pub enum EdgeError {
+    #[error("invalid request: {0}")]
+    Invalid(String),
+    #[error("invalid limits: {0}")]
+    InvalidLimits(String),
+    #[error("{0}")]
+    UnsupportedBackend(String),
+    #[error("{0}")]
+    UnsupportedNetwork(String),
+    #[error("sandbox {0} not found")]
+    SandboxNotFound(String),
+    #[error("{0}")]
+    ImageNotFound(String),
+    #[error("sandbox {id} is {state}, not running")]
+    NotRunning { id: String, state: &'static str },
+    #[error("no capacity: {0}")]
+    NoCapacity(String),
+    #[error("timed out: {0}")]
+    Timeout(String),
+    #[error("the sandbox's agent is unavailable: {0}")]
+    AgentUnavailable(String),
+    /// A failure the agent reported for one operation.
+    #[error("{}", .0.message)]
+    Agent(AgentError),
+    #[error("sandbox setup failed: {0}")]
+    SetupFailed(String),
+    #[error("internal error: {0}")]
+    Internal(String),
+}
+
+impl EdgeError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            EdgeError::Invalid(_) => ErrorCode::InvalidRequest,
+            EdgeError::InvalidLimits(_) => ErrorCode::InvalidLimits,
+            EdgeError::UnsupportedBackend(_) => ErrorCode::UnsupportedBackend,
+            EdgeError::UnsupportedNetwork(_) => ErrorCode::UnsupportedNetworkPolicy,
+            EdgeError::SandboxNotFound(_) => ErrorCode::SandboxNotFound,
+            EdgeError::ImageNotFound(_) => ErrorCode::ImageNotFound,
+            EdgeError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
+            EdgeError::NoCapacity(_) => ErrorCode::NoCapacity,
+            EdgeError::Timeout(_) => ErrorCode::Timeout,
+            EdgeError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
+            EdgeError::Agent(e) => agent_code(e.kind),
+            EdgeError::SetupFailed(_) | EdgeError::Internal(_) => ErrorCode::Internal,
+        }
+    }
+}
+
+fn agent_code(kind: ErrorKind) -> ErrorCode {
+    match kind {
+        ErrorKind::NotFound => ErrorCode::FileNotFound,
+        ErrorKind::PermissionDenied => ErrorCode::PermissionDenied,
+        ErrorKind::AlreadyExists => ErrorCode::AlreadyExists,
+        ErrorKind::NotADirectory => ErrorCode::NotADirectory,
+        ErrorKind::IsADirectory => ErrorCode::IsADirectory,
+        ErrorKind::DirectoryNotEmpty => ErrorCode::DirectoryNotEmpty,
+        ErrorKind::InvalidPath => ErrorCode::InvalidPath,
+        ErrorKind::InvalidArgument => ErrorCode::InvalidRequest,
+        ErrorKind::NoSpace => ErrorCode::NoSpace,
+        ErrorKind::TooLarge => ErrorCode::PayloadTooLarge,
+        ErrorKind::UnknownSession => ErrorCode::SessionNotFound,
+        ErrorKind::UnknownUser => ErrorCode::UserNotFound,
+        ErrorKind::SpawnFailed => ErrorCode::SpawnFailed,
+        ErrorKind::Cancelled => ErrorCode::Timeout,
+        ErrorKind::Unsupported => ErrorCode::InvalidRequest,
+        ErrorKind::SetupFailed | ErrorKind::Protocol | ErrorKind::Io => ErrorCode::Internal,
+    }
+}
+
+impl From<ClientError> for EdgeError {
+    fn from(e: ClientError) -> Self {
+        match e {
+            ClientError::Agent(a) => EdgeError::Agent(a),
+            other => EdgeError::AgentUnavailable(other.to_string()),
+        }
+    }
+}

@@ -1,0 +1,37 @@
+//! The edge: one per node. Admission, storage preparation, cgroups,
+//! namespaces, the guest agent's channel, lifecycle and cleanup of every
+//! sandbox on the node.
+//!
+//! API boundary: [`Edge`] (create / get / list / stop / delete / exec /
+//! call / open) in core types ([`model`], [`spec::SandboxRequest`],
+//! `dsec_agent_proto` ops). No HTTP or public wire types in here; the
+//! apiserver and the edge's RPC server convert at their boundaries.
+//!
+//! Invariants: every host resource of a sandbox (cgroup, processes,
+//! namespaces, mounts) is released by exactly one path, the exit watcher in
+//! [`lifecycle`]; whatever that path misses (a crash of the edge itself), the
+//! reaper in [`background`] finds by listing this node's cgroups.
+
+pub mod admission;
+mod agent_ops;
+mod background;
+pub mod cgroup;
+pub mod container;
+mod edge;
+pub mod error;
+pub mod ids;
+pub mod images;
+pub mod layers;
+mod instance;
+mod lifecycle;
+pub mod model;
+pub mod spec;
+mod store;
+
+pub use background::ReapReport;
+pub use edge::{host_resources, ActivityGuard, Edge, EdgeConfig, NodeStats};
+pub use error::EdgeError;
+pub use images::{RootfsPlan, RootfsProvider};
+pub use layers::ImageLayers;
+pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
+pub use spec::{SandboxRequest, SpecPolicy};

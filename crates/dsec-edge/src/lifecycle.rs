@@ -1,0 +1,242 @@
+//! Create, stop, delete, inspect: the sandbox state machine
+//! (creating -> running -> stopping -> stopped, or failed with a reason),
+//! each transition bounded by a timeout.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+use tokio::io::unix::AsyncFd;
+
+use crate::edge::{lock, Edge, Entry};
+use crate::error::EdgeError;
+use crate::ids::new_sandbox_id;
+use crate::instance::Instance;
+use crate::model::{now_ms, Caller, ListFilter, SandboxRecord, State};
+use crate::spec::{resolve, SandboxRequest};
+
+impl Edge {
+    /// Creates a sandbox and returns it running, or fails with the reason
+    /// (the failed record stays listable).
+    pub async fn create(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, EdgeError> {
+        let t0 = Instant::now();
+        let inner = &self.inner;
+        let spec = resolve(req, &inner.config.policy)?;
+        let plan = inner.rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)?;
+        inner.admission.reserve(&spec.limits)?;
+
+        let now = now_ms();
+        let id = new_sandbox_id(&inner.config.node);
+        let rec = SandboxRecord {
+            id: id.clone(),
+            tenant: caller.tenant.clone(),
+            node: inner.config.node.clone(),
+            spec,
+            state: State::Creating,
+            reason: None,
+            created_at_ms: now,
+            last_active_ms: now,
+            stopped_at_ms: None,
+            create_ms: None,
+            pid: None,
+        };
+        let entry = Entry::new(rec.clone(), true);
+        let _op = entry.op_lock.lock().await;
+        inner.registry.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
+        // The record is durable before any process exists, so a crash at
+        // any later point leaves something the next edge will clean up.
+        inner.store.upsert(&rec);
+        if let Err(e) = inner.store.sync().await {
+            self.fail(&entry, &format!("edge database: {e}"));
+            return Err(EdgeError::Internal(e.to_string()));
+        }
+
+        match inner.container.start(&id, &rec.spec, &plan).await {
+            Ok(instance) => {
+                let instance = Arc::new(instance);
+                let rec = {
+                    let mut r = lock(&entry.record);
+                    r.state = State::Running;
+                    r.pid = Some(instance.pid);
+                    r.create_ms = Some(t0.elapsed().as_secs_f64() * 1000.0);
+                    r.clone()
+                };
+                *lock(&entry.instance) = Some(instance.clone());
+                inner.store.upsert(&rec);
+                self.watch_exit(entry.clone(), instance);
+                Ok(rec)
+            }
+            Err(e) => {
+                self.fail(&entry, &format!("creation failed: {e}"));
+                Err(e)
+            }
+        }
+    }
+
+    /// Marks a sandbox without processes failed and frees its reservation.
+    fn fail(&self, entry: &Arc<Entry>, reason: &str) {
+        let rec = {
+            let mut r = lock(&entry.record);
+            r.state = State::Failed;
+            r.reason = Some(reason.to_string());
+            r.stopped_at_ms = Some(now_ms());
+            r.pid = None;
+            r.clone()
+        };
+        self.release(entry, &rec);
+        self.inner.store.upsert(&rec);
+        let _ = entry.exited.send(true);
+    }
+
+    pub(crate) fn release(&self, entry: &Entry, rec: &SandboxRecord) {
+        if entry.reserved.swap(false, Ordering::AcqRel) {
+            self.inner.admission.release(&rec.spec.limits);
+        }
+    }
+
+    /// Waits for the agent to exit (for whatever reason), then cleans up and
+    /// settles the final state. This is the one place a sandbox's host
+    /// resources are freed, so stop, TTL expiry, crashes and OOM all end the
+    /// same way.
+    pub(crate) fn watch_exit(&self, entry: Arc<Entry>, instance: Arc<Instance>) {
+        let edge = self.clone();
+        tokio::spawn(async move {
+            let Ok(fd) = instance.pidfd.try_clone() else {
+                tracing::error!("cannot watch a sandbox agent: pidfd dup failed");
+                return;
+            };
+            // SAFETY: `fd` is an owned pidfd that the AsyncFd owns (and so
+            // keeps open) for as long as it is registered.
+            match unsafe { AsyncFd::register(fd) } {
+                Ok(afd) => {
+                    let _ = afd.readable().await;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot poll pidfd; falling back to the channel");
+                    instance.agent.closed().await;
+                }
+            }
+            let id = lock(&entry.record).id.clone();
+            let inst = instance.clone();
+            let backend_edge = edge.clone();
+            let cleanup_id = id.clone();
+            let (status, oom, cleanup) = tokio::task::spawn_blocking(move || {
+                let status = crate::container::spawn::reap(&inst.pidfd);
+                let oom = backend_edge.inner.container.cgroups().oom_kills(&cleanup_id);
+                let cleanup = backend_edge.inner.container.cleanup(&cleanup_id);
+                (status, oom, cleanup)
+            })
+            .await
+            .unwrap_or((None, 0, Ok(())));
+            if let Err(e) = cleanup {
+                tracing::warn!(%id, error = %e, "cleanup after exit incomplete; the reaper will retry");
+            }
+            *lock(&entry.instance) = None;
+            let rec = {
+                let mut r = lock(&entry.record);
+                match r.state {
+                    State::Creating | State::Running => {
+                        r.state = State::Failed;
+                        r.reason = Some(describe_exit(status, oom));
+                    }
+                    State::Stopping => r.state = State::Stopped,
+                    State::Stopped | State::Failed => {}
+                }
+                r.pid = None;
+                r.stopped_at_ms.get_or_insert(now_ms());
+                r.clone()
+            };
+            edge.release(&entry, &rec);
+            edge.inner.store.upsert(&rec);
+            let _ = entry.exited.send(true);
+        });
+    }
+
+    pub fn get(&self, caller: &Caller, id: &str) -> Result<SandboxRecord, EdgeError> {
+        Ok(self.entry(caller, id)?.record())
+    }
+
+    pub fn list(&self, caller: &Caller, filter: &ListFilter) -> Vec<SandboxRecord> {
+        let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
+        let mut out: Vec<SandboxRecord> = reg
+            .values()
+            .map(|e| e.record())
+            .filter(|r| caller.may_see(&r.tenant) && filter.matches(r))
+            .collect();
+        out.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
+        out
+    }
+
+    /// Stops a sandbox: kills its processes and frees its resources. The
+    /// record stays (state `stopped`) for inspection. Stopping a stopped
+    /// sandbox is a no-op.
+    pub async fn stop(&self, caller: &Caller, id: &str, reason: &str) -> Result<SandboxRecord, EdgeError> {
+        let entry = self.entry(caller, id)?;
+        let _op = entry.op_lock.lock().await;
+        let rec = {
+            let mut r = lock(&entry.record);
+            if r.state.is_terminal() {
+                return Ok(r.clone());
+            }
+            if r.state != State::Stopping {
+                r.state = State::Stopping;
+                r.reason = Some(reason.to_string());
+            }
+            r.clone()
+        };
+        self.inner.store.upsert(&rec);
+        let mut exited = entry.exited.subscribe();
+        match entry.instance() {
+            Some(instance) => {
+                // SIGKILL to PID 1 of the sandbox's pid namespace: the kernel
+                // kills every other process in it before PID 1 is gone.
+                let _ = crate::container::spawn::pidfd_kill(&instance.pidfd, libc::SIGKILL);
+            }
+            None => {
+                // Nothing runs (creation failed half-way, or adoption found
+                // no process): settle directly.
+                let r = {
+                    let mut r = lock(&entry.record);
+                    r.state = State::Stopped;
+                    r.stopped_at_ms = Some(now_ms());
+                    r.clone()
+                };
+                self.release(&entry, &r);
+                self.inner.store.upsert(&r);
+                let _ = entry.exited.send(true);
+            }
+        }
+        let wait = exited.wait_for(|done| *done);
+        if tokio::time::timeout(self.inner.config.stop_timeout, wait).await.is_err() {
+            let r = {
+                let mut r = lock(&entry.record);
+                r.state = State::Failed;
+                r.reason = Some(format!("did not stop within {:?}; the reaper will remove it", self.inner.config.stop_timeout));
+                r.clone()
+            };
+            self.inner.store.upsert(&r);
+            return Err(EdgeError::Timeout(format!("stopping {id}")));
+        }
+        Ok(entry.record())
+    }
+
+    /// Stops the sandbox if needed and forgets it.
+    pub async fn delete(&self, caller: &Caller, id: &str) -> Result<(), EdgeError> {
+        self.stop(caller, id, "deleted").await?;
+        self.inner.registry.write().unwrap_or_else(|p| p.into_inner()).remove(id);
+        self.inner.store.delete(id);
+        Ok(())
+    }
+}
+
+fn describe_exit(status: Option<i32>, oom_kills: u64) -> String {
+    let base = match status {
+        Some(s) => format!("the sandbox's init (guest agent) exited unexpectedly (status {s})"),
+        None => "the sandbox's init (guest agent) exited unexpectedly".to_string(),
+    };
+    if oom_kills > 0 {
+        format!("{base}; the kernel OOM-killed {oom_kills} process(es): memory limit reached")
+    } else {
+        base
+    }
+}

@@ -1,0 +1,211 @@
+//! Turning a creation request into a `SandboxSpec`: defaults, then checks.
+
+use std::collections::BTreeMap;
+
+use crate::error::EdgeError;
+use crate::model::{BackendKind, Limits, SandboxSpec};
+
+/// A creation request as the edge receives it; `None` means "default".
+#[derive(Debug, Clone, Default)]
+pub struct SandboxRequest {
+    pub backend: Option<BackendKind>,
+    pub image: String,
+    pub workspace: Option<String>,
+    pub toolkits: Vec<String>,
+    pub memory_mb: Option<u64>,
+    pub cpu_cores: Option<f64>,
+    pub disk_mb: Option<u64>,
+    pub pids: Option<u64>,
+    pub idle_ttl_s: Option<u64>,
+    pub max_lifetime_s: Option<u64>,
+    pub init_user: Option<String>,
+    pub env: BTreeMap<String, String>,
+    pub workdir: Option<String>,
+    pub labels: BTreeMap<String, String>,
+    pub job: Option<String>,
+    pub network_rules: BTreeMap<String, bool>,
+}
+
+/// Defaults and bounds of one edge.
+#[derive(Debug, Clone)]
+pub struct SpecPolicy {
+    pub default_memory_mb: u64,
+    pub default_cpu_cores: f64,
+    pub default_disk_mb: u64,
+    pub default_pids: u64,
+    pub default_idle_ttl_s: u64,
+    pub default_max_lifetime_s: u64,
+    pub max_memory_mb: u64,
+    pub max_cpu_cores: f64,
+    pub max_disk_mb: u64,
+    pub max_pids: u64,
+    pub max_lifetime_cap_s: u64,
+}
+
+impl SpecPolicy {
+    /// Defaults for a node with `cpus` cores and `memory_mb` of RAM.
+    pub fn for_node(cpus: f64, memory_mb: u64) -> Self {
+        Self {
+            default_memory_mb: 512,
+            default_cpu_cores: 1.0_f64.min(cpus),
+            default_disk_mb: 1024,
+            default_pids: 1024,
+            default_idle_ttl_s: 300,
+            default_max_lifetime_s: 24 * 3600,
+            max_memory_mb: memory_mb,
+            max_cpu_cores: cpus,
+            max_disk_mb: 64 * 1024,
+            max_pids: 32 * 1024,
+            max_lifetime_cap_s: 7 * 24 * 3600,
+        }
+    }
+}
+
+const MIN_MEMORY_MB: u64 = 16;
+const MIN_PIDS: u64 = 8;
+const MAX_LABELS: usize = 64;
+const MAX_LABEL_BYTES: usize = 256;
+
+pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeError> {
+    let backend = req.backend.unwrap_or(BackendKind::Container);
+    if backend != BackendKind::Container {
+        return Err(EdgeError::UnsupportedBackend(format!(
+            "backend {backend:?} is not available on this node; use \"container\""
+        )));
+    }
+    if req.image.trim().is_empty() {
+        return Err(EdgeError::Invalid("image must not be empty".into()));
+    }
+    let limits = Limits {
+        memory_mb: req.memory_mb.unwrap_or(p.default_memory_mb),
+        cpu_cores: req.cpu_cores.unwrap_or(p.default_cpu_cores),
+        disk_mb: req.disk_mb.unwrap_or(p.default_disk_mb),
+        pids: req.pids.unwrap_or(p.default_pids),
+    };
+    if !(MIN_MEMORY_MB..=p.max_memory_mb).contains(&limits.memory_mb) {
+        return Err(EdgeError::InvalidLimits(format!(
+            "memory_limit_mb must be between {MIN_MEMORY_MB} and {} (got {})",
+            p.max_memory_mb, limits.memory_mb
+        )));
+    }
+    if !limits.cpu_cores.is_finite() || limits.cpu_cores < 0.01 || limits.cpu_cores > p.max_cpu_cores {
+        return Err(EdgeError::InvalidLimits(format!(
+            "cpu_cores_limit must be between 0.01 and {} (got {})",
+            p.max_cpu_cores, limits.cpu_cores
+        )));
+    }
+    if !(1..=p.max_disk_mb).contains(&limits.disk_mb) {
+        return Err(EdgeError::InvalidLimits(format!(
+            "disk_limit_mb must be between 1 and {} (got {})",
+            p.max_disk_mb, limits.disk_mb
+        )));
+    }
+    if !(MIN_PIDS..=p.max_pids).contains(&limits.pids) {
+        return Err(EdgeError::InvalidLimits(format!(
+            "pids_limit must be between {MIN_PIDS} and {} (got {})",
+            p.max_pids, limits.pids
+        )));
+    }
+    let max_lifetime_s = match req.max_lifetime_s {
+        None => p.default_max_lifetime_s,
+        Some(0) => p.max_lifetime_cap_s,
+        Some(s) if s > p.max_lifetime_cap_s => {
+            return Err(EdgeError::InvalidLimits(format!(
+                "max_lifetime_s must be at most {} (got {s})",
+                p.max_lifetime_cap_s
+            )))
+        }
+        Some(s) => s,
+    };
+    if let Some((name, _)) = req.network_rules.iter().find(|(_, allow)| **allow) {
+        return Err(EdgeError::UnsupportedNetwork(format!(
+            "network rule {name:?}: outbound network is not enabled on this node; sandboxes have loopback only"
+        )));
+    }
+    for (k, v) in &req.env {
+        if k.is_empty() || k.contains('=') || k.contains('\0') || v.contains('\0') {
+            return Err(EdgeError::Invalid(format!("invalid environment variable {k:?}")));
+        }
+    }
+    if req.labels.len() > MAX_LABELS || req.labels.iter().any(|(k, v)| k.is_empty() || k.len() + v.len() > MAX_LABEL_BYTES) {
+        return Err(EdgeError::Invalid(format!(
+            "labels: at most {MAX_LABELS}, keys non-empty, key+value at most {MAX_LABEL_BYTES} bytes"
+        )));
+    }
+    let init_user = req.init_user.unwrap_or_else(|| "root".into());
+    if init_user.is_empty() || init_user.contains(['/', ':', '\0']) {
+        return Err(EdgeError::Invalid(format!("invalid init_user {init_user:?}")));
+    }
+    if let Some(w) = &req.workdir {
+        if !w.starts_with('/') {
+            return Err(EdgeError::Invalid(format!("workdir must be an absolute path (got {w:?})")));
+        }
+    }
+    Ok(SandboxSpec {
+        backend,
+        image: req.image,
+        workspace: req.workspace,
+        toolkits: req.toolkits,
+        limits,
+        idle_ttl_s: req.idle_ttl_s.unwrap_or(p.default_idle_ttl_s),
+        max_lifetime_s,
+        init_user,
+        env: req.env,
+        workdir: req.workdir,
+        labels: req.labels,
+        job: req.job,
+        network_rules: req.network_rules,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn req() -> SandboxRequest {
+        SandboxRequest { image: "python".into(), ..Default::default() }
+    }
+
+    #[test]
+    fn defaults_apply() {
+        let s = resolve(req(), &SpecPolicy::for_node(2.0, 24_000)).unwrap();
+        assert_eq!(s.limits.memory_mb, 512);
+        assert_eq!(s.init_user, "root");
+        assert_eq!(s.idle_ttl_s, 300);
+    }
+
+    #[test]
+    fn impossible_limits_are_refused_with_the_reason() {
+        let p = SpecPolicy::for_node(2.0, 24_000);
+        for (r, needle) in [
+            (SandboxRequest { memory_mb: Some(0), ..req() }, "memory_limit_mb"),
+            (SandboxRequest { memory_mb: Some(10_000_000), ..req() }, "memory_limit_mb"),
+            (SandboxRequest { cpu_cores: Some(-1.0), ..req() }, "cpu_cores_limit"),
+            (SandboxRequest { cpu_cores: Some(f64::NAN), ..req() }, "cpu_cores_limit"),
+            (SandboxRequest { cpu_cores: Some(64.0), ..req() }, "cpu_cores_limit"),
+            (SandboxRequest { disk_mb: Some(0), ..req() }, "disk_limit_mb"),
+            (SandboxRequest { pids: Some(1), ..req() }, "pids_limit"),
+            (SandboxRequest { max_lifetime_s: Some(u64::MAX), ..req() }, "max_lifetime_s"),
+        ] {
+            let e = resolve(r, &p).unwrap_err();
+            assert!(matches!(e, EdgeError::InvalidLimits(_)), "{e}");
+            assert!(e.to_string().contains(needle), "{e}");
+        }
+    }
+
+    #[test]
+    fn allowed_network_rules_are_refused_denied_ones_accepted() {
+        let p = SpecPolicy::for_node(2.0, 24_000);
+        let mut r = req();
+        r.network_rules.insert("npm".into(), false);
+        assert!(resolve(r.clone(), &p).is_ok());
+        r.network_rules.insert("pypi".into(), true);
+        assert!(matches!(resolve(r, &p), Err(EdgeError::UnsupportedNetwork(_))));
+    }
+
+    #[test]
+    fn other_backends_are_refused_for_now() {
+        let r = SandboxRequest { backend: Some(BackendKind::Microvm), ..req() };
+        assert!(matches!(resolve(r, &SpecPolicy::for_node(2.0, 1000)), Err(EdgeError::UnsupportedBackend(_))));
+    }
+}

@@ -1,0 +1,259 @@
+//! The edge against the real kernel: namespaces, cgroups, EROFS + overlay,
+//! the real guest agent. Needs root (CI runs as root).
+//!
+//! All tests share one busybox image (built once into a temp store) and
+//! each starts its own edge with a unique node name, so cgroups never
+//! collide; every test checks it leaves nothing behind.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
+
+use dsec_agent_proto::{Command, ExecSpec, Stdin};
+use dsec_edge::cgroup::CgroupMode;
+use dsec_edge::{Caller, Edge, EdgeConfig, EdgeError, ImageLayers, ListFilter, SandboxRequest, State};
+
+struct Fixture {
+    _dir: tempfile::TempDir,
+    images: PathBuf,
+}
+
+/// One image store with the busybox image, for the whole test binary.
+fn images() -> &'static Path {
+    static F: OnceLock<Fixture> = OnceLock::new();
+    &F.get_or_init(|| {
+        let dir = tempfile::tempdir().unwrap();
+        let images = dir.path().join("images");
+        let store = dsec_image::ImageStore::open(&images).unwrap();
+        dsec_image::build_default_image(&store, dsec_image::DefaultImage::Busybox, &dsec_image::NoProgress, "").unwrap();
+        Fixture { _dir: dir, images }
+    })
+    .images
+}
+
+fn agent_path() -> PathBuf {
+    if let Some(p) = std::env::var_os("DSEC_AGENT") {
+        return PathBuf::from(p);
+    }
+    // target/<profile>/deps/this-test -> target/<profile>/dsec-agent
+    let exe = std::env::current_exe().unwrap();
+    exe.parent().unwrap().parent().unwrap().join("dsec-agent")
+}
+
+struct TestEdge {
+    edge: Edge,
+    state: tempfile::TempDir,
+    node: String,
+}
+
+impl TestEdge {
+    async fn start(tweak: impl FnOnce(&mut EdgeConfig)) -> TestEdge {
+        let state = tempfile::tempdir().unwrap();
+        let node = format!("t{}", &hex_id()[..10]);
+        let layers = Arc::new(ImageLayers::open(images(), &state.path().join("layers")).unwrap());
+        let mut cfg = EdgeConfig::for_host(&node, state.path().join("edge"), agent_path());
+        cfg.cgroup_mode = CgroupMode::Auto;
+        cfg.cgroup_parent = format!("dsec-test/{node}");
+        cfg.stop_sandboxes_on_shutdown = true;
+        cfg.sweep_interval = Duration::from_millis(100);
+        tweak(&mut cfg);
+        let edge = Edge::start(cfg, layers).await.expect("edge starts");
+        TestEdge { edge, state, node }
+    }
+
+    /// Stops everything and asserts nothing is left: no cgroup, no agent
+    /// process, no mount under the edge's state dir but the node's layer
+    /// cache (the layers directory and its layer mounts).
+    async fn finish(self) {
+        self.edge.shutdown().await;
+        let cg = format!("/sys/fs/cgroup/memory/dsec-test/{}", self.node);
+        let leftovers: Vec<_> = std::fs::read_dir(&cg)
+            .map(|rd| rd.filter_map(|e| e.ok()).filter(|e| e.path().is_dir()).map(|e| e.file_name()).collect())
+            .unwrap_or_default();
+        assert!(leftovers.is_empty(), "cgroups left behind: {leftovers:?}");
+        let layers = self.state.path().join("layers").display().to_string();
+        let ours: Vec<String> = state_mounts(self.state.path()).into_iter().filter(|m| !m.starts_with(&layers)).collect();
+        assert!(ours.is_empty(), "mounts left behind: {ours:?}");
+    }
+}
+
+/// Whatever a test leaves (a failed assertion included) is removed here:
+/// processes in the node's cgroups, the cgroups, and every mount under the
+/// edge's state dir.
+impl Drop for TestEdge {
+    fn drop(&mut self) {
+        for ctrl in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
+            let parent = format!("/sys/fs/cgroup/{ctrl}/dsec-test/{}", self.node);
+            if let Ok(rd) = std::fs::read_dir(&parent) {
+                for e in rd.flatten().filter(|e| e.path().is_dir()) {
+                    let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
+                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                        // SAFETY: kill(2) of processes in this test's own cgroups.
+                        unsafe { libc::kill(pid, libc::SIGKILL) };
+                    }
+                    for _ in 0..100 {
+                        if std::fs::remove_dir(e.path()).is_ok() {
+                            break;
+                        }
+                        std::thread::sleep(Duration::from_millis(5));
+                    }
+                }
+            }
+            let _ = std::fs::remove_dir(&parent);
+            // Shared by concurrent tests: only the last one succeeds.
+            let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/dsec-test"));
+        }
+        let mut mounts = state_mounts(self.state.path());
+        mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
+        for mp in mounts {
+            let c = std::ffi::CString::new(mp).unwrap();
+            // SAFETY: umount2 of a mount point under this test's temp dir.
+            unsafe { libc::umount2(c.as_ptr(), libc::MNT_DETACH) };
+        }
+    }
+}
+
+/// Mount points under `dir`, from /proc/self/mountinfo.
+fn state_mounts(dir: &Path) -> Vec<String> {
+    let prefix = dir.display().to_string();
+    std::fs::read_to_string("/proc/self/mountinfo")
+        .unwrap()
+        .lines()
+        .filter_map(|l| l.split(' ').nth(4).map(str::to_string))
+        .filter(|mp| mp.starts_with(&prefix))
+        .collect()
+}
+
+fn hex_id() -> String {
+    let mut b = [0u8; 8];
+    std::fs::File::open("/dev/urandom").and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b)).unwrap();
+    b.iter().map(|x| format!("{x:02x}")).collect()
+}
+
+fn busybox() -> SandboxRequest {
+    SandboxRequest { image: "busybox".into(), memory_mb: Some(64), cpu_cores: Some(0.5), ..Default::default() }
+}
+
+fn sh(cmd: &str) -> ExecSpec {
+    ExecSpec {
+        command: Command::Shell(cmd.into()),
+        env: vec![],
+        cwd: None,
+        user: None,
+        stdin: Stdin::Null,
+        stream_output: false,
+        timeout_ms: Some(10_000),
+        kill_grace_ms: 500,
+        max_output_bytes: 1 << 20,
+        session: None,
+    }
+}
+
+async fn out(edge: &Edge, id: &str, cmd: &str) -> String {
+    let r = edge.exec(&Caller::tenant("t"), id, sh(cmd)).await.expect("exec");
+    assert_eq!(r.exit_code, Some(0), "{cmd}: {}", String::from_utf8_lossy(&r.stderr));
+    String::from_utf8(r.stdout).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_exec_isolate_stop_delete() {
+    let t = TestEdge::start(|_| {}).await;
+    let me = Caller::tenant("t");
+    let sb = t.edge.create(&me, busybox()).await.expect("create");
+    assert_eq!(sb.state, State::Running);
+    assert!(sb.id.starts_with(&format!("{}.", t.node)));
+
+    assert_eq!(out(&t.edge, &sb.id, "echo hello world").await, "hello world\n");
+    // Its own hostname, pid namespace (the agent is PID 1), and loopback only.
+    assert_eq!(out(&t.edge, &sb.id, "hostname").await.trim(), dsec_edge::ids::short_id(&sb.id));
+    assert!(out(&t.edge, &sb.id, "cat /proc/1/cmdline").await.contains("dsec-agent"));
+    let ifaces = out(&t.edge, &sb.id, "ls /sys/class/net").await;
+    assert_eq!(ifaces.split_whitespace().collect::<Vec<_>>(), vec!["lo"]);
+    // The root is an overlay whose writes land in the sandbox's own upper.
+    out(&t.edge, &sb.id, "echo x > /etc/written && cat /etc/written").await;
+    assert!(out(&t.edge, &sb.id, "cat /proc/mounts").await.contains("overlay / overlay"));
+    // Masked and read-only paths.
+    assert_eq!(out(&t.edge, &sb.id, "wc -c < /proc/kpagecgroup").await.trim(), "0");
+    let r = t.edge.exec(&me, &sb.id, sh("echo 1 > /proc/sys/kernel/core_pattern")).await.unwrap();
+    assert_ne!(r.exit_code, Some(0), "/proc/sys must be read-only");
+
+    // Limits are in the sandbox's cgroup.
+    let pid = sb.pid.unwrap();
+    let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
+    assert!(cg.contains(&sb.id), "{cg}");
+    let lim = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/dsec-test/{}/{}/memory.limit_in_bytes", t.node, sb.id)).unwrap();
+    assert_eq!(lim.trim(), (64u64 << 20).to_string());
+
+    // Another tenant cannot see it.
+    let other = Caller::tenant("other");
+    assert!(matches!(t.edge.get(&other, &sb.id), Err(EdgeError::SandboxNotFound(_))));
+    assert!(t.edge.list(&other, &ListFilter::default()).is_empty());
+
+    let stopped = t.edge.stop(&me, &sb.id, "test").await.unwrap();
+    assert_eq!(stopped.state, State::Stopped);
+    assert!(!Path::new(&format!("/proc/{pid}")).exists() || std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map(|c| !c.contains(&sb.id)).unwrap_or(true));
+    let err = t.edge.exec(&me, &sb.id, sh("true")).await.unwrap_err();
+    assert!(matches!(err, EdgeError::NotRunning { .. }), "{err}");
+    t.edge.delete(&me, &sb.id).await.unwrap();
+    assert!(matches!(t.edge.get(&me, &sb.id), Err(EdgeError::SandboxNotFound(_))));
+    t.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_and_leave_nothing() {
+    let t = TestEdge::start(|c| c.max_sandboxes = 1).await;
+    let me = Caller::tenant("t");
+    let e = t.edge.create(&me, SandboxRequest { image: "no-such-image".into(), ..busybox() }).await.unwrap_err();
+    assert!(matches!(e, EdgeError::ImageNotFound(_)), "{e}");
+    let e = t.edge.create(&me, SandboxRequest { memory_mb: Some(1), ..busybox() }).await.unwrap_err();
+    assert!(matches!(e, EdgeError::InvalidLimits(_)), "{e}");
+    let a = t.edge.create(&me, busybox()).await.unwrap();
+    let e = t.edge.create(&me, busybox()).await.unwrap_err();
+    assert!(matches!(e, EdgeError::NoCapacity(_)), "{e}");
+    t.edge.delete(&me, &a.id).await.unwrap();
+    // The slot is free again.
+    let b = t.edge.create(&me, busybox()).await.unwrap();
+    t.edge.delete(&me, &b.id).await.unwrap();
+    t.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn idle_ttl_stops_and_agent_death_fails_with_a_reason() {
+    let t = TestEdge::start(|_| {}).await;
+    let me = Caller::tenant("t");
+    let idle = t.edge.create(&me, SandboxRequest { idle_ttl_s: Some(1), ..busybox() }).await.unwrap();
+    let victim = t.edge.create(&me, busybox()).await.unwrap();
+    // SAFETY: kill(2) of the agent we just started.
+    unsafe { libc::kill(victim.pid.unwrap(), libc::SIGKILL) };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let a = t.edge.get(&me, &idle.id).unwrap();
+        let b = t.edge.get(&me, &victim.id).unwrap();
+        if a.state == State::Stopped && b.state == State::Failed {
+            assert!(a.reason.unwrap().contains("idle"));
+            assert!(b.reason.unwrap().contains("exited unexpectedly"));
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "states: {:?} {:?}", a.state, b.state);
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    t.finish().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reaper_removes_stray_cgroups_and_their_processes() {
+    let t = TestEdge::start(|_| {}).await;
+    // A cgroup that no sandbox owns, with a process in it.
+    let stray = "stray.zzzzzzzzzzzz";
+    let dir = format!("/sys/fs/cgroup/memory/dsec-test/{}/{stray}", t.node);
+    std::fs::create_dir(&dir).unwrap();
+    let mut child = std::process::Command::new("sleep").arg("600").spawn().unwrap();
+    std::fs::write(format!("{dir}/cgroup.procs"), child.id().to_string()).unwrap();
+    let report = t.edge.reap_once().await;
+    assert_eq!(report.cgroups, 1);
+    assert_eq!(report.processes, 1);
+    assert!(!Path::new(&dir).exists());
+    let status = child.wait().unwrap();
+    assert!(!status.success(), "the stray process was killed");
+    t.finish().await;
+}

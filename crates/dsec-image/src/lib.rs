@@ -1,0 +1,42 @@
+//! Images and layers of dsec.
+//!
+//! A sandbox's root filesystem is an overlay of read-only EROFS layers (a
+//! base image, optionally a workspace and toolkits; the topmost wins) under
+//! a writable upper. This crate
+//! - stores layers as content-addressed EROFS blobs and images as versioned
+//!   JSON manifests naming them ([`ImageStore`]);
+//! - builds layers with `mkfs.erofs` from a directory, a tar(.gz), a
+//!   debootstrap run or a busybox recipe ([`build`]), and the platform's
+//!   default images ([`ensure_default_images`]);
+//! - mounts layers on the host once per node for every overlay to share
+//!   ([`LayerMounts`]).
+
+pub mod build;
+mod defaults;
+mod digest;
+pub mod erofs;
+mod fsutil;
+mod manifest;
+mod mountinfo;
+mod mounts;
+mod progress;
+mod reference;
+mod store;
+mod time;
+
+pub use build::{BuildError, BuildOptions, Compression};
+pub use defaults::{
+    build_default_image, ensure_default_images, DefaultImage, Ensured, PYTHON_PACKAGES,
+    PYTHON_SUITE,
+};
+pub use digest::{Digest, DigestError};
+pub use manifest::{
+    ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestError, SCHEMA_VERSION,
+};
+pub use mounts::{LayerMounts, MountError};
+pub use progress::{NoProgress, Progress, ProgressEvent, ProgressFn, Unit};
+pub use reference::{Reference, ReferenceError, DEFAULT_TAG};
+pub use store::{
+    GcStats, ImageEntry, ImageError, ImageStore, ResolvedImage, ResolvedLayer, StoredLayer,
+    WriteLock,
+};

@@ -1,0 +1,248 @@
+//! Image manifests: an ordered list of layers (bottom first) plus the
+//! process defaults a sandbox starts with. Stored as versioned JSON.
+
+use serde::{Deserialize, Serialize};
+
+use crate::digest::Digest;
+
+/// The manifest format this crate writes and the only one it reads.
+pub const SCHEMA_VERSION: u32 = 1;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("manifest is not valid JSON: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("manifest schema_version {found} is not supported (this build reads version {SCHEMA_VERSION})")]
+    UnsupportedSchema { found: u32 },
+    #[error("invalid manifest: {0}")]
+    Invalid(String),
+}
+
+/// What a layer is for; it decides where the layer sits in a sandbox's
+/// overlay (base at the bottom, then workspace, then toolkits).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LayerKind {
+    Base,
+    Workspace,
+    Toolkit,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LayerDescriptor {
+    pub digest: Digest,
+    pub kind: LayerKind,
+    /// Size of the EROFS blob in bytes.
+    pub size: u64,
+}
+
+/// Defaults for processes started in the sandbox.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ImageConfig {
+    /// `KEY=value` entries.
+    #[serde(default)]
+    pub env: Vec<String>,
+    #[serde(default = "default_workdir")]
+    pub workdir: String,
+    #[serde(default = "default_user")]
+    pub user: String,
+}
+
+fn default_workdir() -> String {
+    "/".to_string()
+}
+
+fn default_user() -> String {
+    "root".to_string()
+}
+
+impl Default for ImageConfig {
+    fn default() -> Self {
+        ImageConfig {
+            env: vec![
+                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
+                "LANG=C.UTF-8".to_string(),
+            ],
+            workdir: default_workdir(),
+            user: default_user(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Manifest {
+    pub schema_version: u32,
+    /// Bottom first; when overlaid, later layers win.
+    pub layers: Vec<LayerDescriptor>,
+    pub config: ImageConfig,
+    /// RFC 3339, UTC.
+    pub created_at: String,
+    /// Sum of the layer sizes.
+    pub size_bytes: u64,
+}
+
+/// Just enough of a manifest to read its version before committing to the
+/// full v1 shape, so a newer manifest gives "unsupported version" rather
+/// than a confusing missing-field error.
+#[derive(Deserialize)]
+struct VersionProbe {
+    schema_version: u32,
+}
+
+impl Manifest {
+    /// A manifest created now, with `size_bytes` computed from the layers.
+    pub fn new(layers: Vec<LayerDescriptor>, config: ImageConfig) -> Self {
+        let size_bytes = layers.iter().map(|l| l.size).sum();
+        Manifest {
+            schema_version: SCHEMA_VERSION,
+            layers,
+            config,
+            created_at: crate::time::now_rfc3339(),
+            size_bytes,
+        }
+    }
+
+    pub fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
+        let probe: VersionProbe = serde_json::from_slice(bytes)?;
+        if probe.schema_version != SCHEMA_VERSION {
+            return Err(ManifestError::UnsupportedSchema {
+                found: probe.schema_version,
+            });
+        }
+        let manifest: Manifest = serde_json::from_slice(bytes)?;
+        manifest.validate()?;
+        Ok(manifest)
+    }
+
+    pub fn to_json(&self) -> Result<Vec<u8>, ManifestError> {
+        self.validate()?;
+        let mut out = serde_json::to_vec_pretty(self)?;
+        out.push(b'\n');
+        Ok(out)
+    }
+
+    /// Checks the invariants every stored manifest must hold.
+    pub fn validate(&self) -> Result<(), ManifestError> {
+        if self.schema_version != SCHEMA_VERSION {
+            return Err(ManifestError::UnsupportedSchema {
+                found: self.schema_version,
+            });
+        }
+        if self.layers.is_empty() {
+            return Err(ManifestError::Invalid(
+                "an image needs at least one layer".into(),
+            ));
+        }
+        let sum: u64 = self.layers.iter().map(|l| l.size).sum();
+        if sum != self.size_bytes {
+            return Err(ManifestError::Invalid(format!(
+                "size_bytes is {} but the layers add up to {sum}",
+                self.size_bytes
+            )));
+        }
+        if !self.config.workdir.starts_with('/') {
+            return Err(ManifestError::Invalid(format!(
+                "workdir `{}` is not an absolute path",
+                self.config.workdir
+            )));
+        }
+        if self.config.user.is_empty() {
+            return Err(ManifestError::Invalid("user is empty".into()));
+        }
+        if let Some(bad) = self
+            .config
+            .env
+            .iter()
+            .find(|e| !e.contains('=') || e.starts_with('='))
+        {
+            return Err(ManifestError::Invalid(format!(
+                "env entry `{bad}` is not KEY=value"
+            )));
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample() -> Manifest {
+        Manifest::new(
+            vec![
+                LayerDescriptor {
+                    digest: Digest::of_bytes(b"a"),
+                    kind: LayerKind::Base,
+                    size: 10,
+                },
+                LayerDescriptor {
+                    digest: Digest::of_bytes(b"b"),
+                    kind: LayerKind::Toolkit,
+                    size: 5,
+                },
+            ],
+            ImageConfig::default(),
+        )
+    }
+
+    #[test]
+    fn round_trip() {
+        let m = sample();
+        assert_eq!(m.size_bytes, 15);
+        let json = m.to_json().unwrap();
+        let text = std::str::from_utf8(&json).unwrap();
+        assert!(text.contains("\"schema_version\": 1"), "{text}");
+        assert!(text.contains("\"kind\": \"toolkit\""), "{text}");
+        assert!(
+            text.contains(&format!("\"{}\"", Digest::of_bytes(b"a"))),
+            "{text}"
+        );
+        assert_eq!(Manifest::from_json(&json).unwrap(), m);
+    }
+
+    #[test]
+    fn unknown_version_is_refused_clearly() {
+        let json = br#"{"schema_version": 7, "something": "new"}"#;
+        assert!(matches!(
+            Manifest::from_json(json),
+            Err(ManifestError::UnsupportedSchema { found: 7 })
+        ));
+    }
+
+    #[test]
+    fn invariants() {
+        let mut m = sample();
+        m.size_bytes = 1;
+        assert!(matches!(
+            Manifest::from_json(&serde_json::to_vec(&m).unwrap()),
+            Err(ManifestError::Invalid(_))
+        ));
+        let mut m = sample();
+        m.layers.clear();
+        m.size_bytes = 0;
+        assert!(m.to_json().is_err());
+        let mut m = sample();
+        m.config.workdir = "rel".into();
+        assert!(m.validate().is_err());
+        let mut m = sample();
+        m.config.env.push("NOEQUALS".into());
+        assert!(m.validate().is_err());
+        assert!(matches!(
+            Manifest::from_json(b"{"),
+            Err(ManifestError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn config_defaults_when_absent() {
+        let d = Digest::of_bytes(b"a");
+        let json = format!(
+            r#"{{"schema_version":1,"layers":[{{"digest":"{d}","kind":"base","size":3}}],
+                "config":{{}},"created_at":"2026-01-01T00:00:00Z","size_bytes":3}}"#
+        );
+        let m = Manifest::from_json(json.as_bytes()).unwrap();
+        assert_eq!(m.config.workdir, "/");
+        assert_eq!(m.config.user, "root");
+        assert!(m.config.env.is_empty());
+    }
+}

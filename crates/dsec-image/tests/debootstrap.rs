@@ -1,0 +1,127 @@
+//! The `python` default image from debootstrap (one or two minutes, needs
+//! root and the Debian mirror). Skipped when debootstrap is not installed.
+
+mod common;
+
+use std::fs;
+use std::os::unix::fs::MetadataExt;
+use std::path::Path;
+use std::sync::Mutex;
+use std::time::Instant;
+
+use common::{temp_entries, Env};
+use dsec_image::build::DEFAULT_MIRROR;
+use dsec_image::{
+    ensure_default_images, DefaultImage, Ensured, NoProgress, ProgressEvent, ProgressFn,
+};
+
+fn on_path(program: &str) -> bool {
+    std::env::var_os("PATH")
+        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
+        .unwrap_or(false)
+}
+
+fn files_under(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    if let Ok(entries) = fs::read_dir(dir) {
+        for e in entries.flatten() {
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                out.extend(files_under(&e.path()));
+            } else {
+                out.push(e.path().display().to_string());
+            }
+        }
+    }
+    out
+}
+
+#[test]
+fn default_images_from_debootstrap() {
+    if !on_path("debootstrap") {
+        eprintln!("debootstrap is not installed: skipping");
+        return;
+    }
+    let env = Env::new();
+    let mirror = std::env::var("DSEC_DEBIAN_MIRROR").unwrap_or_else(|_| DEFAULT_MIRROR.to_string());
+    let stages = Mutex::new(Vec::new());
+    let progress = ProgressFn(|e: ProgressEvent<'_>| {
+        if let ProgressEvent::Stage(s) = e {
+            stages.lock().unwrap().push(s.to_string());
+        }
+    });
+    let started = Instant::now();
+    let outcome = ensure_default_images(&env.store, &progress, &mirror).unwrap();
+    eprintln!("first setup: {:.1?}", started.elapsed());
+    assert_eq!(
+        outcome,
+        [
+            (DefaultImage::Busybox, Ensured::Built),
+            (DefaultImage::Python, Ensured::Built)
+        ]
+    );
+    assert!(
+        stages
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|s| s.starts_with("I: Retrieving")),
+        "debootstrap's output reached the progress callback"
+    );
+    assert_eq!(temp_entries(&env.store), 0, "build root removed");
+
+    let image = env.store.resolve("python").unwrap();
+    assert!(image
+        .manifest
+        .config
+        .env
+        .iter()
+        .any(|e| e.starts_with("PATH=")));
+    let root = env.mounts.mount_image(&image).unwrap().pop().unwrap();
+    // Present, not executed: nothing from the image runs on the host.
+    let python = fs::symlink_metadata(root.join("usr/bin/python3")).unwrap();
+    assert!(python.file_type().is_symlink() || python.is_file());
+    assert!(
+        root.join("usr/bin/python3").exists(),
+        "python3 resolves inside the image"
+    );
+    assert!(root.join("usr/bin/git").is_file());
+    assert!(root.join("usr/lib/python3/dist-packages/pytest").is_dir());
+    assert!(root.join("usr/lib/python3/dist-packages/pip").is_dir());
+
+    let passwd = fs::read_to_string(root.join("etc/passwd")).unwrap();
+    assert!(
+        passwd.lines().any(|l| l.starts_with("user:x:1000:1000:")),
+        "{passwd}"
+    );
+    let shadow = fs::read_to_string(root.join("etc/shadow")).unwrap();
+    assert!(shadow.lines().any(|l| l.starts_with("user:")));
+    let home = fs::metadata(root.join("home/user")).unwrap();
+    assert_eq!((home.uid(), home.gid()), (1000, 1000));
+    assert!(root.join("home/user/.bashrc").is_file(), "skel copied");
+
+    // Cleaned: no package lists, downloaded debs or logs.
+    let lists: Vec<_> = files_under(&root.join("var/lib/apt/lists"))
+        .into_iter()
+        .filter(|f| !f.ends_with("/lock"))
+        .collect();
+    assert!(lists.is_empty(), "{lists:?}");
+    assert!(files_under(&root.join("var/cache/apt/archives"))
+        .iter()
+        .all(|f| !f.ends_with(".deb")));
+    assert!(files_under(&root.join("var/log")).is_empty());
+    eprintln!("python image: {} bytes", image.manifest.size_bytes);
+
+    // A second setup finds both and builds nothing.
+    let started = Instant::now();
+    let again = ensure_default_images(&env.store, &NoProgress, &mirror).unwrap();
+    let elapsed = started.elapsed();
+    assert_eq!(
+        again,
+        [
+            (DefaultImage::Busybox, Ensured::AlreadyPresent),
+            (DefaultImage::Python, Ensured::AlreadyPresent)
+        ]
+    );
+    assert!(elapsed.as_secs_f64() < 1.0, "second setup took {elapsed:?}");
+}

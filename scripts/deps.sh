@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Debian packages dsec needs at run time, for its images, tests and
+# benchmarks. Idempotent: installs only what is missing.
+set -euo pipefail
+
+PACKAGES=(
+  erofs-utils     # mkfs.erofs: builds the read-only image layers
+  debootstrap     # builds the Debian-based default image (python)
+  busybox-static  # the busybox default image
+  util-linux      # unshare/nsenter, used by tests
+  iproute2        # ip, used by tests to inspect sandboxes' network
+  crun            # the peer runtime the benchmarks compare against
+  wrk             # compiled HTTP load generator for server-capacity benchmarks
+  hyperfine       # command timing in benchmarks
+  file            # checks that the guest agent is statically linked
+  pkg-config
+)
+
+missing=()
+for p in "${PACKAGES[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "==> installing Debian packages: ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi

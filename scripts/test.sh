@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# The second command of the README: the whole test suite (as root).
+# Installs what it needs first, so it also works on a fresh machine.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+scripts/deps.sh
+echo "==> building (release)"
+cargo build --release --workspace --quiet
+python3 -m pip install --quiet --disable-pip-version-check -e 'sdk/python[test]'
+
+# The default images, shared with `dsec up`'s data dir (cached).
+IMAGES=${DSEC_TEST_IMAGES_DIR:-${DSEC_DATA_DIR:-/var/lib/dsec}/images}
+target/release/dsec image setup --images-dir "$IMAGES"
+
+export DSEC_BIN="$PWD/target/release/dsec"
+export DSEC_AGENT="$PWD/target/release/dsec-agent"
+export DSEC_TEST_IMAGES_DIR="$IMAGES"
+
+echo "==> Rust tests"
+cargo test --release --workspace
+
+# `cargo test` may have relinked target/release/dsec-agent dynamically; the
+# end-to-end tests run the statically linked agent that users get.
+scripts/build-agent.sh
+
+echo "==> Python SDK tests (unit and end-to-end against a real dsec up)"
+python3 -m pytest sdk/python/tests -q -p no:cacheprovider

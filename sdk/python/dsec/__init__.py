@@ -1,0 +1,142 @@
+"""dsec: the Python SDK of the dsec sandbox platform (asyncio).
+
+::
+
+    from dsec import DSecClient, DSecContainerRunArgs
+
+    client = DSecClient()          # DSEC_ENDPOINT / DSEC_TOKEN
+    await client.open()
+    args = DSecContainerRunArgs(container_image="python", memory_limit_mb=1024,
+                                cpu_cores_limit=1, ttl_running_stop=300,
+                                network_rules={}, init_user="root")
+    sandbox = await client.run_container(args, timeout=120)
+    result = await sandbox.run_shell("echo hello world")
+    await sandbox.stop()
+
+For blocking code (scripts, notebooks) use :mod:`dsec.sync`, which offers the
+same calls without ``await``.
+"""
+
+from . import errors
+from .args import Backend, BaseRunArgs, DSecContainerRunArgs, DSecRunArgs, RunArgs
+from .client import DSecClient
+from .errors import (
+    AgentUnavailable,
+    AlreadyExists,
+    DirectoryNotEmpty,
+    DSecConnectionError,
+    DSecError,
+    DSecTimeoutError,
+    EdgeUnavailable,
+    FileNotFound,
+    Forbidden,
+    ImageNotFound,
+    Internal,
+    InvalidLimits,
+    InvalidPath,
+    InvalidRequest,
+    IsADirectory,
+    MethodNotAllowed,
+    NoCapacity,
+    NoSpace,
+    NotADirectory,
+    NotFound,
+    PayloadTooLarge,
+    PermissionDenied,
+    RateLimited,
+    SandboxNotFound,
+    SandboxNotRunning,
+    SessionNotFound,
+    SpawnFailed,
+    Timeout,
+    Unauthorized,
+    UnsupportedBackend,
+    UnsupportedMediaType,
+    UnsupportedNetworkPolicy,
+    UserNotFound,
+)
+from .results import (
+    ExecResult,
+    FileInfo,
+    Health,
+    ImageInfo,
+    Limits,
+    NodeStatus,
+    OutputChunk,
+    SandboxInfo,
+    TenantInfo,
+    WriteResult,
+)
+from .sandbox import Sandbox, Session
+from .streams import ExecStream, Pty
+
+__version__ = "0.1.0"
+
+#: ``dsec.ConnectionError`` names the SDK's connection failure; it is kept out
+#: of ``__all__`` so ``from dsec import *`` does not shadow the builtin.
+ConnectionError = DSecConnectionError
+
+__all__ = [
+    "DSecClient",
+    "Sandbox",
+    "Session",
+    "ExecStream",
+    "Pty",
+    "Backend",
+    "BaseRunArgs",
+    "DSecRunArgs",
+    "DSecContainerRunArgs",
+    "RunArgs",
+    "ExecResult",
+    "OutputChunk",
+    "SandboxInfo",
+    "Limits",
+    "FileInfo",
+    "WriteResult",
+    "ImageInfo",
+    "TenantInfo",
+    "NodeStatus",
+    "Health",
+    "DSecError",
+    "DSecConnectionError",
+    "DSecTimeoutError",
+    "errors",
+    "InvalidRequest",
+    "InvalidLimits",
+    "InvalidPath",
+    "UnsupportedBackend",
+    "UnsupportedNetworkPolicy",
+    "UserNotFound",
+    "SpawnFailed",
+    "NotADirectory",
+    "IsADirectory",
+    "Unauthorized",
+    "Forbidden",
+    "PermissionDenied",
+    "NotFound",
+    "SandboxNotFound",
+    "ImageNotFound",
+    "FileNotFound",
+    "SessionNotFound",
+    "MethodNotAllowed",
+    "SandboxNotRunning",
+    "AlreadyExists",
+    "DirectoryNotEmpty",
+    "PayloadTooLarge",
+    "UnsupportedMediaType",
+    "RateLimited",
+    "Internal",
+    "AgentUnavailable",
+    "NoCapacity",
+    "EdgeUnavailable",
+    "Timeout",
+    "NoSpace",
+]
+
+# Codes newer than the explicit classes (generated from error_codes.json at
+# import) are exported too.
+for _name in errors.__all__:
+    if _name not in __all__ and isinstance(getattr(errors, _name), type):
+        globals()[_name] = getattr(errors, _name)
+        __all__.append(_name)
+del _name

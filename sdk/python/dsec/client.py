@@ -1,0 +1,175 @@
+"""The asyncio client: create, find and manage sandboxes."""
+
+from __future__ import annotations
+
+import builtins
+from collections.abc import Mapping
+from types import TracebackType
+
+from ._http import Transport, resolve_endpoint, resolve_token
+from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
+from .results import Health, ImageInfo, SandboxInfo, TenantInfo
+from .sandbox import Sandbox
+
+__all__ = ["DSecClient"]
+
+
+class DSecClient:
+    """A connection to a dsec server.
+
+    Args:
+        endpoint: base URL of the API. Default: ``DSEC_ENDPOINT``, else
+            ``http://127.0.0.1:8080``.
+        token: bearer token. Default: ``DSEC_TOKEN``, else the content of the
+            file named by ``DSEC_TOKEN_FILE``.
+        timeout: deadline in seconds for control calls (get, list, stop,
+            delete, file operations). Commands use their own ``timeout``;
+            creation uses the ``timeout`` of :meth:`run`.
+        connect_timeout: deadline for opening a TCP connection.
+        max_connections: size of the keep-alive connection pool. Each request
+            in flight and each open stream or terminal holds one connection, so
+            this bounds how many sandbox calls one client runs at once (the
+            default drives 1,000 sandboxes concurrently).
+
+    Use it as an async context manager, or call :meth:`open` and
+    :meth:`close`::
+
+        client = DSecClient()
+        await client.open()
+        sandbox = await client.run_container(DSecContainerRunArgs(container_image="python"))
+        print((await sandbox.run_shell("echo hello world")).stdout)
+        await sandbox.stop()
+        await client.close()
+
+    One client is meant to be shared by every task of a process: it keeps one
+    pool of connections. It must be used from the event loop that opened it.
+    """
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | None = 60.0,
+        connect_timeout: float = 10.0,
+        max_connections: int = 1024,
+    ) -> None:
+        self._transport = Transport(
+            resolve_endpoint(endpoint), resolve_token(token), timeout=timeout,
+            connect_timeout=connect_timeout, max_connections=max_connections)
+        self._sandboxes_url = self._transport.url("/v1/sandboxes")
+
+    def __repr__(self) -> str:
+        return f"<DSecClient {self.endpoint} {'open' if self.is_open else 'closed'}>"
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL of the API."""
+        return self._transport.endpoint
+
+    @property
+    def is_open(self) -> bool:
+        """True between :meth:`open` and :meth:`close`."""
+        return self._transport.is_open
+
+    # --- lifecycle ---------------------------------------------------------------
+
+    async def open(self) -> None:
+        """Open the connection pool. Calls also open it on first use."""
+        await self._transport.open()
+
+    async def close(self) -> None:
+        """Close the connection pool. Sandboxes keep running on the server."""
+        await self._transport.close()
+
+    async def __aenter__(self) -> DSecClient:
+        await self.open()
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()
+
+    # --- sandboxes -------------------------------------------------------------
+
+    async def run(self, args: BaseRunArgs, timeout: float | None = 120) -> Sandbox:
+        """Create a sandbox and wait until it runs.
+
+        Args:
+            args: :class:`DSecRunArgs` (any backend) or
+                :class:`DSecContainerRunArgs`.
+            timeout: seconds to wait for the running sandbox; then
+                :class:`DSecTimeoutError` is raised (the server may still finish
+                the creation: find it by its labels or job).
+        """
+        if not isinstance(args, BaseRunArgs):
+            raise TypeError(f"run() takes DSecRunArgs or DSecContainerRunArgs, not "
+                            f"{type(args).__name__}")
+        d = await self._transport.request("POST", self._sandboxes_url, json_body=args.to_json(),
+                                          timeout=self._transport.timeout_for(timeout))
+        return Sandbox(self, SandboxInfo.from_json(d))
+
+    async def run_container(self, args: DSecContainerRunArgs | DSecRunArgs,
+                            timeout: float | None = 120) -> Sandbox:
+        """Create a container sandbox and wait until it runs (see :meth:`run`)."""
+        if isinstance(args, DSecRunArgs) and args.backend != "container":
+            raise ValueError(f"run_container() got backend={args.backend!r}; use run()")
+        return await self.run(args, timeout=timeout)
+
+    async def get(self, sandbox_id: str) -> SandboxInfo:
+        """The record of one sandbox (raises :class:`SandboxNotFound`)."""
+        d = await self._transport.request(
+            "GET", self._transport.url(f"/v1/sandboxes/{Transport.quote(sandbox_id)}"))
+        return SandboxInfo.from_json(d)
+
+    async def list(self, state: str | None = None, job: str | None = None,
+                   labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        """Records of the sandboxes this token sees, optionally filtered by
+        state, job, and labels (a sandbox must carry every label given)."""
+        params: list[tuple[str, str]] = []
+        if state is not None:
+            params.append(("state", state))
+        if job is not None:
+            params.append(("job", job))
+        for k, v in (labels or {}).items():
+            params.append(("label", f"{k}={v}"))
+        d = await self._transport.request("GET", self._sandboxes_url, params=params or None)
+        return [SandboxInfo.from_json(s) for s in d.get("sandboxes", ())]
+
+    async def connect(self, sandbox_id: str) -> Sandbox:
+        """A handle on an existing sandbox, checked with the server (raises
+        :class:`SandboxNotFound`)."""
+        return Sandbox(self, await self.get(sandbox_id))
+
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        """A handle on a sandbox id without asking the server (no request; the
+        first call reveals whether the sandbox exists)."""
+        return Sandbox(self, SandboxInfo(id=sandbox_id))
+
+    # --- platform ----------------------------------------------------------------
+
+    async def health(self) -> Health:
+        """``GET /healthz``: the server's status, version and nodes."""
+        d = await self._transport.request("GET", self._transport.url("/healthz"))
+        return Health.from_json(d)
+
+    async def images(self) -> builtins.list[ImageInfo]:
+        """The images this server can run."""
+        d = await self._transport.request("GET", self._transport.url("/v1/images"))
+        return [ImageInfo.from_json(i) for i in d.get("images", ())]
+
+    async def delete_image(self, name: str) -> None:
+        """Delete an image (admin token only)."""
+        await self._transport.request(
+            "DELETE", self._transport.url(f"/v1/images/{Transport.quote(name)}"))
+
+    async def create_tenant(self, name: str) -> TenantInfo:
+        """Create a tenant (admin token only); the answer carries its token."""
+        d = await self._transport.request("POST", self._transport.url("/v1/tenants"),
+                                          json_body={"name": name})
+        return TenantInfo.from_json(d)
+
+    async def tenants(self) -> builtins.list[TenantInfo]:
+        """All tenants (admin token only)."""
+        d = await self._transport.request("GET", self._transport.url("/v1/tenants"))
+        return [TenantInfo.from_json(t) for t in d.get("tenants", ())]

@@ -1,0 +1,346 @@
+"""Records the API returns: command results, sandbox records, file info...
+
+Parsing is tolerant: fields a newer server adds are ignored, and fields an
+older server lacks take neutral defaults, so the SDK and the server can be
+upgraded independently.
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = [
+    "ExecResult",
+    "OutputChunk",
+    "Limits",
+    "SandboxInfo",
+    "FileInfo",
+    "WriteResult",
+    "ImageInfo",
+    "TenantInfo",
+    "NodeStatus",
+    "Health",
+]
+
+
+def _text(value: Any, encoding: str | None) -> str:
+    if value is None:
+        return ""
+    if encoding == "base64":
+        # Only when a caller asked for base64 output; decode for a str field.
+        return base64.b64decode(value).decode("utf-8", "replace")
+    return value  # type: ignore[no-any-return]
+
+
+@dataclass(slots=True)
+class ExecResult:
+    """The result of a command.
+
+    Attributes:
+        exit_code: the exit status; 128 + N when killed by signal N.
+        stdout: standard output (UTF-8; invalid sequences replaced).
+        stderr: standard error (UTF-8; invalid sequences replaced).
+        duration_ms: wall time of the command in milliseconds.
+        truncated: some output was discarded because it exceeded the limit
+            (``max_output_bytes``, 1 MiB per stream by default).
+        timed_out: the command hit its timeout and was killed.
+        signal: the signal that killed the process, if one did.
+    """
+
+    exit_code: int
+    stdout: str = ""
+    stderr: str = ""
+    duration_ms: float = 0.0
+    truncated: bool = False
+    timed_out: bool = False
+    signal: int | None = None
+
+    @property
+    def ok(self) -> bool:
+        """True when the command exited 0 and did not time out."""
+        return self.exit_code == 0 and not self.timed_out
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ExecResult:
+        """Parse an ``ExecResponse`` (or the ``exit`` message of a stream)."""
+        # The hot path of every exec: plain .get calls, no reflection.
+        enc = d.get("encoding")
+        return cls(
+            d.get("exit_code", -1),
+            _text(d.get("stdout"), enc),
+            _text(d.get("stderr"), enc),
+            d.get("duration_ms", 0.0),
+            d.get("truncated", False),
+            d.get("timed_out", False),
+            d.get("signal"),
+        )
+
+
+@dataclass(slots=True)
+class OutputChunk:
+    """A piece of output from a streaming command.
+
+    Attributes:
+        stream: ``"stdout"`` or ``"stderr"``.
+        data: the raw bytes, as the process wrote them. A chunk boundary may
+            fall inside a multi-byte UTF-8 character.
+    """
+
+    stream: str
+    data: bytes
+
+    @property
+    def text(self) -> str:
+        """``data`` decoded as UTF-8 (invalid or split sequences replaced)."""
+        return self.data.decode("utf-8", "replace")
+
+
+@dataclass(slots=True)
+class Limits:
+    """Resource limits in force for a sandbox."""
+
+    memory_limit_mb: int = 0
+    cpu_cores_limit: float = 0.0
+    disk_limit_mb: int = 0
+    pids_limit: int = 0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any] | None) -> Limits:
+        """Parse a ``Limits`` from its JSON object."""
+        d = d or {}
+        return cls(
+            d.get("memory_limit_mb", 0),
+            d.get("cpu_cores_limit", 0.0),
+            d.get("disk_limit_mb", 0),
+            d.get("pids_limit", 0),
+        )
+
+
+@dataclass(slots=True)
+class SandboxInfo:
+    """A sandbox record as the API reports it.
+
+    Attributes:
+        id: the sandbox id (it encodes the node that owns the sandbox).
+        backend: ``container``, ``microvm``, ``vm`` or ``fncall``.
+        image: the base image.
+        state: ``creating``, ``running``, ``stopping``, ``stopped``, ``failed``
+            or ``unknown`` (the owning node cannot be reached).
+        state_reason: why the sandbox stopped or failed (``idle timeout``...).
+        node: the node that runs it.
+        limits: the limits in force.
+        created_at, last_active_at, stopped_at: RFC 3339 times.
+        create_ms: milliseconds from the create request to a running sandbox.
+        raw: the record as received, including fields this SDK does not know.
+    """
+
+    id: str
+    backend: str = "container"
+    image: str = ""
+    workspace: str | None = None
+    toolkits: list[str] = field(default_factory=list)
+    state: str = "unknown"
+    state_reason: str | None = None
+    node: str = ""
+    limits: Limits = field(default_factory=Limits)
+    init_user: str = ""
+    ttl_running_stop: int = 0
+    max_lifetime_s: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
+    job: str | None = None
+    created_at: str = ""
+    last_active_at: str = ""
+    stopped_at: str | None = None
+    create_ms: float | None = None
+    raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_running(self) -> bool:
+        """True while the state is ``running``."""
+        return self.state == "running"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True once the sandbox is ``stopped`` or ``failed``."""
+        return self.state in ("stopped", "failed")
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SandboxInfo:
+        """Parse a ``Sandbox`` record."""
+        return cls(
+            id=d["id"],
+            backend=d.get("backend", "container"),
+            image=d.get("image", ""),
+            workspace=d.get("workspace"),
+            toolkits=list(d.get("toolkits") or ()),
+            state=d.get("state", "unknown"),
+            state_reason=d.get("state_reason"),
+            node=d.get("node", ""),
+            limits=Limits.from_json(d.get("limits")),
+            init_user=d.get("init_user", ""),
+            ttl_running_stop=d.get("ttl_running_stop", 0),
+            max_lifetime_s=d.get("max_lifetime_s", 0),
+            labels=dict(d.get("labels") or {}),
+            job=d.get("job"),
+            created_at=d.get("created_at", ""),
+            last_active_at=d.get("last_active_at", ""),
+            stopped_at=d.get("stopped_at"),
+            create_ms=d.get("create_ms"),
+            raw=d,
+        )
+
+
+@dataclass(slots=True)
+class FileInfo:
+    """A file's metadata (``stat``), or one entry of a directory listing.
+
+    Attributes:
+        name: the last path component.
+        path: the full path in the sandbox.
+        type: ``file``, ``dir``, ``symlink`` or ``other``.
+        size: size in bytes.
+        mode: permission bits, e.g. ``0o644``.
+        uid, gid: owner.
+        mtime: modification time, seconds since the epoch.
+        link_target: target of a symlink.
+    """
+
+    name: str
+    path: str
+    type: str
+    size: int = 0
+    mode: int = 0
+    uid: int = 0
+    gid: int = 0
+    mtime: int = 0
+    link_target: str | None = None
+
+    @property
+    def is_dir(self) -> bool:
+        """True for a directory."""
+        return self.type == "dir"
+
+    @property
+    def is_file(self) -> bool:
+        """True for a regular file."""
+        return self.type == "file"
+
+    @property
+    def is_symlink(self) -> bool:
+        """True for a symbolic link."""
+        return self.type == "symlink"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> FileInfo:
+        """Parse a ``FileInfo`` object."""
+        return cls(
+            d.get("name", ""),
+            d.get("path", ""),
+            d.get("type", "other"),
+            d.get("size", 0),
+            d.get("mode", 0),
+            d.get("uid", 0),
+            d.get("gid", 0),
+            d.get("mtime", 0),
+            d.get("link_target"),
+        )
+
+
+@dataclass(slots=True)
+class WriteResult:
+    """Answer to a file or archive upload: where, and how many bytes."""
+
+    path: str
+    bytes: int
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> WriteResult:
+        """Parse a ``WriteResult`` from its JSON object."""
+        return cls(d.get("path", ""), d.get("bytes", 0))
+
+
+@dataclass(slots=True)
+class ImageInfo:
+    """An image: an ordered list of read-only layers plus defaults."""
+
+    name: str
+    layers: list[str] = field(default_factory=list)
+    size_bytes: int = 0
+    created_at: str = ""
+    env: list[str] = field(default_factory=list)
+    workdir: str = ""
+    user: str = ""
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ImageInfo:
+        """Parse an ``ImageInfo`` from its JSON object."""
+        return cls(
+            d.get("name", ""),
+            list(d.get("layers") or ()),
+            d.get("size_bytes", 0),
+            d.get("created_at", ""),
+            list(d.get("env") or ()),
+            d.get("workdir", ""),
+            d.get("user", ""),
+        )
+
+
+@dataclass(slots=True)
+class TenantInfo:
+    """A tenant. ``token`` is only set in the answer that created it."""
+
+    name: str
+    admin: bool = False
+    token: str | None = None
+    created_at: str = ""
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TenantInfo:
+        """Parse a ``TenantInfo`` from its JSON object."""
+        return cls(d.get("name", ""), d.get("admin", False), d.get("token"),
+                   d.get("created_at", ""))
+
+
+@dataclass(slots=True)
+class NodeStatus:
+    """A node (edge) as the apiserver sees it."""
+
+    name: str
+    healthy: bool = False
+    sandboxes: int = 0
+    cpu_reserved: float = 0.0
+    cpu_capacity: float = 0.0
+    memory_reserved_mb: int = 0
+    memory_capacity_mb: int = 0
+    cgroup_version: int = 0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeStatus:
+        """Parse a ``NodeStatus`` from its JSON object."""
+        return cls(
+            d.get("name", ""),
+            d.get("healthy", False),
+            d.get("sandboxes", 0),
+            d.get("cpu_reserved", 0.0),
+            d.get("cpu_capacity", 0.0),
+            d.get("memory_reserved_mb", 0),
+            d.get("memory_capacity_mb", 0),
+            d.get("cgroup_version", 0),
+        )
+
+
+@dataclass(slots=True)
+class Health:
+    """``GET /healthz``: server status, version and nodes."""
+
+    status: str
+    version: str = ""
+    nodes: list[NodeStatus] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Health:
+        """Parse a ``Health`` from its JSON object."""
+        return cls(d.get("status", ""), d.get("version", ""),
+                   [NodeStatus.from_json(n) for n in d.get("nodes") or ()])

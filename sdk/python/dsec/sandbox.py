@@ -1,0 +1,499 @@
+"""A handle on one sandbox: commands, sessions, terminals, files, lifecycle."""
+
+from __future__ import annotations
+
+import base64
+import io
+import os
+from collections.abc import AsyncGenerator, Mapping, Sequence
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+
+import aiohttp
+
+from . import _transfer
+from ._http import Transport
+from .errors import (
+    DSecError,
+    FileNotFound,
+    IsADirectory,
+    SandboxNotFound,
+    SessionNotFound,
+    error_from_body,
+)
+from .results import ExecResult, FileInfo, SandboxInfo, WriteResult
+from .streams import DEFAULT_COLLECT_BYTES, ExecStream, Opening, Pty
+
+if TYPE_CHECKING:
+    from .client import DSecClient
+
+__all__ = ["Sandbox", "Session"]
+
+#: Extra seconds an exec request may take beyond the command's own timeout:
+#: the server needs a moment to kill the command (SIGTERM, then SIGKILL) and
+#: answer after the deadline.
+EXEC_GRACE_S = 30.0
+
+#: Bodies at least this big are streamed from a file object.
+_INLINE_BODY = 1 << 20
+
+
+def _exec_body(cmd: str | None, argv: Sequence[str] | None, timeout: float | None,
+               env: Mapping[str, str] | None, cwd: str | None, user: str | None,
+               session: str | None, stdin: str | bytes | None,
+               max_output_bytes: int | None) -> dict[str, Any]:
+    # Only set fields: the server rejects unknown ones and defaults the rest.
+    body: dict[str, Any] = {"cmd": cmd} if argv is None else {"argv": list(argv)}
+    if timeout is not None:
+        body["timeout"] = timeout
+    if env:
+        body["env"] = dict(env)
+    if cwd is not None:
+        body["cwd"] = cwd
+    if user is not None:
+        body["user"] = user
+    if session is not None:
+        body["session"] = session
+    if stdin is not None:
+        if isinstance(stdin, str):
+            body["stdin"] = stdin
+        else:
+            body["stdin_b64"] = base64.b64encode(stdin).decode("ascii")
+    if max_output_bytes is not None:
+        body["max_output_bytes"] = max_output_bytes
+    return body
+
+
+class Sandbox:
+    """A sandbox on the dsec platform.
+
+    Get one from :meth:`DSecClient.run_container`, :meth:`DSecClient.run` or
+    :meth:`DSecClient.connect`. Used as an async context manager, it is
+    deleted on exit::
+
+        async with await client.run_container(args) as sandbox:
+            result = await sandbox.run_shell("echo hi")
+
+    Attributes:
+        id: the sandbox id.
+        info: the last record seen from the server (creation, :meth:`refresh`,
+            :meth:`stop`).
+    """
+
+    __slots__ = ("id", "info", "_client", "_t", "_base", "_exec_url", "_files_url")
+
+    def __init__(self, client: DSecClient, info: SandboxInfo) -> None:
+        self.id: str = info.id
+        self.info: SandboxInfo = info
+        self._client = client
+        self._t: Transport = client._transport
+        # URLs are built once per sandbox, not per call.
+        self._base = f"/v1/sandboxes/{Transport.quote(self.id)}"
+        self._exec_url = self._t.url(self._base + "/exec")
+        self._files_url = self._t.url(self._base + "/files")
+
+    def __repr__(self) -> str:
+        return f"<Sandbox {self.id} {self.info.state} image={self.info.image!r}>"
+
+    @property
+    def client(self) -> DSecClient:
+        """The client this sandbox talks through."""
+        return self._client
+
+    @property
+    def state(self) -> str:
+        """The state in :attr:`info` (call :meth:`refresh` to update it)."""
+        return self.info.state
+
+    # --- lifecycle -------------------------------------------------------------
+
+    async def refresh(self) -> SandboxInfo:
+        """Fetch the current record from the server into :attr:`info`."""
+        d = await self._t.request("GET", self._t.url(self._base))
+        self.info = SandboxInfo.from_json(d)
+        return self.info
+
+    async def stop(self) -> SandboxInfo:
+        """Stop the sandbox. The record stays for inspection until :meth:`delete`."""
+        d = await self._t.request("POST", self._t.url(self._base + "/stop"))
+        if d:
+            self.info = SandboxInfo.from_json(d)
+        return self.info
+
+    async def delete(self) -> None:
+        """Stop the sandbox if needed and forget it."""
+        await self._t.request("DELETE", self._t.url(self._base))
+        self.info.state = "stopped"
+        self.info.state_reason = "deleted"
+
+    async def __aenter__(self) -> Sandbox:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        try:
+            await self.delete()
+        except SandboxNotFound:
+            pass  # already gone (deleted elsewhere, or reclaimed)
+
+    # --- commands --------------------------------------------------------------
+
+    async def run_shell(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        session: str | None = None,
+        stdin: str | bytes | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """Run a shell command line (``/bin/sh -c``; bash when present).
+
+        Args:
+            cmd: the command line.
+            timeout: seconds before the command is killed (SIGTERM, then
+                SIGKILL); the result then has ``timed_out`` set. ``None`` = the
+                server's default.
+            env: extra environment variables.
+            cwd: working directory.
+            user: run as this user (default: the sandbox's ``init_user``).
+            session: run in this persistent session (see :meth:`create_session`).
+            stdin: text or bytes given on stdin.
+            max_output_bytes: bytes kept per stream (server default 1 MiB);
+                the rest is discarded and ``truncated`` set.
+
+        A non-zero exit code is not an error: it is in the result.
+        """
+        body = _exec_body(cmd, None, timeout, env, cwd, user, session, stdin, max_output_bytes)
+        d = await self._t.request("POST", self._exec_url, json_body=body,
+                                  timeout=self._t.timeout_for(timeout, EXEC_GRACE_S))
+        return ExecResult.from_json(d)
+
+    async def exec(
+        self,
+        argv: Sequence[str],
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        session: str | None = None,
+        stdin: str | bytes | None = None,
+        max_output_bytes: int | None = None,
+    ) -> ExecResult:
+        """Run a program with arguments, without a shell (``argv[0]`` is looked
+        up in ``PATH``). Arguments as for :meth:`run_shell`."""
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("exec() takes a list of arguments; use run_shell() for a "
+                            "command line")
+        body = _exec_body(None, argv, timeout, env, cwd, user, session, stdin, max_output_bytes)
+        d = await self._t.request("POST", self._exec_url, json_body=body,
+                                  timeout=self._t.timeout_for(timeout, EXEC_GRACE_S))
+        return ExecResult.from_json(d)
+
+    def stream_shell(
+        self,
+        cmd: str,
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        session: str | None = None,
+        stdin: str | bytes | None = None,
+        max_output_bytes: int | None = None,
+    ) -> Opening[ExecStream]:
+        """Run a shell command line, its output streamed as it is written.
+
+        Returns an :class:`~dsec.streams.ExecStream`, to ``await`` or to use in
+        ``async with``. ``stdin`` given here is sent whole at the start; use
+        :meth:`ExecStream.write` to feed stdin while the command runs, and
+        :meth:`ExecStream.close_stdin` to end it. ``max_output_bytes`` bounds
+        the output kept in the final result.
+        """
+        body = _exec_body(cmd, None, timeout, env, cwd, user, session, stdin, None)
+        return Opening(lambda: self._open_stream(body, max_output_bytes))
+
+    def stream_exec(
+        self,
+        argv: Sequence[str],
+        timeout: float | None = None,
+        env: Mapping[str, str] | None = None,
+        cwd: str | None = None,
+        user: str | None = None,
+        session: str | None = None,
+        stdin: str | bytes | None = None,
+        max_output_bytes: int | None = None,
+    ) -> Opening[ExecStream]:
+        """:meth:`stream_shell` for a program with arguments, without a shell."""
+        if isinstance(argv, (str, bytes)):
+            raise TypeError("stream_exec() takes a list of arguments; use stream_shell()")
+        body = _exec_body(None, argv, timeout, env, cwd, user, session, stdin, None)
+        return Opening(lambda: self._open_stream(body, max_output_bytes))
+
+    async def _ws_connect(self, path: str, params: Mapping[str, str] | None = None
+                          ) -> aiohttp.ClientWebSocketResponse:
+        session = await self._t.ensure_open()
+        try:
+            return await session.ws_connect(
+                self._t.url(self._base + path), params=params,
+                max_msg_size=64 << 20, autoping=True, compress=0,
+            )
+        except aiohttp.WSServerHandshakeError as e:
+            raise await self._handshake_error(e) from e
+        except aiohttp.ClientError as e:
+            raise self._t.connection_error(e) from e
+
+    async def _handshake_error(self, e: aiohttp.WSServerHandshakeError) -> DSecError:
+        # aiohttp drops the body of a refused upgrade, so the error code is
+        # lost. Ask the plain route why: it names a missing sandbox, a wrong
+        # token or a stopped sandbox precisely.
+        try:
+            info = await self.refresh()
+        except DSecError as probe:
+            return probe
+        if e.status == 409 or not info.is_running:
+            return error_from_body(409, b'{"error":{"code":"sandbox_not_running","message":'
+                                   b'"the sandbox is not running"}}')
+        return error_from_body(e.status, f"websocket upgrade refused: {e.message}".encode())
+
+    async def _open_stream(self, body: dict[str, Any], collect: int | None) -> ExecStream:
+        ws = await self._ws_connect("/exec/stream")
+        try:
+            await ws.send_str(Transport.dumps(body))
+        except BaseException:
+            await ws.close()
+            raise
+        keep = collect if collect is not None else DEFAULT_COLLECT_BYTES
+        return ExecStream(ws, collect_bytes=keep, connection_error=self._t.connection_error)
+
+    # --- sessions ----------------------------------------------------------------
+
+    async def create_session(self, env: Mapping[str, str] | None = None,
+                             cwd: str | None = None, user: str | None = None) -> Session:
+        """Open a persistent shell session: the working directory and exported
+        variables carry over between the commands run in it."""
+        body: dict[str, Any] = {}
+        if env:
+            body["env"] = dict(env)
+        if cwd is not None:
+            body["cwd"] = cwd
+        if user is not None:
+            body["user"] = user
+        d = await self._t.request("POST", self._t.url(self._base + "/sessions"), json_body=body)
+        return Session(self, d["session_id"])
+
+    # --- terminals -------------------------------------------------------------
+
+    def pty(self, cmd: str | None = None, rows: int = 24, cols: int = 80,
+            user: str | None = None, cwd: str | None = None) -> Opening[Pty]:
+        """Open an interactive terminal running ``cmd`` (default: the user's
+        login shell). Returns a :class:`~dsec.streams.Pty`, to ``await`` or to
+        use in ``async with``."""
+        params = {"rows": str(int(rows)), "cols": str(int(cols))}
+        if cmd is not None:
+            params["cmd"] = cmd
+        if user is not None:
+            params["user"] = user
+        if cwd is not None:
+            params["cwd"] = cwd
+
+        async def open_pty() -> Pty:
+            ws = await self._ws_connect("/pty", params)
+            return Pty(ws, connection_error=self._t.connection_error)
+
+        return Opening(open_pty)
+
+    # --- files -----------------------------------------------------------------
+
+    async def read_file(self, path: str) -> bytes:
+        """The whole content of a file. (Use :meth:`download` for big files.)"""
+        async with self._t.stream("GET", self._files_url, params={"path": path},
+                                  timeout=self._t.timeout_for(None)) as resp:
+            try:
+                return await resp.read()
+            except aiohttp.ClientError as e:
+                raise self._t.connection_error(e) from e
+
+    async def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """The content of a text file."""
+        return (await self.read_file(path)).decode(encoding)
+
+    async def write_file(self, path: str, data: bytes | str, mode: int | None = None,
+                         parents: bool = True, owner: str | None = None) -> WriteResult:
+        """Write a whole file (``str`` as UTF-8), atomically.
+
+        Args:
+            mode: permission bits of a new file, e.g. ``0o755`` (server
+                default ``0o644``).
+            parents: create missing parent directories.
+            owner: owner of a new file, a user name or uid (server default root).
+        """
+        if isinstance(data, str):
+            data = data.encode()
+        params = {"path": path, "parents": "true" if parents else "false"}
+        if mode is not None:
+            params["mode"] = str(int(mode))
+        if owner is not None:
+            params["owner"] = owner
+        # Big bodies go as a file object, which aiohttp sends in pieces
+        # instead of one write that would stall the event loop.
+        body: bytes | io.BytesIO = data if len(data) < _INLINE_BODY else io.BytesIO(data)
+        d = await self._t.request("PUT", self._files_url, data=body, params=params,
+                                  headers=Transport.OCTET_HEADERS,
+                                  timeout=self._t.timeout_for(None))
+        return WriteResult.from_json(d or {"path": path, "bytes": len(data)})
+
+    async def list_dir(self, path: str) -> list[FileInfo]:
+        """The entries of a directory."""
+        d = await self._t.request("GET", self._t.url(self._base + "/files/list"),
+                                  params={"path": path})
+        return [FileInfo.from_json(e) for e in d.get("entries", ())]
+
+    async def stat(self, path: str) -> FileInfo:
+        """Metadata of a file or directory (raises :class:`FileNotFound`)."""
+        d = await self._t.request("GET", self._t.url(self._base + "/files/stat"),
+                                  params={"path": path})
+        return FileInfo.from_json(d)
+
+    async def exists(self, path: str) -> bool:
+        """True if something exists at ``path``."""
+        try:
+            await self.stat(path)
+        except FileNotFound:
+            return False
+        return True
+
+    async def mkdir(self, path: str, parents: bool = True, mode: int | None = None) -> None:
+        """Create a directory (with its parents by default)."""
+        body: dict[str, Any] = {"path": path, "parents": parents}
+        if mode is not None:
+            body["mode"] = int(mode)
+        await self._t.request("POST", self._t.url(self._base + "/files/mkdir"), json_body=body)
+
+    async def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file, or a directory (non-empty only with ``recursive``)."""
+        await self._t.request("DELETE", self._files_url,
+                              params={"path": path, "recursive": "true" if recursive else "false"})
+
+    async def upload(self, local_path: str | os.PathLike[str], remote_path: str,
+                     mode: int | None = None, owner: str | None = None) -> WriteResult:
+        """Copy a local file or directory into the sandbox, streaming it.
+
+        A file is written at ``remote_path`` (with the local file's permission
+        bits unless ``mode`` is given, owned by ``owner`` if given). A
+        directory is sent as a tar stream and extracted into ``remote_path``
+        (created if missing), so ``remote_path`` then mirrors ``local_path``.
+        """
+        local = Path(local_path)
+        if local.is_dir():
+            chunks: AsyncGenerator[bytes, None] = _transfer.tar_directory(local)
+            try:
+                d = await self._t.request(
+                    "PUT", self._t.url(self._base + "/archive"), data=chunks,
+                    params={"path": remote_path}, headers=Transport.TAR_HEADERS,
+                    timeout=self._t.timeout_for(None))
+            finally:
+                await chunks.aclose()
+            return WriteResult.from_json(d or {"path": remote_path, "bytes": 0})
+        if mode is None:
+            mode = local.stat().st_mode & 0o7777
+        with open(local, "rb") as f:
+            params = {"path": remote_path, "parents": "true", "mode": str(mode)}
+            if owner is not None:
+                params["owner"] = owner
+            d = await self._t.request("PUT", self._files_url, data=f, params=params,
+                                      headers=Transport.OCTET_HEADERS,
+                                      timeout=self._t.timeout_for(None))
+        return WriteResult.from_json(d or {"path": remote_path, "bytes": 0})
+
+    async def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        """Copy a file or directory out of the sandbox, streaming it to disk.
+
+        A file is written at ``local_path``. A directory arrives as a tar stream
+        and is extracted into ``local_path`` (created if missing), so
+        ``local_path`` then mirrors ``remote_path``.
+        """
+        info = await self.stat(remote_path)
+        if info.is_dir:
+            await self._download_dir(remote_path, local_path)
+            return
+        try:
+            await self._download_file(remote_path, Path(local_path))
+        except IsADirectory:
+            if not info.is_symlink:
+                raise
+            # A symlink to a directory: stat did not follow it, the read did.
+            await self._download_dir(remote_path, local_path)
+
+    async def _download_dir(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        async with self._t.stream("GET", self._t.url(self._base + "/archive"),
+                                  params={"path": remote_path}) as resp:
+            await _transfer.extract_tar_stream(
+                resp.content.iter_chunked(_transfer.CHUNK), local_path)
+
+    async def _download_file(self, remote_path: str, local: Path) -> None:
+        partial = local.with_name(local.name + ".dsec-part")
+        async with self._t.stream("GET", self._files_url, params={"path": remote_path}) as resp:
+            try:
+                with open(partial, "wb") as f:
+                    async for chunk in resp.content.iter_chunked(_transfer.CHUNK):
+                        f.write(chunk)
+                # The file appears whole or not at all.
+                os.replace(partial, local)
+            finally:
+                if partial.exists():
+                    partial.unlink()
+
+
+class Session:
+    """A persistent shell session in a sandbox.
+
+    The working directory and exported variables carry over between the
+    commands run in it. Close it with :meth:`close` (or ``async with``); that
+    kills every process its commands started.
+    """
+
+    __slots__ = ("sandbox", "id", "_closed")
+
+    def __init__(self, sandbox: Sandbox, session_id: str) -> None:
+        #: The sandbox the session lives in.
+        self.sandbox = sandbox
+        #: The session id (the ``session`` argument of exec calls).
+        self.id = session_id
+        self._closed = False
+
+    def __repr__(self) -> str:
+        return f"<Session {self.id} in {self.sandbox.id}>"
+
+    async def run(self, cmd: str, timeout: float | None = None,
+                  env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
+                  max_output_bytes: int | None = None) -> ExecResult:
+        """Run a command line in the session."""
+        return await self.sandbox.run_shell(cmd, timeout=timeout, env=env, session=self.id,
+                                            stdin=stdin, max_output_bytes=max_output_bytes)
+
+    def stream(self, cmd: str, timeout: float | None = None,
+               env: Mapping[str, str] | None = None) -> Opening[ExecStream]:
+        """Run a command line in the session, its output streamed."""
+        return self.sandbox.stream_shell(cmd, timeout=timeout, env=env, session=self.id)
+
+    async def close(self) -> None:
+        """End the session and kill its processes (idempotent)."""
+        if self._closed:
+            return
+        try:
+            await self.sandbox._t.request(
+                "DELETE",
+                self.sandbox._t.url(f"{self.sandbox._base}/sessions/{Transport.quote(self.id)}"))
+        except SessionNotFound:
+            pass
+        self._closed = True
+
+    async def __aenter__(self) -> Session:
+        return self
+
+    async def __aexit__(self, et: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self.close()

@@ -1,0 +1,493 @@
+"""Blocking wrapper of the SDK, for scripts and notebooks.
+
+::
+
+    from dsec.sync import DSecClient
+    from dsec import DSecContainerRunArgs
+
+    with DSecClient() as client:
+        with client.run_container(DSecContainerRunArgs(container_image="python")) as sandbox:
+            print(sandbox.run_shell("echo hello world").stdout)
+
+Each client runs a private event loop in a background thread, and every
+method hands its coroutine to that loop and waits for the answer. Because the
+loop is not the caller's, this works the same in a plain script, in a thread
+pool, and inside Jupyter (whose own loop is already running). A client may be
+used from several threads at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import builtins
+import os
+import signal as _signal
+import threading
+import weakref
+from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from types import TracebackType
+from typing import Any, TypeVar
+
+from . import client as _aclient
+from . import sandbox as _asandbox
+from . import streams as _astreams
+from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
+from .errors import SandboxNotFound
+from .results import (
+    ExecResult,
+    FileInfo,
+    Health,
+    ImageInfo,
+    OutputChunk,
+    SandboxInfo,
+    TenantInfo,
+    WriteResult,
+)
+
+__all__ = ["DSecClient", "Sandbox", "Session", "ExecStream", "Pty",
+           "DSecRunArgs", "DSecContainerRunArgs"]
+
+T = TypeVar("T")
+
+
+class _LoopThread:
+    """An event loop running forever in a daemon thread."""
+
+    def __init__(self) -> None:
+        self.loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._main, name="dsec-sync-loop", daemon=True)
+        self._thread.start()
+
+    def _main(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def run(self, coro: Coroutine[Any, Any, T]) -> T:
+        if threading.current_thread() is self._thread:
+            coro.close()
+            raise RuntimeError("a dsec.sync call was made from the SDK's own loop thread; "
+                               "use the asyncio API (dsec.DSecClient) there")
+        if self.loop.is_closed():
+            coro.close()
+            raise RuntimeError("this dsec.sync client is closed")
+        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        try:
+            return fut.result()
+        except BaseException:
+            # Ctrl-C (or any interruption of the waiting thread): do not leave
+            # the call running behind the caller's back.
+            fut.cancel()
+            raise
+
+    def stop(self) -> None:
+        if self.loop.is_closed():
+            return
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        if threading.current_thread() is not self._thread:
+            self._thread.join(timeout=10)
+        if not self._thread.is_alive():
+            self.loop.close()
+
+
+def _shutdown(runner: _LoopThread, aclient: _aclient.DSecClient) -> None:
+    # Runs on close(), on garbage collection, or at interpreter exit.
+    try:
+        if not runner.loop.is_closed() and aclient.is_open:
+            runner.run(aclient.close())
+    except Exception:
+        pass
+    runner.stop()
+
+
+class DSecClient:
+    """Blocking twin of :class:`dsec.DSecClient`; same arguments and calls."""
+
+    def __init__(
+        self,
+        endpoint: str | None = None,
+        token: str | None = None,
+        *,
+        timeout: float | None = 60.0,
+        connect_timeout: float = 10.0,
+        max_connections: int = 1024,
+    ) -> None:
+        #: The asyncio client doing the work (usable only on :attr:`loop`).
+        self.aio = _aclient.DSecClient(endpoint, token, timeout=timeout,
+                                       connect_timeout=connect_timeout,
+                                       max_connections=max_connections)
+        self._runner = _LoopThread()
+        self._finalizer = weakref.finalize(self, _shutdown, self._runner, self.aio)
+
+    def __repr__(self) -> str:
+        return f"<dsec.sync.DSecClient {self.endpoint}>"
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The private event loop the calls run on."""
+        return self._runner.loop
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._runner.run(coro)
+
+    @property
+    def endpoint(self) -> str:
+        """The base URL of the API."""
+        return self.aio.endpoint
+
+    def open(self) -> None:
+        """Open the connection pool (calls also open it on first use)."""
+        self._run(self.aio.open())
+
+    def close(self) -> None:
+        """Close the connection pool and stop the background loop."""
+        self._finalizer()
+
+    def __enter__(self) -> DSecClient:
+        self.open()
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+    def _wrap(self, sb: _asandbox.Sandbox) -> Sandbox:
+        return Sandbox(self, sb)
+
+    def run(self, args: BaseRunArgs, timeout: float | None = 120) -> Sandbox:
+        """Create a sandbox and wait until it runs."""
+        return self._wrap(self._run(self.aio.run(args, timeout=timeout)))
+
+    def run_container(self, args: DSecContainerRunArgs | DSecRunArgs,
+                      timeout: float | None = 120) -> Sandbox:
+        """Create a container sandbox and wait until it runs."""
+        return self._wrap(self._run(self.aio.run_container(args, timeout=timeout)))
+
+    def get(self, sandbox_id: str) -> SandboxInfo:
+        """The record of one sandbox."""
+        return self._run(self.aio.get(sandbox_id))
+
+    def list(self, state: str | None = None, job: str | None = None,
+             labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+        """Records of the visible sandboxes, optionally filtered."""
+        return self._run(self.aio.list(state=state, job=job, labels=labels))
+
+    def connect(self, sandbox_id: str) -> Sandbox:
+        """A handle on an existing sandbox, checked with the server."""
+        return self._wrap(self._run(self.aio.connect(sandbox_id)))
+
+    def sandbox(self, sandbox_id: str) -> Sandbox:
+        """A handle on a sandbox id without asking the server."""
+        return self._wrap(self.aio.sandbox(sandbox_id))
+
+    def health(self) -> Health:
+        """The server's status, version and nodes."""
+        return self._run(self.aio.health())
+
+    def images(self) -> builtins.list[ImageInfo]:
+        """The images this server can run."""
+        return self._run(self.aio.images())
+
+    def delete_image(self, name: str) -> None:
+        """Delete an image (admin only)."""
+        self._run(self.aio.delete_image(name))
+
+    def create_tenant(self, name: str) -> TenantInfo:
+        """Create a tenant (admin only); the answer carries its token."""
+        return self._run(self.aio.create_tenant(name))
+
+    def tenants(self) -> builtins.list[TenantInfo]:
+        """All tenants (admin only)."""
+        return self._run(self.aio.tenants())
+
+
+class Sandbox:
+    """Blocking twin of :class:`dsec.Sandbox`. Deleted on exit of ``with``."""
+
+    __slots__ = ("_client", "aio")
+
+    def __init__(self, client: DSecClient, sandbox: _asandbox.Sandbox) -> None:
+        self._client = client
+        #: The asyncio handle doing the work.
+        self.aio = sandbox
+
+    def __repr__(self) -> str:
+        return repr(self.aio)
+
+    def _run(self, coro: Coroutine[Any, Any, T]) -> T:
+        return self._client._runner.run(coro)
+
+    @property
+    def id(self) -> str:
+        """The sandbox id."""
+        return self.aio.id
+
+    @property
+    def info(self) -> SandboxInfo:
+        """The last record seen from the server."""
+        return self.aio.info
+
+    @property
+    def state(self) -> str:
+        """The state in :attr:`info`."""
+        return self.aio.state
+
+    def refresh(self) -> SandboxInfo:
+        """Fetch the current record into :attr:`info`."""
+        return self._run(self.aio.refresh())
+
+    def stop(self) -> SandboxInfo:
+        """Stop the sandbox (the record stays until :meth:`delete`)."""
+        return self._run(self.aio.stop())
+
+    def delete(self) -> None:
+        """Stop the sandbox if needed and forget it."""
+        self._run(self.aio.delete())
+
+    def __enter__(self) -> Sandbox:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        try:
+            self.delete()
+        except SandboxNotFound:
+            pass
+
+    def run_shell(self, cmd: str, timeout: float | None = None,
+                  env: Mapping[str, str] | None = None, cwd: str | None = None,
+                  user: str | None = None, session: str | None = None,
+                  stdin: str | bytes | None = None,
+                  max_output_bytes: int | None = None) -> ExecResult:
+        """Run a shell command line; see :meth:`dsec.Sandbox.run_shell`."""
+        return self._run(self.aio.run_shell(cmd, timeout, env, cwd, user, session, stdin,
+                                            max_output_bytes))
+
+    def exec(self, argv: Sequence[str], timeout: float | None = None,
+             env: Mapping[str, str] | None = None, cwd: str | None = None,
+             user: str | None = None, session: str | None = None,
+             stdin: str | bytes | None = None,
+             max_output_bytes: int | None = None) -> ExecResult:
+        """Run a program without a shell; see :meth:`dsec.Sandbox.exec`."""
+        return self._run(self.aio.exec(argv, timeout, env, cwd, user, session, stdin,
+                                       max_output_bytes))
+
+    def stream_shell(self, cmd: str, timeout: float | None = None,
+                     env: Mapping[str, str] | None = None, cwd: str | None = None,
+                     user: str | None = None, session: str | None = None,
+                     stdin: str | bytes | None = None,
+                     max_output_bytes: int | None = None) -> ExecStream:
+        """Run a command line with streamed output; returns an open
+        :class:`ExecStream` (iterate it; use it in ``with`` to close it)."""
+        opening = self.aio.stream_shell(cmd, timeout, env, cwd, user, session, stdin,
+                                        max_output_bytes)
+        return ExecStream(self._client, self._run(_await(opening)))
+
+    def stream_exec(self, argv: Sequence[str], timeout: float | None = None,
+                    env: Mapping[str, str] | None = None, cwd: str | None = None,
+                    user: str | None = None, session: str | None = None,
+                    stdin: str | bytes | None = None,
+                    max_output_bytes: int | None = None) -> ExecStream:
+        """Run a program with streamed output; returns an open :class:`ExecStream`."""
+        opening = self.aio.stream_exec(argv, timeout, env, cwd, user, session, stdin,
+                                       max_output_bytes)
+        return ExecStream(self._client, self._run(_await(opening)))
+
+    def create_session(self, env: Mapping[str, str] | None = None, cwd: str | None = None,
+                       user: str | None = None) -> Session:
+        """Open a persistent shell session."""
+        return Session(self, self._run(self.aio.create_session(env=env, cwd=cwd, user=user)))
+
+    def pty(self, cmd: str | None = None, rows: int = 24, cols: int = 80,
+            user: str | None = None, cwd: str | None = None) -> Pty:
+        """Open an interactive terminal; returns an open :class:`Pty`."""
+        opening = self.aio.pty(cmd, rows=rows, cols=cols, user=user, cwd=cwd)
+        return Pty(self._client, self._run(_await(opening)))
+
+    def read_file(self, path: str) -> bytes:
+        """The whole content of a file."""
+        return self._run(self.aio.read_file(path))
+
+    def read_text(self, path: str, encoding: str = "utf-8") -> str:
+        """The content of a text file."""
+        return self._run(self.aio.read_text(path, encoding))
+
+    def write_file(self, path: str, data: bytes | str, mode: int | None = None,
+                   parents: bool = True, owner: str | None = None) -> WriteResult:
+        """Write a whole file."""
+        return self._run(self.aio.write_file(path, data, mode=mode, parents=parents,
+                                             owner=owner))
+
+    def list_dir(self, path: str) -> list[FileInfo]:
+        """The entries of a directory."""
+        return self._run(self.aio.list_dir(path))
+
+    def stat(self, path: str) -> FileInfo:
+        """Metadata of a file or directory."""
+        return self._run(self.aio.stat(path))
+
+    def exists(self, path: str) -> bool:
+        """True if something exists at ``path``."""
+        return self._run(self.aio.exists(path))
+
+    def mkdir(self, path: str, parents: bool = True, mode: int | None = None) -> None:
+        """Create a directory."""
+        self._run(self.aio.mkdir(path, parents=parents, mode=mode))
+
+    def remove(self, path: str, recursive: bool = False) -> None:
+        """Remove a file or directory."""
+        self._run(self.aio.remove(path, recursive=recursive))
+
+    def upload(self, local_path: str | os.PathLike[str], remote_path: str,
+               mode: int | None = None, owner: str | None = None) -> WriteResult:
+        """Copy a local file or directory into the sandbox."""
+        return self._run(self.aio.upload(local_path, remote_path, mode=mode, owner=owner))
+
+    def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
+        """Copy a file or directory out of the sandbox."""
+        self._run(self.aio.download(remote_path, local_path))
+
+
+async def _await(opening: _astreams.Opening[T]) -> T:
+    return await opening
+
+
+class Session:
+    """Blocking twin of :class:`dsec.Session`."""
+
+    __slots__ = ("sandbox", "aio")
+
+    def __init__(self, sandbox: Sandbox, session: _asandbox.Session) -> None:
+        #: The sandbox the session lives in.
+        self.sandbox = sandbox
+        #: The asyncio session doing the work.
+        self.aio = session
+
+    @property
+    def id(self) -> str:
+        """The session id."""
+        return self.aio.id
+
+    def run(self, cmd: str, timeout: float | None = None,
+            env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
+            max_output_bytes: int | None = None) -> ExecResult:
+        """Run a command line in the session."""
+        return self.sandbox._run(self.aio.run(cmd, timeout=timeout, env=env, stdin=stdin,
+                                              max_output_bytes=max_output_bytes))
+
+    def close(self) -> None:
+        """End the session and kill its processes."""
+        self.sandbox._run(self.aio.close())
+
+    def __enter__(self) -> Session:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class ExecStream:
+    """Blocking twin of :class:`dsec.ExecStream`: iterate it for
+    :class:`OutputChunk` items, the last item being the :class:`ExecResult`."""
+
+    def __init__(self, client: DSecClient, stream: _astreams.ExecStream) -> None:
+        self._client = client
+        #: The asyncio stream doing the work.
+        self.aio = stream
+
+    @property
+    def result(self) -> ExecResult | None:
+        """The final result once the command has ended."""
+        return self.aio.result
+
+    def __iter__(self) -> Iterator[OutputChunk | ExecResult]:
+        return self
+
+    def __next__(self) -> OutputChunk | ExecResult:
+        try:
+            return self._client._run(self.aio.__anext__())
+        except StopAsyncIteration:
+            raise StopIteration from None
+
+    def wait(self) -> ExecResult:
+        """Read the rest of the output and return the final result."""
+        return self._client._run(self.aio.wait())
+
+    def write(self, data: bytes | str) -> None:
+        """Send data to the command's stdin."""
+        self._client._run(self.aio.write(data))
+
+    def close_stdin(self) -> None:
+        """End the command's stdin."""
+        self._client._run(self.aio.close_stdin())
+
+    def send_signal(self, sig: int = _signal.SIGTERM) -> None:
+        """Signal the command's process group."""
+        self._client._run(self.aio.send_signal(sig))
+
+    def kill(self) -> None:
+        """SIGKILL the command's process group."""
+        self._client._run(self.aio.kill())
+
+    def close(self) -> None:
+        """Close the stream."""
+        self._client._run(self.aio.close())
+
+    def __enter__(self) -> ExecStream:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()
+
+
+class Pty:
+    """Blocking twin of :class:`dsec.Pty`."""
+
+    def __init__(self, client: DSecClient, pty: _astreams.Pty) -> None:
+        self._client = client
+        #: The asyncio terminal doing the work.
+        self.aio = pty
+
+    @property
+    def result(self) -> ExecResult | None:
+        """The program's result once it has ended."""
+        return self.aio.result
+
+    def read(self) -> bytes:
+        """The next chunk of output; ``b""`` when the program ended."""
+        return self._client._run(self.aio.read())
+
+    def read_until(self, marker: bytes | str, timeout: float | None = None) -> bytes:
+        """Read until ``marker`` appears; return everything read."""
+        return self._client._run(self.aio.read_until(marker, timeout))
+
+    def __iter__(self) -> Iterator[bytes]:
+        while True:
+            data = self.read()
+            if not data:
+                return
+            yield data
+
+    def send(self, data: bytes | str) -> None:
+        """Send keystrokes."""
+        self._client._run(self.aio.send(data))
+
+    def resize(self, rows: int, cols: int) -> None:
+        """Change the window size."""
+        self._client._run(self.aio.resize(rows, cols))
+
+    def wait(self) -> ExecResult | None:
+        """Discard output until the program ends; return its result."""
+        return self._client._run(self.aio.wait())
+
+    def close(self) -> None:
+        """Close the terminal."""
+        self._client._run(self.aio.close())
+
+    def __enter__(self) -> Pty:
+        return self
+
+    def __exit__(self, et: type[BaseException] | None, e: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        self.close()

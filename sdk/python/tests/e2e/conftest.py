@@ -1,0 +1,257 @@
+"""End-to-end fixtures: the real ``dsec`` server, started once per session.
+
+Environment:
+
+* ``DSEC_BIN``: the server binary (default ``<repo>/target/release/dsec``).
+  A missing binary fails the tests with a message; nothing is skipped.
+* ``DSEC_DATA_DIR``: a data directory already prepared with the default
+  images (used as is, never deleted). Default: a new temporary directory.
+* ``DSEC_TEST_IMAGES_DIR``: an image store prepared by ``dsec image setup``,
+  passed as ``--images-dir`` (so a temporary data dir still has images).
+* ``DSEC_E2E_IMAGE``: the image most tests run (default ``python``).
+* ``DSEC_E2E_START_TIMEOUT``: seconds to wait for ``/healthz`` (default 180).
+
+The server is started as ``dsec up --data-dir DIR --listen 127.0.0.1:PORT
+--stop-sandboxes-on-exit`` (so nothing outlives the session); the admin token
+is read from ``DIR/admin-token``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import urllib.error
+import urllib.request
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dsec import DSecClient, DSecContainerRunArgs
+from dsec.sandbox import Sandbox
+
+REPO = Path(__file__).resolve().parents[4]
+IMAGE = os.environ.get("DSEC_E2E_IMAGE", "python")
+
+
+@dataclass
+class Server:
+    """A running dsec server."""
+
+    url: str
+    admin_token: str
+    data_dir: Path
+    log: Path
+    pid: int
+
+    def log_tail(self, n: int = 60) -> str:
+        try:
+            return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+@dataclass
+class Tenant:
+    """A tenant created for the session, with its own token."""
+
+    name: str
+    token: str
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _http(method: str, url: str, token: str | None = None, body: object = None,
+          timeout: float = 10) -> tuple[int, bytes]:
+    data = json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        req.add_header("Content-Type", "application/json")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, resp.read()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read()
+
+
+def _mounts_under(path: Path) -> list[str]:
+    """Mount points at or below path (a leftover mount must never be rm -rf'ed)."""
+    root = str(path.resolve())
+    try:
+        with open("/proc/self/mounts") as f:
+            points = [line.split()[1] for line in f]
+    except OSError:
+        return []
+    return [p for p in points if p == root or p.startswith(root + "/")]
+
+
+def _stop(pid: int, proc: subprocess.Popen[bytes]) -> None:
+    """Stop the server by its PID: SIGTERM for a clean shutdown, then SIGKILL
+    for the process group it leads (started with a new session, so the group
+    holds only the server and its children)."""
+    if proc.poll() is None:
+        os.kill(pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            pass
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    if proc.poll() is None:
+        proc.wait(timeout=10)
+
+
+@pytest.fixture(autouse=True)
+def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The caller's own settings must not leak into tests that rely on defaults.
+    for name in ("DSEC_ENDPOINT", "DSEC_TOKEN", "DSEC_TOKEN_FILE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="session")
+def server() -> Iterator[Server]:
+    """Start ``dsec up`` once for the whole e2e session."""
+    binary = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        pytest.fail(f"the dsec server binary {binary} is missing or not executable: build it "
+                    "with `cargo build --release` or point DSEC_BIN at it", pytrace=False)
+    given = os.environ.get("DSEC_DATA_DIR")
+    data_dir = Path(given) if given else Path(tempfile.mkdtemp(prefix="dsec-e2e-"))
+    data_dir.mkdir(parents=True, exist_ok=True)
+    log_dir = Path(tempfile.mkdtemp(prefix="dsec-e2e-log-"))
+    log = log_dir / "server.log"
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = [str(binary), "up", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
+           "--stop-sandboxes-on-exit"]
+    images_dir = os.environ.get("DSEC_TEST_IMAGES_DIR")
+    if images_dir:
+        cmd += ["--images-dir", images_dir]
+    with open(log, "wb") as log_file:
+        proc = subprocess.Popen(
+            cmd,
+            stdin=subprocess.DEVNULL, stdout=log_file, stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    srv = Server(url=url, admin_token="", data_dir=data_dir, log=log, pid=proc.pid)
+    try:
+        deadline = time.monotonic() + float(os.environ.get("DSEC_E2E_START_TIMEOUT", "180"))
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"dsec up exited with status {proc.returncode} before it was "
+                            f"healthy; log:\n{srv.log_tail()}", pytrace=False)
+            try:
+                status, raw = _http("GET", url + "/healthz", timeout=2)
+                if status == 200:
+                    health = json.loads(raw)
+                    nodes = health.get("nodes") or []
+                    if not nodes or any(n.get("healthy") for n in nodes):
+                        break
+            except (OSError, ValueError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(f"dsec up did not answer /healthz at {url} in time; log:\n"
+                            f"{srv.log_tail()}", pytrace=False)
+            time.sleep(0.2)
+        token_file = data_dir / "admin-token"
+        while not token_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not token_file.exists():
+            pytest.fail(f"{token_file} was not written by dsec up", pytrace=False)
+        srv.admin_token = token_file.read_text().strip()
+        yield srv
+    finally:
+        _stop(proc.pid, proc)
+        shutil.rmtree(log_dir, ignore_errors=True)
+        if not given:
+            left = _mounts_under(data_dir)
+            if left:
+                print(f"dsec e2e: leaving {data_dir}: still mounted: {left[:5]}")
+            else:
+                shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def _create_tenant(server: Server, prefix: str) -> Tenant:
+    name = f"{prefix}-{uuid.uuid4().hex[:8]}"
+    status, raw = _http("POST", server.url + "/v1/tenants", server.admin_token, {"name": name})
+    if status != 201:
+        pytest.fail(f"POST /v1/tenants answered {status}: {raw[:300]!r}", pytrace=False)
+    return Tenant(name=name, token=json.loads(raw)["token"])
+
+
+@pytest.fixture(scope="session")
+def tenant(server: Server) -> Tenant:
+    """The tenant most tests act as (a user, not the admin)."""
+    return _create_tenant(server, "e2e-a")
+
+
+@pytest.fixture(scope="session")
+def other_tenant(server: Server) -> Tenant:
+    """A second tenant, to check isolation between tenants."""
+    return _create_tenant(server, "e2e-b")
+
+
+@pytest.fixture(scope="session")
+def image(server: Server) -> str:
+    """The image the tests run; fails clearly when the server lacks it."""
+    status, raw = _http("GET", server.url + "/v1/images", server.admin_token)
+    assert status == 200, raw
+    names = [i["name"] for i in json.loads(raw)["images"]]
+    if not any(n == IMAGE or n.startswith(IMAGE + ":") for n in names):
+        pytest.fail(f"the server has no {IMAGE!r} image (it has {names}); prepare one with "
+                    "`dsec image setup --images-dir DIR` and set DSEC_TEST_IMAGES_DIR=DIR "
+                    "(or DSEC_DATA_DIR to a prepared data dir)", pytrace=False)
+    return IMAGE
+
+
+@pytest.fixture
+async def client(server: Server, tenant: Tenant) -> AsyncIterator[DSecClient]:
+    """An asyncio client acting as the session's tenant."""
+    async with DSecClient(server.url, tenant.token) as c:
+        yield c
+
+
+@pytest.fixture
+async def admin(server: Server) -> AsyncIterator[DSecClient]:
+    """An asyncio client with the admin token."""
+    async with DSecClient(server.url, server.admin_token) as c:
+        yield c
+
+
+def run_args(image: str, **kw: object) -> DSecContainerRunArgs:
+    """The listing's arguments, with overrides; labelled so leftovers are findable."""
+    base: dict[str, object] = dict(container_image=image, memory_limit_mb=1024,
+                                   cpu_cores_limit=1, ttl_running_stop=300,
+                                   network_rules={}, init_user="root",
+                                   labels={"suite": "sdk-e2e"})
+    base.update(kw)
+    return DSecContainerRunArgs(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def sandbox(client: DSecClient, image: str) -> AsyncIterator[Sandbox]:
+    """A running sandbox as in the paper's listing, deleted afterwards."""
+    sb = await client.run_container(run_args(image), timeout=120)
+    try:
+        yield sb
+    finally:
+        try:
+            await sb.delete()
+        except Exception:
+            pass
