@@ -41,5 +41,10 @@ pub struct NodeStatus {
     pub cpu_capacity: f64,
     pub memory_reserved_mb: u64,
     pub memory_capacity_mb: u64,
+    /// Sandboxes admitted (running or starting) and the node's maximum.
+    pub slots_used: u64,
+    pub slots_capacity: u64,
     pub cgroup_version: u8,
+    /// Backends this node can run.
+    pub backends: Vec<String>,
 }

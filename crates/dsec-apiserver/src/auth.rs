@@ -168,6 +168,59 @@ fn write_private(path: &Path, token: &str) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Who may call this API, and how callers are named.
+pub enum Authenticator {
+    /// Users' bearer tokens (the apiserver, `dsec up`).
+    Tokens(TokenStore),
+    /// An edge serving its node to apiservers only: requests carry the
+    /// cluster's shared secret as bearer token and name the caller (already
+    /// authenticated by the apiserver) in `x-dsec-tenant` / `x-dsec-admin`.
+    Cluster { secret_sha256: [u8; 32] },
+}
+
+pub const TENANT_HEADER: &str = "x-dsec-tenant";
+pub const ADMIN_HEADER: &str = "x-dsec-admin";
+
+impl Authenticator {
+    pub fn cluster(secret: &str) -> Self {
+        Authenticator::Cluster { secret_sha256: hash(secret) }
+    }
+
+    pub fn tokens(&self) -> Option<&TokenStore> {
+        match self {
+            Authenticator::Tokens(t) => Some(t),
+            Authenticator::Cluster { .. } => None,
+        }
+    }
+
+    pub fn authenticate(&self, headers: &axum::http::HeaderMap) -> Result<Caller, ApiError> {
+        let header = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
+        let token = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")));
+        let Some(token) = token.map(str::trim) else {
+            return Err(ApiError::new(ErrorCode::Unauthorized, "missing 'Authorization: Bearer TOKEN' header"));
+        };
+        match self {
+            Authenticator::Tokens(store) => match store.verify(token) {
+                Some(t) => Ok(Caller { tenant: t.name, admin: t.admin }),
+                None => Err(ApiError::new(ErrorCode::Unauthorized, "invalid token")),
+            },
+            Authenticator::Cluster { secret_sha256 } => {
+                // Constant-time compare of the hashes.
+                let h = hash(token);
+                if h.iter().zip(secret_sha256).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {
+                    return Err(ApiError::new(ErrorCode::Unauthorized, "invalid cluster token"));
+                }
+                let tenant = headers.get(TENANT_HEADER).and_then(|v| v.to_str().ok()).unwrap_or("");
+                if tenant.is_empty() {
+                    return Err(ApiError::invalid(format!("cluster calls must name the caller in {TENANT_HEADER}")));
+                }
+                let admin = headers.get(ADMIN_HEADER).and_then(|v| v.to_str().ok()) == Some("true");
+                Ok(Caller { tenant: tenant.to_string(), admin })
+            }
+        }
+    }
+}
+
 /// The authenticated caller of a request.
 pub struct Auth(pub Caller);
 
@@ -175,15 +228,7 @@ impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        let header = parts.headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
-        let token = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")));
-        let Some(token) = token else {
-            return Err(ApiError::new(ErrorCode::Unauthorized, "missing 'Authorization: Bearer TOKEN' header"));
-        };
-        match state.tokens.verify(token.trim()) {
-            Some(t) => Ok(Auth(Caller { tenant: t.name, admin: t.admin })),
-            None => Err(ApiError::new(ErrorCode::Unauthorized, "invalid token")),
-        }
+        state.auth.authenticate(&parts.headers).map(Auth)
     }
 }
 
@@ -220,6 +265,21 @@ mod tests {
         let s = TokenStore::open(&d.path().join("api.db"), &file).unwrap();
         assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token, "the token is kept across restarts");
         assert!(s.verify(&token).is_some());
+    }
+
+    #[test]
+    fn cluster_mode_takes_the_caller_from_headers_only_with_the_secret() {
+        use axum::http::HeaderMap;
+        let auth = Authenticator::cluster("s3cret");
+        let mut h = HeaderMap::new();
+        h.insert("authorization", "Bearer s3cret".parse().unwrap());
+        assert!(auth.authenticate(&h).is_err(), "the tenant header is required");
+        h.insert(TENANT_HEADER, "team-a".parse().unwrap());
+        assert_eq!(auth.authenticate(&h).unwrap(), Caller { tenant: "team-a".into(), admin: false });
+        h.insert(ADMIN_HEADER, "true".parse().unwrap());
+        assert!(auth.authenticate(&h).unwrap().admin);
+        h.insert("authorization", "Bearer wrong".parse().unwrap());
+        assert_eq!(auth.authenticate(&h).unwrap_err().code, ErrorCode::Unauthorized);
     }
 
     #[test]

@@ -46,6 +46,11 @@ impl<S: Send + Sync> FromRequestParts<S> for QueryPairs {
 }
 
 impl QueryPairs {
+    /// The pairs encoded again, to forward the query to another node.
+    pub fn raw(&self) -> String {
+        form_urlencoded::Serializer::new(String::new()).extend_pairs(self.0.iter()).finish()
+    }
+
     pub fn get(&self, key: &str) -> Option<&str> {
         self.0.iter().find(|(k, _)| k == key).map(|(_, v)| v.as_str())
     }

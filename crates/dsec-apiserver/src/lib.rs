@@ -11,6 +11,8 @@ pub mod error;
 mod extract;
 pub mod nodes;
 mod openapi;
+mod proxy;
+pub mod remote;
 mod routes;
 pub mod state;
 
@@ -33,6 +35,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(admin::healthz))
         .route("/openapi.json", get(move || async move { ([("content-type", "application/json")], doc) }))
+        .route("/v1/nodes", get(admin::nodes))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
         .route("/v1/images", get(admin::list_images))
         .route("/v1/images/{*name}", axum::routing::delete(admin::delete_image))
@@ -49,6 +52,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/archive", get(files::archive_get).put(files::archive_put))
+        .layer(axum::middleware::from_fn_with_state(state.clone(), proxy::forward_remote))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this route") })
         // Uploads are streamed and bounded by ApiLimits, not by axum's

@@ -2,69 +2,142 @@
 //!
 //! The apiserver keeps no per-sandbox state: a sandbox id names its node
 //! (`<node>.<random>`), so every request finds its edge from the id alone.
+//! A node is either an edge in this process (`dsec up`) or an edge in
+//! another process (`dsec edge`), reached over HTTP.
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
-use dsec_api::{ErrorCode, NodeStatus};
-use dsec_edge::{ids, Caller, Edge, EdgeError, ListFilter, SandboxRecord, SandboxRequest};
+use dsec_api::{self as api, ErrorCode, NodeStatus};
+use dsec_edge::{ids, Caller, Edge, ListFilter};
 use dsec_placement::{Demand, NodeView, Placement};
 
+use crate::convert;
 use crate::error::ApiError;
+use crate::remote::RemoteNode;
+
+pub enum Node {
+    Local(Edge),
+    Remote(Arc<RemoteNode>),
+}
 
 pub struct Nodes {
-    edges: BTreeMap<String, Edge>,
+    nodes: BTreeMap<String, Node>,
     placement: Placement,
 }
 
 /// How many nodes placement samples (power of k choices).
 const PLACEMENT_K: usize = 2;
 
+fn local_status(e: &Edge) -> NodeStatus {
+    let s = e.stats();
+    NodeStatus {
+        name: s.node,
+        healthy: true,
+        sandboxes: s.running,
+        cpu_reserved: s.used.cpu_cores,
+        cpu_capacity: s.capacity.cpu_cores,
+        memory_reserved_mb: s.used.memory_mb,
+        memory_capacity_mb: s.capacity.memory_mb,
+        slots_used: s.used.sandboxes,
+        slots_capacity: s.capacity.sandboxes,
+        cgroup_version: s.cgroup_version,
+        backends: vec!["container".into()],
+    }
+}
+
 impl Nodes {
-    pub fn new(edges: Vec<Edge>) -> Self {
-        let edges = edges.into_iter().map(|e| (e.node().to_string(), e)).collect();
-        Self { edges, placement: Placement::new(PLACEMENT_K) }
+    pub fn new(nodes: Vec<Node>) -> Self {
+        let nodes = nodes
+            .into_iter()
+            .map(|n| {
+                let name = match &n {
+                    Node::Local(e) => e.node().to_string(),
+                    Node::Remote(r) => r.name.clone(),
+                };
+                (name, n)
+            })
+            .collect();
+        Self { nodes, placement: Placement::new(PLACEMENT_K) }
     }
 
-    pub fn edges(&self) -> impl Iterator<Item = &Edge> {
-        self.edges.values()
+    /// Local edges (for shutdown and tests).
+    pub fn local_edges(&self) -> impl Iterator<Item = &Edge> {
+        self.nodes.values().filter_map(|n| match n {
+            Node::Local(e) => Some(e),
+            Node::Remote(_) => None,
+        })
     }
 
-    /// The edge that owns sandbox `id`; unknown nodes look like unknown ids.
-    pub fn owner(&self, id: &str) -> Result<&Edge, ApiError> {
+    pub fn remotes(&self) -> impl Iterator<Item = &Arc<RemoteNode>> {
+        self.nodes.values().filter_map(|n| match n {
+            Node::Remote(r) => Some(r),
+            Node::Local(_) => None,
+        })
+    }
+
+    /// The node that owns sandbox `id`; unknown nodes look like unknown ids.
+    pub fn node_of(&self, id: &str) -> Result<&Node, ApiError> {
         ids::node_of(id)
-            .and_then(|n| self.edges.get(n))
+            .and_then(|n| self.nodes.get(n))
             .ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("sandbox {id} not found")))
     }
 
-    /// The watcher's view: in one process it reads each edge's counters.
-    fn views(&self) -> Vec<NodeView> {
-        self.edges
+    /// The local edge that owns sandbox `id`. Requests for sandboxes of
+    /// remote nodes never reach handlers (the proxy layer forwards them).
+    pub fn owner(&self, id: &str) -> Result<&Edge, ApiError> {
+        match self.node_of(id)? {
+            Node::Local(e) => Ok(e),
+            Node::Remote(r) => Err(ApiError::new(ErrorCode::Internal, format!("sandbox {id} lives on remote node {}", r.name))),
+        }
+    }
+
+    pub fn status(&self) -> Vec<NodeStatus> {
+        self.nodes
             .values()
-            .map(|e| {
-                let s = e.stats();
-                NodeView {
-                    name: s.node,
-                    healthy: true,
-                    backends: vec!["container".into()],
-                    free_cpu: s.capacity.cpu_cores - s.used.cpu_cores,
-                    free_memory_mb: s.capacity.memory_mb.saturating_sub(s.used.memory_mb),
-                    free_slots: s.capacity.sandboxes.saturating_sub(s.used.sandboxes),
-                    cpu_capacity: s.capacity.cpu_cores,
-                }
+            .map(|n| match n {
+                Node::Local(e) => local_status(e),
+                Node::Remote(r) => r.status(),
             })
             .collect()
     }
 
-    /// Places and creates a sandbox; a node that refuses is skipped and the
-    /// next choice tried.
-    pub async fn create(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, ApiError> {
-        let (cpus, _) = dsec_edge::host_resources();
+    /// The watcher's view, as placement wants it.
+    fn views(&self) -> Vec<NodeView> {
+        self.status()
+            .into_iter()
+            .map(|s| NodeView {
+                free_cpu: s.cpu_capacity - s.cpu_reserved,
+                free_memory_mb: s.memory_capacity_mb.saturating_sub(s.memory_reserved_mb),
+                free_slots: s.slots_capacity.saturating_sub(s.slots_used),
+                cpu_capacity: s.cpu_capacity,
+                name: s.name,
+                healthy: s.healthy,
+                backends: s.backends,
+            })
+            .collect()
+    }
+
+    async fn create_on(&self, node: &str, caller: &Caller, req: &api::CreateSandboxRequest) -> Result<api::Sandbox, ApiError> {
+        match &self.nodes[node] {
+            Node::Local(edge) => {
+                let rec = edge.create(caller, convert::create_request(req.clone())).await?;
+                Ok(convert::sandbox_out(rec))
+            }
+            Node::Remote(r) => r.create(caller, req).await,
+        }
+    }
+
+    /// Places and creates a sandbox; a node that refuses (no room, or
+    /// unreachable) is skipped and the next choice tried.
+    pub async fn create(&self, caller: &Caller, req: api::CreateSandboxRequest) -> Result<api::Sandbox, ApiError> {
         let demand = Demand {
-            backend: "container".into(),
-            cpu: req.cpu_cores.unwrap_or(1.0_f64.min(cpus)),
-            memory_mb: req.memory_mb.unwrap_or(512),
+            backend: req.backend.as_str().to_string(),
+            cpu: req.cpu_cores_limit.unwrap_or(1.0),
+            memory_mb: req.memory_limit_mb.unwrap_or(512),
         };
         let mut refused: Vec<String> = Vec::new();
+        let mut last_error: Option<ApiError> = None;
         loop {
             let views = self.views();
             let node = match self.placement.choose(&views, &demand, &refused) {
@@ -73,48 +146,64 @@ impl Nodes {
                 // judge the request itself. Its checks are the authority and
                 // its error says exactly what is wrong (bad limits, unknown
                 // image, no room).
-                None => match self.edges.keys().find(|n| !refused.contains(n)) {
+                None => match self.nodes.keys().find(|n| !refused.contains(n)) {
                     Some(n) => n.clone(),
-                    None => return Err(ApiError::new(ErrorCode::NoCapacity, "every node refused this sandbox: no room")),
+                    None => {
+                        return Err(last_error
+                            .unwrap_or_else(|| ApiError::new(ErrorCode::NoCapacity, "no node has room for this sandbox")))
+                    }
                 },
             };
-            match self.edges[&node].create(caller, req.clone()).await {
-                Ok(r) => return Ok(r),
-                Err(EdgeError::NoCapacity(why)) if refused.len() + 1 < self.edges.len() => {
-                    tracing::debug!(%node, %why, "node refused placement");
+            match self.create_on(&node, caller, &req).await {
+                Ok(sb) => return Ok(sb),
+                Err(e) if matches!(e.code, ErrorCode::NoCapacity | ErrorCode::EdgeUnavailable) => {
+                    tracing::debug!(%node, reason = %e.message, "node refused placement");
                     self.placement.forget(&node);
                     refused.push(node);
+                    last_error = Some(e);
                 }
                 Err(e) => {
                     self.placement.forget(&node);
-                    return Err(e.into());
+                    return Err(e);
                 }
             }
         }
     }
 
-    pub fn list(&self, caller: &Caller, filter: &ListFilter) -> Vec<SandboxRecord> {
-        let mut all: Vec<SandboxRecord> = self.edges.values().flat_map(|e| e.list(caller, filter)).collect();
-        all.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
+    /// Every node's sandboxes visible to `caller`, oldest first. A node that
+    /// cannot be reached is left out of the answer (and logged).
+    pub async fn list(&self, caller: &Caller, filter: &ListFilter, raw_query: &str) -> Vec<api::Sandbox> {
+        let mut all: Vec<api::Sandbox> = Vec::new();
+        let mut remote = Vec::new();
+        for n in self.nodes.values() {
+            match n {
+                Node::Local(e) => all.extend(e.list(caller, filter).into_iter().map(convert::sandbox_out)),
+                Node::Remote(r) => remote.push(r.clone()),
+            }
+        }
+        let answers = futures_util::future::join_all(remote.iter().map(|r| r.list(caller, raw_query))).await;
+        for (r, answer) in remote.iter().zip(answers) {
+            match answer {
+                Ok(list) => all.extend(list),
+                Err(e) => tracing::warn!(node = %r.name, error = %e.message, "listing a node failed"),
+            }
+        }
+        all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
         all
     }
 
-    pub fn status(&self) -> Vec<NodeStatus> {
-        self.edges
-            .values()
-            .map(|e| {
-                let s = e.stats();
-                NodeStatus {
-                    name: s.node,
-                    healthy: true,
-                    sandboxes: s.running,
-                    cpu_reserved: s.used.cpu_cores,
-                    cpu_capacity: s.capacity.cpu_cores,
-                    memory_reserved_mb: s.used.memory_mb,
-                    memory_capacity_mb: s.capacity.memory_mb,
-                    cgroup_version: s.cgroup_version,
+    /// Polls every remote node forever (the watcher). Holds no state beyond
+    /// each node's last answer, so a restarted apiserver rebuilds it at once.
+    pub fn spawn_watcher(self: &Arc<Self>) {
+        for r in self.remotes().cloned().collect::<Vec<_>>() {
+            tokio::spawn(async move {
+                let mut tick = tokio::time::interval(crate::remote::POLL_INTERVAL);
+                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                loop {
+                    tick.tick().await;
+                    r.poll().await;
                 }
-            })
-            .collect()
+            });
+        }
     }
 }

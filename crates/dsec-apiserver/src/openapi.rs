@@ -10,7 +10,7 @@ use crate::routes::{admin, files, sandboxes, stream};
 #[openapi(
     info(title = "dsec API", description = "Sandboxes for agentic RL: create, exec, files, streaming. Errors use the codes in components.schemas.ErrorCode."),
     paths(
-        admin::healthz, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
+        admin::healthz, admin::nodes, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::stop, sandboxes::delete,
         sandboxes::exec, sandboxes::create_session, sandboxes::delete_session,
         stream::exec_stream, stream::pty,

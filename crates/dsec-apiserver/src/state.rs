@@ -4,7 +4,7 @@ use std::sync::Arc;
 
 use dsec_api::ImageInfo;
 
-use crate::auth::TokenStore;
+use crate::auth::Authenticator;
 use crate::nodes::Nodes;
 
 /// The node's image store as the API sees it (implemented by the binary over
@@ -17,7 +17,7 @@ pub trait ImageCatalog: Send + Sync + 'static {
 
 #[derive(Clone)]
 pub struct AppState {
-    pub tokens: Arc<TokenStore>,
+    pub auth: Arc<Authenticator>,
     pub nodes: Arc<Nodes>,
     pub images: Option<Arc<dyn ImageCatalog>>,
     pub limits: Arc<ApiLimits>,

@@ -1,5 +1,6 @@
 //! `dsec`: runs the platform (`dsec up`) and talks to it.
 
+mod cluster;
 mod connect;
 mod image_cmd;
 mod sandbox_cmd;
@@ -21,6 +22,10 @@ struct Cli {
 enum Cmd {
     /// Run the single-node platform (apiserver + placement + edge) in one process.
     Up(up::UpArgs),
+    /// Run one node's edge for apiservers (the cluster shape).
+    Edge(cluster::EdgeCmdArgs),
+    /// Run a stateless apiserver in front of `dsec edge` nodes.
+    Apiserver(cluster::ApiserverArgs),
     /// Create a sandbox; with `-- CMD...` run CMD in it, print its output and remove it.
     Run(sandbox_cmd::RunArgs),
     /// List sandboxes.
@@ -65,6 +70,8 @@ fn main() -> std::process::ExitCode {
     let result = runtime.block_on(async move {
         match cli.command {
             Cmd::Up(a) => up::run(a).await,
+            Cmd::Edge(a) => cluster::edge(a).await,
+            Cmd::Apiserver(a) => cluster::apiserver(a).await,
             Cmd::Run(a) => sandbox_cmd::run(a).await,
             Cmd::Ps(a) => sandbox_cmd::ps(a).await,
             Cmd::Exec(a) => sandbox_cmd::exec(a).await,

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
-use dsec_apiserver::auth::TokenStore;
-use dsec_apiserver::nodes::Nodes;
+use dsec_apiserver::auth::{Authenticator, TokenStore};
+use dsec_apiserver::nodes::{Node, Nodes};
 use dsec_apiserver::{ApiLimits, AppState};
 use dsec_edge::cgroup::CgroupMode;
 use dsec_edge::{Edge, EdgeConfig, ImageLayers};
@@ -19,12 +19,19 @@ use crate::image_cmd::Catalog;
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
-    /// Where the platform keeps its state (databases, images, admin token).
-    #[arg(long, env = "DSEC_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
-    pub data_dir: PathBuf,
+    #[command(flatten)]
+    pub edge: EdgeArgs,
     /// Address of the HTTP API.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+}
+
+/// Options of the node's edge, shared by `dsec up` and `dsec edge`.
+#[derive(Args, Debug)]
+pub struct EdgeArgs {
+    /// Where the platform keeps its state (databases, images, admin token).
+    #[arg(long, env = "DSEC_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
+    pub data_dir: PathBuf,
     /// This node's name (sandbox ids start with it). Default: the host name.
     #[arg(long)]
     pub node: Option<String>,
@@ -85,49 +92,66 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
     Ok(f)
 }
 
-pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        anyhow::bail!("dsec up needs root: it creates namespaces, cgroups and mounts");
+/// A running edge and the lock that keeps a second one off its data dir.
+pub struct StartedEdge {
+    pub edge: Edge,
+    pub images_dir: PathBuf,
+    _lock: std::fs::File,
+}
+
+impl EdgeArgs {
+    pub async fn start(&self) -> anyhow::Result<StartedEdge> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            anyhow::bail!("dsec needs root to run an edge: it creates namespaces, cgroups and mounts");
+        }
+        std::fs::create_dir_all(&self.data_dir).with_context(|| format!("creating {}", self.data_dir.display()))?;
+        let lock = lock_data_dir(&self.data_dir)?;
+        let node = self.node.clone().unwrap_or_else(default_node_name);
+        let images_dir = self.images_dir.clone().unwrap_or_else(|| self.data_dir.join("images"));
+        let agent = match &self.agent {
+            Some(p) => p.clone(),
+            None => default_agent()?,
+        };
+        let layers = Arc::new(ImageLayers::open(&images_dir, &self.data_dir.join("layers").join(&node))?);
+        let mut config = EdgeConfig::for_host(&node, self.data_dir.join("edge").join(&node), agent);
+        config.cgroup_mode = self.cgroup;
+        config.cpu_overcommit = self.cpu_overcommit;
+        config.memory_overcommit = self.memory_overcommit;
+        config.max_sandboxes = self.max_sandboxes;
+        config.stop_sandboxes_on_shutdown = self.stop_sandboxes_on_exit;
+        let edge = Edge::start(config, layers).await?;
+        Ok(StartedEdge { edge, images_dir, _lock: lock })
     }
-    std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
-    let _lock = lock_data_dir(&a.data_dir)?;
-    let node = a.node.clone().unwrap_or_else(default_node_name);
-    let images_dir = a.images_dir.clone().unwrap_or_else(|| a.data_dir.join("images"));
-    let agent = match &a.agent {
-        Some(p) => p.clone(),
-        None => default_agent()?,
-    };
+}
 
-    let layers = Arc::new(ImageLayers::open(&images_dir, &a.data_dir.join("layers").join(&node))?);
-    let mut config = EdgeConfig::for_host(&node, a.data_dir.join("edge").join(&node), agent);
-    config.cgroup_mode = a.cgroup;
-    config.cpu_overcommit = a.cpu_overcommit;
-    config.memory_overcommit = a.memory_overcommit;
-    config.max_sandboxes = a.max_sandboxes;
-    config.stop_sandboxes_on_shutdown = a.stop_sandboxes_on_exit;
-    let edge = Edge::start(config, layers).await?;
-
-    let tokens = TokenStore::open(&a.data_dir.join("apiserver.db"), &a.data_dir.join("admin-token"))?;
+pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
+    let started = a.edge.start().await?;
+    let data_dir = &a.edge.data_dir;
+    let tokens = TokenStore::open(&data_dir.join("apiserver.db"), &data_dir.join("admin-token"))?;
     let state = AppState {
-        tokens: Arc::new(tokens),
-        nodes: Arc::new(Nodes::new(vec![edge.clone()])),
-        images: Some(Arc::new(Catalog::open(&images_dir)?)),
+        auth: Arc::new(Authenticator::Tokens(tokens)),
+        nodes: Arc::new(Nodes::new(vec![Node::Local(started.edge.clone())])),
+        images: Some(Arc::new(Catalog::open(&started.images_dir)?)),
         limits: Arc::new(ApiLimits::default()),
     };
-    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+    let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
+    serve(a.listen, state, &what).await?;
+    tokio::time::timeout(Duration::from_secs(60), started.edge.shutdown()).await.ok();
+    Ok(0)
+}
+
+/// Serves the API until SIGINT or SIGTERM.
+pub async fn serve(listen: SocketAddr, state: AppState, what: &str) -> anyhow::Result<()> {
+    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let addr = listener.local_addr()?;
-    eprintln!(
-        "dsec is up at http://{addr} (node {node}); admin token in {}",
-        a.data_dir.join("admin-token").display()
-    );
+    eprintln!("dsec is up at http://{addr} ({what})");
     axum::serve(listener, dsec_apiserver::router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving the API")?;
     eprintln!("dsec is shutting down");
-    tokio::time::timeout(Duration::from_secs(60), edge.shutdown()).await.ok();
-    Ok(0)
+    Ok(())
 }
 
 async fn shutdown_signal() {

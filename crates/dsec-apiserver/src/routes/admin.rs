@@ -16,6 +16,12 @@ pub async fn healthz(State(st): State<AppState>) -> Json<api::Health> {
     Json(api::Health { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into(), nodes: st.nodes.status() })
 }
 
+/// The nodes behind this API, as the watcher last saw them.
+#[utoipa::path(get, path = "/v1/nodes", tag = "admin", responses((status = 200, body = Vec<api::NodeStatus>)))]
+pub async fn nodes(State(st): State<AppState>, Admin(_admin): Admin) -> Json<Vec<api::NodeStatus>> {
+    Json(st.nodes.status())
+}
+
 /// Create a tenant; the answer carries its token, shown only this once.
 #[utoipa::path(post, path = "/v1/tenants", tag = "admin", request_body = api::CreateTenantRequest,
     responses((status = 201, body = api::TenantInfo), (status = 403, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
@@ -24,7 +30,8 @@ pub async fn create_tenant(
     Admin(_admin): Admin,
     ApiJson(req): ApiJson<api::CreateTenantRequest>,
 ) -> ApiResult<(StatusCode, Json<api::TenantInfo>)> {
-    match st.tokens.create(&req.name) {
+    let Some(tokens) = st.auth.tokens() else { return Err(not_here()) };
+    match tokens.create(&req.name) {
         Ok((t, token)) => Ok((
             StatusCode::CREATED,
             Json(api::TenantInfo { name: t.name, admin: t.admin, token: Some(token), created_at: rfc3339(t.created_at_ms) }),
@@ -36,19 +43,30 @@ pub async fn create_tenant(
 }
 
 #[utoipa::path(get, path = "/v1/tenants", tag = "admin", responses((status = 200, body = api::TenantList)))]
-pub async fn list_tenants(State(st): State<AppState>, Admin(_admin): Admin) -> Json<api::TenantList> {
-    let tenants = st
-        .tokens
+pub async fn list_tenants(State(st): State<AppState>, Admin(_admin): Admin) -> ApiResult<Json<api::TenantList>> {
+    let Some(tokens) = st.auth.tokens() else { return Err(not_here()) };
+    let tenants = tokens
         .list()
         .into_iter()
         .map(|t| api::TenantInfo { name: t.name, admin: t.admin, token: None, created_at: rfc3339(t.created_at_ms) })
         .collect();
-    Json(api::TenantList { tenants })
+    Ok(Json(api::TenantList { tenants }))
+}
+
+/// An edge in a cluster has no tenants: the apiserver owns them.
+fn not_here() -> ApiError {
+    ApiError::new(ErrorCode::NotFound, "tenants are managed by the apiserver, not by an edge")
 }
 
 #[utoipa::path(get, path = "/v1/images", tag = "images", responses((status = 200, body = api::ImageList)))]
-pub async fn list_images(State(st): State<AppState>, Auth(_caller): Auth) -> ApiResult<Json<api::ImageList>> {
-    let Some(images) = &st.images else { return Ok(Json(api::ImageList { images: vec![] })) };
+pub async fn list_images(State(st): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<api::ImageList>> {
+    let Some(images) = &st.images else {
+        // An apiserver in front of edges: the edges hold the images.
+        return match st.nodes.remotes().find(|r| r.status().healthy) {
+            Some(r) => Ok(Json(r.images(&caller).await?)),
+            None => Ok(Json(api::ImageList { images: vec![] })),
+        };
+    };
     let images = images.list().map_err(|e| ApiError::new(ErrorCode::Internal, e))?;
     Ok(Json(api::ImageList { images }))
 }

@@ -23,8 +23,8 @@ pub async fn create(
     Auth(caller): Auth,
     ApiJson(req): ApiJson<api::CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<api::Sandbox>)> {
-    let rec = st.nodes.create(&caller, convert::create_request(req)).await?;
-    Ok((StatusCode::CREATED, Json(convert::sandbox_out(rec))))
+    let sandbox = st.nodes.create(&caller, req).await?;
+    Ok((StatusCode::CREATED, Json(sandbox)))
 }
 
 /// List sandboxes, filtered by `state`, `job` and repeatable `label=k=v`.
@@ -37,7 +37,7 @@ pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs)
         let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid(format!("label filter {l:?} must be key=value")))?;
         filter.labels.push((k.to_string(), v.to_string()));
     }
-    let sandboxes = st.nodes.list(&caller, &filter).into_iter().map(convert::sandbox_out).collect();
+    let sandboxes = st.nodes.list(&caller, &filter, &q.raw()).await;
     Ok(Json(api::SandboxList { sandboxes }))
 }
 

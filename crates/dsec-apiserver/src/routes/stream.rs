@@ -8,7 +8,7 @@
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
-use dsec_agent_proto::client::{CallEvent, CallSender};
+use dsec_agent_proto::client::{Call, CallEvent, CallSender};
 use dsec_agent_proto::{Command, Op, PtySpec, Reply, Stream};
 use dsec_api::{self as api, ErrorCode, ErrorDetail, StreamMessage};
 use dsec_edge::{Caller, EdgeError};
@@ -82,17 +82,46 @@ async fn exec_session(st: AppState, caller: Caller, id: String, socket: WebSocke
             return;
         }
     };
+    relay(call, inp, out, InputMode::Exec, encoding).await;
+}
+
+async fn pty_session(st: AppState, caller: Caller, id: String, spec: PtySpec, socket: WebSocket) {
+    let (mut out, inp) = socket.split();
+    let opened = async {
+        let edge = st.nodes.owner(&id)?;
+        edge.open(&caller, &id, Op::OpenPty(spec)).await.map_err(ApiError::from)
+    };
+    let (call, _guard) = match opened.await {
+        Ok(c) => c,
+        Err(e) => {
+            let _ = out.send(error_msg(e)).await;
+            return;
+        }
+    };
+    relay(call, inp, out, InputMode::Pty, api::OutputEncoding::Utf8).await;
+}
+
+type WsOut = futures_util::stream::SplitSink<WebSocket, Message>;
+type WsIn = futures_util::stream::SplitStream<WebSocket>;
+
+/// Runs both directions of a streaming call until it ends: output to the
+/// client (tagged by stream for exec, raw for a PTY) and its final message;
+/// client input to the sandbox in a task of its own.
+async fn relay(call: Call, inp: WsIn, mut out: WsOut, mode: InputMode, encoding: api::OutputEncoding) {
     let (tx, mut rx) = call.into_split();
-    let input = tokio::spawn(forward_input(inp, tx, InputMode::Exec));
+    let input = tokio::spawn(forward_input(inp, tx, mode));
     loop {
         let msg = match rx.recv().await {
-            Ok(Some(CallEvent::Data { stream, data })) => {
-                let tag = if stream == Stream::Stderr { api::STREAM_STDERR } else { api::STREAM_STDOUT };
-                let mut frame = Vec::with_capacity(data.len() + 1);
-                frame.push(tag);
-                frame.extend_from_slice(&data);
-                Message::Binary(frame.into())
-            }
+            Ok(Some(CallEvent::Data { stream, data })) => match mode {
+                InputMode::Pty => Message::Binary(data.into()),
+                InputMode::Exec => {
+                    let tag = if stream == Stream::Stderr { api::STREAM_STDERR } else { api::STREAM_STDOUT };
+                    let mut frame = Vec::with_capacity(data.len() + 1);
+                    frame.push(tag);
+                    frame.extend_from_slice(&data);
+                    Message::Binary(frame.into())
+                }
+            },
             Ok(Some(CallEvent::Reply(Ok(Reply::Exited(r))))) => {
                 let _ = out.send(text(&StreamMessage::Exit(convert::exec_response(r, encoding)))).await;
                 break;
@@ -120,50 +149,6 @@ async fn exec_session(st: AppState, caller: Caller, id: String, socket: WebSocke
     let _ = out.close().await;
 }
 
-async fn pty_session(st: AppState, caller: Caller, id: String, spec: PtySpec, socket: WebSocket) {
-    let (mut out, inp) = socket.split();
-    let opened = async {
-        let edge = st.nodes.owner(&id)?;
-        edge.open(&caller, &id, Op::OpenPty(spec)).await.map_err(ApiError::from)
-    };
-    let (call, _guard) = match opened.await {
-        Ok(c) => c,
-        Err(e) => {
-            let _ = out.send(error_msg(e)).await;
-            return;
-        }
-    };
-    let (tx, mut rx) = call.into_split();
-    let input = tokio::spawn(forward_input(inp, tx, InputMode::Pty));
-    loop {
-        let msg = match rx.recv().await {
-            Ok(Some(CallEvent::Data { data, .. })) => Message::Binary(data.into()),
-            Ok(Some(CallEvent::Reply(Ok(Reply::Exited(r))))) => {
-                let _ = out.send(text(&StreamMessage::Exit(convert::exec_response(r, api::OutputEncoding::Utf8)))).await;
-                break;
-            }
-            Ok(Some(CallEvent::Reply(Ok(other)))) => {
-                let _ = out.send(error_msg(ApiError::new(ErrorCode::Internal, format!("unexpected reply {other:?}")))).await;
-                break;
-            }
-            Ok(Some(CallEvent::Reply(Err(e)))) => {
-                let _ = out.send(error_msg(EdgeError::Agent(e).into())).await;
-                break;
-            }
-            Ok(None) => break,
-            Err(e) => {
-                let _ = out.send(error_msg(EdgeError::from(e).into())).await;
-                break;
-            }
-        };
-        if out.send(msg).await.is_err() {
-            break;
-        }
-    }
-    input.abort();
-    let _ = out.close().await;
-}
-
 #[derive(Clone, Copy, PartialEq)]
 enum InputMode {
     /// Binary frames carry a stream tag byte (0 = stdin).
@@ -174,7 +159,7 @@ enum InputMode {
 
 /// Client -> sandbox: stdin bytes, EOF, signals, resizes. When the client
 /// closes the socket, the command is cancelled.
-async fn forward_input(mut inp: futures_util::stream::SplitStream<WebSocket>, tx: CallSender, mode: InputMode) {
+async fn forward_input(mut inp: WsIn, tx: CallSender, mode: InputMode) {
     while let Some(msg) = inp.next().await {
         let ok = match msg {
             Ok(Message::Binary(b)) => {

@@ -140,6 +140,14 @@ impl Cgroups {
         }
     }
 
+    /// Removes the node's parent cgroup if it is empty (edge shutdown).
+    pub fn remove_parent(&self) {
+        match self {
+            Cgroups::V1(c) => c.remove_parent(),
+            Cgroups::V2(c) => c.remove_parent(),
+        }
+    }
+
     /// Names of every cgroup under the node's parent.
     pub fn list(&self) -> Vec<String> {
         match self {

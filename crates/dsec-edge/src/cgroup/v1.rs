@@ -113,6 +113,12 @@ impl V1Cgroups {
         Ok(())
     }
 
+    pub(super) fn remove_parent(&self) {
+        for (parent, _) in &self.parents {
+            let _ = std::fs::remove_dir(parent);
+        }
+    }
+
     pub(super) fn list(&self) -> Vec<String> {
         let mut all: Vec<String> = self.parents.iter().flat_map(|(p, _)| list_dirs(p)).collect();
         all.sort();

@@ -103,6 +103,10 @@ impl V2Cgroups {
         rmdir_retry(&self.parent.join(name))
     }
 
+    pub(super) fn remove_parent(&self) {
+        let _ = std::fs::remove_dir(&self.parent);
+    }
+
     pub(super) fn list(&self) -> Vec<String> {
         list_dirs(&self.parent)
     }

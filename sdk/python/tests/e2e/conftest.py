@@ -138,8 +138,11 @@ def server() -> Iterator[Server]:
     log = log_dir / "server.log"
     port = _free_port()
     url = f"http://127.0.0.1:{port}"
+    # A node name of its own: a `dsec up` already running on this host (with
+    # the default name) keeps its sandboxes and cgroups apart from ours.
+    node = f"e2e-{uuid.uuid4().hex[:10]}"
     cmd = [str(binary), "up", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-           "--stop-sandboxes-on-exit"]
+           "--node", node, "--stop-sandboxes-on-exit"]
     images_dir = os.environ.get("DSEC_TEST_IMAGES_DIR")
     if images_dir:
         cmd += ["--images-dir", images_dir]

@@ -1,0 +1,180 @@
+"""The cluster shape: two `dsec edge` processes behind one `dsec apiserver`.
+
+The same SDK calls must work when the apiserver is a separate, stateless
+process that routes each sandbox request to the edge named in the sandbox id:
+creation spreads over both nodes, exec/streams/PTYs/files pass through the
+proxy, tenants stay apart, and a node that goes away answers
+`edge_unavailable` for its sandboxes while creation moves to the other one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+import dsec
+from dsec import DSecClient, DSecContainerRunArgs
+
+from .conftest import REPO, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
+
+
+@dataclass
+class Proc:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+
+
+@dataclass
+class Cluster:
+    api: Server
+    edges: dict[str, Proc]
+
+
+def _wait_healthy(url: str, proc: Proc, token: str | None = None, nodes: int = 0) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.proc.poll() is not None:
+            pytest.fail(f"process exited early:\n{proc.tail()}", pytrace=False)
+        try:
+            status, raw = _http("GET", url + "/healthz", token, timeout=2)
+            if status == 200:
+                import json
+
+                h = json.loads(raw)
+                if sum(1 for n in h.get("nodes", []) if n.get("healthy")) >= nodes:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    pytest.fail(f"{url} did not become healthy:\n{proc.tail()}", pytrace=False)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[Cluster]:
+    binary = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
+    images = os.environ.get("DSEC_TEST_IMAGES_DIR")
+    if not binary.is_file() or not images:
+        pytest.fail("needs DSEC_BIN and DSEC_TEST_IMAGES_DIR (see scripts/test.sh)", pytrace=False)
+    root = Path(tempfile.mkdtemp(prefix="dsec-cluster-"))
+    secret = root / "cluster-secret"
+    tag = uuid.uuid4().hex[:6]
+    procs: list[Proc] = []
+    edges: dict[str, Proc] = {}
+    try:
+        edge_urls = []
+        for i in (1, 2):
+            name = f"c{tag}-n{i}"
+            port = _free_port()
+            log = root / f"{name}.log"
+            with open(log, "wb") as f:
+                p = subprocess.Popen(
+                    [str(binary), "edge", "--data-dir", str(root / name), "--images-dir", images,
+                     "--node", name, "--listen", f"127.0.0.1:{port}",
+                     "--cluster-secret-file", str(secret), "--stop-sandboxes-on-exit"],
+                    stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
+                    start_new_session=True)
+            proc = Proc(p, log)
+            procs.append(proc)
+            edges[name] = proc
+            # The first edge creates the secret; wait for it before the second.
+            deadline = time.monotonic() + 30
+            while not secret.exists() and time.monotonic() < deadline:
+                time.sleep(0.05)
+            edge_urls.append(f"{name}=http://127.0.0.1:{port}")
+        port = _free_port()
+        log = root / "apiserver.log"
+        args = [str(binary), "apiserver", "--data-dir", str(root / "api"),
+                "--listen", f"127.0.0.1:{port}", "--cluster-secret-file", str(secret)]
+        for e in edge_urls:
+            args += ["--edge", e]
+        with open(log, "wb") as f:
+            p = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=f,
+                                 stderr=subprocess.STDOUT, start_new_session=True)
+        api_proc = Proc(p, log)
+        procs.append(api_proc)
+        url = f"http://127.0.0.1:{port}"
+        _wait_healthy(url, api_proc, nodes=2)
+        token = (root / "api" / "admin-token").read_text().strip()
+        yield Cluster(api=Server(url=url, admin_token=token, data_dir=root / "api", log=log,
+                                 pid=p.pid), edges=edges)
+    finally:
+        for pr in reversed(procs):
+            _stop(pr.proc.pid, pr.proc)
+        if not _mounts_under(root):
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def _args(**kw: object) -> DSecContainerRunArgs:
+    base: dict[str, object] = dict(container_image="busybox", memory_limit_mb=64,
+                                   cpu_cores_limit=0.1, labels={"suite": "cluster"})
+    base.update(kw)
+    return DSecContainerRunArgs(**base)  # type: ignore[arg-type]
+
+
+async def test_requests_route_to_the_owning_edge(cluster: Cluster) -> None:
+    tenant = _create_tenant(cluster.api, "cl")
+    async with DSecClient(cluster.api.url, tenant.token) as c:
+        sandboxes = await asyncio.gather(*(c.run_container(_args()) for _ in range(8)))
+        nodes = {sb.id.split(".")[0] for sb in sandboxes}
+        assert nodes == set(cluster.edges), f"placement used only {nodes}"
+        for sb in sandboxes:
+            r = await sb.run_shell("hostname")
+            assert r.exit_code == 0 and r.stdout.strip() == sb.id.split(".")[1]
+        sb = sandboxes[0]
+        payload = os.urandom(3 << 20)
+        await sb.write_file("/tmp/blob", payload)
+        assert await sb.read_file("/tmp/blob") == payload
+        chunks = []
+        stream = await sb.stream_shell("for i in 1 2 3; do echo $i; sleep 0.05; done")
+        async for item in stream:
+            chunks.append(item)
+        assert isinstance(chunks[-1], dsec.ExecResult) and chunks[-1].stdout == "1\n2\n3\n"
+        assert len(chunks) >= 3, "output arrived in pieces, through the proxy"
+        pty = await sb.pty()
+        await pty.send(b"echo through-the-proxy\n")
+        assert b"through-the-proxy" in await pty.read_until(b"through-the-proxy\r\n", timeout=10)
+        await pty.close()
+        listed = await c.list(labels={"suite": "cluster"})
+        assert {s.id for s in listed} >= {s.id for s in sandboxes}
+        # Another tenant sees none of them, on either node.
+        other = _create_tenant(cluster.api, "cl-other")
+        async with DSecClient(cluster.api.url, other.token) as o:
+            assert await o.list(labels={"suite": "cluster"}) == []
+            with pytest.raises(dsec.SandboxNotFound):
+                await o.get(sb.id)
+        await asyncio.gather(*(s.delete() for s in sandboxes))
+        assert await c.list(labels={"suite": "cluster"}) == []
+
+
+async def test_a_node_that_goes_away_is_unavailable_and_skipped(cluster: Cluster) -> None:
+    tenant = _create_tenant(cluster.api, "cl-down")
+    async with DSecClient(cluster.api.url, tenant.token) as c:
+        sandboxes = await asyncio.gather(*(c.run_container(_args()) for _ in range(6)))
+        victim_name = sorted(cluster.edges)[1]
+        victim = cluster.edges[victim_name]
+        on_victim = [s for s in sandboxes if s.id.startswith(victim_name + ".")]
+        assert on_victim, "placement put nothing on the second node"
+        _stop(victim.proc.pid, victim.proc)
+        with pytest.raises(dsec.DSecError) as err:
+            await on_victim[0].run_shell("true")
+        assert err.value.code == "edge_unavailable"
+        # New sandboxes land on the node that is left.
+        survivor = await c.run_container(_args())
+        assert not survivor.id.startswith(victim_name + ".")
+        assert (await survivor.run_shell("echo ok")).stdout == "ok\n"
+        for s in [survivor, *sandboxes]:
+            if not s.id.startswith(victim_name + "."):
+                await s.delete()
