@@ -27,6 +27,9 @@ pub struct EdgeCmdArgs {
     /// The secret apiservers present; created (mode 0600) if missing.
     #[arg(long)]
     pub cluster_secret_file: PathBuf,
+    /// Largest file or archive upload, in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub max_upload_mb: u64,
 }
 
 #[derive(Args, Debug)]
@@ -75,7 +78,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         auth: Arc::new(Authenticator::cluster(&secret)),
         nodes: Arc::new(Nodes::new(vec![Node::Local(started.edge.clone())])),
         images: Some(Arc::new(Catalog::open(&started.images_dir)?)),
-        limits: Arc::new(ApiLimits::default()),
+        limits: Arc::new(ApiLimits { max_upload_bytes: a.max_upload_mb << 20 }),
     };
     serve(a.listen, state, &format!("edge of node {}", started.edge.node())).await?;
     tokio::time::timeout(Duration::from_secs(60), started.edge.shutdown()).await.ok();

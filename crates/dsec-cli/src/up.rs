@@ -24,6 +24,9 @@ pub struct UpArgs {
     /// Address of the HTTP API.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    /// Largest file or archive upload, in MiB.
+    #[arg(long, default_value_t = 4096)]
+    pub max_upload_mb: u64,
 }
 
 /// Options of the node's edge, shared by `dsec up` and `dsec edge`.
@@ -133,7 +136,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
         auth: Arc::new(Authenticator::Tokens(tokens)),
         nodes: Arc::new(Nodes::new(vec![Node::Local(started.edge.clone())])),
         images: Some(Arc::new(Catalog::open(&started.images_dir)?)),
-        limits: Arc::new(ApiLimits::default()),
+        limits: Arc::new(ApiLimits { max_upload_bytes: a.max_upload_mb << 20 }),
     };
     let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
     serve(a.listen, state, &what).await?;

@@ -40,6 +40,7 @@ from dsec.sandbox import Sandbox
 
 REPO = Path(__file__).resolve().parents[4]
 IMAGE = os.environ.get("DSEC_E2E_IMAGE", "python")
+MAX_UPLOAD_MB = 64
 
 
 @dataclass
@@ -142,7 +143,11 @@ def server() -> Iterator[Server]:
     # the default name) keeps its sandboxes and cgroups apart from ours.
     node = f"e2e-{uuid.uuid4().hex[:10]}"
     cmd = [str(binary), "up", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-           "--node", node, "--stop-sandboxes-on-exit"]
+           "--node", node, "--stop-sandboxes-on-exit",
+           # Small enough that test_bad_input can exceed it cheaply.
+           "--max-upload-mb", str(MAX_UPLOAD_MB),
+           # Room for test_scale's thousand small sandboxes.
+           "--max-sandboxes", "4096"]
     images_dir = os.environ.get("DSEC_TEST_IMAGES_DIR")
     if images_dir:
         cmd += ["--images-dir", images_dir]
