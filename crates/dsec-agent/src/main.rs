@@ -38,7 +38,6 @@ use std::fs::File;
 use std::os::fd::OwnedFd;
 use std::process::ExitCode;
 use std::rc::Rc;
-use std::time::Instant;
 
 use dsec_agent_proto::codec::{read_frame, write_frame, CodecError};
 use dsec_agent_proto::{AgentError, AgentState, ErrorKind, FromAgent, Op, Reply, ToAgent, PROTOCOL_VERSION};
@@ -169,7 +168,6 @@ fn container(chan: OwnedFd) -> Result<(), String> {
             Err(e) => return Err(format!("channel closed before setup: {e}")),
         }
     };
-    let started = Instant::now();
     let setup = container_setup::setup(&cfg).map_err(|e| e.to_string()).and_then(|()| {
         let root = Root::open("/").map_err(|e| format!("open /: {e}"))?;
         Ok((root, devnull()?))
@@ -182,7 +180,12 @@ fn container(chan: OwnedFd) -> Result<(), String> {
             return Err(format!("setup failed: {msg}"));
         }
     };
-    eprintln!("dsec-agent: sandbox {} set up in {} us", cfg.sandbox_id, started.elapsed().as_micros());
+    // The default user must exist in the image: say so now, as a clear
+    // error of the creation, rather than at the first command.
+    if let Err(e) = users::lookup(&root, &cfg.default_user) {
+        let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(e.clone()) });
+        return Err(format!("setup failed: {}", e.message));
+    }
     write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(|e| e.to_string())?;
     let ident = Identity { sandbox_id: cfg.sandbox_id, image_env: cfg.env, workdir: cfg.workdir, default_user: cfg.default_user };
     let agent = Agent::new(Mode::Container, ident, root, None, null, policy());

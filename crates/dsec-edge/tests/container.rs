@@ -207,6 +207,19 @@ async fn bad_requests_are_refused_and_leave_nothing() {
     assert!(matches!(e, EdgeError::ImageNotFound(_)), "{e}");
     let e = t.edge.create(&me, SandboxRequest { memory_mb: Some(1), ..busybox() }).await.unwrap_err();
     assert!(matches!(e, EdgeError::InvalidLimits(_)), "{e}");
+    // A user the image lacks: refused at creation, with the code the API
+    // reports as user_not_found, and the failed record says why.
+    let e = t.edge.create(&me, SandboxRequest { init_user: Some("nosuchuser".into()), ..busybox() }).await.unwrap_err();
+    assert_eq!(e.code(), dsec_api::ErrorCode::UserNotFound, "{e}");
+    let failed = t.edge.list(&me, &ListFilter { state: Some(State::Failed), ..Default::default() });
+    assert_eq!(failed.len(), 1);
+    assert!(failed[0].reason.as_deref().unwrap_or("").contains("nosuchuser"), "{:?}", failed[0].reason);
+    t.edge.delete(&me, &failed[0].id).await.unwrap();
+    // A non-root user of the image works.
+    let u = t.edge.create(&me, SandboxRequest { init_user: Some("user".into()), ..busybox() }).await.unwrap();
+    assert_eq!(out(&t.edge, &u.id, "id -u").await, "1000\n");
+    t.edge.delete(&me, &u.id).await.unwrap();
+
     let a = t.edge.create(&me, busybox()).await.unwrap();
     let e = t.edge.create(&me, busybox()).await.unwrap_err();
     assert!(matches!(e, EdgeError::NoCapacity(_)), "{e}");

@@ -110,6 +110,9 @@ impl ContainerBackend {
             Ok(Err(e)) => {
                 undo(&pidfd);
                 Err(match e {
+                    // The request named a user the image lacks: the
+                    // caller's mistake, reported as such.
+                    EdgeError::Agent(a) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
                     EdgeError::Agent(a) => EdgeError::SetupFailed(a.message),
                     other => other,
                 })
