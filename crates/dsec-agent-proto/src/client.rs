@@ -588,12 +588,48 @@ mod tests {
         s.lines().find(|l| l.starts_with("VmRSS:")).and_then(|l| l.split_whitespace().nth(1)).and_then(|v| v.parse().ok()).unwrap_or(0)
     }
 
+    /// Set in the child process that runs the idle-connection measurement.
+    const MEASURE_ENV: &str = "DSEC_PROTO_MEASURE_IDLE_CONNECTIONS";
+
     /// What an idle connection costs the edge. The agent side here is just a
     /// socket with a Hello already written into it, so only the client is
-    /// measured. `cargo test -p dsec-agent-proto -- --ignored --nocapture`
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    #[ignore]
-    async fn idle_connection_memory() {
+    /// measured. Resident memory is per process and the other tests of this
+    /// binary run concurrently, so the measurement runs alone in a child:
+    /// this test binary again, filtered to this one test, with MEASURE_ENV set.
+    #[test]
+    fn idle_connection_memory() {
+        if std::env::var_os(MEASURE_ENV).is_some() {
+            let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+            rt.block_on(measure_idle_connections());
+            return;
+        }
+        let name = format!("{}::idle_connection_memory", module_path!().split_once("::").unwrap().1);
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name.as_str(), "--exact", "--test-threads=1", "--nocapture"])
+            .env(MEASURE_ENV, "1")
+            .stdin(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while child.try_wait().unwrap().is_none() {
+            if std::time::Instant::now() > deadline {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("the measurement did not finish within 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let out = child.wait_with_output().unwrap();
+        let (stdout, stderr) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(out.status.success(), "measurement failed: {stdout}\n{stderr}");
+        assert!(stdout.contains("1 passed"), "the measurement did not run: {stdout}\n{stderr}");
+        let line = stderr.lines().find(|l| l.starts_with("idle AgentClient:")).unwrap_or_else(|| panic!("no result: {stderr}"));
+        eprintln!("{line}");
+    }
+
+    async fn measure_idle_connections() {
         const N: usize = 2000;
         let hello = crate::codec::encode(&FromAgent::Hello(AgentHello {
             protocol_version: PROTOCOL_VERSION,

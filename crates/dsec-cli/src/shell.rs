@@ -73,8 +73,12 @@ pub async fn run(a: ShellArgs) -> anyhow::Result<u8> {
     if let Some(u) = &a.user {
         path.push_str(&format!("&user={}", pct(u)));
     }
-    // Fail with a clear message (404, 401) before touching the terminal.
-    client.get(&a.id).await?;
+    // Fail with a clear message (404, 401, not running) before touching
+    // the terminal.
+    let sb = client.get(&a.id).await?;
+    if sb.state != dsec_api::SandboxState::Running {
+        anyhow::bail!("sandbox_not_running: sandbox {} is {}, not running", sb.id, sb.state.as_str());
+    }
     let mut req = client.ws_url(&path).into_client_request()?;
     if let Some(h) = client.auth_header() {
         req.headers_mut().insert("authorization", h.parse()?);
@@ -115,7 +119,7 @@ pub async fn run(a: ShellArgs) -> anyhow::Result<u8> {
                         code = v["exit_code"].as_i64().unwrap_or(0).clamp(0, 255) as u8;
                     } else if v["type"] == "error" {
                         drop(_raw);
-                        anyhow::bail!("{}: {}", v["code"], v["message"]);
+                        anyhow::bail!("{}: {}", v["code"].as_str().unwrap_or("error"), v["message"].as_str().unwrap_or(""));
                     }
                 }
                 Some(Ok(_)) => {}

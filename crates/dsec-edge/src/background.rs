@@ -35,6 +35,10 @@ impl Edge {
                     tracing::info!(id = %rec.id, pid = instance.pid, "re-adopted sandbox");
                     let stopping = rec.state == State::Stopping;
                     rec.state = if stopping { State::Stopping } else { State::Running };
+                    // Activity is counted in memory only; while the edge was
+                    // down nobody could reach the sandbox, so its idle clock
+                    // starts again now rather than at its last saved state.
+                    rec.last_active_ms = now_ms();
                     let entry = Entry::new(rec.clone(), true);
                     let instance = Arc::new(instance);
                     *lock(&entry.instance) = Some(instance.clone());

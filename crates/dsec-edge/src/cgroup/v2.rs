@@ -29,7 +29,10 @@ impl V2Cgroups {
             .unwrap_or_default()
     }
 
-    pub(super) fn init(&self) -> Result<(), CgroupError> {
+    /// Creates the node's parent and delegates the controllers down to it.
+    /// Public for the integration tests of the v2 mechanics
+    /// (tests/cgroup_v2.rs), which build a driver without `Cgroups::open`.
+    pub fn init(&self) -> Result<(), CgroupError> {
         let avail = self.available();
         let wanted: Vec<&str> = CONTROLLERS.iter().copied().filter(|c| avail.iter().any(|a| a == c)).collect();
         if self.require_controllers && wanted.len() != CONTROLLERS.len() {
