@@ -18,11 +18,13 @@ pub const KEPT: &[(u32, &str, &str)] = &[
     (10, "NET_BIND_SERVICE", "servers listening on ports below 1024"),
     (13, "NET_RAW", "ping"),
     (18, "SYS_CHROOT", "chroot-based build tools"),
-    (27, "MKNOD", "creating device nodes (the devices cgroup still decides access)"),
     (29, "AUDIT_WRITE", "login tools that write audit records"),
     (31, "SETFCAP", "installing packages whose binaries carry file capabilities"),
 ];
-// Notably absent: SYS_ADMIN (mount, namespaces), SYS_PTRACE, SYS_MODULE,
+// Notably absent: MKNOD (Docker keeps it and relies on the devices cgroup to
+// make a node of the host's disk useless; dsec does not give sandboxes a
+// devices cgroup, so root must not be able to create device nodes at all),
+// SYS_ADMIN (mount, namespaces), SYS_PTRACE, SYS_MODULE,
 // NET_ADMIN, SYS_RAWIO, SYS_TIME, SYS_BOOT, DAC_READ_SEARCH (open_by_handle_at
 // escapes), MAC_ADMIN, BPF, PERFMON, CHECKPOINT_RESTORE.
 

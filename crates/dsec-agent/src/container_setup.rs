@@ -124,19 +124,28 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     mount(Some(c"tmpfs"), &cstr(scratch)?, Some(c"tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&size))
         .map_err(fail("mount the writable tmpfs"))?;
     let (upper, work, root) = (format!("{scratch}/upper"), format!("{scratch}/work"), format!("{scratch}/root"));
-    for d in [&upper, &work, &root] {
-        mkdir(&cstr(d)?, 0o755).map_err(fail(format!("mkdir {d}")))?;
+    // /dev, /dev/shm and the masks are directories of this same tmpfs,
+    // bind-mounted into place, not filesystems of their own: every
+    // superblock registers a memcg-aware shrinker, and each memory cgroup
+    // on the host carries state for every shrinker id ever handed out, so
+    // superblocks per sandbox multiply into memory per sandbox (and into
+    // creation time) as a node fills.
+    let (devdir, shmdir, maskdir) = (format!("{scratch}/dev"), format!("{scratch}/shm"), format!("{scratch}/masked"));
+    for (d, mode) in [(&upper, 0o755), (&work, 0o755), (&root, 0o755), (&devdir, 0o755), (&shmdir, 0o1777), (&maskdir, 0o555)] {
+        mkdir(&cstr(d)?, mode).map_err(fail(format!("mkdir {d}")))?;
     }
     let opts = cstr(&overlay_options(&cfg.lower_dirs, &upper, &work))?;
     let root_c = cstr(&root)?;
-    mount(Some(c"overlay"), &root_c, Some(c"overlay"), 0, Some(&opts)).map_err(fail("mount the overlay root"))?;
+    // nodev: a device node shipped in an image layer must not open the
+    // host's device behind it.
+    mount(Some(c"overlay"), &root_c, Some(c"overlay"), libc::MS_NODEV, Some(&opts)).map_err(fail("mount the overlay root"))?;
 
     let at = |p: &str| cstr(&format!("{root}{p}"));
     for d in ["/proc", "/dev", "/sys"] {
         mkdir(&at(d)?, 0o755).map_err(fail(format!("mkdir {d}")))?;
     }
     mount(Some(c"proc"), &at("/proc")?, Some(c"proc"), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None).map_err(fail("mount /proc"))?;
-    dev(&root)?;
+    dev(&root, &devdir, &shmdir)?;
     mount(
         Some(c"sysfs"),
         &at("/sys")?,
@@ -146,10 +155,24 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     )
     .map_err(fail("mount /sys"))?;
 
+    // The empty directory that hides masked directories: made read-only
+    // once (binds of it inherit that), and cloned into a detached mount tree
+    // because its path is gone after pivot_root. The first masked directory
+    // receives that tree; the others are binds of the first.
+    let maskdir_c = cstr(&maskdir)?;
+    bind(&maskdir_c, &maskdir_c, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
+    let empty = rustix::mount::open_tree(
+        rustix::fs::CWD,
+        maskdir_c.as_c_str(),
+        rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+    )
+    .map_err(fail("clone the empty mask directory"))?;
+
     pivot(&root_c)?;
 
+    let mut masks = Masks { empty: Some(empty), first_dir: None };
     for p in &cfg.masked_paths {
-        mask(p)?;
+        masks.mask(p)?;
     }
     for p in &cfg.readonly_paths {
         readonly(p)?;
@@ -174,12 +197,21 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     Ok(())
 }
 
-/// A minimal /dev: a small tmpfs with the usual character devices, a private
-/// devpts instance and /dev/shm.
-fn dev(root: &str) -> Result<()> {
+/// Bind-mounts `src` on `target`, then sets exactly `flags` on the new
+/// mount (a bind takes the source mount's flags; a remount replaces them).
+fn bind(src: &CStr, target: &CStr, flags: libc::c_ulong) -> Result<()> {
+    let what = || format!("bind {} on {}", src.to_string_lossy(), target.to_string_lossy());
+    mount(Some(src), target, None, libc::MS_BIND, None).map_err(fail(what()))?;
+    mount(None, target, None, libc::MS_BIND | libc::MS_REMOUNT | flags, None).map_err(fail(what()))
+}
+
+/// A minimal /dev: a directory of the sandbox's tmpfs with the usual
+/// character devices (the only device nodes the sandbox can open: the rest
+/// of its tree is nodev and its root cannot mknod), a private devpts
+/// instance, and /dev/shm (counted in the disk limit).
+fn dev(root: &str, devdir: &str, shmdir: &str) -> Result<()> {
     let d = |p: &str| cstr(&format!("{root}/dev{p}"));
-    mount(Some(c"tmpfs"), &d("")?, Some(c"tmpfs"), libc::MS_NOSUID | libc::MS_STRICTATIME, Some(c"mode=755,size=64k"))
-        .map_err(fail("mount /dev"))?;
+    bind(&cstr(devdir)?, &d("")?, libc::MS_NOSUID)?;
     for (name, major, minor) in [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)] {
         let p = d(&format!("/{name}"))?;
         // SAFETY: NUL-terminated path; the agent's umask is 0 so the mode is
@@ -198,14 +230,7 @@ fn dev(root: &str) -> Result<()> {
     )
     .map_err(fail("mount /dev/pts"))?;
     mkdir(&d("/shm")?, 0o1777).map_err(fail("mkdir /dev/shm"))?;
-    mount(
-        Some(c"shm"),
-        &d("/shm")?,
-        Some(c"tmpfs"),
-        libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        Some(c"mode=1777,size=65536k"),
-    )
-    .map_err(fail("mount /dev/shm"))?;
+    bind(&cstr(shmdir)?, &d("/shm")?, libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
     for (link, target) in [
         ("/ptmx", "pts/ptmx"),
         ("/fd", "/proc/self/fd"),
@@ -228,21 +253,43 @@ fn pivot(root: &CStr) -> Result<()> {
     Ok(())
 }
 
-/// Hides a path: /dev/null over a file, an empty read-only tmpfs over a
-/// directory. Paths the image does not have are skipped.
-fn mask(p: &str) -> Result<()> {
-    let target = cstr(p)?;
-    let st = match rustix::fs::stat(target.as_c_str()) {
-        Ok(st) => st,
-        Err(Errno::NOENT | Errno::NOTDIR) => return Ok(()),
-        Err(e) => return Err(SetupError { step: format!("mask {p}"), errno: e }),
-    };
-    if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
-        mount(Some(c"tmpfs"), &target, Some(c"tmpfs"), libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, Some(c"size=4k,mode=0555"))
-    } else {
-        mount(Some(c"/dev/null"), &target, None, libc::MS_BIND, None)
+/// Hides paths: /dev/null over a file, an empty read-only directory over a
+/// directory. Paths the kernel does not have are skipped.
+struct Masks {
+    /// The detached empty directory, until it is attached at the first
+    /// masked directory.
+    empty: Option<std::os::fd::OwnedFd>,
+    first_dir: Option<CString>,
+}
+
+impl Masks {
+    fn mask(&mut self, p: &str) -> Result<()> {
+        let target = cstr(p)?;
+        let st = match rustix::fs::stat(target.as_c_str()) {
+            Ok(st) => st,
+            Err(Errno::NOENT | Errno::NOTDIR) => return Ok(()),
+            Err(e) => return Err(SetupError { step: format!("mask {p}"), errno: e }),
+        };
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
+            return mount(Some(c"/dev/null"), &target, None, libc::MS_BIND, None).map_err(fail(format!("mask {p}")));
+        }
+        match (&self.first_dir, self.empty.take()) {
+            (Some(first), _) => mount(Some(first), &target, None, libc::MS_BIND, None).map_err(fail(format!("mask {p}"))),
+            (None, Some(tree)) => {
+                rustix::mount::move_mount(
+                    &tree,
+                    c"",
+                    rustix::fs::CWD,
+                    target.as_c_str(),
+                    rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+                )
+                .map_err(fail(format!("mask {p}")))?;
+                self.first_dir = Some(target);
+                Ok(())
+            }
+            (None, None) => Err(SetupError { step: format!("mask {p}: no empty directory left"), errno: Errno::INVAL }),
+        }
     }
-    .map_err(fail(format!("mask {p}")))
 }
 
 /// Bind-mounts a path onto itself and remounts it read-only, keeping the

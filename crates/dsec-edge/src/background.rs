@@ -77,15 +77,20 @@ impl Edge {
     /// Removes cgroups (and their processes) that belong to no live sandbox,
     /// and unmounts layers no image uses. Returns what it removed.
     pub async fn reap_once(&self) -> ReapReport {
-        let live: HashSet<String> = {
-            let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
-            reg.iter().filter(|(_, e)| !e.state().is_terminal()).map(|(id, _)| id.clone()).collect()
-        };
         let edge = self.clone();
         tokio::task::spawn_blocking(move || {
             let mut report = ReapReport::default();
             let cgroups = edge.inner.container.cgroups();
-            for name in cgroups.list() {
+            // Cgroups first, live sandboxes second: a creation enters the
+            // registry before it makes its cgroup, so every cgroup listed
+            // here that belongs to a sandbox is in the set read after it.
+            // (The other order would kill a sandbox created in between.)
+            let names = cgroups.list();
+            let live: HashSet<String> = {
+                let reg = edge.inner.registry.read().unwrap_or_else(|p| p.into_inner());
+                reg.iter().filter(|(_, e)| !e.state().is_terminal()).map(|(id, _)| id.clone()).collect()
+            };
+            for name in names {
                 if live.contains(&name) {
                     continue;
                 }

@@ -19,6 +19,18 @@ impl Edge {
     /// Creates a sandbox and returns it running, or fails with the reason
     /// (the failed record stays listable).
     pub async fn create(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, EdgeError> {
+        // Run to completion even if the caller goes away (an HTTP client
+        // that disconnects drops this future): a creation abandoned half-way
+        // would leave an agent without an edge. The sandbox then exists, is
+        // listed, and its idle TTL reclaims it if nobody comes back for it.
+        let edge = self.clone();
+        let caller = caller.clone();
+        tokio::spawn(async move { edge.create_to_completion(&caller, req).await })
+            .await
+            .map_err(|e| EdgeError::Internal(format!("creation task failed: {e}")))?
+    }
+
+    async fn create_to_completion(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, EdgeError> {
         let t0 = Instant::now();
         let inner = &self.inner;
         let spec = resolve(req, &inner.config.policy)?;
@@ -171,6 +183,14 @@ impl Edge {
     /// record stays (state `stopped`) for inspection. Stopping a stopped
     /// sandbox is a no-op.
     pub async fn stop(&self, caller: &Caller, id: &str, reason: &str) -> Result<SandboxRecord, EdgeError> {
+        // Like create: finish even if the caller goes away.
+        let (edge, caller, id, reason) = (self.clone(), caller.clone(), id.to_string(), reason.to_string());
+        tokio::spawn(async move { edge.stop_to_completion(&caller, &id, &reason).await })
+            .await
+            .map_err(|e| EdgeError::Internal(format!("stop task failed: {e}")))?
+    }
+
+    async fn stop_to_completion(&self, caller: &Caller, id: &str, reason: &str) -> Result<SandboxRecord, EdgeError> {
         let entry = self.entry(caller, id)?;
         let _op = entry.op_lock.lock().await;
         let rec = {
@@ -193,8 +213,12 @@ impl Edge {
                 let _ = crate::container::spawn::pidfd_kill(&instance.pidfd, libc::SIGKILL);
             }
             None => {
-                // Nothing runs (creation failed half-way, or adoption found
-                // no process): settle directly.
+                // No agent is known (creation failed half-way, or adoption
+                // found none): remove whatever its cgroup still holds, then
+                // settle directly.
+                let edge = self.clone();
+                let cg_id = id.to_string();
+                let _ = tokio::task::spawn_blocking(move || edge.inner.container.cleanup(&cg_id)).await;
                 let r = {
                     let mut r = lock(&entry.record);
                     r.state = State::Stopped;
@@ -222,10 +246,15 @@ impl Edge {
 
     /// Stops the sandbox if needed and forgets it.
     pub async fn delete(&self, caller: &Caller, id: &str) -> Result<(), EdgeError> {
-        self.stop(caller, id, "deleted").await?;
-        self.inner.registry.write().unwrap_or_else(|p| p.into_inner()).remove(id);
-        self.inner.store.delete(id);
-        Ok(())
+        let (edge, caller, id) = (self.clone(), caller.clone(), id.to_string());
+        tokio::spawn(async move {
+            edge.stop_to_completion(&caller, &id, "deleted").await?;
+            edge.inner.registry.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
+            edge.inner.store.delete(&id);
+            Ok(())
+        })
+        .await
+        .map_err(|e| EdgeError::Internal(format!("delete task failed: {e}")))?
     }
 }
 

@@ -177,6 +177,21 @@ async fn create_exec_isolate_stop_delete() {
     let r = t.edge.exec(&me, &sb.id, sh("echo 1 > /proc/sys/kernel/core_pattern")).await.unwrap();
     assert_ne!(r.exit_code, Some(0), "/proc/sys must be read-only");
 
+    // Root in the sandbox cannot make device nodes (no CAP_MKNOD), and the
+    // root filesystem would not honour one anyway (nodev).
+    let r = t.edge.exec(&me, &sb.id, sh("mknod /tmp/disk b 8 0")).await.unwrap();
+    assert_ne!(r.exit_code, Some(0), "mknod must fail");
+    assert!(out(&t.edge, &sb.id, "grep ' / / ' /proc/self/mountinfo").await.contains("nodev"));
+    // Masked directories are empty and read-only.
+    assert_eq!(out(&t.edge, &sb.id, "ls -A /sys/firmware | wc -l").await.trim(), "0");
+    let r = t.edge.exec(&me, &sb.id, sh("touch /sys/firmware/x")).await.unwrap();
+    assert_ne!(r.exit_code, Some(0));
+    // Few filesystems of its own (each costs kernel memory in every memory
+    // cgroup of the host): the writable tmpfs, the overlay, proc, sysfs,
+    // devpts, and the mqueue of its IPC namespace (not mounted, but there).
+    let fs = out(&t.edge, &sb.id, "awk '{print $3}' /proc/self/mountinfo | sort -u | wc -l").await;
+    assert!(fs.trim().parse::<u32>().unwrap() <= 5, "distinct superblocks mounted: {fs}");
+
     // Limits are in the sandbox's cgroup.
     let pid = sb.pid.unwrap();
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
