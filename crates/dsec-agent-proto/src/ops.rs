@@ -79,6 +79,10 @@ pub struct ContainerSetup {
     pub scratch_mount: String,
     /// Size limit of the writable layer (tmpfs `size=`).
     pub disk_limit_bytes: u64,
+    /// A read-only sysfs the edge mounted once for every sandbox of the
+    /// node (from an empty network namespace), bound at /sys. Empty: the
+    /// agent mounts a sysfs of its own.
+    pub sys_dir: String,
     /// Paths under /proc and /sys hidden from the sandbox (files get
     /// /dev/null, directories an empty read-only tmpfs).
     pub masked_paths: Vec<String>,

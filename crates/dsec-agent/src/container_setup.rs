@@ -146,14 +146,21 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     }
     mount(Some(c"proc"), &at("/proc")?, Some(c"proc"), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None).map_err(fail("mount /proc"))?;
     dev(&root, &devdir, &shmdir)?;
-    mount(
-        Some(c"sysfs"),
-        &at("/sys")?,
-        Some(c"sysfs"),
-        libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-        None,
-    )
-    .map_err(fail("mount /sys"))?;
+    if cfg.sys_dir.is_empty() {
+        mount(
+            Some(c"sysfs"),
+            &at("/sys")?,
+            Some(c"sysfs"),
+            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
+            None,
+        )
+        .map_err(fail("mount /sys"))?;
+    } else {
+        // The node's shared sysfs: no filesystem of our own (a new sysfs
+        // also scans every sysfs on the host when it mounts).
+        check_abs("sys_dir", &cfg.sys_dir)?;
+        bind(&cstr(&cfg.sys_dir)?, &at("/sys")?, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
+    }
 
     // The empty directory that hides masked directories: made read-only
     // once (binds of it inherit that), and cloned into a detached mount tree

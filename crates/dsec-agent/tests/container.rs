@@ -148,6 +148,7 @@ async fn container_mode_end_to_end() {
         lower_dirs: vec![lower.0.to_string_lossy().into_owned()],
         scratch_mount: scratch.to_string_lossy().into_owned(),
         disk_limit_bytes: 8 << 20,
+        sys_dir: String::new(),
         masked_paths: vec![
             "/proc/kcore".into(),
             "/proc/keys".into(),
@@ -322,6 +323,7 @@ async fn container_setup_failure_is_reported() {
         lower_dirs: vec![dir.path().join("no-such-lower").to_string_lossy().into_owned()],
         scratch_mount: scratch.to_string_lossy().into_owned(),
         disk_limit_bytes: 1 << 20,
+        sys_dir: String::new(),
         masked_paths: vec![],
         readonly_paths: vec![],
         env: vec![],

@@ -77,6 +77,7 @@ fn garbage_and_stray_frames_are_survived() {
         lower_dirs: vec!["/".into()],
         scratch_mount: "/tmp".into(),
         disk_limit_bytes: 1,
+        sys_dir: String::new(),
         masked_paths: vec![],
         readonly_paths: vec![],
         env: vec![],

@@ -181,6 +181,7 @@ pub struct Edge {
 #[derive(Debug, Clone)]
 pub struct NodeStats {
     pub node: String,
+    /// Sandboxes holding resources (starting, running or stopping).
     pub running: u64,
     pub capacity: Capacity,
     pub used: Usage,
@@ -202,7 +203,7 @@ impl Edge {
         let container = ContainerBackend::new(
             cgroups,
             &config.agent_path,
-            config.state_dir.join("scratch"),
+            &config.state_dir,
             config.create_timeout,
         )?;
         let (store, records) =
@@ -240,19 +241,14 @@ impl Edge {
     }
 
     pub fn stats(&self) -> NodeStats {
-        let running = self
-            .inner
-            .registry
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .values()
-            .filter(|e| e.state() == State::Running)
-            .count() as u64;
+        // Placement asks on every creation: read counters, never walk the
+        // registry (thousands of entries).
+        let used = self.inner.admission.usage();
         NodeStats {
             node: self.inner.config.node.clone(),
-            running,
+            running: used.sandboxes,
             capacity: self.inner.admission.capacity(),
-            used: self.inner.admission.usage(),
+            used,
             cgroup_version: self.inner.container.cgroups().version(),
         }
     }
@@ -285,6 +281,7 @@ impl Edge {
         // Empty once every sandbox is gone (it fails harmlessly otherwise:
         // sandboxes left running for re-adoption keep it).
         self.inner.container.cgroups().remove_parent();
+        self.inner.container.release();
         // Still locked by us, so no other edge holds this file: remove it so
         // a host that saw many short-lived edges (tests) keeps no litter.
         let _ = std::fs::remove_file(node_lock_path(&self.inner.config.node));

@@ -56,14 +56,13 @@ impl Edge {
         let _op = entry.op_lock.lock().await;
         inner.registry.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
         // The record is durable before any process exists, so a crash at
-        // any later point leaves something the next edge will clean up.
+        // any later point leaves something the next edge will clean up. The
+        // commit runs while the backend makes the cgroup; the backend waits
+        // for it before it starts a process.
         inner.store.upsert(&rec);
-        if let Err(e) = inner.store.sync().await {
-            self.fail(&entry, &format!("edge database: {e}"));
-            return Err(EdgeError::Internal(e.to_string()));
-        }
+        let durable = inner.store.sync_request();
 
-        match inner.container.start(&id, &rec.spec, &plan).await {
+        match inner.container.start(&id, &rec.spec, &plan, durable).await {
             Ok(instance) => {
                 let instance = Arc::new(instance);
                 let rec = {

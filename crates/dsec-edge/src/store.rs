@@ -69,9 +69,21 @@ impl Store {
 
     /// Waits until every write queued before this call is committed.
     pub async fn sync(&self) -> Result<(), StoreError> {
+        self.sync_request().await
+    }
+
+    /// Asks now for a commit of every write queued so far; the returned
+    /// future resolves when it is done. Lets the caller do other work (the
+    /// cgroup) while the commit is in flight.
+    pub fn sync_request(&self) -> impl std::future::Future<Output = Result<(), StoreError>> + Send + 'static {
         let (tx, rx) = oneshot::channel();
-        self.tx.send(Cmd::Sync(tx)).map_err(|_| StoreError::Stopped)?;
-        rx.await.map_err(|_| StoreError::Stopped)
+        let sent = self.tx.send(Cmd::Sync(tx)).is_ok();
+        async move {
+            if !sent {
+                return Err(StoreError::Stopped);
+            }
+            rx.await.map_err(|_| StoreError::Stopped)
+        }
     }
 }
 

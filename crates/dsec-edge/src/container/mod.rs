@@ -10,6 +10,7 @@
 
 pub mod policy;
 pub mod spawn;
+mod sysfs;
 
 use std::ffi::CString;
 use std::os::fd::OwnedFd;
@@ -35,11 +36,15 @@ pub struct ContainerBackend {
     agent_path: CString,
     /// Empty host directory the agent mounts its tmpfs on, privately.
     scratch_dir: PathBuf,
+    /// The node's shared read-only sysfs.
+    sys_dir: PathBuf,
     setup_timeout: Duration,
 }
 
 impl ContainerBackend {
-    pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, scratch_dir: PathBuf, setup_timeout: Duration) -> Result<Self, EdgeError> {
+    pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, state_dir: &Path, setup_timeout: Duration) -> Result<Self, EdgeError> {
+        let scratch_dir = state_dir.join("scratch");
+        let sys_dir = sysfs::ensure(&state_dir.join("sys"))?;
         if !agent_path.is_file() {
             return Err(EdgeError::Internal(format!("guest agent binary not found at {}", agent_path.display())));
         }
@@ -47,7 +52,7 @@ impl ContainerBackend {
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", scratch_dir.display())))?;
         let agent_path = CString::new(agent_path.as_os_str().as_encoded_bytes())
             .map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
-        Ok(Self { cgroups, agent_path, scratch_dir, setup_timeout })
+        Ok(Self { cgroups, agent_path, scratch_dir, sys_dir, setup_timeout })
     }
 
     pub fn cgroups(&self) -> &Arc<Cgroups> {
@@ -57,13 +62,25 @@ impl ContainerBackend {
     /// Creates the cgroup, starts the agent in new namespaces and has it set
     /// up the root filesystem. On any failure everything made so far is
     /// undone before the error returns.
-    pub async fn start(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
+    /// `durable` resolves when the sandbox's record is committed; no
+    /// process is started before it has.
+    pub async fn start(
+        &self,
+        id: &str,
+        spec: &SandboxSpec,
+        plan: &RootfsPlan,
+        durable: impl std::future::Future<Output = Result<(), crate::store::StoreError>>,
+    ) -> Result<Instance, EdgeError> {
         let limits = CgroupLimits {
             memory_bytes: spec.limits.memory_mb << 20,
             cpu_quota_us: (spec.limits.cpu_cores * CPU_PERIOD_US as f64).round().max(1000.0) as u64,
             pids: spec.limits.pids,
         };
         self.cgroups.create(id, &limits).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        if let Err(e) = durable.await {
+            let _ = self.cgroups.remove(id);
+            return Err(EdgeError::Internal(format!("edge database: {e}")));
+        }
         let spawned = match spawn::spawn_agent(&self.agent_path, &["container"], spawn::CONTAINER_NAMESPACES) {
             Ok(s) => s,
             Err(e) => {
@@ -89,6 +106,7 @@ impl ContainerBackend {
             lower_dirs: plan.lower_dirs.iter().map(|p| p.display().to_string()).collect(),
             scratch_mount: self.scratch_dir.display().to_string(),
             disk_limit_bytes: spec.limits.disk_mb << 20,
+            sys_dir: self.sys_dir.display().to_string(),
             masked_paths: policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
             readonly_paths: policy::READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
             env: merged_env(&plan.env, spec),
@@ -143,6 +161,11 @@ impl ContainerBackend {
             AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(Instance::new(pid, pidfd, agent)),
             other => Err(EdgeError::Internal(format!("agent of {id} answered re-attach with {other:?}"))),
         }
+    }
+
+    /// Unmounts the node's shared filesystems (edge shutdown).
+    pub fn release(&self) {
+        sysfs::release(&self.sys_dir);
     }
 
     /// Removes what is left of a sandbox after its agent exited: stray

@@ -1,0 +1,64 @@
+//! One read-only sysfs per node, shared by every sandbox.
+//!
+//! A sysfs shows the network devices of the namespace that mounted it, and
+//! mounting one scans every sysfs already mounted on the host (so the cost
+//! grows with the sandboxes on the node) and adds a filesystem, whose
+//! shrinker costs memory in every memory cgroup. So the edge mounts one
+//! sysfs, from a thread that first entered a network namespace of its own
+//! (holding only a loopback, like every sandbox's), and sandboxes bind it
+//! read-only at /sys. The host's devices never show.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::EdgeError;
+
+const SYSFS_MAGIC: i64 = 0x6265_6572;
+
+fn is_sysfs(dir: &Path) -> bool {
+    rustix::fs::statfs(dir).map(|s| s.f_type as i64 == SYSFS_MAGIC).unwrap_or(false)
+}
+
+/// Mounts the node's sysfs at `dir` unless an earlier edge left one there.
+pub fn ensure(dir: &Path) -> Result<PathBuf, EdgeError> {
+    std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
+    if is_sysfs(dir) {
+        return Ok(dir.to_path_buf());
+    }
+    let target = dir.to_path_buf();
+    // unshare(CLONE_NEWNET) changes only the calling thread's namespace, so
+    // a short-lived thread of its own does it; the mount lands in the
+    // process's (host) mount namespace, tagged with the new network
+    // namespace, which the mount keeps alive.
+    let mounted = std::thread::spawn(move || -> Result<(), String> {
+        // SAFETY: unshare(2) of the network namespace for this thread only;
+        // it touches no memory and no fd of the process.
+        if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
+            return Err(format!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error()));
+        }
+        rustix::mount::mount(
+            "sysfs",
+            &target,
+            "sysfs",
+            rustix::mount::MountFlags::RDONLY
+                | rustix::mount::MountFlags::NOSUID
+                | rustix::mount::MountFlags::NODEV
+                | rustix::mount::MountFlags::NOEXEC,
+            None::<&std::ffi::CStr>,
+        )
+        .map_err(|e| format!("mount sysfs at {}: {e}", target.display()))
+    })
+    .join()
+    .map_err(|_| EdgeError::Internal("the sysfs thread panicked".into()))?;
+    mounted.map_err(EdgeError::Internal)?;
+    Ok(dir.to_path_buf())
+}
+
+/// Unmounts it when the edge shuts down (sandboxes left running keep theirs).
+pub fn release(dir: &Path) {
+    while is_sysfs(dir) {
+        if rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH).is_err() {
+            break;
+        }
+    }
+    let _ = std::fs::remove_dir(dir);
+}
