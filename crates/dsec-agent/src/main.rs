@@ -30,6 +30,7 @@ mod session;
 mod session_state;
 mod signals;
 mod spawn;
+mod spawner;
 mod startup;
 mod tar;
 mod users;
@@ -46,16 +47,19 @@ use agent::{Agent, Identity, Mode};
 use paths::Root;
 use spawn::ChildPolicy;
 
-const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]";
+const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent spawner";
 
 enum Cli {
     Container,
+    /// The edge's spawn helper (socket on fd 3).
+    Spawner,
     Plain { root: String, sandbox_id: String },
 }
 
 fn parse_args(args: &[String]) -> Result<Cli, String> {
     match args.first().map(String::as_str) {
         Some("container") if args.len() == 1 => Ok(Cli::Container),
+        Some("spawner") if args.len() == 1 => Ok(Cli::Spawner),
         Some("plain") => {
             let mut root = None;
             let mut sandbox_id = "plain".to_string();
@@ -82,6 +86,16 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    if let Cli::Spawner = cli {
+        // Not an agent: no channel protocol, no reaper, no fd 4.
+        return match startup::prepare_spawner().and_then(|()| spawner::run().map_err(std::io::Error::other)) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dsec-agent spawner: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let chan = match startup::prepare_process() {
         Ok(c) => c,
         Err(e) => {
@@ -92,6 +106,7 @@ fn main() -> ExitCode {
     let r = match cli {
         Cli::Container => container(chan),
         Cli::Plain { root, sandbox_id } => plain(chan, &root, sandbox_id),
+        Cli::Spawner => unreachable!("handled above"),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,

@@ -67,6 +67,27 @@ pub fn prepare_process() -> io::Result<OwnedFd> {
     Ok(chan)
 }
 
+/// The spawn helper's hygiene: stdio open, the socket on fd 3, nothing
+/// else inherited (its descriptor table is what every agent's clone copies).
+pub fn prepare_spawner() -> io::Result<()> {
+    for fd in 0..3 {
+        if !fd_open(fd) {
+            // SAFETY: opening /dev/null fills exactly the lowest free fd.
+            if unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR) } < 0 {
+                return Err(io::Error::last_os_error());
+            }
+        }
+    }
+    if !fd_open(CHANNEL_FD) {
+        return Err(io::Error::other(format!("no socket on fd {CHANNEL_FD}")));
+    }
+    // SAFETY: close_range on fds nothing in this process uses.
+    if unsafe { libc::syscall(libc::SYS_close_range, REATTACH_FD as libc::c_uint, libc::c_uint::MAX, 0) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// Our own oom_score_adj (0 if unreadable).
 pub fn oom_score_adj() -> i32 {
     std::fs::read_to_string("/proc/self/oom_score_adj").ok().and_then(|s| s.trim().parse().ok()).unwrap_or(0)

@@ -33,18 +33,18 @@ pub const AGENT_REATTACH_FD: i32 = 4;
 
 pub struct ContainerBackend {
     cgroups: Arc<Cgroups>,
-    agent_path: CString,
+    spawner: spawn::Spawner,
     /// Empty host directory the agent mounts its tmpfs on, privately.
     scratch_dir: PathBuf,
     /// The node's shared read-only sysfs.
-    sys_dir: PathBuf,
+    sysfs: sysfs::SharedSysfs,
     setup_timeout: Duration,
 }
 
 impl ContainerBackend {
     pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, state_dir: &Path, setup_timeout: Duration) -> Result<Self, EdgeError> {
         let scratch_dir = state_dir.join("scratch");
-        let sys_dir = sysfs::ensure(&state_dir.join("sys"))?;
+        let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
         if !agent_path.is_file() {
             return Err(EdgeError::Internal(format!("guest agent binary not found at {}", agent_path.display())));
         }
@@ -52,7 +52,9 @@ impl ContainerBackend {
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", scratch_dir.display())))?;
         let agent_path = CString::new(agent_path.as_os_str().as_encoded_bytes())
             .map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
-        Ok(Self { cgroups, agent_path, scratch_dir, sys_dir, setup_timeout })
+        let spawner = spawn::Spawner::new(agent_path)
+            .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
+        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout })
     }
 
     pub fn cgroups(&self) -> &Arc<Cgroups> {
@@ -81,7 +83,7 @@ impl ContainerBackend {
             let _ = self.cgroups.remove(id);
             return Err(EdgeError::Internal(format!("edge database: {e}")));
         }
-        let spawned = match spawn::spawn_agent(&self.agent_path, &["container"], spawn::CONTAINER_NAMESPACES) {
+        let spawned = match self.spawner.spawn(spawn::CONTAINER_NAMESPACES) {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.cgroups.remove(id);
@@ -106,7 +108,7 @@ impl ContainerBackend {
             lower_dirs: plan.lower_dirs.iter().map(|p| p.display().to_string()).collect(),
             scratch_mount: self.scratch_dir.display().to_string(),
             disk_limit_bytes: spec.limits.disk_mb << 20,
-            sys_dir: self.sys_dir.display().to_string(),
+            sys_dir: self.sysfs.dir.display().to_string(),
             masked_paths: policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
             readonly_paths: policy::READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
             env: merged_env(&plan.env, spec),
@@ -165,7 +167,7 @@ impl ContainerBackend {
 
     /// Unmounts the node's shared filesystems (edge shutdown).
     pub fn release(&self) {
-        sysfs::release(&self.sys_dir);
+        sysfs::release(&self.sysfs.dir);
     }
 
     /// Removes what is left of a sandbox after its agent exited: stray

@@ -1,26 +1,26 @@
-//! Starting the guest agent as PID 1 of fresh namespaces, with one clone(2).
+//! Starting guest agents as PID 1 of fresh namespaces.
 //!
-//! The edge is a multi-threaded tokio process, so the child of a plain fork
-//! could deadlock on a lock another thread held (malloc, for one). Like
-//! posix_spawn, we clone with CLONE_VM | CLONE_VFORK onto a small private
-//! stack: the child shares our memory, runs only async-signal-safe syscalls
-//! (dup2, sigprocmask, execve, _exit) and the calling thread is suspended
-//! until the child has exec'd. That also avoids copying the page tables of an
-//! edge holding thousands of sandboxes, which makes fork slower as N grows.
+//! The edge does not clone agents itself: a clone copies the caller's file
+//! descriptor table, and the edge holds a few descriptors per sandbox, so
+//! creation would slow down as the node fills. A small helper started when
+//! the edge starts (`dsec-agent spawner`, a handful of descriptors) clones
+//! each agent with CLONE_PARENT, so the agent is still the edge's child and
+//! the edge gets its pidfd (see `dsec_spawn::protocol`). If the helper dies,
+//! the next spawn starts a new one.
 
-use std::ffi::{CStr, CString};
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::ffi::CString;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::net::UnixStream;
+use std::sync::Mutex;
 
-/// The fd on which the agent finds its channel (see dsec-agent).
-pub const AGENT_CHANNEL_FD: RawFd = 3;
+use dsec_spawn::protocol;
+
+pub use dsec_spawn::{pidfd_getfd, pidfd_kill, pidfd_open, reap};
 
 /// Namespaces of a container sandbox. The cgroup namespace is entered by the
 /// agent itself, after the edge has moved it into its cgroup.
 pub const CONTAINER_NAMESPACES: libc::c_int =
     libc::CLONE_NEWNS | libc::CLONE_NEWPID | libc::CLONE_NEWIPC | libc::CLONE_NEWUTS | libc::CLONE_NEWNET;
-
-const CHILD_STACK_BYTES: usize = 64 * 1024;
 
 pub struct SpawnedAgent {
     pub pid: i32,
@@ -30,200 +30,88 @@ pub struct SpawnedAgent {
     pub channel: UnixStream,
 }
 
-/// Everything the child touches, prepared before clone so the child never
-/// allocates.
-struct ChildArgs {
-    path: *const libc::c_char,
-    argv: *const *const libc::c_char,
-    envp: *const *const libc::c_char,
-    channel_fd: RawFd,
-    /// /dev/null, for the agent's stdin and stdout: it must not hold the
-    /// edge's own stdout (a pipe, a terminal) open for its whole life.
-    null_fd: RawFd,
-    old_mask: libc::sigset_t,
-    /// Written by the child if execve fails; read by the parent after the
-    /// vfork-style clone returns (shared memory through CLONE_VM).
-    exec_errno: libc::c_int,
+/// The spawn helper: a child of the edge that clones agents for it.
+struct Helper {
+    sock: OwnedFd,
+    pidfd: OwnedFd,
 }
 
-extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
-    // SAFETY: `arg` points at the parent's ChildArgs, alive until this child
-    // execs or exits because the parent is suspended by CLONE_VFORK. Only
-    // async-signal-safe calls follow.
-    unsafe {
-        let a = &mut *(arg as *mut ChildArgs);
-        // Both sources are above fd 3 (see high_fd), so no dup2 here
-        // clobbers another's source.
-        if libc::dup2(a.channel_fd, AGENT_CHANNEL_FD) < 0 {
-            a.exec_errno = *libc::__errno_location();
-            libc::_exit(127);
+impl Drop for Helper {
+    fn drop(&mut self) {
+        // Closing the socket ends the helper; kill it anyway (it may be
+        // wedged) and reap it.
+        let _ = pidfd_kill(&self.pidfd, libc::SIGKILL);
+        reap(&self.pidfd);
+    }
+}
+
+pub struct Spawner {
+    agent_path: CString,
+    helper: Mutex<Option<Helper>>,
+}
+
+enum AskError {
+    /// The helper is gone or broken: start another one.
+    Helper(std::io::Error),
+    /// The helper ran the clone and it failed.
+    Spawn(std::io::Error),
+}
+
+impl Spawner {
+    /// Starts the helper now, while the edge's descriptor table is small.
+    pub fn new(agent_path: CString) -> std::io::Result<Spawner> {
+        let helper = start_helper(&agent_path)?;
+        Ok(Spawner { agent_path, helper: Mutex::new(Some(helper)) })
+    }
+
+    /// Starts `dsec-agent container` in new namespaces with a fresh channel.
+    pub fn spawn(&self, ns_flags: libc::c_int) -> std::io::Result<SpawnedAgent> {
+        let (ours, theirs) = UnixStream::pair()?;
+        let mut guard = self.helper.lock().unwrap_or_else(|p| p.into_inner());
+        let mut last = None;
+        for _attempt in 0..2 {
+            if guard.is_none() {
+                *guard = Some(start_helper(&self.agent_path)?);
+            }
+            let helper = guard.as_ref().expect("a helper was just started");
+            match ask(helper, ns_flags, &theirs) {
+                Ok((pid, pidfd)) => return Ok(SpawnedAgent { pid, pidfd, channel: ours }),
+                Err(AskError::Spawn(e)) => return Err(e),
+                Err(AskError::Helper(e)) => {
+                    tracing::warn!(error = %e, "the spawn helper failed; starting a new one");
+                    *guard = None;
+                    last = Some(e);
+                }
+            }
         }
-        libc::dup2(a.null_fd, 0);
-        libc::dup2(a.null_fd, 1);
-        libc::sigprocmask(libc::SIG_SETMASK, &a.old_mask, std::ptr::null_mut());
-        libc::execve(a.path, a.argv, a.envp);
-        a.exec_errno = *libc::__errno_location();
-        libc::_exit(127)
+        Err(last.unwrap_or_else(|| std::io::Error::other("spawn helper unavailable")))
     }
 }
 
-/// Starts `agent_path args...` in new namespaces (`ns_flags`), with its
-/// channel on fd 3 and an empty environment.
-pub fn spawn_agent(agent_path: &CStr, args: &[&str], ns_flags: libc::c_int) -> std::io::Result<SpawnedAgent> {
-    let (ours, theirs) = UnixStream::pair()?; // both CLOEXEC
-    let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?; // CLOEXEC
-    // The child dup2s onto 0, 1 and 3: its sources must not be among those
-    // numbers (an edge started with stdin closed would hand out fd 0).
-    let theirs = high_fd(theirs.into())?;
-    let null = high_fd(null.into())?;
+fn start_helper(agent_path: &CString) -> std::io::Result<Helper> {
+    let (ours, theirs) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )?;
+    let (_pid, pidfd) = dsec_spawn::spawn(agent_path, "dsec-agent", &["spawner"], 0, theirs.as_fd())?;
+    Ok(Helper { sock: ours, pidfd })
+}
 
-    let argv_c: Vec<CString> = std::iter::once(agent_path.to_owned())
-        .chain(args.iter().map(|a| CString::new(*a).expect("agent arguments contain no NUL")))
-        .collect();
-    let mut argv: Vec<*const libc::c_char> = argv_c.iter().map(|c| c.as_ptr()).collect();
-    argv.push(std::ptr::null());
-    let envp: [*const libc::c_char; 1] = [std::ptr::null()];
-
-    let mut stack = vec![0u8; CHILD_STACK_BYTES];
-    // SAFETY: the stack grows down on x86_64; the top is 16-byte aligned as
-    // the ABI wants.
-    let stack_top = unsafe { stack.as_mut_ptr().add(CHILD_STACK_BYTES) };
-    let stack_top = ((stack_top as usize) & !15) as *mut libc::c_void;
-
-    let mut args_block = ChildArgs {
-        path: agent_path.as_ptr(),
-        argv: argv.as_ptr(),
-        envp: envp.as_ptr(),
-        channel_fd: theirs.as_raw_fd(),
-        null_fd: null.as_raw_fd(),
-        // SAFETY: sigset_t is plain data; it is filled by pthread_sigmask.
-        old_mask: unsafe { std::mem::zeroed() },
-        exec_errno: 0,
+fn ask(h: &Helper, ns_flags: libc::c_int, channel: &UnixStream) -> Result<(i32, OwnedFd), AskError> {
+    protocol::send(h.sock.as_fd(), &protocol::encode_request(ns_flags as u32), Some(channel.as_fd()))
+        .map_err(AskError::Helper)?;
+    let mut buf = [0u8; protocol::ANSWER_BYTES];
+    let (n, pidfd) = protocol::recv(h.sock.as_fd(), &mut buf).map_err(AskError::Helper)?;
+    let Some((pid, errno)) = protocol::decode_answer(&buf[..n]) else {
+        return Err(AskError::Helper(std::io::Error::other("the spawn helper closed or sent garbage")));
     };
-
-    // Block every signal so no handler of ours runs on the child's borrowed
-    // stack between clone and execve; the child restores the mask itself.
-    // SAFETY: plain libc calls on local, initialised sigset_t values.
-    unsafe {
-        let mut all: libc::sigset_t = std::mem::zeroed();
-        libc::sigfillset(&mut all);
-        libc::pthread_sigmask(libc::SIG_SETMASK, &all, &mut args_block.old_mask);
+    if errno != 0 {
+        return Err(AskError::Spawn(std::io::Error::from_raw_os_error(errno)));
     }
-
-    let mut pidfd: libc::c_int = -1;
-    let flags = ns_flags | libc::CLONE_VM | libc::CLONE_VFORK | libc::CLONE_PIDFD | libc::SIGCHLD;
-    // SAFETY: child_main only uses `args_block`, the argv/envp arrays and the
-    // stack, all of which outlive the child's use of them because CLONE_VFORK
-    // suspends this thread until the child has exec'd or exited. With
-    // CLONE_PIDFD the kernel stores the pidfd through the parent_tid pointer.
-    let pid = unsafe {
-        libc::clone(
-            child_main,
-            stack_top,
-            flags,
-            &mut args_block as *mut ChildArgs as *mut libc::c_void,
-            &mut pidfd as *mut libc::c_int,
-        )
-    };
-    let clone_err = std::io::Error::last_os_error();
-    // SAFETY: restores the mask saved above.
-    unsafe { libc::pthread_sigmask(libc::SIG_SETMASK, &args_block.old_mask, std::ptr::null_mut()) };
-    drop(stack);
-
-    if pid < 0 {
-        return Err(clone_err);
-    }
-    // SAFETY: CLONE_PIDFD succeeded, so `pidfd` is a fresh fd we own.
-    let pidfd = unsafe { OwnedFd::from_raw_fd(pidfd) };
-    drop(theirs);
-    if args_block.exec_errno != 0 {
-        // The child has exited; reap it so no zombie is left.
-        reap(&pidfd);
-        return Err(std::io::Error::from_raw_os_error(args_block.exec_errno));
-    }
-    Ok(SpawnedAgent { pid, pidfd, channel: ours })
-}
-
-/// Moves `fd` to a number above the agent's fixed fds (CLOEXEC kept).
-fn high_fd(fd: OwnedFd) -> std::io::Result<OwnedFd> {
-    // SAFETY: F_DUPFD_CLOEXEC returns a new fd we own, or -1.
-    let new = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 10) };
-    if new < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: `new` was just created by fcntl.
-    Ok(unsafe { OwnedFd::from_raw_fd(new) })
-}
-
-/// Waits for the process behind `pidfd` if it is our child; returns its wait
-/// status. Harmless (ECHILD) for an adopted process that is not our child.
-pub fn reap(pidfd: &OwnedFd) -> Option<i32> {
-    // SAFETY: siginfo_t is plain data filled by waitid.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: waitid with P_PIDFD on a valid pidfd and a valid out pointer.
-    let r = unsafe { libc::waitid(libc::P_PIDFD, pidfd.as_raw_fd() as libc::id_t, &mut info, libc::WEXITED) };
-    if r < 0 {
-        return None;
-    }
-    // SAFETY: waitid filled a SIGCHLD siginfo; si_status is valid for it.
-    Some(unsafe { info.si_status() })
-}
-
-/// Sends `signal` through a pidfd (never hits a recycled pid).
-pub fn pidfd_kill(pidfd: &OwnedFd, signal: libc::c_int) -> std::io::Result<()> {
-    // SAFETY: pidfd_send_signal with a valid pidfd and no siginfo.
-    let r = unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0)
-    };
-    if r < 0 {
-        Err(std::io::Error::last_os_error())
-    } else {
-        Ok(())
-    }
-}
-
-/// Opens a pidfd for an existing process (re-adoption after a restart).
-pub fn pidfd_open(pid: i32) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_open returns a new fd or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just gave us this fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-/// Duplicates fd `target` of the process behind `pidfd` into this process.
-pub fn pidfd_getfd(pidfd: &OwnedFd, target: RawFd) -> std::io::Result<OwnedFd> {
-    // SAFETY: pidfd_getfd returns a new fd (CLOEXEC) or -1.
-    let fd = unsafe { libc::syscall(libc::SYS_pidfd_getfd, pidfd.as_raw_fd(), target, 0) };
-    if fd < 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    // SAFETY: the kernel just gave us this fd.
-    Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use std::io::Read;
-
-    #[test]
-    fn spawns_without_namespaces_and_passes_the_channel() {
-        // /bin/sh writes to fd 3, which must be our channel.
-        let sh = CString::new("/bin/sh").unwrap();
-        let mut child = spawn_agent(&sh, &["-c", "echo ready >&3"], 0).unwrap();
-        let mut buf = String::new();
-        child.channel.read_to_string(&mut buf).unwrap();
-        assert_eq!(buf, "ready\n");
-        assert_eq!(reap(&child.pidfd), Some(0));
-    }
-
-    #[test]
-    fn missing_binary_is_an_error_not_a_zombie() {
-        let p = CString::new("/nonexistent/agent").unwrap();
-        let err = spawn_agent(&p, &[], 0).err().expect("spawn must fail");
-        assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
+    match pidfd {
+        Some(fd) => Ok((pid, fd)),
+        None => Err(AskError::Helper(std::io::Error::other("the spawn helper sent no pidfd"))),
     }
 }

@@ -18,23 +18,31 @@ fn is_sysfs(dir: &Path) -> bool {
     rustix::fs::statfs(dir).map(|s| s.f_type as i64 == SYSFS_MAGIC).unwrap_or(false)
 }
 
-/// Mounts the node's sysfs at `dir` unless an earlier edge left one there.
-pub fn ensure(dir: &Path) -> Result<PathBuf, EdgeError> {
+/// The node's sysfs, and the network namespace it shows.
+pub struct SharedSysfs {
+    pub dir: PathBuf,
+    /// Keeps the namespace alive: a sysfs mount alone does not, and a dead
+    /// namespace's sysfs lists no network devices at all.
+    _netns: std::os::fd::OwnedFd,
+}
+
+/// Mounts the node's sysfs at `dir`. One an earlier edge left there is
+/// replaced: its namespace may be gone.
+pub fn ensure(dir: &Path) -> Result<SharedSysfs, EdgeError> {
     std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
-    if is_sysfs(dir) {
-        return Ok(dir.to_path_buf());
-    }
+    release_mounts(dir);
     let target = dir.to_path_buf();
     // unshare(CLONE_NEWNET) changes only the calling thread's namespace, so
     // a short-lived thread of its own does it; the mount lands in the
     // process's (host) mount namespace, tagged with the new network
     // namespace, which the mount keeps alive.
-    let mounted = std::thread::spawn(move || -> Result<(), String> {
+    let mounted = std::thread::spawn(move || -> Result<std::os::fd::OwnedFd, String> {
         // SAFETY: unshare(2) of the network namespace for this thread only;
         // it touches no memory and no fd of the process.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
             return Err(format!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error()));
         }
+        let netns = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| format!("open our netns: {e}"))?;
         rustix::mount::mount(
             "sysfs",
             &target,
@@ -45,20 +53,25 @@ pub fn ensure(dir: &Path) -> Result<PathBuf, EdgeError> {
                 | rustix::mount::MountFlags::NOEXEC,
             None::<&std::ffi::CStr>,
         )
-        .map_err(|e| format!("mount sysfs at {}: {e}", target.display()))
+        .map_err(|e| format!("mount sysfs at {}: {e}", target.display()))?;
+        Ok(netns.into())
     })
     .join()
     .map_err(|_| EdgeError::Internal("the sysfs thread panicked".into()))?;
-    mounted.map_err(EdgeError::Internal)?;
-    Ok(dir.to_path_buf())
+    let netns = mounted.map_err(EdgeError::Internal)?;
+    Ok(SharedSysfs { dir: dir.to_path_buf(), _netns: netns })
 }
 
 /// Unmounts it when the edge shuts down (sandboxes left running keep theirs).
 pub fn release(dir: &Path) {
+    release_mounts(dir);
+    let _ = std::fs::remove_dir(dir);
+}
+
+fn release_mounts(dir: &Path) {
     while is_sysfs(dir) {
         if rustix::mount::unmount(dir, rustix::mount::UnmountFlags::DETACH).is_err() {
             break;
         }
     }
-    let _ = std::fs::remove_dir(dir);
 }
