@@ -9,11 +9,12 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use dsec_spawn::protocol;
 
-/// The agent's own binary, as the running helper sees it (stays valid even
-/// if the file is replaced on disk by an upgrade).
-const SELF_EXE: &std::ffi::CStr = c"/proc/self/exe";
-
 pub fn run() -> Result<(), String> {
+    // Our own binary, by its real path: exec'ing /proc/self/exe would name
+    // every agent `exe` in ps and /proc/PID/comm.
+    let exe = std::fs::read_link("/proc/self/exe").map_err(|e| format!("readlink /proc/self/exe: {e}"))?;
+    let exe = std::ffi::CString::new(exe.into_os_string().into_encoded_bytes())
+        .map_err(|_| "our own path contains NUL".to_string())?;
     // SAFETY: fd 3 is the socket the edge gave us (checked by fcntl in
     // main before calling here); we own it from now on.
     let sock = unsafe { OwnedFd::from_raw_fd(dsec_spawn::AGENT_CHANNEL_FD) };
@@ -27,7 +28,7 @@ pub fn run() -> Result<(), String> {
         };
         let answer = match (protocol::decode_request(&buf[..n]), channel) {
             (Some(flags), Some(channel)) => {
-                match dsec_spawn::spawn(SELF_EXE, "dsec-agent", &["container"], flags as libc::c_int | libc::CLONE_PARENT, channel.as_fd()) {
+                match dsec_spawn::spawn(&exe, "dsec-agent", &["container"], flags as libc::c_int | libc::CLONE_PARENT, channel.as_fd()) {
                     Ok((pid, pidfd)) => protocol::send(sock.as_fd(), &protocol::encode_answer(pid, 0), Some(pidfd.as_fd())),
                     Err(e) => protocol::send(sock.as_fd(), &protocol::encode_answer(-1, e.raw_os_error().unwrap_or(libc::EIO)), None),
                 }

@@ -194,6 +194,12 @@ async fn create_exec_isolate_stop_delete() {
 
     // Limits are in the sandbox's cgroup.
     let pid = sb.pid.unwrap();
+    // The agent is the edge's child (the spawn helper cloned it with
+    // CLONE_PARENT) and is named for what it is.
+    assert_eq!(std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap().trim(), "dsec-agent");
+    let ppid = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+    let ppid: i32 = ppid.rsplit(')').next().unwrap().split_whitespace().nth(1).unwrap().parse().unwrap();
+    assert_eq!(ppid, std::process::id() as i32);
     let cg = std::fs::read_to_string(format!("/proc/{pid}/cgroup")).unwrap();
     assert!(cg.contains(&sb.id), "{cg}");
     let lim = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/dsec-test/{}/{}/memory.limit_in_bytes", t.node, sb.id)).unwrap();
