@@ -103,6 +103,8 @@ impl Drop for TestEdge {
             // Shared by concurrent tests: only the last one succeeds.
             let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/dsec-test"));
         }
+        // An edge that never shut down (a failed test) leaves its node lock.
+        let _ = std::fs::remove_file(format!("/run/dsec/node-{}.lock", self.node));
         let mut mounts = state_mounts(self.state.path());
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for mp in mounts {

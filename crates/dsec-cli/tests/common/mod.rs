@@ -470,6 +470,9 @@ impl Drop for Platform {
             // platforms on this host and stays.
             let _ = std::fs::remove_dir(parent);
         }
+        // A killed edge leaves its node lock file (a clean shutdown removes
+        // it); nothing holds it any more.
+        let _ = std::fs::remove_file(format!("/run/dsec/node-{}.lock", self.node));
         let mut mounts = mounts_under(self.dir.path());
         mounts.sort_by_key(|m| std::cmp::Reverse(m.len()));
         for mp in mounts {
