@@ -1,0 +1,36 @@
+-- wrk script: POST /v1/sandboxes/{id}/exec {"argv": ["true"]}, round-robin
+-- over the sandbox ids in $DSEC_BENCH_IDS (space-separated), with the token
+-- in $DSEC_TOKEN (wrk counts answers >= 400 as errors).
+local ids = {}
+for id in string.gmatch(os.getenv("DSEC_BENCH_IDS") or "", "%S+") do
+  ids[#ids + 1] = id
+end
+local token = os.getenv("DSEC_TOKEN")
+local path_kind = os.getenv("DSEC_BENCH_PATH") or "exec"
+local n = 0
+
+wrk.method = path_kind == "exec" and "POST" or "GET"
+wrk.headers["Authorization"] = "Bearer " .. token
+if path_kind == "exec" then
+  wrk.headers["Content-Type"] = "application/json"
+  wrk.body = '{"argv":["true"]}'
+end
+
+request = function()
+  n = n + 1
+  local id = ids[(n % #ids) + 1]
+  if path_kind == "exec" then
+    return wrk.format(nil, "/v1/sandboxes/" .. id .. "/exec")
+  end
+  return wrk.format(nil, "/v1/sandboxes/" .. id)
+end
+
+done = function(summary, latency, requests)
+  io.write(string.format(
+    "WRKJSON {\"requests\": %d, \"duration_us\": %d, \"errors_status\": %d, \"errors_socket\": %d, " ..
+    "\"p50_ms\": %.3f, \"p90_ms\": %.3f, \"p99_ms\": %.3f, \"max_ms\": %.3f, \"mean_ms\": %.3f}\n",
+    summary.requests, summary.duration, summary.errors.status,
+    summary.errors.connect + summary.errors.read + summary.errors.write + summary.errors.timeout,
+    latency:percentile(50) / 1000, latency:percentile(90) / 1000, latency:percentile(99) / 1000,
+    latency.max / 1000, latency.mean / 1000))
+end

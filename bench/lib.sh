@@ -1,0 +1,164 @@
+# Shared by the bench/*.sh scripts (sourced, not run). Each script gets:
+#   bench_init NAME      work dir, results dir, cleanup trap
+#   bench_build          release binaries + the dsec-bench generator
+#   bench_start_dsec ... its own `dsec up` (temp data dir, free loopback port,
+#                        the shared images dir); sets DSEC_PID, DSEC_ENDPOINT,
+#                        DSEC_TOKEN, DATA_DIR, NODE
+#   bench_stop_dsec      SIGTERM it (sandboxes stop with it) and wait
+#   bench_need_hugetlb   crun on this hybrid cgroup v1 layout needs the
+#                        hugetlb hierarchy mounted; mounted here if missing
+#                        and unmounted again at exit
+# The trap kills only what the script started (by pid), unmounts only what
+# it mounted, restores what it changed (pid_max), and removes its temp dirs.
+
+set -euo pipefail
+
+BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+REPO=$(dirname "$BENCH_DIR")
+IMAGES_DIR=${DSEC_IMAGES_DIR:-/var/lib/dsec/images}
+RESULTS=${DSEC_BENCH_RESULTS:-$BENCH_DIR/results}
+DSEC=$REPO/target/release/dsec
+BENCH=$REPO/target/release/dsec-bench
+PY=${PYTHON:-python3}
+
+DSEC_PID=""
+WORK=""
+NODE=""
+DATA_DIR=""
+MOUNTED_HUGETLB=""
+OLD_PID_MAX=""
+BENCH_NAME=""
+
+bench_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
+
+bench_init() {
+    BENCH_NAME=$1
+    [ "$(id -u)" = 0 ] || { echo "the benchmarks need root (namespaces, cgroups, mounts)" >&2; exit 1; }
+    mkdir -p "$RESULTS"
+    WORK=$(mktemp -d "/tmp/dsec-bench-$BENCH_NAME.XXXXXX")
+    NODE="b$(printf '%s' "$BENCH_NAME" | tr -cd 'a-z0-9' | cut -c1-12)$$"
+    trap bench_cleanup EXIT
+    trap 'exit 130' INT TERM
+}
+
+bench_build() {
+    if [ -n "${DSEC_BENCH_NO_BUILD:-}" ]; then return; fi
+    bench_log "building (scripts/build.sh, cargo build --release -p dsec-bench)"
+    (cd "$REPO" && scripts/build.sh >/dev/null && cargo build --release -p dsec-bench --quiet)
+}
+
+# bench_start_dsec [extra `dsec up` flags...]
+bench_start_dsec() {
+    DATA_DIR=$WORK/data
+    mkdir -p "$DATA_DIR"
+    local log=$WORK/dsec.log
+    # Thousands of sandboxes hold thousands of fds in the dsec process: give
+    # it room (the edge raises its soft limit to the hard one).
+    (ulimit -Hn 1048576 2>/dev/null || true; ulimit -Sn "$(ulimit -Hn)";
+     exec "$DSEC" up --data-dir "$DATA_DIR" --images-dir "$IMAGES_DIR" --listen 127.0.0.1:0 \
+        --node "$NODE" --stop-sandboxes-on-exit "$@") >"$log" 2>&1 &
+    DSEC_PID=$!
+    local addr=""
+    for _ in $(seq 1 300); do
+        addr=$(sed -n 's/^dsec is up at \(http:[^ ]*\).*/\1/p' "$log" | head -1)
+        [ -n "$addr" ] && break
+        kill -0 "$DSEC_PID" 2>/dev/null || { cat "$log" >&2; echo "dsec up died" >&2; exit 1; }
+        sleep 0.1
+    done
+    [ -n "$addr" ] || { cat "$log" >&2; echo "dsec up did not come up" >&2; exit 1; }
+    export DSEC_ENDPOINT=$addr
+    DSEC_TOKEN=$(cat "$DATA_DIR/admin-token")
+    export DSEC_TOKEN
+    bench_log "dsec up: pid $DSEC_PID at $DSEC_ENDPOINT, node $NODE, data $DATA_DIR"
+}
+
+# Stops the platform (its sandboxes stop with it) and waits; prints seconds.
+bench_stop_dsec() {
+    [ -n "$DSEC_PID" ] || return 0
+    local t0 t1
+    t0=$(date +%s.%N)
+    kill -TERM "$DSEC_PID" 2>/dev/null || true
+    for _ in $(seq 1 1200); do
+        kill -0 "$DSEC_PID" 2>/dev/null || break
+        sleep 0.1
+    done
+    if kill -0 "$DSEC_PID" 2>/dev/null; then
+        bench_log "dsec did not exit in 120 s; killing it"
+        kill -KILL "$DSEC_PID" 2>/dev/null || true
+    fi
+    wait "$DSEC_PID" 2>/dev/null || true
+    t1=$(date +%s.%N)
+    DSEC_PID=""
+    awk -v a="$t0" -v b="$t1" 'BEGIN { printf "%.2f\n", b - a }'
+}
+
+bench_need_hugetlb() {
+    if ! awk '$9 == "cgroup" && $NF ~ /hugetlb/ {f=1} END {exit !f}' /proc/self/mountinfo; then
+        mkdir -p /sys/fs/cgroup/hugetlb
+        mount -t cgroup -o hugetlb cgroup /sys/fs/cgroup/hugetlb
+        MOUNTED_HUGETLB=/sys/fs/cgroup/hugetlb
+        bench_log "mounted the hugetlb cgroup hierarchy for crun (unmounted at exit)"
+    fi
+}
+
+bench_raise_pid_max() {
+    OLD_PID_MAX=$(cat /proc/sys/kernel/pid_max)
+    if [ "$OLD_PID_MAX" -lt "$1" ]; then
+        echo "$1" >/proc/sys/kernel/pid_max
+        bench_log "pid_max $OLD_PID_MAX -> $1 (restored at exit)"
+    else
+        OLD_PID_MAX=""
+    fi
+}
+
+# Kills agents left in this node's cgroups (only if dsec itself could not
+# stop them) and removes the node's cgroups.
+bench_reap_node() {
+    [ -n "$NODE" ] || return 0
+    local d pid
+    for d in /sys/fs/cgroup/*/dsec/"$NODE"/*/; do
+        [ -f "$d/cgroup.procs" ] || continue
+        while read -r pid; do kill -KILL "$pid" 2>/dev/null || true; done <"$d/cgroup.procs"
+    done
+    for d in /sys/fs/cgroup/*/dsec/"$NODE"/*/ /sys/fs/cgroup/*/dsec/"$NODE"/; do
+        [ -d "$d" ] && rmdir "$d" 2>/dev/null || true
+    done
+}
+
+bench_cleanup() {
+    local rc=$?
+    set +e
+    trap - EXIT INT TERM
+    if [ -n "$DSEC_PID" ]; then
+        bench_log "cleanup: stopping dsec (pid $DSEC_PID)"
+        bench_stop_dsec >/dev/null
+    fi
+    bench_reap_node
+    # crun containers left by a generator that died (normally it deletes its own).
+    if [ -n "$WORK" ] && [ -d "$WORK/crun/state" ]; then
+        local id
+        for id in $(ls "$WORK/crun/state" 2>/dev/null); do
+            crun --root "$WORK/crun/state" delete -f "$id" >/dev/null 2>&1
+        done
+        for d in /sys/fs/cgroup/*/dsecbench-crun-*/*/ /sys/fs/cgroup/*/dsecbench-crun-*/; do
+            [ -d "$d" ] && [ -z "$(cat "$d/cgroup.procs" 2>/dev/null)" ] && rmdir "$d" 2>/dev/null
+        done
+    fi
+    if [ -n "$MOUNTED_HUGETLB" ]; then
+        umount "$MOUNTED_HUGETLB" && rmdir "$MOUNTED_HUGETLB" 2>/dev/null
+    fi
+    if [ -n "$OLD_PID_MAX" ]; then
+        echo "$OLD_PID_MAX" >/proc/sys/kernel/pid_max
+    fi
+    if [ -n "$WORK" ] && [ -d "$WORK" ]; then
+        [ -f "$WORK/dsec.log" ] && cp "$WORK/dsec.log" "$RESULTS/$BENCH_NAME.dsec.log"
+        # Mount points of the data dir (layer mounts) are gone with dsec;
+        # refuse to recurse into anything still mounted.
+        if ! grep -q " $WORK" /proc/self/mountinfo; then
+            rm -rf "$WORK"
+        else
+            bench_log "cleanup: $WORK still has mounts; left in place"
+        fi
+    fi
+    exit "$rc"
+}
