@@ -48,12 +48,24 @@ impl Store {
         // case that matters for re-adoption); only power loss may lose the
         // last commits, and with them sandboxes that died with the host.
         conn.pragma_update(None, "synchronous", "NORMAL")?;
+        // Every creation waits for its record's commit, so nothing slow may
+        // sit on the commit path: the pages of thousands of records stay in
+        // cache (the default 2 MiB is outgrown at a few thousand sandboxes),
+        // and checkpoints (which fsync) run on a thread of their own instead
+        // of inside whichever commit crosses the WAL threshold.
+        conn.pragma_update(None, "cache_size", -65536)?;
+        conn.pragma_update(None, "wal_autocheckpoint", 0)?;
         migrate(&conn)?;
         let records = load(&conn)?;
+        let checkpointer = spawn_checkpointer(path)?;
         let (tx, rx) = mpsc::channel();
         std::thread::Builder::new()
             .name("edge-store".into())
-            .spawn(move || writer(conn, rx))
+            .spawn(move || {
+                writer(conn, rx);
+                // The store is gone: so is the checkpointer.
+                drop(checkpointer);
+            })
             .map_err(|e| StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
         Ok((Store { tx }, records))
     }
@@ -85,6 +97,28 @@ impl Store {
             rx.await.map_err(|_| StoreError::Stopped)
         }
     }
+}
+
+/// How often the WAL is folded back into the database.
+const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A second connection that checkpoints the WAL now and then. PASSIVE
+/// never blocks the writer; it copies what it can and tries again later.
+/// It runs until the returned sender is dropped.
+fn spawn_checkpointer(path: &Path) -> Result<mpsc::Sender<()>, StoreError> {
+    let conn = Connection::open(path)?;
+    let (stop, stopped) = mpsc::channel::<()>();
+    std::thread::Builder::new()
+        .name("edge-store-checkpoint".into())
+        .spawn(move || {
+            while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(CHECKPOINT_INTERVAL) {
+                if let Err(e) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+                    tracing::debug!(error = %e, "WAL checkpoint failed; retrying later");
+                }
+            }
+        })
+        .map_err(|e| StoreError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(e))))?;
+    Ok(stop)
 }
 
 fn migrate(conn: &Connection) -> Result<(), StoreError> {
