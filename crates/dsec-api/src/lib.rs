@@ -8,6 +8,7 @@
 mod errors;
 mod exec;
 mod files;
+mod fncall;
 mod images;
 mod sandboxes;
 mod tenants;
@@ -15,6 +16,7 @@ mod tenants;
 pub use errors::*;
 pub use exec::*;
 pub use files::*;
+pub use fncall::*;
 pub use images::*;
 pub use sandboxes::*;
 pub use tenants::*;

@@ -14,6 +14,7 @@ mod openapi;
 mod proxy;
 pub mod remote;
 mod routes;
+mod sandboxfusion;
 pub mod state;
 
 use axum::routing::{get, post};
@@ -21,10 +22,11 @@ use axum::Router;
 use dsec_api::ErrorCode;
 use utoipa::OpenApi;
 
+pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, files, sandboxes, stream};
+use crate::routes::{admin, files, fncall, sandboxes, stream};
 
 pub fn openapi_json() -> String {
     openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
@@ -52,6 +54,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/archive", get(files::archive_get).put(files::archive_put))
+        .route("/v1/fncall", post(fncall::call))
+        .route("/v1/fncall/batch", post(fncall::batch))
+        .route("/v1/fncall/pools", get(fncall::pools))
+        .route("/run_code", post(fncall::open_run_code))
+        .route("/sandboxfusion/{token}/run_code", post(fncall::sandboxfusion_run_code))
         .layer(axum::middleware::from_fn_with_state(state.clone(), proxy::forward_remote))
         .fallback(|| async { ApiError::new(ErrorCode::NotFound, "no such route") })
         .method_not_allowed_fallback(|| async { ApiError::new(ErrorCode::MethodNotAllowed, "method not allowed on this route") })

@@ -124,6 +124,20 @@ impl RemoteNode {
         Ok(list.sandboxes)
     }
 
+    pub async fn fncall(&self, caller: &Caller, req: &api::FnCallRequest) -> Result<api::FnCallResponse, ApiError> {
+        let body = serde_json::to_vec(req).map_err(|e| ApiError::invalid(e.to_string()))?;
+        self.json(caller, axum::http::Method::POST, "/v1/fncall", Some(body)).await
+    }
+
+    pub async fn fncall_batch(&self, caller: &Caller, req: &api::FnCallBatchRequest) -> Result<api::FnCallBatchResponse, ApiError> {
+        let body = serde_json::to_vec(req).map_err(|e| ApiError::invalid(e.to_string()))?;
+        self.json(caller, axum::http::Method::POST, "/v1/fncall/batch", Some(body)).await
+    }
+
+    pub async fn fncall_pools(&self, caller: &Caller) -> Result<api::FnCallPools, ApiError> {
+        self.json(caller, axum::http::Method::GET, "/v1/fncall/pools", None).await
+    }
+
     pub async fn images(&self, caller: &Caller) -> Result<api::ImageList, ApiError> {
         self.json(caller, axum::http::Method::GET, "/v1/images", None).await
     }

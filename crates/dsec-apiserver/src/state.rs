@@ -6,6 +6,7 @@ use dsec_api::ImageInfo;
 
 use crate::auth::Authenticator;
 use crate::nodes::Nodes;
+use crate::routes::fncall::FnCallBackend;
 
 /// The node's image store as the API sees it (implemented by the binary over
 /// dsec-image, so this crate stays free of storage code).
@@ -21,6 +22,10 @@ pub struct AppState {
     pub nodes: Arc<Nodes>,
     pub images: Option<Arc<dyn ImageCatalog>>,
     pub limits: Arc<ApiLimits>,
+    /// Where FnCall calls run; `None`: FnCall is off.
+    pub fncall: Option<Arc<FnCallBackend>>,
+    /// Serve SandboxFusion's `/run_code` without credentials.
+    pub sandboxfusion_open: bool,
 }
 
 /// Bounds on what one request may carry.

@@ -5,14 +5,13 @@
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
 
 use anyhow::Context;
 use clap::Args;
 use dsec_apiserver::auth::{Authenticator, TokenStore};
 use dsec_apiserver::nodes::{Node, Nodes};
 use dsec_apiserver::remote::RemoteNode;
-use dsec_apiserver::{ApiLimits, AppState};
+use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
 
 use crate::image_cmd::Catalog;
 use crate::up::{serve, EdgeArgs};
@@ -45,6 +44,9 @@ pub struct ApiserverArgs {
     /// The secret the edges expect (see `dsec edge`).
     #[arg(long)]
     pub cluster_secret_file: PathBuf,
+    /// Serve SandboxFusion's `/run_code` without credentials (see `dsec up`).
+    #[arg(long)]
+    pub sandboxfusion_open: bool,
 }
 
 fn parse_edge(s: &str) -> Result<(String, String), String> {
@@ -79,9 +81,11 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         nodes: Arc::new(Nodes::new(vec![Node::Local(started.edge.clone())])),
         images: Some(Arc::new(Catalog::open(&started.images_dir)?)),
         limits: Arc::new(ApiLimits { max_upload_bytes: a.max_upload_mb << 20 }),
+        fncall: started.fncall_backend(),
+        sandboxfusion_open: false,
     };
     serve(a.listen, state, &format!("edge of node {}", started.edge.node())).await?;
-    tokio::time::timeout(Duration::from_secs(60), started.edge.shutdown()).await.ok();
+    started.shutdown().await;
     Ok(0)
 }
 
@@ -103,6 +107,8 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         nodes,
         images: None,
         limits: Arc::new(ApiLimits::default()),
+        fncall: Some(Arc::new(FnCallBackend::Remote(Default::default()))),
+        sandboxfusion_open: a.sandboxfusion_open,
     };
     let what = format!("apiserver for {} edge(s); admin token in {}", a.edges.len(), a.data_dir.join("admin-token").display());
     serve(a.listen, state, &what).await?;

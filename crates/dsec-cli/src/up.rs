@@ -11,7 +11,8 @@ use anyhow::Context;
 use clap::Args;
 use dsec_apiserver::auth::{Authenticator, TokenStore};
 use dsec_apiserver::nodes::{Node, Nodes};
-use dsec_apiserver::{ApiLimits, AppState};
+use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
+use dsec_fncall::{FnCallConfig, FnCallService, PoolConfig};
 use dsec_edge::cgroup::CgroupMode;
 use dsec_edge::{Edge, EdgeConfig, ImageLayers};
 
@@ -27,6 +28,11 @@ pub struct UpArgs {
     /// Largest file or archive upload, in MiB.
     #[arg(long, default_value_t = 4096)]
     pub max_upload_mb: u64,
+    /// Serve SandboxFusion's `/run_code` without credentials (its client
+    /// sends none). Only for a listener that untrusted clients cannot
+    /// reach; otherwise use `/sandboxfusion/TOKEN/run_code`.
+    #[arg(long)]
+    pub sandboxfusion_open: bool,
 }
 
 /// Options of the node's edge, shared by `dsec up` and `dsec edge`.
@@ -59,6 +65,31 @@ pub struct EdgeArgs {
     /// next `dsec up` on this data dir re-adopts them).
     #[arg(long)]
     pub stop_sandboxes_on_exit: bool,
+    /// FnCall runner pools: LANG=MIN:MAX, comma-separated.
+    #[arg(long, default_value = "python=2:8,bash=1:4,c=0:4,cpp=1:4")]
+    pub fncall_pools: String,
+    /// The image FnCall runners start from.
+    #[arg(long, default_value = "judge")]
+    pub fncall_image: String,
+    /// Do not serve FnCall on this node.
+    #[arg(long)]
+    pub no_fncall: bool,
+}
+
+/// `python=2:8,cpp=0:4` -> pool configs.
+pub fn parse_pools(spec: &str) -> anyhow::Result<Vec<PoolConfig>> {
+    let mut out = Vec::new();
+    for item in spec.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let parse = || -> Option<PoolConfig> {
+            let (language, range) = item.split_once('=')?;
+            let (min, max) = range.split_once(':')?;
+            let (min, max): (u32, u32) = (min.trim().parse().ok()?, max.trim().parse().ok()?);
+            (!language.trim().is_empty() && max >= 1 && min <= max)
+                .then(|| PoolConfig { language: language.trim().to_string(), min, max })
+        };
+        out.push(parse().with_context(|| format!("--fncall-pools: {item:?} is not LANG=MIN:MAX with 1 <= MAX and MIN <= MAX"))?);
+    }
+    Ok(out)
 }
 
 fn default_node_name() -> String {
@@ -98,6 +129,7 @@ fn lock_data_dir(dir: &std::path::Path) -> anyhow::Result<std::fs::File> {
 /// A running edge and the lock that keeps a second one off its data dir.
 pub struct StartedEdge {
     pub edge: Edge,
+    pub fncall: Option<Arc<FnCallService>>,
     pub images_dir: PathBuf,
     _lock: std::fs::File,
 }
@@ -123,8 +155,17 @@ impl EdgeArgs {
         config.memory_overcommit = self.memory_overcommit;
         config.max_sandboxes = self.max_sandboxes;
         config.stop_sandboxes_on_shutdown = self.stop_sandboxes_on_exit;
+        let pools = parse_pools(&self.fncall_pools)?;
         let edge = Edge::start(config, layers).await?;
-        Ok(StartedEdge { edge, images_dir, _lock: lock })
+        let fncall = if self.no_fncall {
+            None
+        } else {
+            let mut cfg = FnCallConfig::for_node(dsec_edge::host_resources().0);
+            cfg.image = self.fncall_image.clone();
+            cfg.pools = pools;
+            Some(FnCallService::start(edge.clone(), cfg).await)
+        };
+        Ok(StartedEdge { edge, fncall, images_dir, _lock: lock })
     }
 }
 
@@ -137,11 +178,27 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
         nodes: Arc::new(Nodes::new(vec![Node::Local(started.edge.clone())])),
         images: Some(Arc::new(Catalog::open(&started.images_dir)?)),
         limits: Arc::new(ApiLimits { max_upload_bytes: a.max_upload_mb << 20 }),
+        fncall: started.fncall_backend(),
+        sandboxfusion_open: a.sandboxfusion_open,
     };
     let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
     serve(a.listen, state, &what).await?;
-    tokio::time::timeout(Duration::from_secs(60), started.edge.shutdown()).await.ok();
+    started.shutdown().await;
     Ok(0)
+}
+
+impl StartedEdge {
+    pub fn fncall_backend(&self) -> Option<Arc<FnCallBackend>> {
+        self.fncall.clone().map(|s| Arc::new(FnCallBackend::Local(s)))
+    }
+
+    /// Removes the FnCall runners, then shuts the edge down.
+    pub async fn shutdown(&self) {
+        if let Some(f) = &self.fncall {
+            tokio::time::timeout(Duration::from_secs(30), f.shutdown()).await.ok();
+        }
+        tokio::time::timeout(Duration::from_secs(60), self.edge.shutdown()).await.ok();
+    }
 }
 
 /// Serves the API until SIGINT or SIGTERM.

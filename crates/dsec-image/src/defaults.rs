@@ -1,4 +1,5 @@
-//! The named images platform setup creates: `busybox` and `python`.
+//! The named images platform setup creates: `busybox`, `python`, and
+//! `judge` (the FnCall runners' image).
 
 use std::sync::Arc;
 
@@ -23,19 +24,25 @@ pub const PYTHON_PACKAGES: &[&str] = &[
 ];
 pub const PYTHON_SUITE: &str = "bookworm";
 
+/// Packages of the `judge` image (FnCall runners): the interpreters and
+/// compilers of the languages FnCall serves (python, bash, c, cpp).
+pub const JUDGE_PACKAGES: &[&str] = &["python3", "gcc", "g++", "libc6-dev"];
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DefaultImage {
     Busybox,
     Python,
+    Judge,
 }
 
 impl DefaultImage {
-    pub const ALL: [DefaultImage; 2] = [DefaultImage::Busybox, DefaultImage::Python];
+    pub const ALL: [DefaultImage; 3] = [DefaultImage::Busybox, DefaultImage::Python, DefaultImage::Judge];
 
     pub fn name(self) -> &'static str {
         match self {
             DefaultImage::Busybox => "busybox",
             DefaultImage::Python => "python",
+            DefaultImage::Judge => "judge",
         }
     }
 
@@ -69,7 +76,8 @@ pub enum Ensured {
 }
 
 /// Builds `which` (replacing any existing image of that name) with the
-/// default build options. `mirror` is the Debian mirror for `python`.
+/// default build options. `mirror` is the Debian mirror of the debootstrap
+/// images.
 pub fn build_default_image(
     store: &ImageStore,
     which: DefaultImage,
@@ -87,10 +95,11 @@ pub fn build_default_image(
             DefaultImage::Busybox => {
                 build_layer_busybox(store, &BusyboxRecipe::default(), &options, progress)
             }
-            DefaultImage::Python => {
+            DefaultImage::Python | DefaultImage::Judge => {
+                let packages = if which == DefaultImage::Python { PYTHON_PACKAGES } else { JUDGE_PACKAGES };
                 let mut recipe = DebootstrapRecipe::new(PYTHON_SUITE);
                 recipe.mirror = mirror.to_string();
-                recipe.include = PYTHON_PACKAGES.iter().map(|p| p.to_string()).collect();
+                recipe.include = packages.iter().map(|p| p.to_string()).collect();
                 build_layer_debootstrap(store, &recipe, &options, progress)
             }
         },

@@ -57,7 +57,8 @@ fn default_images_from_debootstrap() {
         outcome,
         [
             (DefaultImage::Busybox, Ensured::Built),
-            (DefaultImage::Python, Ensured::Built)
+            (DefaultImage::Python, Ensured::Built),
+            (DefaultImage::Judge, Ensured::Built)
         ]
     );
     assert!(
@@ -112,7 +113,14 @@ fn default_images_from_debootstrap() {
     assert!(files_under(&root.join("var/log")).is_empty());
     eprintln!("python image: {} bytes", image.manifest.size_bytes);
 
-    // A second setup finds both and builds nothing.
+    // The FnCall runners' image carries the judge's toolchains.
+    let judge = env.store.resolve("judge").unwrap();
+    let root = env.mounts.mount_image(&judge).unwrap().pop().unwrap();
+    for tool in ["usr/bin/python3", "usr/bin/gcc", "usr/bin/g++", "usr/include/stdio.h", "bin/bash"] {
+        assert!(root.join(tool).exists(), "judge image lacks {tool}");
+    }
+
+    // A second setup finds them all and builds nothing.
     let started = Instant::now();
     let again = ensure_default_images(&env.store, &NoProgress, &mirror).unwrap();
     let elapsed = started.elapsed();
@@ -120,7 +128,8 @@ fn default_images_from_debootstrap() {
         again,
         [
             (DefaultImage::Busybox, Ensured::AlreadyPresent),
-            (DefaultImage::Python, Ensured::AlreadyPresent)
+            (DefaultImage::Python, Ensured::AlreadyPresent),
+            (DefaultImage::Judge, Ensured::AlreadyPresent)
         ]
     );
     assert!(elapsed.as_secs_f64() < 1.0, "second setup took {elapsed:?}");

@@ -20,6 +20,7 @@ same calls without ``await``.
 from . import errors
 from .args import Backend, BaseRunArgs, DSecContainerRunArgs, DSecRunArgs, RunArgs
 from .client import DSecClient
+from .fncall import CaseResult, FnCallResult, StepResult, TestCase
 from .errors import (
     AgentUnavailable,
     AlreadyExists,
@@ -78,6 +79,10 @@ ConnectionError = DSecConnectionError
 
 __all__ = [
     "DSecClient",
+    "FnCallResult",
+    "StepResult",
+    "CaseResult",
+    "TestCase",
     "Sandbox",
     "Session",
     "ExecStream",

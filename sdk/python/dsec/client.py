@@ -3,11 +3,14 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from types import TracebackType
+from typing import Any
 
 from ._http import Transport, resolve_endpoint, resolve_token
+from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
+from .fncall import FnCallResult, fncall_body
 from .results import Health, ImageInfo, SandboxInfo, TenantInfo
 from .sandbox import Sandbox
 
@@ -145,6 +148,55 @@ class DSecClient:
         """A handle on a sandbox id without asking the server (no request; the
         first call reveals whether the sandbox exists)."""
         return Sandbox(self, SandboxInfo(id=sandbox_id))
+
+    # --- FnCall -----------------------------------------------------------------
+
+    async def fncall(self, language: str, code: str, *, timeout: float | None = 300,
+                     **options: Any) -> FnCallResult:
+        """Run ``code`` once on a warm runner, or judge it against ``test_cases``.
+
+        Args:
+            language: ``python``, ``bash``, ``c`` or ``cpp``.
+            code: the program's source.
+            timeout: seconds to wait for the answer (queueing included).
+            **options: ``stdin``, ``files`` (path -> bytes or str),
+                ``fetch_files``, ``env``, ``time_limit`` (s), ``memory_limit_mb``,
+                ``output_limit_bytes``, ``compile_time_limit`` (s), ``test_cases``
+                (:class:`TestCase` list), ``compare`` (``exact``, ``whitespace``,
+                ``float``), ``float_tolerance``, ``checker`` (``(language,
+                code)``: exits 0 to accept; gets ``input.txt``, ``output.txt``,
+                ``expected.txt``), ``stop_on_first_failure``.
+
+        A program that fails is a result (``status``, ``verdict``), not an
+        exception; bad requests raise (:class:`InvalidRequest`, ...), a full
+        queue raises :class:`QueueFull` (HTTP 429, retry later).
+        """
+        d = await self._transport.request(
+            "POST", self._transport.url("/v1/fncall"), json_body=fncall_body(language, code, **options),
+            timeout=self._transport.timeout_for(timeout))
+        return FnCallResult.from_json(d)
+
+    async def fncall_batch(self, calls: Sequence[Mapping[str, Any]], *,
+                           timeout: float | None = 600) -> builtins.list[FnCallResult | DSecError]:
+        """Run many calls in one request. Each call is a dict of
+        :meth:`fncall`'s arguments (``language``, ``code``, options). Returns,
+        in order, a result or the :class:`DSecError` of each call."""
+        body = {"calls": [fncall_body(**c) for c in calls]}
+        d = await self._transport.request(
+            "POST", self._transport.url("/v1/fncall/batch"), json_body=body,
+            timeout=self._transport.timeout_for(timeout))
+        out: builtins.list[FnCallResult | DSecError] = []
+        for item in d.get("results", ()):
+            if "error" in item:
+                out.append(error_from_detail(item["error"], None, None))
+            else:
+                out.append(FnCallResult.from_json(item))
+        return out
+
+    async def fncall_pools(self) -> builtins.list[dict[str, Any]]:
+        """The runner pools: size, idle runners, queue, calls served."""
+        d = await self._transport.request("GET", self._transport.url("/v1/fncall/pools"))
+        return builtins.list(d.get("pools", ()))
 
     # --- platform ----------------------------------------------------------------
 

@@ -32,7 +32,8 @@ from . import client as _aclient
 from . import sandbox as _asandbox
 from . import streams as _astreams
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
-from .errors import SandboxNotFound
+from .errors import DSecError, SandboxNotFound
+from .fncall import FnCallResult
 from .results import (
     ExecResult,
     FileInfo,
@@ -178,6 +179,20 @@ class DSecClient:
     def sandbox(self, sandbox_id: str) -> Sandbox:
         """A handle on a sandbox id without asking the server."""
         return self._wrap(self.aio.sandbox(sandbox_id))
+
+    def fncall(self, language: str, code: str, *, timeout: float | None = 300,
+               **options: Any) -> FnCallResult:
+        """Run or judge code on a warm runner (see the async client)."""
+        return self._run(self.aio.fncall(language, code, timeout=timeout, **options))
+
+    def fncall_batch(self, calls: Sequence[Mapping[str, Any]], *,
+                     timeout: float | None = 600) -> builtins.list[FnCallResult | DSecError]:
+        """Many calls in one request (see the async client)."""
+        return self._run(self.aio.fncall_batch(calls, timeout=timeout))
+
+    def fncall_pools(self) -> builtins.list[dict[str, Any]]:
+        """The runner pools."""
+        return self._run(self.aio.fncall_pools())
 
     def health(self) -> Health:
         """The server's status, version and nodes."""

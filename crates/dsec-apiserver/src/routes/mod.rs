@@ -1,4 +1,5 @@
 pub mod admin;
 pub mod files;
+pub mod fncall;
 pub mod sandboxes;
 pub mod stream;

@@ -1,0 +1,96 @@
+//! Pools, runner sizes and call limits of one node's FnCall service.
+
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+pub struct PoolConfig {
+    pub language: String,
+    /// Runners kept warm even when idle.
+    pub min: u32,
+    /// Runners at most; beyond, calls queue.
+    pub max: u32,
+}
+
+#[derive(Debug, Clone)]
+pub struct FnCallConfig {
+    /// The image every runner starts from (`judge`: Python, bash, gcc, g++).
+    pub image: String,
+    pub pools: Vec<PoolConfig>,
+    /// Calls waiting for a runner, per language; one more gets `QueueFull`.
+    pub queue_limit: usize,
+    /// How long a queued call waits for a runner at most.
+    pub queue_timeout: Duration,
+    /// Runners idle this long above the pool's minimum are stopped.
+    pub shrink_after: Duration,
+    /// A runner is replaced after this many calls (bounds any slow drift).
+    pub max_calls_per_runner: u64,
+    /// Starting a runner (sandbox + zygote ready) must take at most this.
+    pub start_timeout: Duration,
+    /// Modules the Python zygote imports before forking calls.
+    pub preload: Vec<String>,
+    pub runner_memory_mb: u64,
+    pub runner_cpu_cores: f64,
+    pub runner_disk_mb: u64,
+    /// The pids limit of a runner: what a fork bomb hits.
+    pub runner_pids: u64,
+    pub default_time_s: f64,
+    pub max_time_s: f64,
+    pub default_memory_mb: u64,
+    pub default_output_bytes: u64,
+    pub max_output_bytes: u64,
+    pub default_compile_time_s: f64,
+    pub max_files_bytes: u64,
+    /// Compiled programs kept by source hash, in bytes.
+    pub compile_cache_bytes: u64,
+    /// Programs larger than this are not cached.
+    pub max_cached_binary_bytes: u64,
+    pub max_test_cases: usize,
+    pub max_batch: usize,
+}
+
+impl FnCallConfig {
+    /// Defaults sized for a node with `cpus` cores.
+    pub fn for_node(cpus: f64) -> Self {
+        let scale = cpus.max(1.0) as u32;
+        let pool = |language: &str, min: u32, max: u32| PoolConfig { language: language.into(), min, max };
+        Self {
+            image: "judge".into(),
+            pools: vec![
+                pool("python", 2, 4 * scale),
+                pool("bash", 1, 2 * scale),
+                pool("c", 0, 2 * scale),
+                pool("cpp", 1, 2 * scale),
+            ],
+            queue_limit: 4096,
+            queue_timeout: Duration::from_secs(120),
+            shrink_after: Duration::from_secs(60),
+            max_calls_per_runner: 10_000,
+            start_timeout: Duration::from_secs(30),
+            preload: ["math", "collections", "itertools", "functools", "heapq", "bisect", "re", "json", "string", "random", "typing", "dataclasses", "fractions", "decimal", "statistics", "traceback", "types"]
+                .into_iter()
+                .map(String::from)
+                .collect(),
+            runner_memory_mb: 1024,
+            runner_cpu_cores: 1.0_f64.min(cpus),
+            runner_disk_mb: 256,
+            runner_pids: 64,
+            default_time_s: 10.0,
+            max_time_s: 60.0,
+            default_memory_mb: 256,
+            default_output_bytes: 1 << 20,
+            max_output_bytes: 16 << 20,
+            default_compile_time_s: 10.0,
+            max_files_bytes: 64 << 20,
+            compile_cache_bytes: 256 << 20,
+            max_cached_binary_bytes: 16 << 20,
+            max_test_cases: 1000,
+            max_batch: 1000,
+        }
+    }
+
+    /// The most memory one call may ask for: the runner's, less room for
+    /// the zygote and its handler.
+    pub fn max_memory_mb(&self) -> u64 {
+        self.runner_memory_mb.saturating_sub(128).max(16)
+    }
+}

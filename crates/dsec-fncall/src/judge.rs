@@ -1,0 +1,108 @@
+//! Turning the zygote's raw answers into step results and verdicts.
+
+use base64::Engine as _;
+use dsec_api::{RunStatus, StepResult, Verdict};
+
+use crate::protocol::ZResponse;
+
+const SIGKILL: i32 = 9;
+const SIGABRT: i32 = 6;
+const SIGSEGV: i32 = 11;
+
+pub fn b64(data: &[u8]) -> String {
+    base64::engine::general_purpose::STANDARD.encode(data)
+}
+
+pub fn unb64(s: &str) -> Vec<u8> {
+    base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()
+}
+
+/// Why a run that did not exit 0 ran out of memory, if it did: Python's
+/// MemoryError (the zygote exits 137 after printing it), C++'s bad_alloc,
+/// the runner's OOM killer (SIGKILL that the time limit did not send), or
+/// a crash at the address-space limit.
+fn out_of_memory(r: &ZResponse, stderr: &[u8], memory_bytes: u64) -> bool {
+    let ends_with = |s: &[u8], t: &[u8]| s.len() >= t.len() && &s[s.len() - t.len()..] == t;
+    let contains = |s: &[u8], t: &[u8]| s.windows(t.len()).any(|w| w == t);
+    (r.exit_code == Some(137) && ends_with(stderr, b"MemoryError\n"))
+        || contains(stderr, b"std::bad_alloc")
+        || (r.signal == Some(SIGKILL) && !r.timed_out)
+        || (matches!(r.signal, Some(SIGABRT | SIGSEGV)) && memory_bytes > 0 && r.peak_memory_kb * 1024 >= memory_bytes / 10 * 9)
+}
+
+/// The step's outcome, with outputs decoded (invalid UTF-8 replaced).
+pub fn step_result(r: &ZResponse, memory_bytes: u64) -> (StepResult, Vec<u8>) {
+    let stdout = unb64(&r.stdout);
+    let stderr = unb64(&r.stderr);
+    let status = if r.timed_out {
+        RunStatus::Timeout
+    } else if r.output_exceeded {
+        RunStatus::OutputLimit
+    } else if r.exit_code == Some(0) {
+        RunStatus::Ok
+    } else if out_of_memory(r, &stderr, memory_bytes) {
+        RunStatus::MemoryLimit
+    } else {
+        RunStatus::RuntimeError
+    };
+    let step = StepResult {
+        status,
+        exit_code: r.exit_code,
+        signal: r.signal,
+        stdout: String::from_utf8_lossy(&stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        duration_ms: r.wall_ms,
+        cpu_ms: r.cpu_ms,
+        peak_memory_kb: r.peak_memory_kb,
+        truncated: r.output_exceeded,
+    };
+    (step, stdout)
+}
+
+/// The verdict of a run that did not end with status `Ok`.
+pub fn failure_verdict(status: RunStatus) -> Verdict {
+    match status {
+        RunStatus::Ok => Verdict::AC,
+        RunStatus::RuntimeError => Verdict::RE,
+        RunStatus::Timeout => Verdict::TLE,
+        RunStatus::MemoryLimit => Verdict::MLE,
+        RunStatus::OutputLimit => Verdict::OLE,
+    }
+}
+
+pub fn status_name(status: RunStatus) -> &'static str {
+    match status {
+        RunStatus::Ok => "ok",
+        RunStatus::RuntimeError => "runtime_error",
+        RunStatus::Timeout => "timeout",
+        RunStatus::MemoryLimit => "memory_limit",
+        RunStatus::OutputLimit => "output_limit",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn resp(exit: Option<i32>, signal: Option<i32>, stderr: &[u8]) -> ZResponse {
+        ZResponse { exit_code: exit, signal, stderr: b64(stderr), peak_memory_kb: 1000, ..Default::default() }
+    }
+
+    #[test]
+    fn statuses() {
+        let mem = 256 << 20;
+        assert_eq!(step_result(&resp(Some(0), None, b""), mem).0.status, RunStatus::Ok);
+        assert_eq!(step_result(&resp(Some(1), None, b"Traceback"), mem).0.status, RunStatus::RuntimeError);
+        assert_eq!(step_result(&resp(Some(137), None, b"MemoryError\n"), mem).0.status, RunStatus::MemoryLimit);
+        assert_eq!(step_result(&resp(Some(137), None, b"other\n"), mem).0.status, RunStatus::RuntimeError);
+        assert_eq!(step_result(&resp(None, Some(6), b"terminate called after throwing an instance of 'std::bad_alloc'"), mem).0.status, RunStatus::MemoryLimit);
+        assert_eq!(step_result(&resp(None, Some(9), b""), mem).0.status, RunStatus::MemoryLimit);
+        assert_eq!(step_result(&resp(None, Some(11), b""), mem).0.status, RunStatus::RuntimeError);
+        let mut t = resp(None, Some(9), b"");
+        t.timed_out = true;
+        assert_eq!(step_result(&t, mem).0.status, RunStatus::Timeout);
+        let mut o = resp(None, Some(25), b"");
+        o.output_exceeded = true;
+        assert_eq!(step_result(&o, mem).0.status, RunStatus::OutputLimit);
+    }
+}

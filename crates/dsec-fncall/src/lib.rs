@@ -1,0 +1,41 @@
+//! FnCall: stateless calls (snippets, online-judge submissions) served by
+//! warm pools of reusable runners instead of a new sandbox per call.
+//!
+//! A runner is an ordinary container sandbox of the edge (same namespaces,
+//! cgroup limits, no network, read-only image layers) in which the guest
+//! agent runs the *zygote* (`zygote.py`): a warm Python process that forks a
+//! handler per call, which forks the call's process as an unprivileged user
+//! and, afterwards, kills every process of that user and removes every file
+//! it wrote. The edge talks to the zygote over the agent channel (the
+//! zygote's stdin and stdout); nothing inside the runner can reach that
+//! channel.
+//!
+//! API boundary: [`FnCallService`] (`call`, `batch`, `status`, `shutdown`)
+//! speaks the public wire types of `dsec-api` (`FnCallRequest`,
+//! `FnCallResponse`): a call is plain data, so a mirror set of core types
+//! would only add a conversion.
+//!
+//! Invariants: a runner serves one call at a time; a runner whose call did
+//! not end cleanly (no answer, a protocol error, a process that would not
+//! die) is retired, never reused; a call's data lives only in the handler
+//! that served it and in the call's own processes and files, which are gone
+//! before the runner takes the next call.
+
+mod cache;
+mod compare;
+mod config;
+mod error;
+mod judge;
+mod pool;
+mod protocol;
+mod runner;
+mod service;
+
+pub use config::{FnCallConfig, PoolConfig};
+pub use error::FnCallError;
+pub use service::FnCallService;
+
+/// The tenant that owns every runner sandbox (no user token maps to it).
+pub const RUNNER_TENANT: &str = "_fncall";
+/// Label carrying a runner's language.
+pub const RUNNER_LABEL: &str = "dsec.fncall";

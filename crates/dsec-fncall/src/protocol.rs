@@ -1,0 +1,136 @@
+//! The edge <-> zygote messages (see zygote.py): a request is
+//! `<length>\n<JSON>`, a response one JSON line.
+
+use std::collections::BTreeMap;
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ZLimits {
+    pub time_ms: u64,
+    /// RLIMIT_AS of a compiled program; growth allowed beyond the warm
+    /// interpreter for Python. 0: none.
+    pub memory_bytes: u64,
+    pub output_bytes: u64,
+    /// RLIMIT_FSIZE of the call (the zygote raises it to cover the output).
+    pub file_bytes: u64,
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct ZRequest<'a> {
+    pub id: u64,
+    /// `run`, `compile`, `install`, `ping`.
+    pub op: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub language: &'a str,
+    #[serde(skip_serializing_if = "str::is_empty")]
+    pub code: &'a str,
+    /// base64.
+    #[serde(skip_serializing_if = "String::is_empty")]
+    pub stdin: String,
+    /// relative path -> base64.
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub files: BTreeMap<String, String>,
+    #[serde(skip_serializing_if = "<[String]>::is_empty")]
+    pub fetch_files: &'a [String],
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    pub env: BTreeMap<String, String>,
+    pub limits: ZLimits,
+    pub max_binary_bytes: u64,
+    /// `install`: the program, base64.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub binary: Option<String>,
+}
+
+impl<'a> ZRequest<'a> {
+    pub fn new(op: &'a str, limits: ZLimits) -> Self {
+        ZRequest {
+            id: 0,
+            op,
+            language: "",
+            code: "",
+            stdin: String::new(),
+            files: BTreeMap::new(),
+            fetch_files: &[],
+            env: BTreeMap::new(),
+            limits,
+            max_binary_bytes: 0,
+            binary: None,
+        }
+    }
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ZResponse {
+    #[serde(default)]
+    pub id: Option<u64>,
+    /// The request could not be served (bad input the edge should have
+    /// caught, or a fault in the runner).
+    #[serde(default)]
+    pub error: Option<String>,
+    /// The runner itself is broken: retire it.
+    #[serde(default)]
+    pub fatal: bool,
+    #[serde(default)]
+    pub exit_code: Option<i32>,
+    #[serde(default)]
+    pub signal: Option<i32>,
+    #[serde(default)]
+    pub timed_out: bool,
+    #[serde(default)]
+    pub wall_ms: f64,
+    #[serde(default)]
+    pub cpu_ms: f64,
+    #[serde(default)]
+    pub peak_memory_kb: u64,
+    #[serde(default)]
+    pub stdout: String,
+    #[serde(default)]
+    pub stderr: String,
+    #[serde(default)]
+    pub output_exceeded: bool,
+    #[serde(default)]
+    pub files: BTreeMap<String, String>,
+    #[serde(default)]
+    pub binary: Option<String>,
+    /// A call process did not die within the zygote's deadline.
+    #[serde(default)]
+    pub unclean: bool,
+}
+
+/// The zygote's first line.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ZReady {
+    pub ready: bool,
+    #[serde(default)]
+    pub languages: Vec<String>,
+    #[serde(default)]
+    pub preloaded: Vec<String>,
+}
+
+/// `<length>\n<JSON>`.
+pub fn frame(req: &ZRequest<'_>) -> Vec<u8> {
+    let body = serde_json::to_vec(req).expect("zygote requests always serialize");
+    let mut out = format!("{}\n", body.len()).into_bytes();
+    out.extend_from_slice(&body);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_carry_the_exact_length() {
+        let mut r = ZRequest::new("run", ZLimits { time_ms: 1, memory_bytes: 0, output_bytes: 1, file_bytes: 1 });
+        r.language = "python";
+        r.code = "print('é')";
+        let f = frame(&r);
+        let nl = f.iter().position(|b| *b == b'\n').unwrap();
+        let len: usize = std::str::from_utf8(&f[..nl]).unwrap().parse().unwrap();
+        assert_eq!(len, f.len() - nl - 1);
+        let v: serde_json::Value = serde_json::from_slice(&f[nl + 1..]).unwrap();
+        assert_eq!(v["code"], "print('é')");
+        assert!(v.get("stdin").is_none(), "empty fields are left out");
+    }
+}

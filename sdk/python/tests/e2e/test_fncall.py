@@ -1,0 +1,250 @@
+"""FnCall against the real server: warm runners, cleanup between calls,
+misbehaving code, judge verdicts, batches, and the SandboxFusion client."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import urllib.error
+import urllib.request
+
+import pytest
+
+import dsec
+from dsec import DSecClient, TestCase
+
+from .conftest import Server, Tenant
+
+pytestmark = pytest.mark.e2e
+
+# The runner pools of the e2e server serve these; compiled programs need the
+# `judge` image, which `dsec image setup` builds.
+ADD_CPP = """#include <iostream>
+int main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }
+"""
+
+
+async def call(client: DSecClient, code: str, language: str = "python", **kw: object) -> dsec.FnCallResult:
+    return await client.fncall(language, code, **kw)
+
+
+async def test_python_snippet_stdin_and_errors(client: DSecClient) -> None:
+    r = await call(client, "import sys\nprint(input()[::-1], sys.argv[0].endswith('main.py'))", stdin="abc\n")
+    assert r.ok and r.stdout == "cba True\n", r
+    assert r.run is not None and r.run.exit_code == 0 and r.run.peak_memory_kb > 0
+    r = await call(client, "print('out')\n1/0")
+    assert r.status == "runtime_error" and r.stdout == "out\n" and r.exit_code == 1
+    assert r.stderr.startswith("Traceback") and "ZeroDivisionError" in r.stderr
+    assert "zygote" not in r.stderr, "the runner's own frames stay out of tracebacks"
+    r = await call(client, "import sys; sys.exit(3)")
+    assert (r.status, r.exit_code) == ("runtime_error", 3)
+    r = await call(client, "echo $((6 * 7)); echo err >&2", language="bash")
+    assert r.ok and r.stdout == "42\n" and r.stderr == "err\n"
+
+
+async def test_files_env_and_fetch(client: DSecClient) -> None:
+    r = await call(client, "import os\nprint(open('data/in.txt').read(), os.environ['K'])\n"
+                           "open('out.bin', 'wb').write(bytes(range(5)))",
+                   files={"data/in.txt": "hello"}, env={"K": "v"}, fetch_files=["out.bin", "missing"])
+    assert r.ok and r.stdout == "hello v\n", r
+    assert r.files == {"out.bin": bytes(range(5))}
+
+
+async def test_nothing_of_one_call_reaches_the_next(client: DSecClient) -> None:
+    # Sequential calls go to the most recently freed runner: the same one.
+    first = await call(client, """
+import os, subprocess
+open('/tmp/secret', 'w').write('s')
+open('/dev/shm/secret', 'w').write('s')
+os.makedirs('/var/tmp/d', exist_ok=True)
+subprocess.Popen(['sleep', '1000'])                      # a child left running
+subprocess.Popen(['setsid', 'sleep', '1001'])            # a detached one
+if os.fork() == 0:                                       # a double-forked daemon
+    os.setsid()
+    if os.fork() == 0:
+        import time; time.sleep(1002)
+    os._exit(0)
+print(os.getuid())
+""")
+    assert first.ok and first.stdout == "65534\n", first
+    second = await call(client, """
+import os
+left = [p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid == os.getuid()
+        and int(p) != os.getpid()]
+print(os.path.exists('/tmp/secret'), os.path.exists('/dev/shm/secret'), os.path.exists('/var/tmp/d'), left)
+print(sorted(os.environ))
+""")
+    assert second.runner == first.runner, "sequential calls should reuse the warm runner"
+    lines = second.stdout.splitlines()
+    assert lines[0] == "False False False []", second
+    assert "K" not in lines[1], "the environment is reset"
+
+
+async def test_misbehaving_code_gets_a_verdict_and_the_runner_recovers(client: DSecClient) -> None:
+    fork_bomb = await call(client, "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
+                           time_limit=2)
+    assert fork_bomb.status in ("timeout", "runtime_error"), fork_bomb
+    memory = await call(client, "x = bytearray(512 << 20)", memory_limit_mb=64)
+    assert memory.status == "memory_limit", memory
+    flood = await call(client, "while True: print('y' * 1000)", output_limit_bytes=10000, time_limit=5)
+    assert flood.status == "output_limit" and flood.run is not None and flood.run.truncated, flood
+    assert len(flood.stdout) <= 10000
+    sleeper = await call(client, "import time; time.sleep(100)", time_limit=1)
+    assert sleeper.status == "timeout" and sleeper.run is not None
+    assert 900 <= sleeper.run.duration_ms < 5000, sleeper.run
+    spin = await call(client, "while True: pass", time_limit=1)
+    assert spin.status == "timeout", spin
+    net = await call(client, """
+import socket
+s = socket.socket()
+s.settimeout(2)
+try:
+    s.connect(('10.255.255.1', 80))   # no route out of the runner's network namespace
+    print('connected')
+except OSError as e:
+    print('refused', e.errno)
+""")
+    assert net.ok and net.stdout.startswith("refused"), net
+    writes = await call(client, """
+for p in ('/etc/passwd', '/usr/bin/python3', '/usr/local/lib/x', '/var/lib/dsec-fncall/x', '/root/x'):
+    try:
+        open(p, 'a').write('x')
+        print('wrote', p)
+    except OSError as e:
+        print('denied', p)
+""")
+    assert writes.ok and "wrote" not in writes.stdout, writes
+    after = await call(client, "print('still fine')")
+    assert after.ok and after.stdout == "still fine\n", after
+
+
+async def test_judge_cpp_verdicts_and_compile_cache(client: DSecClient) -> None:
+    cases = [TestCase("1 2", "3"), TestCase("10 20\n", "30\n"), TestCase("2 2", "5")]
+    r = await call(client, ADD_CPP, language="cpp", test_cases=cases)
+    assert r.verdict == "WA" and r.status == "wrong_answer", r
+    assert [c.verdict for c in r.cases] == ["AC", "AC", "WA"]
+    assert r.compile is not None and r.compile.status == "ok"
+    again = await call(client, ADD_CPP, language="cpp", test_cases=cases[:2])
+    assert again.verdict == "AC" and again.compile_cached and again.compile is None, again
+    stop = await call(client, ADD_CPP, language="cpp", test_cases=[TestCase("1 1", "3"), TestCase("1 1", "2")])
+    assert [c.verdict for c in stop.cases] == ["WA", "SKIPPED"]
+    run_all = await call(client, ADD_CPP, language="cpp", stop_on_first_failure=False,
+                         test_cases=[TestCase("1 1", "3"), TestCase("1 1", "2")])
+    assert [c.verdict for c in run_all.cases] == ["WA", "AC"]
+    ce = await call(client, "int main() { return x; }", language="cpp", test_cases=cases)
+    assert ce.verdict == "CE" and ce.status == "compile_error" and "error" in ce.compile.stderr, ce
+    tle = await call(client, "int main() { for (;;) {} }", language="c", time_limit=1,
+                     test_cases=[TestCase("", "")])
+    assert tle.verdict == "TLE", tle
+    re_ = await call(client, "int main() { int *p = 0; return *p; }", language="c", test_cases=[TestCase("", "")])
+    assert re_.verdict == "RE", re_
+    mle = await call(client, "#include <vector>\nint main() { std::vector<char> v(1L << 30, 1); return v[5]; }",
+                     language="cpp", memory_limit_mb=64, test_cases=[TestCase("", "")])
+    assert mle.verdict == "MLE", mle
+    ole = await call(client, "#include <stdio.h>\nint main() { for (;;) puts(\"spam\"); }", language="c",
+                     output_limit_bytes=4096, test_cases=[TestCase("", "")])
+    assert ole.verdict == "OLE", ole
+
+
+async def test_judge_compare_modes_and_checker(client: DSecClient) -> None:
+    prog = "print(1 / 3)"
+    assert (await call(client, prog, test_cases=[TestCase("", "0.3333334")],
+                       compare="float", float_tolerance=1e-6)).verdict == "AC"
+    assert (await call(client, prog, test_cases=[TestCase("", "0.34")], compare="float")).verdict == "WA"
+    assert (await call(client, "print('a  b')", test_cases=[TestCase("", "a b\n")])).verdict == "AC"
+    assert (await call(client, "print('a  b')", test_cases=[TestCase("", "a b\n")],
+                       compare="exact")).verdict == "WA"
+    checker = ("python", "import sys\n"
+                         "n = int(open('input.txt').read())\n"
+                         "a, b = map(int, open('output.txt').read().split())\n"
+                         "sys.exit(0 if a + b == n else 1)")
+    ok = await call(client, "n = int(input()); print(1, n - 1)", checker=checker,
+                    test_cases=[TestCase("5", "any split"), TestCase("9", "any split")])
+    assert ok.verdict == "AC", ok
+    bad = await call(client, "n = int(input()); print(1, n)", checker=checker, test_cases=[TestCase("5", "x")])
+    assert bad.verdict == "WA", bad
+
+
+async def test_batch_and_concurrency(client: DSecClient) -> None:
+    calls = [dict(language="python", code=f"print({i} * {i})") for i in range(40)]
+    calls.append(dict(language="cobol", code="DISPLAY 'HI'."))
+    results = await client.fncall_batch(calls)
+    assert len(results) == 41
+    for i, r in enumerate(results[:40]):
+        assert isinstance(r, dsec.FnCallResult) and r.stdout == f"{i * i}\n", r
+    assert isinstance(results[40], dsec.errors.DSecError) and results[40].code == "unsupported_language"
+    many = await asyncio.gather(*(call(client, f"print({i})") for i in range(64)))
+    assert [r.stdout for r in many] == [f"{i}\n" for i in range(64)]
+    pools = {p["language"]: p for p in await client.fncall_pools()}
+    assert pools["python"]["runners"] >= 1 and pools["python"]["calls"] >= 100, pools
+
+
+async def test_malformed_calls_are_clear_4xx(client: DSecClient) -> None:
+    with pytest.raises(dsec.errors.DSecError) as e:
+        await call(client, "x", language="cobol")
+    assert e.value.code == "unsupported_language" and e.value.status == 400
+    with pytest.raises(dsec.InvalidLimits):
+        await call(client, "x", time_limit=0)
+    with pytest.raises(dsec.InvalidLimits):
+        await call(client, "x", memory_limit_mb=10**6)
+    with pytest.raises(dsec.InvalidRequest):
+        await call(client, "x", files={"/etc/passwd": "x"})
+    with pytest.raises(dsec.InvalidRequest):
+        await call(client, "x", files={"../up": "x"})
+    with pytest.raises(dsec.InvalidRequest):
+        await client.fncall_batch([dict(language="python", code="1")] * 1001)
+
+
+def _post(url: str, body: object, token: str | None = None) -> tuple[int, dict]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    req = urllib.request.Request(url, data=data, method="POST", headers={"Content-Type": "application/json"})
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=60) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as e:
+        return e.code, json.loads(e.read())
+
+
+def test_raw_http_bad_bodies(server: Server, tenant: Tenant) -> None:
+    url = f"{server.url}/v1/fncall"
+    assert _post(url, b"{not json", tenant.token)[0] == 400
+    status, body = _post(url, {"language": "python", "code": "1", "bogus": 1}, tenant.token)
+    assert status == 400 and body["error"]["code"] == "invalid_request"
+    assert _post(url, {"language": "python", "code": "1"})[0] == 401
+    status, body = _post(url, {"language": "python", "code": "1", "files": {"a": "!!"}}, tenant.token)
+    assert status == 400 and "base64" in body["error"]["message"]
+
+
+def test_sandboxfusion_client_unchanged(server: Server, tenant: Tenant) -> None:
+    from sandbox_fusion import RunCodeRequest, RunStatus, run_code, set_endpoint
+
+    set_endpoint(f"{server.url}/sandboxfusion/{tenant.token}")
+    ok = run_code(RunCodeRequest(code="print(input() * 2)", stdin="ab", language="python"))
+    assert ok.status == RunStatus.Success and ok.run_result.stdout == "abab\n", ok
+    assert ok.run_result.return_code == 0 and ok.run_result.execution_time is not None
+    cpp = run_code(RunCodeRequest(code=ADD_CPP, stdin="2 3", language="cpp"))
+    assert cpp.status == RunStatus.Success and cpp.run_result.stdout == "5\n", cpp
+    assert cpp.compile_result is not None and cpp.compile_result.return_code == 0
+    failed = run_code(RunCodeRequest(code="import sys; sys.exit(2)", language="python"))
+    assert failed.status == RunStatus.Failed and failed.run_result.return_code == 2
+    tle = run_code(RunCodeRequest(code="while True: pass", language="python", run_timeout=1))
+    assert tle.status == RunStatus.Failed and tle.run_result.status == "TimeLimitExceeded"
+    files = run_code(RunCodeRequest(code="print(open('in.txt').read()); open('o.txt','w').write('r')",
+                                    language="python", files={"in.txt": "aGk="}, fetch_files=["o.txt"]))
+    assert files.run_result.stdout == "hi\n" and files.files == {"o.txt": "cg=="}, files
+
+    # verl's own request shape: a full URL, memory_limit_MB, stdin "None".
+    status, body = _post(f"{server.url}/sandboxfusion/{tenant.token}/run_code", {
+        "compile_timeout": 10, "run_timeout": 10, "code": "print(input())", "stdin": "None",
+        "memory_limit_MB": 512, "language": "python", "files": {}, "fetch_files": []})
+    assert status == 200 and body["status"] == "Success" and body["run_result"]["stdout"] == "None\n", body
+
+    # Access control: a wrong token is refused; the bare path is closed.
+    status, body = _post(f"{server.url}/sandboxfusion/not-a-token/run_code", {"code": "1", "language": "python"})
+    assert status == 401, body
+    status, body = _post(f"{server.url}/run_code", {"code": "1", "language": "python"})
+    assert status == 404 and "sandboxfusion" in body["error"]["message"], body
+    status, body = _post(f"{server.url}/sandboxfusion/{tenant.token}/run_code", {"code": "1", "language": "cobol"})
+    assert status == 400 and body["error"]["code"] == "unsupported_language"
