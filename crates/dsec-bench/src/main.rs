@@ -8,6 +8,8 @@
 //!   density     N idle sandboxes: memory per sandbox, creation time vs index
 //!   churn       M create/destroy cycles, then counts of what is left behind
 //!   counts      the leak counts alone (processes, mounts, cgroups, ...)
+//!   fncall-baseline  a subprocess-per-call code runner (the FnCall
+//!                    benchmark's baseline), serving until killed
 //!
 //! The bench/*.sh scripts start the platform, run these and clean up.
 
@@ -48,6 +50,8 @@ enum Cmd {
     Churn(cmds::churn::ChurnArgs),
     /// Print the leak counts as JSON.
     Counts(CountsArgs),
+    /// Serve a subprocess-per-call code runner (the FnCall baseline).
+    FncallBaseline(cmds::fncall_baseline::BaselineArgs),
 }
 
 /// Where the platform is and what the sandboxes look like.
@@ -114,7 +118,7 @@ fn main() -> anyhow::Result<()> {
             .trim()
             .to_string()
     });
-    if !matches!(cli.cmd, Cmd::Counts(_)) {
+    if !matches!(cli.cmd, Cmd::Counts(_) | Cmd::FncallBaseline(_)) {
         let (b0, _) = host::host_cpu_ms();
         std::thread::sleep(std::time::Duration::from_secs(1));
         let (b1, _) = host::host_cpu_ms();
@@ -144,6 +148,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Exec(a) => cmds::exec::run(a).await,
             Cmd::Density(a) => cmds::density::run(a).await,
             Cmd::Churn(a) => cmds::churn::run(a).await,
+            Cmd::FncallBaseline(a) => cmds::fncall_baseline::run(a).await,
             Cmd::Counts(a) => {
                 let c = host::counts(a.dsec_pid, a.data_dir.as_deref(), a.node.as_deref());
                 println!("{}", serde_json::to_string_pretty(&c)?);

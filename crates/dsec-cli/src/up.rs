@@ -71,6 +71,10 @@ pub struct EdgeArgs {
     /// The image FnCall runners start from.
     #[arg(long, default_value = "judge")]
     pub fncall_image: String,
+    /// Python modules the FnCall zygote imports once, before forking calls
+    /// (comma-separated; default: a few of the standard library's most used).
+    #[arg(long)]
+    pub fncall_preload: Option<String>,
     /// Do not serve FnCall on this node.
     #[arg(long)]
     pub no_fncall: bool,
@@ -163,6 +167,9 @@ impl EdgeArgs {
             let mut cfg = FnCallConfig::for_node(dsec_edge::host_resources().0);
             cfg.image = self.fncall_image.clone();
             cfg.pools = pools;
+            if let Some(p) = &self.fncall_preload {
+                cfg.preload = p.split(',').map(str::trim).filter(|m| !m.is_empty()).map(String::from).collect();
+            }
             Some(FnCallService::start(edge.clone(), cfg).await)
         };
         Ok(StartedEdge { edge, fncall, images_dir, _lock: lock })

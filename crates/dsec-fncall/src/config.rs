@@ -71,7 +71,11 @@ impl FnCallConfig {
                 .map(String::from)
                 .collect(),
             runner_memory_mb: 1024,
-            runner_cpu_cores: 1.0_f64.min(cpus),
+            // A runner's monitor, zygote and call run at once: a quota of
+            // one core would throttle the runner for the rest of a CFS
+            // period whenever they overlap (100 ms stalls). Each call's CPU
+            // time is bounded by RLIMIT_CPU instead.
+            runner_cpu_cores: cpus.max(0.01),
             runner_disk_mb: 256,
             runner_pids: 64,
             default_time_s: 10.0,

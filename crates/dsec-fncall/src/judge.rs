@@ -32,15 +32,14 @@ fn out_of_memory(r: &ZResponse, stderr: &[u8], memory_bytes: u64) -> bool {
 
 /// The step's outcome, with outputs decoded (invalid UTF-8 replaced).
 pub fn step_result(r: &ZResponse, memory_bytes: u64) -> (StepResult, Vec<u8>) {
-    let stdout = unb64(&r.stdout);
-    let stderr = unb64(&r.stderr);
+    let (stdout, stderr) = (r.out.clone(), &r.err);
     let status = if r.timed_out {
         RunStatus::Timeout
     } else if r.output_exceeded {
         RunStatus::OutputLimit
     } else if r.exit_code == Some(0) {
         RunStatus::Ok
-    } else if out_of_memory(r, &stderr, memory_bytes) {
+    } else if out_of_memory(r, stderr, memory_bytes) {
         RunStatus::MemoryLimit
     } else {
         RunStatus::RuntimeError
@@ -50,7 +49,7 @@ pub fn step_result(r: &ZResponse, memory_bytes: u64) -> (StepResult, Vec<u8>) {
         exit_code: r.exit_code,
         signal: r.signal,
         stdout: String::from_utf8_lossy(&stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&stderr).into_owned(),
+        stderr: String::from_utf8_lossy(stderr).into_owned(),
         duration_ms: r.wall_ms,
         cpu_ms: r.cpu_ms,
         peak_memory_kb: r.peak_memory_kb,
@@ -85,7 +84,7 @@ mod tests {
     use super::*;
 
     fn resp(exit: Option<i32>, signal: Option<i32>, stderr: &[u8]) -> ZResponse {
-        ZResponse { exit_code: exit, signal, stderr: b64(stderr), peak_memory_kb: 1000, ..Default::default() }
+        ZResponse { exit_code: exit, signal, err: stderr.to_vec(), peak_memory_kb: 1000, ..Default::default() }
     }
 
     #[test]

@@ -83,6 +83,7 @@ pub struct ZResponse {
     pub cpu_ms: f64,
     #[serde(default)]
     pub peak_memory_kb: u64,
+    /// base64, in answers the worker writes itself (compiles).
     #[serde(default)]
     pub stdout: String,
     #[serde(default)]
@@ -90,12 +91,45 @@ pub struct ZResponse {
     #[serde(default)]
     pub output_exceeded: bool,
     #[serde(default)]
-    pub files: BTreeMap<String, String>,
-    #[serde(default)]
     pub binary: Option<String>,
+    /// Raw parts that follow the line, in order: `["stdout", len]`,
+    /// `["stderr", len]`, `["file:NAME", len]`.
+    #[serde(default)]
+    pub raw: Vec<(String, usize)>,
+    /// Filled by the runner from `raw` (or from the base64 fields).
+    #[serde(skip)]
+    pub out: Vec<u8>,
+    #[serde(skip)]
+    pub err: Vec<u8>,
+    #[serde(skip)]
+    pub fetched: BTreeMap<String, Vec<u8>>,
     /// A call process did not die within the zygote's deadline.
     #[serde(default)]
     pub unclean: bool,
+}
+
+impl ZResponse {
+    /// Total bytes of the raw parts after the line.
+    pub fn raw_len(&self) -> usize {
+        self.raw.iter().map(|(_, n)| *n).sum()
+    }
+
+    /// Splits the bytes that followed the line into the announced parts.
+    pub fn take_raw(&mut self, mut data: Vec<u8>) {
+        for (name, n) in std::mem::take(&mut self.raw) {
+            let rest = data.split_off(n.min(data.len()));
+            let part = std::mem::replace(&mut data, rest);
+            match name.as_str() {
+                "stdout" => self.out = part,
+                "stderr" => self.err = part,
+                other => {
+                    if let Some(file) = other.strip_prefix("file:") {
+                        self.fetched.insert(file.to_string(), part);
+                    }
+                }
+            }
+        }
+    }
 }
 
 /// The zygote's first line.
@@ -132,5 +166,15 @@ mod tests {
         let v: serde_json::Value = serde_json::from_slice(&f[nl + 1..]).unwrap();
         assert_eq!(v["code"], "print('é')");
         assert!(v.get("stdin").is_none(), "empty fields are left out");
+    }
+
+    #[test]
+    fn raw_parts_are_split_as_announced() {
+        let mut r: ZResponse =
+            serde_json::from_str(r#"{"id":1,"raw":[["stdout",3],["stderr",0],["file:a/b",2]]}"#).unwrap();
+        assert_eq!(r.raw_len(), 5);
+        r.take_raw(b"outhi".to_vec());
+        assert_eq!((r.out.as_slice(), r.err.as_slice()), (&b"out"[..], &b""[..]));
+        assert_eq!(r.fetched["a/b"], b"hi");
     }
 }

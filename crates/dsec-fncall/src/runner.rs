@@ -145,8 +145,15 @@ impl Runner {
         let exchange = async {
             self.sender.send_data(&bytes).await.map_err(|e| FnCallError::RunnerFailed(format!("sending to the zygote: {e}")))?;
             let line = self.read_line().await?;
-            let resp: ZResponse = serde_json::from_slice(&line)
+            let mut resp: ZResponse = serde_json::from_slice(&line)
                 .map_err(|e| FnCallError::RunnerFailed(format!("bad answer from the zygote: {e}")))?;
+            if resp.raw.is_empty() {
+                resp.out = crate::judge::unb64(&resp.stdout);
+                resp.err = crate::judge::unb64(&resp.stderr);
+            } else {
+                let data = self.read_exact(resp.raw_len()).await?;
+                resp.take_raw(data);
+            }
             if resp.fatal || resp.id != Some(id) {
                 return Err(FnCallError::RunnerFailed(format!(
                     "the zygote answered out of turn: {}",
@@ -172,8 +179,29 @@ impl Runner {
             if self.buf.len() > MAX_LINE {
                 return Err(FnCallError::RunnerFailed("the zygote sent an over-long line".into()));
             }
+            self.fill().await?;
+        }
+    }
+
+    async fn read_exact(&mut self, n: usize) -> Result<Vec<u8>, FnCallError> {
+        if n > MAX_LINE {
+            return Err(FnCallError::RunnerFailed(format!("the zygote announced {n} bytes")));
+        }
+        while self.buf.len() < n {
+            self.fill().await?;
+        }
+        let rest = self.buf.split_off(n);
+        Ok(std::mem::replace(&mut self.buf, rest))
+    }
+
+    /// Appends the zygote's next stdout chunk to the buffer.
+    async fn fill(&mut self) -> Result<(), FnCallError> {
+        loop {
             match self.receiver.recv().await {
-                Ok(Some(CallEvent::Data { stream: Stream::Stdout, data })) => self.buf.extend_from_slice(&data),
+                Ok(Some(CallEvent::Data { stream: Stream::Stdout, data })) => {
+                    self.buf.extend_from_slice(&data);
+                    return Ok(());
+                }
                 Ok(Some(CallEvent::Data { data, .. })) => {
                     let room = MAX_STDERR.saturating_sub(self.stderr.len());
                     self.stderr.extend_from_slice(&data[..data.len().min(room)]);

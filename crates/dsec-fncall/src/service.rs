@@ -227,7 +227,7 @@ impl FnCallService {
             let z = self.run_step(lease, req, plan, stdin, &req.fetch_files).await?;
             let (step, _) = step_result(&z, plan.memory_bytes);
             resp.status = status_name(step.status).into();
-            resp.files = z.files;
+            resp.files = z.fetched.iter().map(|(k, v)| (k.clone(), b64(v))).collect();
             resp.run = Some(step);
             return Ok(resp);
         }

@@ -7,28 +7,36 @@
 # request gets exactly one response line.
 #
 # Process layout, and why:
-#   zygote (root, warm: configured modules already imported; never reads a
-#   request, so nothing of any call ever sits in its memory)
-#     -> handler (forked before the request arrives; reads one request, runs
-#        it, answers, exits: a call's data dies with its handler)
-#          -> call process (uid nobody, no capabilities, no_new_privs,
-#             rlimits; a Python call runs the code in this forked, already
-#             warm interpreter; other languages exec their program)
-# Cleanup after every call, in the handler: kill(-1, SIGKILL) with the
-# real and effective uid of the call user ends every process the call started (the
-# kernel walks the process list atomically, so a fork bomb cannot outrun
-# it); every file the call user owns in a writable directory is removed; its
-# System V IPC objects are removed; the call's scratch directory is removed.
+#   monitor (root; the process the edge starts). Reads each request,
+#   prepares the call (scratch directory, files, stdin), watches it, answers
+#   the edge and cleans up. It holds calls' data but never forks after
+#   starting the zygote, so no call ever inherits its memory, and its own
+#   work copies no shared pages.
+#   `- zygote (root, warm: configured modules imported). Per call it forks
+#      one worker ahead of time and reports the worker's end (wait status,
+#      rusage). It does as little as possible, because every page it writes
+#      after a fork is copied; it never sees a call's code, input or output.
+#      `- worker: receives what to run and the call's stdio memfds, drops to
+#         uid nobody, no capabilities, no_new_privs, rlimits, and becomes
+#         the call (a Python call runs in this warm interpreter; other
+#         programs, compilers included, are exec'd).
+# Answers are a JSON line announcing raw parts, then stdout, stderr and
+# fetched files copied by sendfile from the call's memfds and files.
+# Cleanup after every call: kill(-1, SIGKILL) with the real and effective
+# uid of the call user ends every process the call started (the kernel walks
+# the process list atomically, so a fork bomb cannot outrun it); every file
+# the call user owns in a writable directory is removed, and its System V
+# IPC objects, and the call's scratch directory.
 import base64
 import ctypes
 import gc
-import io
 import json
 import os
 import resource
 import select
 import shutil
 import signal
+import socket
 import stat
 import sys
 import time
@@ -48,8 +56,6 @@ MAX_FETCH_BYTES = 8 << 20
 SKIP_TREES = ("/proc", "/sys", BASE)
 
 libc = ctypes.CDLL(None, use_errno=True)
-# Set by the handler when a call's process would not die.
-UNCLEAN = []
 
 
 def prctl(option, arg):
@@ -123,7 +129,7 @@ def read_exact(fd, n):
 def read_request(fd):
     """One request: a decimal length, a newline, then that many bytes of
     JSON. Read exactly, never past the end: the next request belongs to the
-    next handler."""
+    next worker."""
     header = bytearray()
     while not header.endswith(b"\n"):
         b = os.read(fd, 1)
@@ -167,13 +173,6 @@ def memfd(name, data=b""):
     return fd
 
 
-def read_memfd(fd, limit):
-    size = os.fstat(fd).st_size
-    os.lseek(fd, 0, os.SEEK_SET)
-    data = os.read(fd, min(size, limit)) if size else b""
-    return data, size > limit
-
-
 def vm_size_bytes():
     with open("/proc/self/status") as f:
         for line in f:
@@ -182,43 +181,59 @@ def vm_size_bytes():
     return 0
 
 
-def become_call_process(req, scratch, fds):
-    """In the forked call process: drop everything, then return (the caller
-    runs the program). Any failure here exits 127 with the reason on stderr."""
-    stdin_fd, out_fd, err_fd = fds
+def become_call_process(req, scratch, fds, in_process):
+    """In the forked worker: take the call's stdio, set its limits and drop
+    to the call user. What every call shares (no_new_privs, oom_score_adj,
+    no core dumps, default SIGPIPE/SIGXFSZ) the zygote set once for all of
+    them; each step here is a bare system call, since every page this
+    process writes is a copied page."""
     os.setsid()
-    os.dup2(stdin_fd, 0)
-    os.dup2(out_fd, 1)
-    os.dup2(err_fd, 2)
+    os.dup2(fds[0], 0)
+    os.dup2(fds[1], 1)
+    os.dup2(fds[2], 2)
     os.closerange(3, 1 << 16)
-    prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-    with open("/proc/self/oom_score_adj", "w") as f:
-        f.write("1000")
     limits = req["limits"]
     cpu_s = max(1, int(limits["time_ms"] / 1000) + 1)
     resource.setrlimit(resource.RLIMIT_CPU, (cpu_s, cpu_s + 1))
     resource.setrlimit(resource.RLIMIT_FSIZE, (limits["file_bytes"], limits["file_bytes"]))
-    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
     mem = limits["memory_bytes"]
     if mem:
-        base = vm_size_bytes() if req.get("in_process") else 0
+        base = ZYGOTE_VM_BYTES if in_process else 0
         resource.setrlimit(resource.RLIMIT_AS, (base + mem, base + mem))
     os.setgroups([])
     os.setresgid(CALL_GID, CALL_GID, CALL_GID)
     os.setresuid(CALL_UID, CALL_UID, CALL_UID)
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
     os.chdir(scratch)
-    for s in (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGINT, signal.SIGTERM, signal.SIGCHLD):
-        signal.signal(s, signal.SIG_DFL)
 
 
-def run_python_here(path, env):
-    """Run a script in this (forked, warm) interpreter like `python3 path`."""
+def zygote_setup():
+    """What every call inherits from the zygote, set once: no_new_privs (a
+    setuid program in the image cannot give the call user privileges), the
+    OOM killer's first choice, no core dumps, SIGPIPE and SIGXFSZ at their
+    defaults (Python ignores them, and exec would keep them ignored)."""
+    global ZYGOTE_VM_BYTES
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    with open("/proc/self/oom_score_adj", "w") as f:
+        f.write("1000")
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
+    ZYGOTE_VM_BYTES = vm_size_bytes()
     os.environ.clear()
-    os.environ.update(env)
-    sys.stdin = io.TextIOWrapper(io.FileIO(0, "r", closefd=False), encoding="utf-8", errors="surrogateescape")
-    sys.stdout = io.TextIOWrapper(io.FileIO(1, "w", closefd=False), encoding="utf-8", errors="surrogateescape", write_through=False)
-    sys.stderr = io.TextIOWrapper(io.FileIO(2, "w", closefd=False), encoding="utf-8", errors="backslashreplace", write_through=True)
+    os.environ.update(BASE_ENV)
+
+
+# The zygote's address space: a Python call may grow this much beyond it.
+ZYGOTE_VM_BYTES = 0
+
+
+def run_python_here(path, extra_env):
+    """Run a script in this (forked, warm) interpreter like `python3 path`.
+    The zygote's environment is already the calls' base environment, and
+    its sys.stdin/stdout/stderr already wrap fds 0-2 (now the call's
+    memfds, and never used by the zygote), so both are kept as they are."""
+    if extra_env:
+        os.environ.update(extra_env)
     sys.argv = [path]
     # As `python3 path` would: the script's directory first on the path.
     sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
@@ -281,21 +296,52 @@ def kill_all_of_call_user():
         os.setresuid(0, 0, 0)
 
 
-def kill_call_processes():
+def kill_call_processes(keep):
     """SIGKILL every process of the call user. Returns once none is left
-    among our children (orphans are reparented to us: we are a subreaper)."""
+    (orphans are reparented to us, a subreaper, and reaped here); `keep` is
+    our child that is not the call's (the zygote)."""
     kill_all_of_call_user()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
+        if not call_processes_left():
+            reap_orphans(keep)
+            return True
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return True
+        if pid == keep:
+            raise SystemExit("the zygote died")
         if pid == 0:
             # Something still runs (or is dying): send again, wait a little.
             kill_all_of_call_user()
             time.sleep(0.001)
     return False
+
+
+def call_processes_left():
+    """Whether a process of the call user still exists (in our namespace)."""
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                if os.stat("/proc/" + p).st_uid == CALL_UID:
+                    return True
+            except OSError:
+                pass
+    return False
+
+
+def reap_orphans(keep):
+    """Reap the calls' orphans that have ended (never the zygote)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        if pid == keep:
+            raise SystemExit("the zygote died")
 
 
 def remove_owned(dirs):
@@ -343,78 +389,29 @@ def remove_ipc():
                 fn(ident, IPC_RMID, None)
 
 
-def wait_with_deadline(pid, timeout_s):
-    """Wait for pid; returns (status, rusage, timed_out)."""
-    pidfd = os.pidfd_open(pid)
-    try:
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        timed_out = not poller.poll(max(0, int(timeout_s * 1000)))
-    finally:
-        os.close(pidfd)
-    if timed_out:
-        kill_all_of_call_user()
-    _, status, ru = os.wait4(pid, 0)
-    return status, ru, timed_out
+# Every call's working directory (one call at a time per runner).
+SCRATCH = BASE + "/call"
+# The environment of every call, before the request's own variables.
+BASE_ENV = {
+    "PATH": "/usr/local/bin:/usr/bin:/bin",
+    "HOME": SCRATCH,
+    "TMPDIR": SCRATCH,
+    "LANG": "C.UTF-8",
+    "PYTHONDONTWRITEBYTECODE": "1",
+}
 
 
-def run_step(req, scratch, argv, in_process_path=None):
-    """Fork the call process and run argv (or the Python script) in scratch.
-    Returns the step's result dict."""
-    limits = req["limits"]
-    out_limit = limits["output_bytes"]
-    stdin = base64.b64decode(req.get("stdin") or "")
-    fds = (memfd("stdin", stdin), memfd("stdout"), memfd("stderr"))
-    env = {
-        "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": scratch,
-        "TMPDIR": scratch,
-        "LANG": "C.UTF-8",
-        "PYTHONDONTWRITEBYTECODE": "1",
-        "PYTHONUNBUFFERED": "0",
-    }
-    env.update(req.get("env") or {})
-    # Output past the limit: one byte beyond it proves the overflow.
-    step = dict(req, limits=dict(limits, file_bytes=max(limits.get("file_bytes", 0), out_limit + 1)))
-    step["in_process"] = in_process_path is not None
-    t0 = time.monotonic()
-    pid = os.fork()
-    if pid == 0:
-        try:
-            become_call_process(step, scratch, fds)
-            if in_process_path is not None:
-                run_python_here(in_process_path, env)
-            os.execve(argv[0], argv, env)
-        except BaseException as e:  # noqa: BLE001 - the child must exit
-            try:
-                os.write(2, ("dsec: cannot start the program: %s\n" % e).encode())
-            except OSError:
-                pass
-        os._exit(127)
-    try:
-        status, ru, timed_out = wait_with_deadline(pid, limits["time_ms"] / 1000.0)
-    finally:
-        os.close(fds[0])
-    wall_ms = (time.monotonic() - t0) * 1000
-    stdout, out_over = read_memfd(fds[1], out_limit)
-    stderr, err_over = read_memfd(fds[2], out_limit)
-    os.close(fds[1])
-    os.close(fds[2])
+def outcome(status, utime, stime, maxrss, timed_out, t0):
     exit_code = os.waitstatus_to_exitcode(status)
     sig = -exit_code if exit_code < 0 else None
-    cpu_ms = (ru.ru_utime + ru.ru_stime) * 1000
-    if sig == signal.SIGXCPU:
-        timed_out = True
     return {
         "exit_code": exit_code if exit_code >= 0 else None,
         "signal": sig,
-        "timed_out": timed_out,
-        "wall_ms": wall_ms,
-        "cpu_ms": cpu_ms,
-        "peak_memory_kb": ru.ru_maxrss,
-        "stdout": base64.b64encode(stdout).decode(),
-        "stderr": base64.b64encode(stderr).decode(),
-        "output_exceeded": out_over or err_over or sig == signal.SIGXFSZ,
+        "timed_out": timed_out or sig == signal.SIGXCPU,
+        "wall_ms": (time.monotonic() - t0) * 1000,
+        "cpu_ms": (utime + stime) * 1000,
+        "peak_memory_kb": maxrss,
+        "output_exceeded": sig == signal.SIGXFSZ,
     }
 
 
@@ -427,37 +424,29 @@ def write_files(scratch, files):
         os.makedirs(os.path.dirname(path), exist_ok=True)
         with open(path, "wb") as f:
             f.write(base64.b64decode(content or ""))
-    for top, dirs, names in os.walk(scratch):
-        for n in dirs + names:
-            os.lchown(os.path.join(top, n), CALL_UID, CALL_GID)
+    if files:
+        for top, dirs, names in os.walk(scratch):
+            for n in dirs + names:
+                os.lchown(os.path.join(top, n), CALL_UID, CALL_GID)
 
 
-def fetch_files(scratch, names):
-    out = {}
-    budget = MAX_FETCH_BYTES
-    for name in names or []:
-        rel = safe_rel(name)
-        if rel is None:
-            continue
-        path = os.path.join(scratch, rel)
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-        except OSError:
-            continue
-        try:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_size > budget:
-                continue
-            data = os.read(fd, st.st_size)
-            budget -= len(data)
-            out[name] = base64.b64encode(data).decode()
-        finally:
+def open_beneath(scratch, rel):
+    """Open scratch/rel for reading without following any symlink on the
+    way (the call user controls everything under scratch)."""
+    parts = rel.split("/")
+    fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    try:
+        for p in parts[:-1]:
+            nfd = os.open(p, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
             os.close(fd)
-    return out
+            fd = nfd
+        return os.open(parts[-1], os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK, dir_fd=fd)
+    finally:
+        os.close(fd)
 
 
-def prepare_scratch(serial):
-    scratch = "%s/call-%d" % (BASE, serial)
+def prepare_scratch():
+    scratch = SCRATCH
     shutil.rmtree(scratch, ignore_errors=True)
     os.mkdir(scratch, 0o700)
     os.chown(scratch, CALL_UID, CALL_GID)
@@ -477,89 +466,59 @@ def install_program(data):
     return path
 
 
-def handle(req, serial, sweep):
-    op = req.get("op")
-    if op == "ping":
-        return {"ok": True}
-    if op == "install":
-        install_program(base64.b64decode(req["binary"]))
-        return {"ok": True}
-    lang = req.get("language")
-    spec = LANGS.get(lang)
-    if spec is None:
-        return {"error": "unsupported language %r" % lang}
-    scratch = prepare_scratch(serial)
+def send_part(fd, count):
+    """Copies count bytes of fd (from offset 0) to our stdout in the kernel."""
+    offset = 0
+    while offset < count:
+        n = os.sendfile(1, fd, offset, count - offset)
+        if n == 0:
+            break
+        offset += n
+    if offset < count:
+        # The file shrank under us (only fetched files can): pad, keeping
+        # the frame's announced length.
+        os.write(1, b"\0" * (count - offset))
+
+
+def read_report(rep):
+    """The zygote's line about one worker: pid, wait status, user and
+    system seconds, peak RSS (KiB)."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        b = os.read(rep, 64)
+        if not b:
+            raise SystemExit("the zygote is gone")
+        line += b
+    f = line.split()
+    return int(f[0]), int(f[1]), float(f[2]), float(f[3]), int(f[4])
+
+
+def worker_main(cmd_fd):
+    """Forked ahead of its call. Receives what to run and the call's stdio,
+    drops every privilege and becomes the call: a Python call runs in this
+    already warm interpreter, other programs are exec'd."""
+    msg, fds, _, _ = socket.recv_fds(socket.socket(fileno=cmd_fd), 1 << 20, 3)
+    if not msg:
+        os._exit(3)
     try:
-        write_files(scratch, req.get("files"))
-        if op == "compile":
-            with open(os.path.join(scratch, spec["file"]), "wb") as f:
-                f.write(req.get("code", "").encode())
-            os.lchown(os.path.join(scratch, spec["file"]), CALL_UID, CALL_GID)
-            argv = list(spec["compile"])
-            argv[0] = which(argv[0]) or argv[0]
-            result = run_step(req, scratch, argv)
-            binary = None
-            prog = os.path.join(scratch, "prog")
-            if result["exit_code"] == 0 and os.path.isfile(prog) and not os.path.islink(prog):
-                with open(prog, "rb") as f:
-                    data = f.read()
-                install_program(data)
-                if len(data) <= req.get("max_binary_bytes", 0):
-                    binary = base64.b64encode(data).decode()
-            result["binary"] = binary
-            return result
-        if op != "run":
-            return {"error": "unknown op %r" % op}
-        if "compile" in spec:
-            argv = [PROG_DIR + "/prog"]
-            if not os.path.exists(argv[0]):
-                return {"error": "no compiled program installed"}
-            result = run_step(req, scratch, argv)
-        else:
-            path = os.path.join(scratch, spec["file"])
-            with open(path, "wb") as f:
-                f.write(req.get("code", "").encode())
-            os.lchown(path, CALL_UID, CALL_GID)
-            if lang == "python":
-                result = run_step(req, scratch, None, in_process_path=path)
-            else:
-                argv = list(spec["argv"])
-                argv[0] = which("bash") or argv[0]
-                result = run_step(req, scratch, argv)
-        result["files"] = fetch_files(scratch, req.get("fetch_files"))
-        return result
-    finally:
-        clean = kill_call_processes()
-        remove_owned(sweep)
-        remove_ipc()
-        shutil.rmtree(scratch, ignore_errors=True)
-        if not clean:
-            # A process of the call survived SIGKILL for 5 s (stuck in the
-            # kernel): say so, the edge retires this runner.
-            UNCLEAN.append(True)
+        w = json.loads(msg)
+        become_call_process(w, w["scratch"], fds, w.get("python") is not None)
+        if w.get("python") is not None:
+            run_python_here(w["python"], w["env"])
+        os.execve(w["argv"][0], w["argv"], dict(BASE_ENV, **w["env"]))
+    except BaseException as e:  # noqa: BLE001 - the call must exit
+        try:
+            os.write(2, ("dsec: cannot start the program: %s\n" % e).encode())
+        except OSError:
+            pass
+    os._exit(127)
 
 
-def handler_main(serial, sweep):
-    prctl(PR_SET_CHILD_SUBREAPER, 1)
-    req = None
-    try:
-        line = read_request(0)
-        if line is None:
-            os._exit(3)
-        req = json.loads(line)
-        resp = handle(req, serial, sweep)
-    except Exception as e:  # noqa: BLE001 - answer, never die silently
-        resp = {"error": "%s: %s" % (type(e).__name__, e)}
-    resp["id"] = req.get("id") if isinstance(req, dict) else None
-    if UNCLEAN:
-        resp["unclean"] = True
-    write_line(resp)
-    os._exit(0)
-
-
-def main():
-    os.makedirs(BASE, mode=0o711, exist_ok=True)
-    os.chmod(BASE, 0o711)
+def zygote_main(ctl, rep, cmd_fd):
+    """The warm interpreter. Per call it forks one worker and reports its
+    end; it does as little as possible in between, because every page it
+    writes after a fork is copied (the worker shares them all). It never
+    sees a call's code, input or output."""
     preload = [m for m in os.environ.get("DSEC_FNCALL_PRELOAD", "").split(",") if m]
     loaded = []
     for m in preload:
@@ -568,34 +527,196 @@ def main():
             loaded.append(m)
         except Exception:  # noqa: BLE001 - a missing library is reported, not fatal
             pass
-    sweep = writable_dirs()
     # Everything allocated so far is shared by every fork: keep the
     # collector from walking (and so copying) those pages in each call.
     gc.collect()
     gc.freeze()
-    prctl(PR_SET_CHILD_SUBREAPER, 1)
-    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
-    write_line({"ready": True, "languages": available_langs(), "preloaded": loaded, "sweep": sweep})
-    serial = 0
-    while True:
-        serial += 1
-        # Fork the next handler now, while the edge is still reading the
-        # previous answer: the fork is off the next call's critical path.
+    zygote_setup()
+    os.write(rep, (json.dumps(loaded) + "\n").encode())
+    read, fork, wait4, write = os.read, os.fork, os.wait4, os.write
+    while read(ctl, 1):
+        pid = fork()
+        if pid == 0:
+            os.close(ctl)
+            os.close(rep)
+            worker_main(cmd_fd)
+        _, status, ru = wait4(pid, 0)
+        write(rep, b"%d %d %.6f %.6f %d\n" % (pid, status, ru.ru_utime, ru.ru_stime, ru.ru_maxrss))
+    os._exit(0)
+
+
+class Monitor:
+    """The process the edge started. It reads the requests, prepares each
+    call, has the zygote's pre-forked worker run it, watches it, answers
+    and cleans up. It holds calls' data, but never forks after starting the
+    zygote, so no call ever inherits its memory (and its own work copies no
+    shared pages)."""
+
+    def __init__(self):
+        os.makedirs(BASE, mode=0o711, exist_ok=True)
+        os.chmod(BASE, 0o711)
+        self.sweep = writable_dirs()
+        cmd_r, cmd_w = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ctl_r, ctl_w = os.pipe()
+        rep_r, rep_w = os.pipe()
+        # Orphans of calls are reparented to us, and reaped here.
+        prctl(PR_SET_CHILD_SUBREAPER, 1)
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
         pid = os.fork()
         if pid == 0:
-            handler_main(serial, sweep)
+            cmd_w.close()
+            os.close(ctl_w)
+            os.close(rep_r)
+            # The zygote must not outlive the monitor.
+            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+            zygote_main(ctl_r, rep_w, cmd_r.detach())
+        cmd_r.close()
+        os.close(ctl_r)
+        os.close(rep_w)
+        self.zygote, self.cmd, self.ctl, self.rep = pid, cmd_w, ctl_w, rep_r
+        line = bytearray()
+        while not line.endswith(b"\n"):
+            b = os.read(rep_r, 65536)
+            if not b:
+                raise SystemExit("the zygote did not start")
+            line += b
+        self.loaded = json.loads(line)
+        self.worker_ready = False
+
+    def prefork(self):
+        if not self.worker_ready:
+            os.write(self.ctl, b"g")
+            self.worker_ready = True
+
+    def run_in_worker(self, req, scratch, argv, python, stdin, limits):
+        """Runs one step in the pre-forked worker; returns (result, stdout fd,
+        stderr fd) with the outputs left in their memfds."""
+        fds = (memfd("stdin", stdin), memfd("stdout"), memfd("stderr"))
+        # Output past the limit: one byte beyond it proves the overflow.
+        limits = dict(limits, file_bytes=max(limits.get("file_bytes", 0), limits["output_bytes"] + 1))
+        w = {"scratch": scratch, "argv": argv, "python": python, "env": req.get("env") or {}, "limits": limits}
+        self.prefork()
+        t0 = time.monotonic()
+        socket.send_fds(self.cmd, [json.dumps(w).encode()], list(fds))
+        self.worker_ready = False
+        os.close(fds[0])
+        timed_out = not select.select([self.rep], [], [], limits["time_ms"] / 1000.0)[0]
+        if timed_out:
+            kill_all_of_call_user()
+        _, status, utime, stime, maxrss = read_report(self.rep)
+        result = outcome(status, utime, stime, maxrss, timed_out, t0)
+        clean = kill_call_processes(self.zygote)
+        if not clean:
+            result["unclean"] = True
+        return result, fds[1], fds[2]
+
+    def handle(self, req):
+        """Serves one request; returns the answer and its raw parts."""
+        op = req.get("op")
+        if op == "ping":
+            return {"ok": True}, []
+        if op == "install":
+            install_program(base64.b64decode(req["binary"]))
+            return {"ok": True}, []
+        lang = req.get("language")
+        spec = LANGS.get(lang)
+        if spec is None:
+            return {"error": "unsupported language %r" % lang}, []
+        if op not in ("run", "compile"):
+            return {"error": "unknown op %r" % op}, []
+        scratch = prepare_scratch()
+        try:
+            write_files(scratch, req.get("files"))
+            python, argv = None, None
+            if op == "compile" or "compile" not in spec:
+                src = os.path.join(scratch, spec["file"])
+                with open(src, "wb") as f:
+                    f.write(req.get("code", "").encode())
+                os.lchown(src, CALL_UID, CALL_GID)
+            if op == "compile":
+                argv = list(spec["compile"])
+                argv[0] = which(argv[0]) or argv[0]
+            elif "compile" in spec:
+                argv = [PROG_DIR + "/prog"]
+                if not os.path.exists(argv[0]):
+                    return {"error": "no compiled program installed"}, []
+            elif lang == "python":
+                python = src
+            else:
+                argv = [which("bash") or "/bin/bash", spec["file"]]
+            stdin = base64.b64decode(req.get("stdin") or "")
+            result, out_fd, err_fd = self.run_in_worker(req, scratch, argv, python, stdin, req["limits"])
+            parts, raw = [], []
+            limit = req["limits"]["output_bytes"]
+            for name, fd in (("stdout", out_fd), ("stderr", err_fd)):
+                size = os.fstat(fd).st_size
+                if size > limit:
+                    result["output_exceeded"] = True
+                parts.append((fd, min(size, limit)))
+                raw.append([name, min(size, limit)])
+            if op == "compile":
+                prog = os.path.join(scratch, "prog")
+                result["binary"] = None
+                if result["exit_code"] == 0 and os.path.isfile(prog) and not os.path.islink(prog):
+                    with open(prog, "rb") as f:
+                        data = f.read()
+                    install_program(data)
+                    if len(data) <= req.get("max_binary_bytes", 0):
+                        result["binary"] = base64.b64encode(data).decode()
+            else:
+                budget = MAX_FETCH_BYTES
+                for name in req.get("fetch_files") or []:
+                    rel = safe_rel(name)
+                    if rel is None:
+                        continue
+                    try:
+                        fd = open_beneath(scratch, rel)
+                    except OSError:
+                        continue
+                    st = os.fstat(fd)
+                    if not stat.S_ISREG(st.st_mode) or st.st_size > budget:
+                        os.close(fd)
+                        continue
+                    budget -= st.st_size
+                    parts.append((fd, st.st_size))
+                    raw.append(["file:" + name, st.st_size])
+            result["raw"] = raw
+            return result, parts
+        finally:
+            remove_owned(self.sweep)
+            remove_ipc()
+            shutil.rmtree(scratch, ignore_errors=True)
+
+    def serve(self):
+        write_line({"ready": True, "languages": available_langs(), "preloaded": self.loaded, "sweep": self.sweep})
         while True:
+            # The next call's worker is forked while we wait for its request.
+            self.prefork()
             try:
-                wpid, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-            if wpid == pid:
-                break
-        if os.waitstatus_to_exitcode(status) == 3:
-            return  # stdin closed: the edge is done with this runner
-        if os.waitstatus_to_exitcode(status) != 0:
-            write_line({"error": "handler died with status %d" % status, "fatal": True})
+                line = read_request(0)
+            except ValueError as e:
+                write_line({"error": str(e), "fatal": True})
+                return
+            if line is None:
+                return  # stdin closed: the edge is done with this runner
+            req = None
+            parts = []
+            try:
+                req = json.loads(line)
+                resp, parts = self.handle(req)
+            except SystemExit:
+                raise
+            except Exception as e:  # noqa: BLE001 - answer, never die silently
+                resp = {"error": "%s: %s" % (type(e).__name__, e)}
+                for fd, _ in parts:
+                    os.close(fd)
+                parts = []
+            resp["id"] = req.get("id") if isinstance(req, dict) else None
+            write_line(resp)
+            for fd, n in parts:
+                send_part(fd, n)
+                os.close(fd)
 
 
 if __name__ == "__main__":
-    main()
+    Monitor().serve()

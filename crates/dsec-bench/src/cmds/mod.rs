@@ -3,6 +3,7 @@
 pub mod churn;
 pub mod density;
 pub mod exec;
+pub mod fncall_baseline;
 pub mod latency;
 pub mod throughput;
 

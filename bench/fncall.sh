@@ -1,0 +1,96 @@
+#!/usr/bin/env bash
+# FnCall benchmarks (issue 5), dsec side by side with a subprocess-per-call
+# baseline (`dsec-bench fncall-baseline`: a fresh interpreter, or compiler
+# and binary, per call in a temporary directory, the way SandboxFusion runs
+# code; Debian's /usr/bin/python3, the judge image's interpreter; no isolation
+# at all, which only flatters it), in the same run:
+#   1. a short Python snippet at 1, 8, 64 and 256 concurrent clients (wrk):
+#      calls/s, p50, p99
+#   2. a C++ online-judge submission with 10 test cases: submissions/s with
+#      the compile cache warm (the same source every time) and cold (every
+#      request's source differs by a comment)
+#   3. the Python SDK: DSecClient.fncall from one asyncio process
+# Usage: bench/fncall.sh [SECONDS per wrk run] (default 10; ~6 min)
+source "$(dirname "$0")/lib.sh"
+SECS=${1:-10}
+bench_init fncall
+bench_build
+BASELINE_PID=""
+trap 'rc=$?; [ -n "$BASELINE_PID" ] && kill "$BASELINE_PID" 2>/dev/null; (exit $rc); bench_cleanup' EXIT
+
+# Pools fixed at their size for the run (no growth in the middle of a
+# measurement): 8 Python runners, 4 C++ runners.
+bench_start_dsec --fncall-pools python=8:8,cpp=4:4 --cpu-overcommit 64
+"$BENCH" fncall-baseline --listen 127.0.0.1:0 --python /usr/bin/python3 >"$WORK/baseline.log" 2>&1 &
+BASELINE_PID=$!
+BASELINE=""
+for _ in $(seq 1 100); do
+    BASELINE=$(sed -n 's/^baseline is up at \(http:[^ ]*\).*/\1/p' "$WORK/baseline.log" | head -1)
+    [ -n "$BASELINE" ] && break
+    sleep 0.1
+done
+[ -n "$BASELINE" ] || { cat "$WORK/baseline.log" >&2; exit 1; }
+bench_log "baseline at $BASELINE (pid $BASELINE_PID)"
+
+printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
+"$PY" - "$WORK/cpp.json" "$WORK/cpp_nonce.json" <<'PYEOF'
+import json, sys
+src = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n"
+cases = [{"stdin": f"{i} {i * 7}\n", "expected_output": f"{i * 8}\n"} for i in range(10)]
+json.dump({"language": "cpp", "code": src, "test_cases": cases}, open(sys.argv[1], "w"))
+json.dump({"language": "cpp", "code": src + "// @NONCE@\n", "test_cases": cases}, open(sys.argv[2], "w"))
+PYEOF
+
+# Sanity: both answer correctly before anything is timed.
+check() { # URL BODY
+    local out
+    out=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" -H 'Content-Type: application/json' \
+        --data-binary @"$2" "$1/v1/fncall")
+    printf '%s' "$out" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); assert d["status"] == "ok", d' \
+        || { echo "bad answer from $1: $out" >&2; exit 1; }
+}
+for target in "$DSEC_ENDPOINT" "$BASELINE"; do check "$target" "$WORK/py.json"; check "$target" "$WORK/cpp.json"; done
+# Pools are warm once their runners have started.
+for _ in $(seq 1 100); do
+    ready=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" "$DSEC_ENDPOINT/v1/fncall/pools" |
+        "$PY" -c 'import json,sys; p={x["language"]: x for x in json.load(sys.stdin)["pools"]}; print(p["python"]["idle"] == 8 and p["cpp"]["idle"] == 4)')
+    [ "$ready" = True ] && break
+    sleep 0.2
+done
+
+wrk_run() { # NAME TARGET URL BODY CONNS [nonce]
+    local name=$1 target=$2 url=$3 body=$4 conns=$5 nonce=${6:-}
+    local threads=2 out j
+    [ "$conns" -lt 2 ] && threads=1
+    out=$(DSEC_BENCH_BODY=$body DSEC_BENCH_NONCE=$nonce wrk -t"$threads" -c"$conns" -d"${SECS}s" --timeout 30s \
+        -s "$BENCH_DIR/fncall.lua" "$url" 2>&1)
+    j=$(printf '%s\n' "$out" | sed -n 's/^WRKJSON //p')
+    [ -n "$j" ] || { printf '%s\n' "$out" >&2; return 1; }
+    printf '{"name": "%s", "target": "%s", "connections": %s, "wrk": %s}' "$name" "$target" "$conns" "$j"
+}
+
+{
+    echo '{"benchmark": "fncall", "seconds": '"$SECS"', "nproc": '"$(nproc)"', "runs": ['
+    first=1
+    for conns in 1 8 64 256; do
+        for t in dsec baseline; do
+            url=$DSEC_ENDPOINT; [ "$t" = baseline ] && url=$BASELINE
+            bench_log "python snippet, $t, $conns clients"
+            [ $first = 1 ] || echo ","; first=0
+            wrk_run "python snippet" "$t" "$url" "$WORK/py.json" "$conns"
+        done
+    done
+    for t in dsec baseline; do
+        url=$DSEC_ENDPOINT; [ "$t" = baseline ] && url=$BASELINE
+        bench_log "C++ judge, 10 cases, $t, warm compile cache"
+        echo ","; wrk_run "cpp judge 10 cases, cache warm" "$t" "$url" "$WORK/cpp.json" 8
+        bench_log "C++ judge, 10 cases, $t, every source new"
+        echo ","; wrk_run "cpp judge 10 cases, cache cold" "$t" "$url" "$WORK/cpp_nonce.json" 8 1
+    done
+    echo ']}'
+} >"$RESULTS/fncall.json"
+
+bench_log "Python SDK"
+"$PY" "$BENCH_DIR/sdk_fncall.py" "$RESULTS/fncall_sdk.json" 3000 64
+
+"$PY" "$BENCH_DIR/fncall_summary.py" "$RESULTS"

@@ -1,0 +1,40 @@
+#!/usr/bin/env python3
+"""The FnCall benchmark's tables (issue 5) from bench/results/fncall*.json.
+
+Usage: python3 bench/fncall_summary.py [RESULTS_DIR]
+"""
+
+import json
+import os
+import sys
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RES = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "results")
+d = json.load(open(os.path.join(RES, "fncall.json")))
+runs = {(r["name"], r["target"], r["connections"]): r["wrk"] for r in d["runs"]}
+
+
+def rate(w):
+    return w["requests"] / (w["duration_us"] / 1e6)
+
+
+print("| benchmark | clients | dsec calls/s | dsec p50 / p99 | baseline calls/s | baseline p50 / p99 | dsec / baseline | errors (dsec, baseline) |")
+print("|---|---|---|---|---|---|---|---|")
+names = []
+for (name, _, conns) in runs:
+    if (name, conns) not in names:
+        names.append((name, conns))
+for name, conns in names:
+    a, b = runs.get((name, "dsec", conns)), runs.get((name, "baseline", conns))
+    if not a or not b:
+        continue
+    err = lambda w: w["errors_status"] + w["errors_socket"]
+    print(f"| {name} | {conns} | {rate(a):,.0f} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} ms | {rate(b):,.1f} | "
+          f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms | {rate(a) / rate(b):.1f}x | {err(a)}, {err(b)} |")
+p = os.path.join(RES, "fncall_sdk.json")
+if os.path.exists(p):
+    s = json.load(open(p))
+    print()
+    print(f"Python SDK, one asyncio process: {s['calls_per_s']:,.0f} calls/s at {s['concurrency']} concurrent calls "
+          f"(p50 {s['p50_ms']:.1f} ms, p99 {s['p99_ms']:.1f} ms); one call at a time: p50 "
+          f"{s['sequential_p50_ms']:.2f} ms, p99 {s['sequential_p99_ms']:.2f} ms.")
