@@ -2,6 +2,7 @@
 
 mod cluster;
 mod connect;
+mod fncall_cmd;
 mod image_cmd;
 mod sandbox_cmd;
 mod shell;
@@ -32,6 +33,8 @@ enum Cmd {
     Ps(sandbox_cmd::PsArgs),
     /// Run a command in a sandbox.
     Exec(sandbox_cmd::ExecArgs),
+    /// Run code once on a warm FnCall runner, or judge it against test cases.
+    Fncall(fncall_cmd::FnCallArgs),
     /// Open an interactive terminal in a sandbox.
     Shell(shell::ShellArgs),
     /// Stop sandboxes (their records stay for inspection).
@@ -75,6 +78,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Run(a) => sandbox_cmd::run(a).await,
             Cmd::Ps(a) => sandbox_cmd::ps(a).await,
             Cmd::Exec(a) => sandbox_cmd::exec(a).await,
+            Cmd::Fncall(a) => fncall_cmd::run(a).await,
             Cmd::Shell(a) => shell::run(a).await,
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,

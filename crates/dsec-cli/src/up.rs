@@ -68,6 +68,9 @@ pub struct EdgeArgs {
     /// FnCall runner pools: LANG=MIN:MAX, comma-separated.
     #[arg(long, default_value = "python=2:8,bash=1:4,c=0:4,cpp=1:4")]
     pub fncall_pools: String,
+    /// FnCall calls waiting for a runner, per language; one more gets 429.
+    #[arg(long, default_value_t = 4096)]
+    pub fncall_queue_limit: usize,
     /// The image FnCall runners start from.
     #[arg(long, default_value = "judge")]
     pub fncall_image: String,
@@ -167,6 +170,7 @@ impl EdgeArgs {
             let mut cfg = FnCallConfig::for_node(dsec_edge::host_resources().0);
             cfg.image = self.fncall_image.clone();
             cfg.pools = pools;
+            cfg.queue_limit = self.fncall_queue_limit;
             if let Some(p) = &self.fncall_preload {
                 cfg.preload = p.split(',').map(str::trim).filter(|m| !m.is_empty()).map(String::from).collect();
             }

@@ -297,6 +297,14 @@ fn error_paths() {
     cmd.env_remove("DSEC_TOKEN").env("DSEC_TOKEN_FILE", p.data_dir().join("admin-token"));
     assert_eq!(run_bounded(cmd, CLI_TIMEOUT).ok().trim(), "[]");
 
+    // FnCall: an unknown language, and runners that cannot start (this
+    // store has no `judge` image) are clear errors, not hangs.
+    p.dsec(&["fncall", "-l", "cobol", "--code", "x"]).fails_with("unsupported_language");
+    let out = p.dsec(&["fncall", "-l", "python", "--code", "print(1)"]);
+    out.fails_with("runner_failed");
+    out.fails_with("judge");
+    assert!(ps_json(&p, &["-a"]).is_empty(), "a runner that failed to start left a record");
+
     // Nothing listens there: a clear failure naming the endpoint.
     let dead = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();

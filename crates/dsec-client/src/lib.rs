@@ -130,6 +130,10 @@ impl Client {
         self.json(Method::POST, &format!("/v1/sandboxes/{id}/exec"), Some(req)).await
     }
 
+    pub async fn fncall(&self, req: &api::FnCallRequest) -> Result<api::FnCallResponse, ClientError> {
+        self.json(Method::POST, "/v1/fncall", Some(req)).await
+    }
+
     pub async fn images(&self) -> Result<api::ImageList, ClientError> {
         self.json::<(), _>(Method::GET, "/v1/images", None).await
     }

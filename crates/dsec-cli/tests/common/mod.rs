@@ -235,7 +235,10 @@ impl Platform {
             .arg(self.data_dir())
             .arg("--images-dir")
             .arg(self.images_dir())
-            .args(["--listen", "127.0.0.1:0", "--node", &self.node]);
+            .args(["--listen", "127.0.0.1:0", "--node", &self.node])
+            // No FnCall runner kept warm: tests count the node's sandboxes.
+            // A call still starts one on demand.
+            .args(["--fncall-pools", "python=0:2,cpp=0:1"]);
         if stop_sandboxes_on_exit {
             cmd.arg("--stop-sandboxes-on-exit");
         }

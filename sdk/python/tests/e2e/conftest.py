@@ -128,6 +128,12 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     """Start ``dsec up`` once for the whole e2e session."""
+    yield from serve_dsec([])
+
+
+def serve_dsec(extra_args: list[str]) -> Iterator[Server]:
+    """Run a ``dsec up`` of its own (node, port, data dir) until the
+    generator is closed; ``extra_args`` go to its command line."""
     binary = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         pytest.fail(f"the dsec server binary {binary} is missing or not executable: build it "
@@ -147,7 +153,7 @@ def server() -> Iterator[Server]:
            # Small enough that test_bad_input can exceed it cheaply.
            "--max-upload-mb", str(MAX_UPLOAD_MB),
            # Room for test_scale's thousand small sandboxes.
-           "--max-sandboxes", "4096"]
+           "--max-sandboxes", "4096", *extra_args]
     images_dir = os.environ.get("DSEC_TEST_IMAGES_DIR")
     if images_dir:
         cmd += ["--images-dir", images_dir]

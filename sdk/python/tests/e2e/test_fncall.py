@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
+import subprocess
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 import dsec
 from dsec import DSecClient, TestCase
 
-from .conftest import Server, Tenant
+from .conftest import Server, Tenant, serve_dsec
 
 pytestmark = pytest.mark.e2e
 
@@ -248,3 +252,61 @@ def test_sandboxfusion_client_unchanged(server: Server, tenant: Tenant) -> None:
     assert status == 404 and "sandboxfusion" in body["error"]["message"], body
     status, body = _post(f"{server.url}/sandboxfusion/{tenant.token}/run_code", {"code": "1", "language": "cobol"})
     assert status == 400 and body["error"]["code"] == "unsupported_language"
+
+
+@pytest.fixture(scope="module")
+def one_runner_server() -> Iterator[Server]:
+    """A server with one Python runner and room for two waiting calls."""
+    yield from serve_dsec(["--fncall-pools", "python=1:1", "--fncall-queue-limit", "2"])
+
+
+async def test_a_full_queue_is_429_and_sandboxfusion_504(one_runner_server: Server) -> None:
+    srv = one_runner_server
+    async with DSecClient(srv.url, srv.admin_token) as c:
+        for _ in range(300):  # the pool's one runner is warm before the burst
+            if (await c.fncall_pools())[0]["idle"] == 1:
+                break
+            await asyncio.sleep(0.1)
+        slow = [c.fncall("python", "import time; time.sleep(1.5); print('done')") for _ in range(8)]
+        results = await asyncio.gather(*slow, return_exceptions=True)
+        done = [r for r in results if isinstance(r, dsec.FnCallResult)]
+        full = [r for r in results if isinstance(r, dsec.errors.DSecError)]
+        # One runs, two wait, the rest are turned away at once.
+        assert len(done) == 3 and all(r.stdout == "done\n" for r in done), results
+        assert len(full) == 5 and all(e.code == "queue_full" and e.status == 429 for e in full), full
+        assert all(e.retry_after is not None and e.retry_after >= 1 for e in full)
+        assert max(r.queued_ms for r in done) > 2000, "the last one waited for two calls"
+        # The SandboxFusion door answers overload with 504 (what verl retries).
+        busy = [asyncio.create_task(c.fncall("python", "import time; time.sleep(1.5)")) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        loop = asyncio.get_running_loop()
+        sf = loop.run_in_executor(None, _post, f"{srv.url}/sandboxfusion/{srv.admin_token}/run_code",
+                                  {"code": "print(1)", "language": "python"})
+        await asyncio.sleep(0.3)
+        status, body = await sf
+        await asyncio.gather(*busy, return_exceptions=True)
+        assert status == 504, body
+        pools = {p["language"]: p for p in await c.fncall_pools()}
+        assert pools["python"]["runners"] == 1 and pools["python"]["queued"] == 0
+
+
+def test_cli_fncall(server: Server, tenant: Tenant, tmp_path) -> None:
+    binary = os.environ.get("DSEC_BIN") or str(Path(__file__).resolve().parents[4] / "target" / "release" / "dsec")
+    env = dict(os.environ, DSEC_ENDPOINT=server.url, DSEC_TOKEN=tenant.token)
+    out = subprocess.run([binary, "fncall", "-l", "python", "--code", "print(input() * 3)", "--stdin", "ab"],
+                         env=env, capture_output=True, text=True, timeout=60)
+    assert (out.returncode, out.stdout) == (0, "ababab\n"), out
+    src = tmp_path / "add.cpp"
+    src.write_text(ADD_CPP)
+    (tmp_path / "1.in").write_text("1 2")
+    (tmp_path / "1.out").write_text("3")
+    (tmp_path / "2.out").write_text("4")
+    ok = subprocess.run([binary, "fncall", "-l", "cpp", str(src), "--case", f"{tmp_path}/1.in:{tmp_path}/1.out"],
+                        env=env, capture_output=True, text=True, timeout=120)
+    assert ok.returncode == 0 and "verdict: AC" in ok.stdout, ok
+    wa = subprocess.run([binary, "fncall", "-l", "cpp", str(src), "--case", f"{tmp_path}/1.in:{tmp_path}/2.out"],
+                        env=env, capture_output=True, text=True, timeout=120)
+    assert wa.returncode == 1 and "verdict: WA" in wa.stdout, wa
+    fail = subprocess.run([binary, "fncall", "-l", "python", "--code", "import sys; sys.exit(4)"],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert fail.returncode == 4, fail
