@@ -71,6 +71,10 @@ pub struct EdgeArgs {
     /// FnCall calls waiting for a runner, per language; one more gets 429.
     #[arg(long, default_value_t = 4096)]
     pub fncall_queue_limit: usize,
+    /// Seconds a runner above its pool's minimum may stay idle before it is
+    /// stopped.
+    #[arg(long, default_value_t = 60)]
+    pub fncall_idle_s: u64,
     /// The image FnCall runners start from.
     #[arg(long, default_value = "judge")]
     pub fncall_image: String,
@@ -171,6 +175,7 @@ impl EdgeArgs {
             cfg.image = self.fncall_image.clone();
             cfg.pools = pools;
             cfg.queue_limit = self.fncall_queue_limit;
+            cfg.shrink_after = Duration::from_secs(self.fncall_idle_s);
             if let Some(p) = &self.fncall_preload {
                 cfg.preload = p.split(',').map(str::trim).filter(|m| !m.is_empty()).map(String::from).collect();
             }

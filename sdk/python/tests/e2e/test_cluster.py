@@ -83,7 +83,8 @@ def cluster() -> Iterator[Cluster]:
                 p = subprocess.Popen(
                     [str(binary), "edge", "--data-dir", str(root / name), "--images-dir", images,
                      "--node", name, "--listen", f"127.0.0.1:{port}",
-                     "--cluster-secret-file", str(secret), "--stop-sandboxes-on-exit"],
+                     "--cluster-secret-file", str(secret), "--stop-sandboxes-on-exit",
+                     "--fncall-pools", "python=1:2"],
                     stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                     start_new_session=True)
             proc = Proc(p, log)
@@ -157,6 +158,18 @@ async def test_requests_route_to_the_owning_edge(cluster: Cluster) -> None:
                 await o.get(sb.id)
         await asyncio.gather(*(s.delete() for s in sandboxes))
         assert await c.list(labels={"suite": "cluster"}) == []
+
+
+async def test_fncall_through_the_apiserver(cluster: Cluster) -> None:
+    tenant = _create_tenant(cluster.api, "cl-fn")
+    async with DSecClient(cluster.api.url, tenant.token) as c:
+        results = [await c.fncall("python", "print(6 * 7)") for _ in range(6)]
+        assert all(r.ok and r.stdout == "42\n" for r in results), results
+        assert {r.runner.split(".")[0] for r in results} == set(cluster.edges), "calls go to every edge in turn"
+        batch = await c.fncall_batch([dict(language="python", code=f"print({i})") for i in range(5)])
+        assert [r.stdout for r in batch] == [f"{i}\n" for i in range(5)]  # type: ignore[union-attr]
+        pools = await c.fncall_pools()
+        assert len([p for p in pools if p["language"] == "python"]) == 2, pools
 
 
 async def test_a_node_that_goes_away_is_unavailable_and_skipped(cluster: Cluster) -> None:

@@ -310,3 +310,28 @@ def test_cli_fncall(server: Server, tenant: Tenant, tmp_path) -> None:
     fail = subprocess.run([binary, "fncall", "-l", "python", "--code", "import sys; sys.exit(4)"],
                           env=env, capture_output=True, text=True, timeout=60)
     assert fail.returncode == 4, fail
+
+
+@pytest.fixture(scope="module")
+def elastic_server() -> Iterator[Server]:
+    """A server whose Python pool starts empty and gives runners back fast."""
+    yield from serve_dsec(["--fncall-pools", "python=0:3", "--fncall-idle-s", "1"])
+
+
+async def test_pools_grow_with_load_and_shrink_when_idle(elastic_server: Server) -> None:
+    srv = elastic_server
+    async with DSecClient(srv.url, srv.admin_token) as c:
+        pool = (await c.fncall_pools())[0]
+        assert (pool["runners"], pool["min_runners"], pool["max_runners"]) == (0, 0, 3), pool
+        first = await c.fncall("python", "print('cold')")
+        assert first.ok and first.stdout == "cold\n"
+        burst = await asyncio.gather(*(c.fncall("python", "import time; time.sleep(0.5)") for _ in range(6)))
+        assert all(r.ok for r in burst)
+        assert len({r.runner for r in burst}) >= 2, "six slow calls at once grew the pool"
+        deadline = asyncio.get_running_loop().time() + 20
+        while (await c.fncall_pools())[0]["runners"] > 0:
+            assert asyncio.get_running_loop().time() < deadline, await c.fncall_pools()
+            await asyncio.sleep(0.5)
+        assert await c.list(labels={"dsec.fncall": "python"}) == [], "idle runners were removed"
+        again = await c.fncall("python", "print('again')")
+        assert again.ok and again.stdout == "again\n"
