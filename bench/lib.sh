@@ -20,6 +20,8 @@ RESULTS=${DSEC_BENCH_RESULTS:-$BENCH_DIR/results}
 DSEC=$REPO/target/release/dsec
 BENCH=$REPO/target/release/dsec-bench
 PY=${PYTHON:-python3}
+# The wrk scripts load their shared done() from here.
+export DSEC_BENCH_LUA_DIR=$BENCH_DIR
 # The scripts' Python parts use this checkout's SDK, whatever is installed.
 export PYTHONPATH=$REPO/sdk/python${PYTHONPATH:+:$PYTHONPATH}
 
