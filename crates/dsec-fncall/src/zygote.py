@@ -31,6 +31,7 @@ import base64
 import ctypes
 import gc
 import json
+import marshal
 import os
 import resource
 import select
@@ -227,11 +228,13 @@ def zygote_setup():
 ZYGOTE_VM_BYTES = 0
 
 
-def run_python_here(path, extra_env):
+def run_python_here(path, extra_env, compiled):
     """Run a script in this (forked, warm) interpreter like `python3 path`.
     The zygote's environment is already the calls' base environment, and
     its sys.stdin/stdout/stderr already wrap fds 0-2 (now the call's
-    memfds, and never used by the zygote), so both are kept as they are."""
+    memfds, and never used by the zygote), so both are kept as they are.
+    `compiled` is the monitor's marshalled code object (compiling there,
+    in a process that never forks, saves this one the copied pages)."""
     if extra_env:
         os.environ.update(extra_env)
     sys.argv = [path]
@@ -245,9 +248,12 @@ def run_python_here(path, extra_env):
     sys.modules["__main__"] = main
     code = 0
     try:
-        with open(path, "rb") as f:
-            src = f.read()
-        exec(compile(src, path, "exec"), main.__dict__)
+        if compiled:
+            code_obj = marshal.loads(compiled)
+        else:
+            with open(path, "rb") as f:
+                code_obj = compile(f.read(), path, "exec", dont_inherit=True)
+        exec(code_obj, main.__dict__)
     except SystemExit as e:
         if e.code is None:
             code = 0
@@ -480,6 +486,26 @@ def send_part(fd, count):
         os.write(1, b"\0" * (count - offset))
 
 
+# Largest message to a worker; code whose marshalled form is bigger is
+# compiled by the worker itself from the file.
+MAX_WORKER_MSG = 128 << 10
+
+
+def compile_here(path):
+    """The call's code object, marshalled for the worker ("" if too big).
+    Raises SyntaxError (and ValueError for NUL bytes, as SyntaxError)."""
+    with open(path, "rb") as f:
+        src = f.read()
+    try:
+        code_obj = compile(src, path, "exec", dont_inherit=True)
+    except ValueError as e:
+        raise SyntaxError(str(e)) from None
+    except (RecursionError, MemoryError, OverflowError):
+        return b""  # let the worker fail the same way, within its limits
+    data = marshal.dumps(code_obj)
+    return data if len(data) < MAX_WORKER_MSG - 4096 else b""
+
+
 def read_report(rep):
     """The zygote's line about one worker: pid, wait status, user and
     system seconds, peak RSS (KiB)."""
@@ -497,14 +523,15 @@ def worker_main(cmd_fd):
     """Forked ahead of its call. Receives what to run and the call's stdio,
     drops every privilege and becomes the call: a Python call runs in this
     already warm interpreter, other programs are exec'd."""
-    msg, fds, _, _ = socket.recv_fds(socket.socket(fileno=cmd_fd), 1 << 20, 3)
+    msg, fds, _, _ = socket.recv_fds(socket.socket(fileno=cmd_fd), MAX_WORKER_MSG, 3)
     if not msg:
         os._exit(3)
     try:
-        w = json.loads(msg)
+        header, _, compiled = msg.partition(b"\0")
+        w = json.loads(header)
         become_call_process(w, w["scratch"], fds, w.get("python") is not None)
         if w.get("python") is not None:
-            run_python_here(w["python"], w["env"])
+            run_python_here(w["python"], w["env"], compiled)
         os.execve(w["argv"][0], w["argv"], dict(BASE_ENV, **w["env"]))
     except BaseException as e:  # noqa: BLE001 - the call must exit
         try:
@@ -591,13 +618,22 @@ class Monitor:
     def run_in_worker(self, req, scratch, argv, python, stdin, limits):
         """Runs one step in the pre-forked worker; returns (result, stdout fd,
         stderr fd) with the outputs left in their memfds."""
+        compiled = b""
+        if python is not None:
+            try:
+                compiled = compile_here(python)
+            except SyntaxError as e:
+                # What `python3 main.py` prints and returns; no worker needed.
+                err = "".join(traceback.format_exception_only(type(e), e)).encode()
+                result = outcome(256, 0.0, 0.0, 0, False, time.monotonic())
+                return result, memfd("stdout"), memfd("stderr", err)
         fds = (memfd("stdin", stdin), memfd("stdout"), memfd("stderr"))
         # Output past the limit: one byte beyond it proves the overflow.
         limits = dict(limits, file_bytes=max(limits.get("file_bytes", 0), limits["output_bytes"] + 1))
         w = {"scratch": scratch, "argv": argv, "python": python, "env": req.get("env") or {}, "limits": limits}
         self.prefork()
         t0 = time.monotonic()
-        socket.send_fds(self.cmd, [json.dumps(w).encode()], list(fds))
+        socket.send_fds(self.cmd, [json.dumps(w).encode(), b"\0", compiled], list(fds))
         self.worker_ready = False
         os.close(fds[0])
         timed_out = not select.select([self.rep], [], [], limits["time_ms"] / 1000.0)[0]

@@ -40,6 +40,9 @@ async def test_python_snippet_stdin_and_errors(client: DSecClient) -> None:
     assert r.status == "runtime_error" and r.stdout == "out\n" and r.exit_code == 1
     assert r.stderr.startswith("Traceback") and "ZeroDivisionError" in r.stderr
     assert "zygote" not in r.stderr, "the runner's own frames stay out of tracebacks"
+    r = await call(client, "x = (1,\nprint(x")
+    assert (r.status, r.exit_code) == ("runtime_error", 1) and "SyntaxError" in r.stderr, r
+    assert 'main.py", line 2' in r.stderr and r.stdout == ""
     r = await call(client, "import sys; sys.exit(3)")
     assert (r.status, r.exit_code) == ("runtime_error", 3)
     r = await call(client, "echo $((6 * 7)); echo err >&2", language="bash")
