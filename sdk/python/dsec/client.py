@@ -3,12 +3,13 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping
+import json
+from collections.abc import AsyncIterator, Mapping
 from types import TracebackType
 
 from ._http import Transport, resolve_endpoint, resolve_token
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
-from .results import Health, ImageInfo, SandboxInfo, TenantInfo
+from .results import Health, ImageInfo, JobActionResult, SandboxEvent, SandboxInfo, TenantInfo
 from .sandbox import Sandbox
 
 __all__ = ["DSecClient"]
@@ -146,6 +147,37 @@ class DSecClient:
         first call reveals whether the sandbox exists)."""
         return Sandbox(self, SandboxInfo(id=sandbox_id))
 
+    # --- jobs ------------------------------------------------------------------
+
+    async def pause_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
+        """Pause every live sandbox of ``job`` on every node, in parallel.
+
+        Idempotent: sandboxes already paused count as ``unchanged`` (pausing a
+        paused job succeeds with ``changed == 0``). Raises
+        :class:`JobNotFound` if no sandbox of the job is visible. Sandboxes
+        that could not be paused are listed in ``failed``.
+        """
+        return await self._job_action(job, "pause", timeout)
+
+    async def resume_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
+        """Resume every paused sandbox of ``job`` (stopped ones count as
+        ``ended``). Needless if requests follow: any request to a paused
+        sandbox resumes it first."""
+        return await self._job_action(job, "resume", timeout)
+
+    async def _job_action(self, job: str, verb: str, timeout: float | None) -> JobActionResult:
+        d = await self._transport.request(
+            "POST", self._transport.url(f"/v1/jobs/{Transport.quote(job)}/{verb}"),
+            timeout=self._transport.timeout_for(timeout))
+        return JobActionResult.from_json(d)
+
+    async def job_events(self, job: str) -> AsyncIterator[SandboxEvent]:
+        """The state of every sandbox of ``job``, then each change, as they
+        happen (on every node), until the caller stops iterating."""
+        url = self._transport.url(f"/v1/jobs/{Transport.quote(job)}/events")
+        async for e in _event_lines(self._transport, url):
+            yield e
+
     # --- platform ----------------------------------------------------------------
 
     async def health(self) -> Health:
@@ -173,3 +205,12 @@ class DSecClient:
         """All tenants (admin token only)."""
         d = await self._transport.request("GET", self._transport.url("/v1/tenants"))
         return [TenantInfo.from_json(t) for t in d.get("tenants", ())]
+
+
+async def _event_lines(transport: Transport, url: object) -> AsyncIterator[SandboxEvent]:
+    """Parse an NDJSON event stream."""
+    async with transport.stream("GET", url) as resp:  # type: ignore[arg-type]
+        async for raw in resp.content:
+            line = raw.strip()
+            if line:
+                yield SandboxEvent.from_json(json.loads(line))

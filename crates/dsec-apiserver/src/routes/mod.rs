@@ -1,4 +1,7 @@
 pub mod admin;
+pub mod events;
 pub mod files;
+pub mod jobs;
+pub mod pause;
 pub mod sandboxes;
 pub mod stream;
