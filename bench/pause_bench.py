@@ -118,6 +118,7 @@ async def burst(a: argparse.Namespace) -> dict:
                                 disk_limit_mb=8, job=f"burst-{uuid.uuid4().hex[:6]}")
     lat: list[float] = []
     errors: Counter[str] = Counter()
+    samples: dict[str, str] = {}
     async with DSecClient(max_connections=a.n + 16, timeout=900) as c:
         async def one():  # noqa: ANN202
             t = time.perf_counter()
@@ -125,6 +126,7 @@ async def burst(a: argparse.Namespace) -> dict:
                 sb = await c.run_container(args, timeout=900)
             except DSecError as e:
                 errors[e.code or type(e).__name__] += 1
+                samples.setdefault(e.code or type(e).__name__, str(e)[:300])
                 return None
             lat.append((time.perf_counter() - t) * 1000)
             return sb
@@ -134,7 +136,7 @@ async def burst(a: argparse.Namespace) -> dict:
         await asyncio.gather(*(sb.delete() for sb in sbs if sb), return_exceptions=True)
     lat.sort()
     return {"bench": "burst", "label": a.label, "n": a.n, "completion_s": round(total, 2),
-            "created": len(lat), "errors": dict(errors),
+            "created": len(lat), "errors": dict(errors), "error_samples": samples,
             "latency_ms": {"p50": med(lat), "p99": round(lat[int(0.99 * (len(lat) - 1))], 1) if lat else None,
                            "max": round(lat[-1], 1) if lat else None}}
 

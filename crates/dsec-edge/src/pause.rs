@@ -93,7 +93,7 @@ impl Edge {
         let name = id.to_string();
         let done = tokio::task::spawn_blocking(move || {
             cgroups.freeze(&name, timeout)?;
-            cgroups.push_out(&name, limit, timeout)
+            cgroups.push_out(&name, limit, push_budget(timeout))
         })
         .await
         .map_err(|e| EdgeError::Internal(format!("pause task failed: {e}")))
@@ -205,6 +205,16 @@ impl Edge {
         };
         self.save(&rec);
         rec
+    }
+}
+
+/// Time a push-out may take: none beyond one pass when the host has no
+/// swap (only page cache can go then, and it goes in that pass).
+pub(crate) fn push_budget(timeout: Duration) -> Duration {
+    if crate::swap::host_has_swap() {
+        timeout
+    } else {
+        Duration::ZERO
     }
 }
 

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 
 use crate::edge::{lock, Edge, Entry};
+use crate::pause::push_budget;
 use crate::model::{now_ms, Caller, SandboxRecord, State};
 
 impl Edge {
@@ -100,7 +101,7 @@ impl Edge {
         let kept = tokio::task::spawn_blocking(move || -> Result<u64, crate::cgroup::CgroupError> {
             cgroups.freeze(&name, timeout)?;
             if finish_push {
-                return Ok(cgroups.push_out(&name, limit, timeout)?.freed_bytes());
+                return Ok(cgroups.push_out(&name, limit, push_budget(timeout))?.freed_bytes());
             }
             cgroups.restore_memory_limit(&name, limit)?;
             Ok(0)

@@ -60,6 +60,12 @@ pub fn is_active(path: &Path) -> bool {
     text.lines().skip(1).filter_map(|l| l.split_whitespace().next()).any(|p| Path::new(p) == want)
 }
 
+/// Whether the host has any swap area (ours or the operator's). Without
+/// one, pushing anonymous memory out cannot work and is not attempted.
+pub fn host_has_swap() -> bool {
+    std::fs::read_to_string("/proc/swaps").map(|t| t.lines().count() > 1).unwrap_or(false)
+}
+
 impl NodeSwap {
     /// Creates and turns on the swap file, or adopts it if already active.
     pub fn enable(cfg: &SwapConfig) -> Result<NodeSwap, SwapError> {

@@ -173,10 +173,11 @@ impl V1Cgroups {
         let dir = self.memory_dir(name);
         let usage = || read_u64(&dir.join("memory.usage_in_bytes")).unwrap_or(0);
         write_file(&dir.join("memory.swappiness"), "100")?;
-        let mut squeezed = Ok(());
+        let mut squeezed;
         let mut last = usage();
         let mut progress_at = std::time::Instant::now();
-        while std::time::Instant::now() < deadline {
+        // At least one attempt (it drops page cache even without swap).
+        loop {
             squeezed = write_file(&dir.join("memory.limit_in_bytes"), &super::SQUEEZE_BYTES.to_string());
             let busy = matches!(&squeezed, Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(libc::EBUSY));
             if !busy {
@@ -190,7 +191,7 @@ impl V1Cgroups {
             }
             // No MiB gained: pages may still be on their way to swap (they
             // are freed once written). Wait for them, but not forever.
-            if progress_at.elapsed() >= SQUEEZE_PATIENCE {
+            if progress_at.elapsed() >= SQUEEZE_PATIENCE || std::time::Instant::now() >= deadline {
                 break;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
