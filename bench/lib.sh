@@ -138,6 +138,14 @@ bench_cleanup() {
         bench_stop_dsec >/dev/null
     fi
     bench_reap_node
+    # Host swap never outlives a benchmark: a dsec that was killed leaves its
+    # swap file on.
+    if [ -n "$WORK" ]; then
+        local s
+        for s in $(awk 'NR > 1 {print $1}' /proc/swaps); do
+            case "$s" in "$WORK"/*) swapoff "$s" && rm -f "$s" ;; esac
+        done
+    fi
     # crun containers left by a generator that died (normally it deletes its own).
     if [ -n "$WORK" ] && [ -d "$WORK/crun/state" ]; then
         local id

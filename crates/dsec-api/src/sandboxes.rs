@@ -82,8 +82,16 @@ pub struct CreateSandboxRequest {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
 pub enum SandboxState {
+    /// Waiting in the node's creation queue (see `queue_position`).
+    Queued,
     Creating,
     Running,
+    /// Being frozen and having its memory pushed out of RAM.
+    Pausing,
+    /// Frozen, memory out of RAM; any request resumes it first.
+    Paused,
+    /// Being thawed.
+    Resuming,
     Stopping,
     Stopped,
     Failed,
@@ -94,8 +102,12 @@ pub enum SandboxState {
 impl SandboxState {
     pub fn as_str(self) -> &'static str {
         match self {
+            SandboxState::Queued => "queued",
             SandboxState::Creating => "creating",
             SandboxState::Running => "running",
+            SandboxState::Pausing => "pausing",
+            SandboxState::Paused => "paused",
+            SandboxState::Resuming => "resuming",
             SandboxState::Stopping => "stopping",
             SandboxState::Stopped => "stopped",
             SandboxState::Failed => "failed",
@@ -105,8 +117,12 @@ impl SandboxState {
 
     pub fn parse(s: &str) -> Option<Self> {
         Some(match s {
+            "queued" => SandboxState::Queued,
             "creating" => SandboxState::Creating,
             "running" => SandboxState::Running,
+            "pausing" => SandboxState::Pausing,
+            "paused" => SandboxState::Paused,
+            "resuming" => SandboxState::Resuming,
             "stopping" => SandboxState::Stopping,
             "stopped" => SandboxState::Stopped,
             "failed" => SandboxState::Failed,
@@ -153,10 +169,93 @@ pub struct Sandbox {
     pub stopped_at: Option<String>,
     /// Milliseconds from the create request to a running sandbox.
     pub create_ms: Option<f64>,
+    /// While `queued`: creations the node serves before this one (0 = next).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u64>,
+    /// While paused: when the pause began (RFC 3339).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub paused_at: Option<String>,
+    /// Resident memory the last pause pushed out of RAM.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub memory_freed_bytes: Option<u64>,
 }
 
 /// `GET /v1/sandboxes`.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
+}
+
+/// `POST /v1/sandboxes/{id}/pause`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct PauseResult {
+    pub sandbox: Sandbox,
+    /// False if the sandbox was already paused (pause is idempotent).
+    pub changed: bool,
+    /// The sandbox's memory charge before and after the push-out.
+    pub memory_before_bytes: u64,
+    pub memory_after_bytes: u64,
+    pub memory_freed_bytes: u64,
+    pub duration_ms: f64,
+}
+
+/// `POST /v1/sandboxes/{id}/resume`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct ResumeResult {
+    pub sandbox: Sandbox,
+    /// False if the sandbox was already running.
+    pub changed: bool,
+    pub duration_ms: f64,
+}
+
+/// `POST /v1/sandboxes/{id}/timeout`: extend (or shorten) a sandbox's
+/// lease. Absent fields stay as they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SetTimeoutRequest {
+    /// New idle TTL in seconds (0 disables the idle timeout).
+    #[serde(default)]
+    pub ttl_running_stop: Option<u64>,
+    /// The sandbox ends this many seconds from now, whatever its activity
+    /// (bounded by the node's maximum lifetime, counted from creation).
+    #[serde(default)]
+    pub lifetime_s: Option<u64>,
+}
+
+/// One sandbox a job-wide action could not change.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobFailure {
+    /// The sandbox id (or `node:<name>` for a node that cannot be reached).
+    pub id: String,
+    pub code: crate::ErrorCode,
+    pub message: String,
+}
+
+/// `POST /v1/jobs/{job}/pause` and `/resume`. Idempotent: sandboxes already
+/// in the asked-for state count as `unchanged`, stopped ones as `ended`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct JobActionResult {
+    pub job: String,
+    /// Sandboxes of the job this token sees, on every node.
+    pub matched: u64,
+    pub changed: u64,
+    pub unchanged: u64,
+    pub ended: u64,
+    pub memory_freed_bytes: u64,
+    pub failed: Vec<JobFailure>,
+    pub duration_ms: f64,
+}
+
+/// One line of an event stream (`GET /v1/sandboxes/{id}/events`,
+/// `GET /v1/jobs/{job}/events`): newline-delimited JSON.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct SandboxEvent {
+    pub id: String,
+    pub job: Option<String>,
+    pub state: SandboxState,
+    pub state_reason: Option<String>,
+    /// RFC 3339.
+    pub at: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub queue_position: Option<u64>,
 }

@@ -57,8 +57,12 @@ pub fn create_request(r: api::CreateSandboxRequest) -> SandboxRequest {
 
 pub fn state_out(s: State) -> api::SandboxState {
     match s {
+        State::Queued => api::SandboxState::Queued,
         State::Creating => api::SandboxState::Creating,
         State::Running => api::SandboxState::Running,
+        State::Pausing => api::SandboxState::Pausing,
+        State::Paused => api::SandboxState::Paused,
+        State::Resuming => api::SandboxState::Resuming,
         State::Stopping => api::SandboxState::Stopping,
         State::Stopped => api::SandboxState::Stopped,
         State::Failed => api::SandboxState::Failed,
@@ -67,8 +71,12 @@ pub fn state_out(s: State) -> api::SandboxState {
 
 pub fn state_in(s: &str) -> Result<State, ApiError> {
     Ok(match s {
+        "queued" => State::Queued,
         "creating" => State::Creating,
         "running" => State::Running,
+        "pausing" => State::Pausing,
+        "paused" => State::Paused,
+        "resuming" => State::Resuming,
         "stopping" => State::Stopping,
         "stopped" => State::Stopped,
         "failed" => State::Failed,
@@ -124,6 +132,20 @@ pub fn sandbox_out(r: SandboxRecord) -> api::Sandbox {
         last_active_at: rfc3339(r.last_active_ms),
         stopped_at: r.stopped_at_ms.map(rfc3339),
         create_ms: r.create_ms,
+        queue_position: r.queue_position,
+        paused_at: r.paused_at_ms.map(rfc3339),
+        memory_freed_bytes: r.memory_freed_bytes,
+    }
+}
+
+pub fn event_out(e: dsec_edge::SandboxEvent) -> api::SandboxEvent {
+    api::SandboxEvent {
+        id: e.id,
+        job: e.job,
+        state: state_out(e.state),
+        state_reason: e.reason,
+        at: rfc3339(e.at_ms),
+        queue_position: e.queue_position,
     }
 }
 

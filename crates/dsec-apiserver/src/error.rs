@@ -39,7 +39,7 @@ impl From<EdgeError> for ApiError {
             tracing::error!(error = %e, "internal error");
         }
         let mut err = ApiError::new(code, e.to_string());
-        if code == ErrorCode::NoCapacity {
+        if matches!(code, ErrorCode::NoCapacity | ErrorCode::CreationQueueFull) {
             err.retry_after = Some(1);
         }
         err

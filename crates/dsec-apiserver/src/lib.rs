@@ -26,7 +26,7 @@ pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, files, fncall, sandboxes, stream};
+use crate::routes::{admin, events, files, fncall, jobs, pause, sandboxes, stream};
 
 pub fn openapi_json() -> String {
     openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
@@ -44,6 +44,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::delete))
         .route("/v1/sandboxes/{id}/stop", post(sandboxes::stop))
+        .route("/v1/sandboxes/{id}/pause", post(pause::pause))
+        .route("/v1/sandboxes/{id}/resume", post(pause::resume))
+        .route("/v1/sandboxes/{id}/timeout", post(pause::set_timeout))
+        .route("/v1/sandboxes/{id}/events", get(events::sandbox))
+        .route("/v1/jobs/{job}/pause", post(jobs::pause))
+        .route("/v1/jobs/{job}/resume", post(jobs::resume))
+        .route("/v1/jobs/{job}/events", get(events::job))
         .route("/v1/sandboxes/{id}/exec", post(sandboxes::exec))
         .route("/v1/sandboxes/{id}/exec/stream", get(stream::exec_stream))
         .route("/v1/sandboxes/{id}/pty", get(stream::pty))

@@ -9,7 +9,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use dsec_api::{self as api, ErrorCode, NodeStatus};
-use dsec_edge::{ids, Caller, Edge, ListFilter};
+use dsec_edge::{ids, Caller, Edge, JobAction, ListFilter};
 use dsec_placement::{Demand, NodeView, Placement};
 
 use crate::convert;
@@ -156,7 +156,7 @@ impl Nodes {
             };
             match self.create_on(&node, caller, &req).await {
                 Ok(sb) => return Ok(sb),
-                Err(e) if matches!(e.code, ErrorCode::NoCapacity | ErrorCode::EdgeUnavailable) => {
+                Err(e) if matches!(e.code, ErrorCode::NoCapacity | ErrorCode::EdgeUnavailable | ErrorCode::CreationQueueFull) => {
                     tracing::debug!(%node, reason = %e.message, "node refused placement");
                     self.placement.forget(&node);
                     refused.push(node);
@@ -190,6 +190,49 @@ impl Nodes {
         }
         all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
         all
+    }
+
+    /// Pauses or resumes a job's sandboxes on every node at once, and sums
+    /// up. A node that has none of them is not an error; one that cannot be
+    /// reached is reported in `failed` as `node:<name>`.
+    pub async fn job_action(&self, caller: &Caller, job: &str, action: JobAction) -> api::JobActionResult {
+        let mut total = api::JobActionResult {
+            job: job.to_string(),
+            matched: 0,
+            changed: 0,
+            unchanged: 0,
+            ended: 0,
+            memory_freed_bytes: 0,
+            failed: vec![],
+            duration_ms: 0.0,
+        };
+        let locals = futures_util::future::join_all(self.local_edges().map(|e| e.job_action(caller, job, action)));
+        let remotes: Vec<_> = self.remotes().cloned().collect();
+        let remote_answers = futures_util::future::join_all(remotes.iter().map(|r| r.job_action(caller, job, action)));
+        let (locals, remote_answers) = tokio::join!(locals, remote_answers);
+        for o in locals {
+            total.matched += o.matched;
+            total.changed += o.changed;
+            total.unchanged += o.unchanged;
+            total.ended += o.ended;
+            total.memory_freed_bytes += o.memory_freed_bytes;
+            total.failed.extend(o.failed.into_iter().map(|(id, e)| api::JobFailure { id, code: e.code(), message: e.to_string() }));
+        }
+        for (r, answer) in remotes.iter().zip(remote_answers) {
+            match answer {
+                Ok(o) => {
+                    total.matched += o.matched;
+                    total.changed += o.changed;
+                    total.unchanged += o.unchanged;
+                    total.ended += o.ended;
+                    total.memory_freed_bytes += o.memory_freed_bytes;
+                    total.failed.extend(o.failed);
+                }
+                Err(e) if e.code == ErrorCode::JobNotFound => {}
+                Err(e) => total.failed.push(api::JobFailure { id: format!("node:{}", r.name), code: e.code, message: e.message }),
+            }
+        }
+        total
     }
 
     /// Polls every remote node forever (the watcher). Holds no state beyond

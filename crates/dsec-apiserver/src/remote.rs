@@ -138,6 +138,35 @@ impl RemoteNode {
         self.json(caller, axum::http::Method::GET, "/v1/fncall/pools", None).await
     }
 
+    pub async fn job_action(&self, caller: &Caller, job: &str, action: dsec_edge::JobAction) -> Result<api::JobActionResult, ApiError> {
+        let verb = match action {
+            dsec_edge::JobAction::Pause => "pause",
+            dsec_edge::JobAction::Resume => "resume",
+        };
+        let path = format!("/v1/jobs/{}/{verb}", crate::extract::path_segment(job));
+        self.json(caller, axum::http::Method::POST, &path, None).await
+    }
+
+    /// Opens a streaming GET (event streams) and returns its body.
+    pub async fn stream(&self, caller: &Caller, path_and_query: &str) -> Result<hyper::body::Incoming, ApiError> {
+        let mut req = Request::builder()
+            .method(axum::http::Method::GET)
+            .uri(format!("{}{path_and_query}", self.url))
+            .body(Body::empty())
+            .map_err(|e| ApiError::invalid(e.to_string()))?;
+        self.sign(req.headers_mut(), caller)?;
+        let resp = self.http.request(req).await.map_err(|e| self.unreachable(e))?;
+        if !resp.status().is_success() {
+            let status = resp.status();
+            let bytes: Bytes = resp.into_body().collect().await.map_err(|e| self.unreachable(e))?.to_bytes();
+            return Err(match serde_json::from_slice::<api::ErrorBody>(&bytes) {
+                Ok(e) => ApiError::new(e.error.code, e.error.message),
+                Err(_) => ApiError::new(ErrorCode::Internal, format!("node {} answered HTTP {status}", self.name)),
+            });
+        }
+        Ok(resp.into_body())
+    }
+
     pub async fn images(&self, caller: &Caller) -> Result<api::ImageList, ApiError> {
         self.json(caller, axum::http::Method::GET, "/v1/images", None).await
     }

@@ -41,6 +41,13 @@ enum Cmd {
     Stop(sandbox_cmd::IdsArgs),
     /// Stop and remove sandboxes.
     Rm(sandbox_cmd::IdsArgs),
+    /// Pause sandboxes: freeze them and push their memory out of RAM.
+    Pause(sandbox_cmd::IdsArgs),
+    /// Resume paused sandboxes.
+    Resume(sandbox_cmd::IdsArgs),
+    /// Act on every sandbox of a training job.
+    #[command(subcommand)]
+    Job(sandbox_cmd::JobCmd),
     /// Build, list and remove images.
     #[command(subcommand)]
     Image(image_cmd::ImageCmd),
@@ -82,6 +89,9 @@ fn main() -> std::process::ExitCode {
             Cmd::Shell(a) => shell::run(a).await,
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
+            Cmd::Pause(a) => sandbox_cmd::pause(a).await,
+            Cmd::Resume(a) => sandbox_cmd::resume(a).await,
+            Cmd::Job(c) => sandbox_cmd::job(c).await,
             Cmd::Image(c) => image_cmd::run(c).await,
             Cmd::Openapi => {
                 println!("{}", dsec_apiserver::openapi_json());

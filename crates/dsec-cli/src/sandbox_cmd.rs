@@ -1,4 +1,4 @@
-//! run, ps, exec, stop, rm.
+//! run, ps, exec, stop, rm, pause, resume, job pause|resume.
 
 use std::collections::BTreeMap;
 use std::io::Write;
@@ -30,6 +30,9 @@ pub struct RunArgs {
     /// Labels as key=value.
     #[arg(long = "label", value_parser = parse_kv)]
     pub labels: Vec<(String, String)>,
+    /// The training job the sandbox belongs to (for `dsec job pause|resume`).
+    #[arg(long)]
+    pub job: Option<String>,
     /// Keep the sandbox after CMD finishes.
     #[arg(long)]
     pub keep: bool,
@@ -62,7 +65,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         env: BTreeMap::new(),
         workdir: None,
         labels: a.labels.into_iter().collect(),
-        job: None,
+        job: a.job,
     };
     let sb = client.create(&req).await?;
     if a.cmd.is_empty() {
@@ -92,7 +95,8 @@ fn print_result(r: api::ExecResponse) -> u8 {
 
 #[derive(Args, Debug)]
 pub struct PsArgs {
-    /// Include stopped and failed sandboxes.
+    /// Include stopped and failed sandboxes (default: live ones, paused
+    /// and queued included).
     #[arg(short, long)]
     pub all: bool,
     #[arg(long = "label", value_parser = parse_kv)]
@@ -107,11 +111,11 @@ pub struct PsArgs {
 pub async fn ps(a: PsArgs) -> anyhow::Result<u8> {
     let client = a.conn.client()?;
     let labels: Vec<String> = a.labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
-    let mut q: Vec<(&str, &str)> = labels.iter().map(|l| ("label", l.as_str())).collect();
+    let q: Vec<(&str, &str)> = labels.iter().map(|l| ("label", l.as_str())).collect();
+    let mut list = client.list(&q).await?;
     if !a.all {
-        q.push(("state", "running"));
+        list.sandboxes.retain(|s| !s.state.is_terminal());
     }
-    let list = client.list(&q).await?;
     if a.json {
         println!("{}", serde_json::to_string_pretty(&list.sandboxes)?);
         return Ok(0);
@@ -163,12 +167,17 @@ pub struct IdsArgs {
     pub conn: ConnectArgs,
 }
 
-pub async fn stop(a: IdsArgs) -> anyhow::Result<u8> {
+/// Runs `op` on each id, printing its line or its error; exit 1 if any failed.
+async fn each_id<F, Fut>(a: IdsArgs, op: F) -> anyhow::Result<u8>
+where
+    F: Fn(dsec_client::Client, String) -> Fut,
+    Fut: std::future::Future<Output = Result<String, dsec_client::ClientError>>,
+{
     let client = a.conn.client()?;
     let mut failed = 0u8;
-    for id in &a.ids {
-        match client.stop(id).await {
-            Ok(s) => println!("{} {}", s.id, s.state.as_str()),
+    for id in a.ids {
+        match op(client.clone(), id.clone()).await {
+            Ok(line) => println!("{line}"),
             Err(e) => {
                 eprintln!("{id}: {e}");
                 failed = 1;
@@ -178,17 +187,74 @@ pub async fn stop(a: IdsArgs) -> anyhow::Result<u8> {
     Ok(failed)
 }
 
+pub async fn stop(a: IdsArgs) -> anyhow::Result<u8> {
+    each_id(a, |c, id| async move { c.stop(&id).await.map(|s| format!("{} {}", s.id, s.state.as_str())) }).await
+}
+
 pub async fn rm(a: IdsArgs) -> anyhow::Result<u8> {
-    let client = a.conn.client()?;
-    let mut failed = 0u8;
-    for id in &a.ids {
-        match client.delete(id).await {
-            Ok(()) => println!("{id}"),
-            Err(e) => {
-                eprintln!("{id}: {e}");
-                failed = 1;
-            }
-        }
+    each_id(a, |c, id| async move { c.delete(&id).await.map(|()| id) }).await
+}
+
+pub async fn pause(a: IdsArgs) -> anyhow::Result<u8> {
+    each_id(a, |c, id| async move {
+        c.pause(&id).await.map(|p| {
+            format!(
+                "{} {} freed {:.1} MiB in {:.1} ms{}",
+                p.sandbox.id,
+                p.sandbox.state.as_str(),
+                p.memory_freed_bytes as f64 / (1u64 << 20) as f64,
+                p.duration_ms,
+                if p.changed { "" } else { " (already paused)" }
+            )
+        })
+    })
+    .await
+}
+
+pub async fn resume(a: IdsArgs) -> anyhow::Result<u8> {
+    each_id(a, |c, id| async move {
+        c.resume(&id).await.map(|r| {
+            let note = if r.changed { "" } else { " (already running)" };
+            format!("{} {} in {:.1} ms{note}", r.sandbox.id, r.sandbox.state.as_str(), r.duration_ms)
+        })
+    })
+    .await
+}
+
+#[derive(clap::Subcommand, Debug)]
+pub enum JobCmd {
+    /// Pause every sandbox of a job.
+    Pause(JobArgs),
+    /// Resume every sandbox of a job.
+    Resume(JobArgs),
+}
+
+#[derive(Args, Debug)]
+pub struct JobArgs {
+    pub job: String,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+pub async fn job(cmd: JobCmd) -> anyhow::Result<u8> {
+    let (a, verb) = match cmd {
+        JobCmd::Pause(a) => (a, "pause"),
+        JobCmd::Resume(a) => (a, "resume"),
+    };
+    let r = a.conn.client()?.job_action(&a.job, verb).await?;
+    println!(
+        "job {}: {} sandboxes, {} {verb}d, {} unchanged, {} ended, {} failed; freed {:.1} MiB in {:.1} ms",
+        r.job,
+        r.matched,
+        r.changed,
+        r.unchanged,
+        r.ended,
+        r.failed.len(),
+        r.memory_freed_bytes as f64 / (1u64 << 20) as f64,
+        r.duration_ms
+    );
+    for f in &r.failed {
+        eprintln!("{}: {}: {}", f.id, f.code, f.message);
     }
-    Ok(failed)
+    Ok(u8::from(!r.failed.is_empty()))
 }

@@ -61,6 +61,21 @@ pub struct EdgeArgs {
     pub memory_overcommit: f64,
     #[arg(long, default_value_t = 8192)]
     pub max_sandboxes: u64,
+    /// Size of the node's swap file for paused sandboxes, in MiB (0: none;
+    /// a pause then only freezes). It is created at start and turned off
+    /// and removed at exit.
+    #[arg(long, default_value_t = 0)]
+    pub swap_file_mb: u64,
+    /// Where the swap file lives. Default: DATA_DIR/edge/NODE/swapfile.
+    #[arg(long)]
+    pub swap_file: Option<PathBuf>,
+    /// Sandboxes being created at once; further creations wait in a queue
+    /// (fair across jobs). 0: no bound, no queue.
+    #[arg(long, default_value_t = 64)]
+    pub max_creating: usize,
+    /// Creations that may wait in the queue; beyond it creation answers 429.
+    #[arg(long, default_value_t = 16384)]
+    pub max_queued_creations: usize,
     /// Stop every sandbox when dsec exits (default: keep them running; the
     /// next `dsec up` on this data dir re-adopts them).
     #[arg(long)]
@@ -160,7 +175,14 @@ impl EdgeArgs {
             None => default_agent()?,
         };
         let layers = Arc::new(ImageLayers::open(&images_dir, &self.data_dir.join("layers").join(&node))?);
-        let mut config = EdgeConfig::for_host(&node, self.data_dir.join("edge").join(&node), agent);
+        let state_dir = self.data_dir.join("edge").join(&node);
+        let mut config = EdgeConfig::for_host(&node, state_dir.clone(), agent);
+        if self.swap_file_mb > 0 {
+            let path = self.swap_file.clone().unwrap_or_else(|| state_dir.join("swapfile"));
+            config.swap = Some(dsec_edge::swap::SwapConfig { path, size_mb: self.swap_file_mb });
+        }
+        config.max_creating = self.max_creating;
+        config.max_queued_creations = self.max_queued_creations;
         config.cgroup_mode = self.cgroup;
         config.cpu_overcommit = self.cpu_overcommit;
         config.memory_overcommit = self.memory_overcommit;

@@ -220,3 +220,63 @@ fn the_idle_ttl_survives_a_restart() {
     drop(api);
     p.finish();
 }
+
+fn freezer_state(p: &Platform, id: &str) -> String {
+    let dir = p.cgroup_dirs_of(id).into_iter().find(|d| d.join("freezer.state").exists()).expect("the sandbox's freezer cgroup");
+    std::fs::read_to_string(dir.join("freezer.state")).unwrap().trim().to_string()
+}
+
+/// A crash of the edge while a sandbox is paused loses nothing: the
+/// restarted edge keeps it frozen (it cannot talk to a frozen agent, so it
+/// does not try), it still does not count as running, and the first
+/// request resumes it with its processes and files, same agent.
+#[test]
+fn a_paused_sandbox_survives_sigkill_of_dsec() {
+    let mut p = Platform::start(false);
+    let api = Api::new(&p);
+    let sb = api.create_busybox(&[("test", "paused-restart")]);
+    prepare(&api, &sb.id);
+    let paused = api.call(api.client.pause(&sb.id)).unwrap();
+    assert_eq!(paused.sandbox.state, SandboxState::Paused);
+    let agent = p.agent_pid(&sb.id).expect("the sandbox's agent");
+    drop(api);
+
+    p.signal_and_wait(libc::SIGKILL);
+    assert_eq!(freezer_state(&p, &sb.id), "FROZEN");
+    p.up(true);
+    let api = Api::new(&p);
+    let got = api.call(api.client.get(&sb.id)).unwrap();
+    assert_eq!(got.state, SandboxState::Paused, "{got:?}\n{}", p.log());
+    assert_eq!(freezer_state(&p, &sb.id), "FROZEN", "recovery must keep a paused sandbox frozen");
+    // The first request resumes it and re-attaches to its agent.
+    assert_eq!(api.out(&sb.id, "cat /root/state.txt"), "persisted\n");
+    assert_eq!(freezer_state(&p, &sb.id), "THAWED");
+    still_intact(&api, &sb.id);
+    assert_eq!(p.agent_pid(&sb.id), Some(agent), "resume after a restart keeps the agent");
+    // Paused again and stopped, through the re-attached agent.
+    api.call(api.client.pause(&sb.id)).unwrap();
+    assert_eq!(api.call(api.client.stop(&sb.id)).unwrap().state, SandboxState::Stopped);
+    drop(api);
+    p.finish();
+}
+
+/// A crash between a freeze and its record (the record says running, the
+/// cgroup is frozen): the restarted edge thaws the sandbox before it
+/// re-attaches, instead of waiting on a frozen agent and failing it.
+#[test]
+fn a_frozen_running_sandbox_is_thawed_on_restart() {
+    let mut p = Platform::start(false);
+    let api = Api::new(&p);
+    let sb = api.create_busybox(&[]);
+    prepare(&api, &sb.id);
+    drop(api);
+    p.signal_and_wait(libc::SIGKILL);
+    let dir = p.cgroup_dirs_of(&sb.id).into_iter().find(|d| d.join("freezer.state").exists()).unwrap();
+    std::fs::write(dir.join("freezer.state"), "FROZEN").unwrap();
+    p.up(true);
+    let api = Api::new(&p);
+    assert_eq!(freezer_state(&p, &sb.id), "THAWED");
+    still_intact(&api, &sb.id);
+    drop(api);
+    p.finish();
+}

@@ -122,6 +122,24 @@ impl Client {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/stop"), None).await
     }
 
+    pub async fn pause(&self, id: &str) -> Result<api::PauseResult, ClientError> {
+        self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None).await
+    }
+
+    pub async fn resume(&self, id: &str) -> Result<api::ResumeResult, ClientError> {
+        self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None).await
+    }
+
+    pub async fn set_timeout(&self, id: &str, req: &api::SetTimeoutRequest) -> Result<api::Sandbox, ClientError> {
+        self.json(Method::POST, &format!("/v1/sandboxes/{id}/timeout"), Some(req)).await
+    }
+
+    /// Pauses (`verb = "pause"`) or resumes (`"resume"`) every sandbox of a job.
+    pub async fn job_action(&self, job: &str, verb: &str) -> Result<api::JobActionResult, ClientError> {
+        let job: String = form_urlencoded::byte_serialize(job.as_bytes()).collect();
+        self.json::<(), _>(Method::POST, &format!("/v1/jobs/{job}/{verb}"), None).await
+    }
+
     pub async fn delete(&self, id: &str) -> Result<(), ClientError> {
         self.raw(Method::DELETE, &format!("/v1/sandboxes/{id}"), None, "").await.map(|_| ())
     }

@@ -1,6 +1,7 @@
 //! Operations carried out by a sandbox's guest agent: exec, sessions, PTYs
-//! and files. The edge checks ownership and state, counts the request as
-//! activity (for the idle TTL) and forwards it over the agent channel.
+//! and files. The edge checks ownership and state, resumes a paused sandbox
+//! first (transparently), counts the request as activity (for the idle TTL)
+//! and forwards it over the agent channel.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,8 +19,11 @@ use crate::model::{Caller, State};
 const EXEC_SLACK: Duration = Duration::from_secs(10);
 
 impl Edge {
-    fn running(&self, caller: &Caller, id: &str) -> Result<(Arc<Entry>, Arc<Instance>), EdgeError> {
+    async fn running(&self, caller: &Caller, id: &str) -> Result<(Arc<Entry>, Arc<Instance>), EdgeError> {
         let entry = self.entry(caller, id)?;
+        if entry.state().is_paused() {
+            self.resume(caller, id).await?;
+        }
         let state = entry.state();
         match (state, entry.instance()) {
             (State::Running, Some(inst)) => Ok((entry, inst)),
@@ -29,7 +33,7 @@ impl Edge {
 
     /// Runs a command to completion (buffered output).
     pub async fn exec(&self, caller: &Caller, id: &str, spec: ExecSpec) -> Result<ExecResult, EdgeError> {
-        let (entry, inst) = self.running(caller, id)?;
+        let (entry, inst) = self.running(caller, id).await?;
         let _activity = entry.begin();
         let deadline = spec.timeout_ms.map(|t| Duration::from_millis(t + spec.kill_grace_ms) + EXEC_SLACK);
         let call = inst.agent.call(Op::Exec(spec));
@@ -47,7 +51,7 @@ impl Edge {
 
     /// A request without data streams (stat, list, mkdir, remove, sessions).
     pub async fn call(&self, caller: &Caller, id: &str, op: Op) -> Result<Reply, EdgeError> {
-        let (entry, inst) = self.running(caller, id)?;
+        let (entry, inst) = self.running(caller, id).await?;
         let _activity = entry.begin();
         Ok(inst.agent.call(op).await?)
     }
@@ -55,7 +59,7 @@ impl Edge {
     /// A request with data streams (streaming exec, PTY, file and tar
     /// transfers). The guard counts the stream as activity until dropped.
     pub async fn open(&self, caller: &Caller, id: &str, op: Op) -> Result<(Call, ActivityGuard), EdgeError> {
-        let (entry, inst) = self.running(caller, id)?;
+        let (entry, inst) = self.running(caller, id).await?;
         let activity = entry.begin();
         let call = inst.agent.open(op).await?;
         Ok((call, activity))

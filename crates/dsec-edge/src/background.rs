@@ -1,79 +1,13 @@
-//! The edge's background duties: re-adopting sandboxes after a restart, the
-//! TTL sweeper, and the reaper that removes whatever belongs to no live
-//! sandbox. Each loop is a task the edge owns and stops on shutdown.
+//! The edge's background duties: the TTL sweeper, and the reaper that
+//! removes whatever belongs to no live sandbox (re-adoption after a restart
+//! is in `recover`). Each loop is a task the edge owns and stops on shutdown.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use crate::edge::{lock, Edge, Entry};
-use crate::model::{now_ms, Caller, SandboxRecord, State};
+use crate::edge::{lock, Edge};
+use crate::model::{now_ms, Caller, State};
 
 impl Edge {
-    /// Rebuilds the registry from the database: terminal records come back
-    /// for inspection; live ones are re-adopted, or cleaned up and marked
-    /// failed when their agent cannot be reached.
-    pub(crate) async fn recover(&self, records: Vec<SandboxRecord>) {
-        let retention_ms = self.inner.config.retention.as_millis() as u64;
-        for mut rec in records {
-            if rec.node != self.inner.config.node {
-                continue;
-            }
-            if rec.state.is_terminal() {
-                if now_ms().saturating_sub(rec.stopped_at_ms.unwrap_or(rec.created_at_ms)) > retention_ms {
-                    self.inner.store.delete(&rec.id);
-                } else {
-                    self.insert(Entry::new(rec, false));
-                }
-                continue;
-            }
-            let adopted = match rec.pid {
-                Some(pid) => self.inner.container.adopt(&rec.id, pid).await,
-                None => Err(crate::error::EdgeError::Internal("no agent was recorded".into())),
-            };
-            match adopted {
-                Ok(instance) if self.inner.admission.reserve(&rec.spec.limits).is_ok() => {
-                    tracing::info!(id = %rec.id, pid = instance.pid, "re-adopted sandbox");
-                    let stopping = rec.state == State::Stopping;
-                    rec.state = if stopping { State::Stopping } else { State::Running };
-                    // Activity is counted in memory only; while the edge was
-                    // down nobody could reach the sandbox, so its idle clock
-                    // starts again now rather than at its last saved state.
-                    rec.last_active_ms = now_ms();
-                    let entry = Entry::new(rec.clone(), true);
-                    let instance = Arc::new(instance);
-                    *lock(&entry.instance) = Some(instance.clone());
-                    self.insert(entry.clone());
-                    self.watch_exit(entry, instance.clone());
-                    if stopping {
-                        let _ = crate::container::spawn::pidfd_kill(&instance.pidfd, libc::SIGKILL);
-                    }
-                }
-                outcome => {
-                    let why = match outcome {
-                        Err(e) => e.to_string(),
-                        Ok(_) => "no capacity left to re-admit it".to_string(),
-                    };
-                    tracing::warn!(id = %rec.id, %why, "could not re-adopt sandbox; removing it");
-                    let id = rec.id.clone();
-                    let edge = self.clone();
-                    let _ = tokio::task::spawn_blocking(move || edge.inner.container.cleanup(&id)).await;
-                    rec.state = State::Failed;
-                    rec.reason = Some(format!("the edge restarted and could not re-adopt the sandbox: {why}"));
-                    rec.stopped_at_ms = Some(now_ms());
-                    rec.pid = None;
-                    self.inner.store.upsert(&rec);
-                    self.insert(Entry::new(rec, false));
-                }
-            }
-        }
-        let _ = self.inner.store.sync().await;
-    }
-
-    fn insert(&self, entry: Arc<Entry>) {
-        let id = lock(&entry.record).id.clone();
-        self.inner.registry.write().unwrap_or_else(|p| p.into_inner()).insert(id, entry);
-    }
-
     /// Removes cgroups (and their processes) that belong to no live sandbox,
     /// and unmounts layers no image uses. Returns what it removed.
     pub async fn reap_once(&self) -> ReapReport {
@@ -158,10 +92,13 @@ impl Edge {
             for (id, e) in reg.iter() {
                 let r = lock(&e.record);
                 match r.state {
-                    State::Running => {
+                    // The hard lifetime counts whatever the activity, paused
+                    // included; the idle TTL does not run while paused (a
+                    // paused sandbox waits for its preempted trainer).
+                    State::Running | State::Paused => {
                         if r.spec.max_lifetime_s > 0 && now.saturating_sub(r.created_at_ms) > r.spec.max_lifetime_s * 1000 {
                             expired.push((id.clone(), format!("maximum lifetime of {} s reached", r.spec.max_lifetime_s)));
-                        } else if r.spec.idle_ttl_s > 0 {
+                        } else if r.state == State::Running && r.spec.idle_ttl_s > 0 {
                             if let Some(last) = e.idle_since_ms() {
                                 if now.saturating_sub(last) > r.spec.idle_ttl_s * 1000 {
                                     expired.push((id.clone(), format!("idle for {} s (ttl_running_stop)", r.spec.idle_ttl_s)));

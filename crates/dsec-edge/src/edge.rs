@@ -38,6 +38,18 @@ pub struct EdgeConfig {
     pub create_timeout: Duration,
     /// Stopping -> stopped must finish within this.
     pub stop_timeout: Duration,
+    /// Running -> pausing -> paused must finish within this (the freeze).
+    pub pause_timeout: Duration,
+    /// Paused -> resuming -> running must finish within this.
+    pub resume_timeout: Duration,
+    /// The node's swap file for paused sandboxes; `None`: pause only
+    /// freezes (and drops page cache).
+    pub swap: Option<crate::swap::SwapConfig>,
+    /// Sandboxes being created at once; more wait in the creation queue.
+    /// 0 = no bound and no queue.
+    pub max_creating: usize,
+    /// Creations that may wait; beyond it creation answers 429.
+    pub max_queued_creations: usize,
     /// Stopped and failed records stay listable this long.
     pub retention: Duration,
     pub reap_interval: Duration,
@@ -64,6 +76,11 @@ impl EdgeConfig {
             policy: SpecPolicy::for_node(cpus, mem_mb),
             create_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(10),
+            pause_timeout: Duration::from_secs(10),
+            resume_timeout: Duration::from_secs(10),
+            swap: None,
+            max_creating: 64,
+            max_queued_creations: 16384,
             retention: Duration::from_secs(3600),
             reap_interval: Duration::from_secs(60),
             sweep_interval: Duration::from_millis(500),
@@ -169,6 +186,9 @@ pub(crate) struct EdgeInner {
     pub(crate) container: ContainerBackend,
     pub(crate) rootfs: Arc<dyn RootfsProvider>,
     pub(crate) shutdown: watch::Sender<bool>,
+    pub(crate) swap: Option<crate::swap::NodeSwap>,
+    pub(crate) create_queue: Arc<crate::create_queue::CreateQueue>,
+    pub(crate) events: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
 }
 
 /// Handle to a node's edge. Cheap to clone.
@@ -181,8 +201,12 @@ pub struct Edge {
 #[derive(Debug, Clone)]
 pub struct NodeStats {
     pub node: String,
-    /// Sandboxes holding resources (starting, running or stopping).
+    /// Sandboxes holding resources (starting, running or stopping; not
+    /// paused ones).
     pub running: u64,
+    /// Sandboxes being created now, and waiting in the creation queue.
+    pub creating: u64,
+    pub queued: u64,
     pub capacity: Capacity,
     pub used: Usage,
     pub cgroup_version: u8,
@@ -214,7 +238,15 @@ impl Edge {
             memory_mb: (mem_mb as f64 * config.memory_overcommit) as u64,
             sandboxes: config.max_sandboxes,
         });
+        let swap = match &config.swap {
+            Some(cfg) => Some(crate::swap::NodeSwap::enable(cfg).map_err(|e| EdgeError::Internal(e.to_string()))?),
+            None => None,
+        };
+        let create_queue = crate::create_queue::CreateQueue::new(config.max_creating, config.max_queued_creations);
         let inner = Arc::new(EdgeInner {
+            swap,
+            create_queue,
+            events: crate::events::channel(),
             config,
             _node_lock: node_lock,
             registry: RwLock::new(HashMap::new()),
@@ -244,9 +276,12 @@ impl Edge {
         // Placement asks on every creation: read counters, never walk the
         // registry (thousands of entries).
         let used = self.inner.admission.usage();
+        let (creating, queued) = self.inner.create_queue.counts();
         NodeStats {
             node: self.inner.config.node.clone(),
             running: used.sandboxes,
+            creating: creating as u64,
+            queued: queued as u64,
             capacity: self.inner.admission.capacity(),
             used,
             cgroup_version: self.inner.container.cgroups().version(),
@@ -282,6 +317,14 @@ impl Edge {
         // sandboxes left running for re-adoption keep it).
         self.inner.container.cgroups().remove_parent();
         self.inner.container.release();
+        // Host swap is never left on behind the edge. Paused sandboxes that
+        // stay (no --stop-sandboxes-on-exit) get their pages back in RAM
+        // from swapoff: nothing is lost, they just hold memory again.
+        if let Some(swap) = &self.inner.swap {
+            if let Err(e) = swap.disable() {
+                tracing::error!(error = %e, "could not turn the swap file off");
+            }
+        }
         // Still locked by us, so no other edge holds this file: remove it so
         // a host that saw many short-lived edges (tests) keeps no litter.
         let _ = std::fs::remove_file(node_lock_path(&self.inner.config.node));

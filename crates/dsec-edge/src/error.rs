@@ -19,8 +19,14 @@ pub enum EdgeError {
     ImageNotFound(String),
     #[error("sandbox {id} is {state}, not running")]
     NotRunning { id: String, state: &'static str },
+    #[error("sandbox {id} is {state}: its processes are gone, so it cannot be paused or resumed")]
+    Ended { id: String, state: &'static str },
     #[error("no capacity: {0}")]
     NoCapacity(String),
+    #[error("creation queue full: {0}")]
+    QueueFull(String),
+    #[error("no sandbox of job {0:?} is visible here")]
+    JobNotFound(String),
     #[error("timed out: {0}")]
     Timeout(String),
     #[error("the sandbox's agent is unavailable: {0}")]
@@ -44,7 +50,10 @@ impl EdgeError {
             EdgeError::SandboxNotFound(_) => ErrorCode::SandboxNotFound,
             EdgeError::ImageNotFound(_) => ErrorCode::ImageNotFound,
             EdgeError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
+            EdgeError::Ended { .. } => ErrorCode::SandboxEnded,
             EdgeError::NoCapacity(_) => ErrorCode::NoCapacity,
+            EdgeError::QueueFull(_) => ErrorCode::CreationQueueFull,
+            EdgeError::JobNotFound(_) => ErrorCode::JobNotFound,
             EdgeError::Timeout(_) => ErrorCode::Timeout,
             EdgeError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             EdgeError::Agent(e) => agent_code(e.kind),
@@ -71,6 +80,15 @@ fn agent_code(kind: ErrorKind) -> ErrorCode {
         ErrorKind::Cancelled => ErrorCode::Timeout,
         ErrorKind::Unsupported => ErrorCode::InvalidRequest,
         ErrorKind::SetupFailed | ErrorKind::Protocol | ErrorKind::Io => ErrorCode::Internal,
+    }
+}
+
+impl From<crate::cgroup::CgroupError> for EdgeError {
+    fn from(e: crate::cgroup::CgroupError) -> Self {
+        match e {
+            crate::cgroup::CgroupError::FreezeTimeout(..) => EdgeError::Timeout(e.to_string()),
+            other => EdgeError::Internal(other.to_string()),
+        }
     }
 }
 

@@ -2,8 +2,8 @@
 //! namespaces, the guest agent's channel, lifecycle and cleanup of every
 //! sandbox on the node.
 //!
-//! API boundary: [`Edge`] (create / get / list / stop / delete / exec /
-//! call / open) in core types ([`model`], [`spec::SandboxRequest`],
+//! API boundary: [`Edge`] (create / get / list / stop / delete / pause /
+//! resume / exec / call / open / subscribe) in core types ([`model`], [`spec::SandboxRequest`],
 //! `dsec_agent_proto` ops). No HTTP or public wire types in here; the
 //! apiserver and the edge's RPC server convert at their boundaries.
 //!
@@ -17,20 +17,31 @@ mod agent_ops;
 mod background;
 pub mod cgroup;
 pub mod container;
+mod create_queue;
 mod edge;
 pub mod error;
+pub mod events;
 pub mod ids;
 pub mod images;
 pub mod layers;
 mod instance;
+mod jobs;
+mod lease;
 mod lifecycle;
 pub mod model;
+mod pause;
+mod recover;
 pub mod spec;
 mod store;
+pub mod swap;
 
 pub use background::ReapReport;
 pub use edge::{host_resources, ActivityGuard, Edge, EdgeConfig, NodeStats};
 pub use error::EdgeError;
+pub use events::SandboxEvent;
+pub use jobs::{JobAction, JobOutcome};
+pub use lease::Lease;
+pub use pause::{PauseOutcome, ResumeOutcome};
 pub use images::{RootfsPlan, RootfsProvider};
 pub use layers::ImageLayers;
 pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};

@@ -13,6 +13,7 @@ use crate::error::EdgeError;
 use crate::ids::new_sandbox_id;
 use crate::instance::Instance;
 use crate::model::{now_ms, Caller, ListFilter, SandboxRecord, State};
+use crate::create_queue::Ticket;
 use crate::spec::{resolve, SandboxRequest};
 
 impl Edge {
@@ -39,27 +40,61 @@ impl Edge {
 
         let now = now_ms();
         let id = new_sandbox_id(&inner.config.node);
+        let job = spec.job.clone().unwrap_or_default();
         let rec = SandboxRecord {
             id: id.clone(),
             tenant: caller.tenant.clone(),
             node: inner.config.node.clone(),
             spec,
-            state: State::Creating,
+            state: State::Queued,
             reason: None,
             created_at_ms: now,
             last_active_ms: now,
             stopped_at_ms: None,
             create_ms: None,
             pid: None,
+            paused_at_ms: None,
+            memory_freed_bytes: None,
+            queue_position: None,
         };
         let entry = Entry::new(rec.clone(), true);
-        let _op = entry.op_lock.lock().await;
+        let ticket = match inner.create_queue.enter(&job, &id) {
+            Ok(t) => t,
+            Err(e) => {
+                self.release(&entry, &rec);
+                return Err(e);
+            }
+        };
+        // Listed (as `queued`, with its position) while it waits; not
+        // stored: a queued creation has nothing on the host yet, and a crash
+        // ends the caller's request with it.
         inner.registry.write().unwrap_or_else(|p| p.into_inner()).insert(id.clone(), entry.clone());
+        let _slot = match ticket {
+            Ticket::Go(slot) => slot,
+            Ticket::Wait(wait) => {
+                self.publish(&self.entry_record(&entry));
+                match wait.await {
+                    Ok(()) => inner.create_queue.granted(),
+                    // Stopped while queued: stop settled the record.
+                    Err(_) => return Err(EdgeError::Ended { id, state: entry.state().as_str() }),
+                }
+            }
+        };
+        let _op = entry.op_lock.lock().await;
+        if entry.state() != State::Queued {
+            // Stopped between the hand-off and here.
+            return Err(EdgeError::Ended { id, state: entry.state().as_str() });
+        }
+        let rec = {
+            let mut r = lock(&entry.record);
+            r.state = State::Creating;
+            r.clone()
+        };
         // The record is durable before any process exists, so a crash at
         // any later point leaves something the next edge will clean up. The
         // commit runs while the backend makes the cgroup; the backend waits
         // for it before it starts a process.
-        inner.store.upsert(&rec);
+        self.save(&rec);
         let durable = inner.store.sync_request();
 
         match inner.container.start(&id, &rec.spec, &plan, durable).await {
@@ -73,7 +108,7 @@ impl Edge {
                     r.clone()
                 };
                 *lock(&entry.instance) = Some(instance.clone());
-                inner.store.upsert(&rec);
+                self.save(&rec);
                 self.watch_exit(entry.clone(), instance);
                 Ok(rec)
             }
@@ -82,6 +117,15 @@ impl Edge {
                 Err(e)
             }
         }
+    }
+
+    /// A record as callers see it: with its queue position while queued.
+    pub(crate) fn entry_record(&self, entry: &Entry) -> SandboxRecord {
+        let mut r = entry.record();
+        if r.state == State::Queued {
+            r.queue_position = self.inner.create_queue.position(r.spec.job.as_deref().unwrap_or_default(), &r.id);
+        }
+        r
     }
 
     /// Marks a sandbox without processes failed and frees its reservation.
@@ -95,7 +139,7 @@ impl Edge {
             r.clone()
         };
         self.release(entry, &rec);
-        self.inner.store.upsert(&rec);
+        self.save(&rec);
         let _ = entry.exited.send(true);
     }
 
@@ -146,7 +190,7 @@ impl Edge {
             let rec = {
                 let mut r = lock(&entry.record);
                 match r.state {
-                    State::Creating | State::Running => {
+                    State::Queued | State::Creating | State::Running | State::Pausing | State::Paused | State::Resuming => {
                         r.state = State::Failed;
                         r.reason = Some(describe_exit(status, oom));
                     }
@@ -158,20 +202,21 @@ impl Edge {
                 r.clone()
             };
             edge.release(&entry, &rec);
-            edge.inner.store.upsert(&rec);
+            edge.save(&rec);
             let _ = entry.exited.send(true);
         });
     }
 
     pub fn get(&self, caller: &Caller, id: &str) -> Result<SandboxRecord, EdgeError> {
-        Ok(self.entry(caller, id)?.record())
+        let entry = self.entry(caller, id)?;
+        Ok(self.entry_record(&entry))
     }
 
     pub fn list(&self, caller: &Caller, filter: &ListFilter) -> Vec<SandboxRecord> {
         let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
         let mut out: Vec<SandboxRecord> = reg
             .values()
-            .map(|e| e.record())
+            .map(|e| self.entry_record(e))
             .filter(|r| caller.may_see(&r.tenant) && filter.matches(r))
             .collect();
         out.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
@@ -192,6 +237,10 @@ impl Edge {
     async fn stop_to_completion(&self, caller: &Caller, id: &str, reason: &str) -> Result<SandboxRecord, EdgeError> {
         let entry = self.entry(caller, id)?;
         let _op = entry.op_lock.lock().await;
+        let before = entry.state();
+        if before == State::Queued {
+            return Ok(self.stop_queued(&entry, reason));
+        }
         let rec = {
             let mut r = lock(&entry.record);
             if r.state.is_terminal() {
@@ -203,13 +252,18 @@ impl Edge {
             }
             r.clone()
         };
-        self.inner.store.upsert(&rec);
+        self.save(&rec);
         let mut exited = entry.exited.subscribe();
         match entry.instance() {
             Some(instance) => {
                 // SIGKILL to PID 1 of the sandbox's pid namespace: the kernel
                 // kills every other process in it before PID 1 is gone.
                 let _ = crate::container::spawn::pidfd_kill(&instance.pidfd, libc::SIGKILL);
+                // A frozen task on cgroup v1 acts on SIGKILL only once
+                // thawed.
+                if before.is_paused() {
+                    let _ = self.inner.container.cgroups().thaw(id);
+                }
             }
             None => {
                 // No agent is known (creation failed half-way, or adoption
@@ -225,7 +279,7 @@ impl Edge {
                     r.clone()
                 };
                 self.release(&entry, &r);
-                self.inner.store.upsert(&r);
+                self.save(&r);
                 let _ = entry.exited.send(true);
             }
         }
@@ -237,10 +291,32 @@ impl Edge {
                 r.reason = Some(format!("did not stop within {:?}; the reaper will remove it", self.inner.config.stop_timeout));
                 r.clone()
             };
-            self.inner.store.upsert(&r);
+            self.save(&r);
             return Err(EdgeError::Timeout(format!("stopping {id}")));
         }
         Ok(entry.record())
+    }
+
+    /// A queued creation has nothing on the host yet: take it out of the
+    /// queue and settle it. (If it was handed a slot just now, its creation
+    /// sees the new state and gives up.)
+    fn stop_queued(&self, entry: &Arc<Entry>, reason: &str) -> SandboxRecord {
+        let (id, job) = {
+            let r = lock(&entry.record);
+            (r.id.clone(), r.spec.job.clone().unwrap_or_default())
+        };
+        self.inner.create_queue.cancel(&job, &id);
+        let rec = {
+            let mut r = lock(&entry.record);
+            r.state = State::Stopped;
+            r.reason = Some(reason.to_string());
+            r.stopped_at_ms = Some(now_ms());
+            r.clone()
+        };
+        self.release(entry, &rec);
+        self.publish(&rec);
+        let _ = entry.exited.send(true);
+        rec
     }
 
     /// Stops the sandbox if needed and forgets it.

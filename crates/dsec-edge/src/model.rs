@@ -45,8 +45,16 @@ pub struct SandboxSpec {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum State {
+    /// Waiting for a creation slot (backpressure); in memory only.
+    Queued,
     Creating,
     Running,
+    /// Being frozen and having its memory pushed out.
+    Pausing,
+    /// Frozen, its memory in swap; holds no admission reservation.
+    Paused,
+    /// Being thawed.
+    Resuming,
     Stopping,
     Stopped,
     Failed,
@@ -55,8 +63,12 @@ pub enum State {
 impl State {
     pub fn as_str(self) -> &'static str {
         match self {
+            State::Queued => "queued",
             State::Creating => "creating",
             State::Running => "running",
+            State::Pausing => "pausing",
+            State::Paused => "paused",
+            State::Resuming => "resuming",
             State::Stopping => "stopping",
             State::Stopped => "stopped",
             State::Failed => "failed",
@@ -67,13 +79,23 @@ impl State {
         matches!(self, State::Stopped | State::Failed)
     }
 
+    /// Pausing, paused or resuming: the sandbox's processes are (or are
+    /// about to be) frozen.
+    pub fn is_paused(self) -> bool {
+        matches!(self, State::Pausing | State::Paused | State::Resuming)
+    }
+
     /// The state machine: which transitions are legal.
     pub fn can_become(self, next: State) -> bool {
         use State::*;
         matches!(
             (self, next),
-            (Creating, Running) | (Creating, Failed) | (Creating, Stopping)
-                | (Running, Stopping) | (Running, Failed)
+            (Queued, Creating) | (Queued, Stopped)
+                | (Creating, Running) | (Creating, Failed) | (Creating, Stopping)
+                | (Running, Stopping) | (Running, Failed) | (Running, Pausing)
+                | (Pausing, Paused) | (Pausing, Running) | (Pausing, Stopping) | (Pausing, Failed)
+                | (Paused, Resuming) | (Paused, Stopping) | (Paused, Failed)
+                | (Resuming, Running) | (Resuming, Paused) | (Resuming, Stopping) | (Resuming, Failed)
                 | (Stopping, Stopped) | (Stopping, Failed)
         )
     }
@@ -118,6 +140,17 @@ pub struct SandboxRecord {
     pub create_ms: Option<f64>,
     /// Host pid of the guest agent while it runs.
     pub pid: Option<i32>,
+    /// When the sandbox was last paused (set while paused). Fields added
+    /// after version 1 default when absent, so older records still load.
+    #[serde(default)]
+    pub paused_at_ms: Option<u64>,
+    /// Resident memory the last pause pushed out of RAM.
+    #[serde(default)]
+    pub memory_freed_bytes: Option<u64>,
+    /// Place in the creation queue while `Queued` (0 = next); filled in
+    /// when the record is read, never stored.
+    #[serde(default, skip_serializing)]
+    pub queue_position: Option<u64>,
 }
 
 pub fn now_ms() -> u64 {
@@ -156,5 +189,10 @@ mod tests {
         assert!(!Stopped.can_become(Running));
         assert!(!Failed.can_become(Stopping));
         assert!(!Running.can_become(Creating));
+        assert!(Running.can_become(Pausing) && Pausing.can_become(Paused));
+        assert!(Paused.can_become(Resuming) && Resuming.can_become(Running));
+        assert!(!Paused.can_become(Running), "resume goes through resuming");
+        assert!(!Stopped.can_become(Resuming));
+        assert!(Queued.can_become(Creating) && !Queued.can_become(Running));
     }
 }

@@ -225,6 +225,9 @@ mod tests {
             stopped_at_ms: None,
             create_ms: Some(1.5),
             pid: Some(10),
+            paused_at_ms: None,
+            memory_freed_bytes: None,
+            queue_position: None,
         }
     }
 

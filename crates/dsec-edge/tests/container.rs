@@ -91,6 +91,8 @@ impl Drop for TestEdge {
                         // SAFETY: kill(2) of processes in this test's own cgroups.
                         unsafe { libc::kill(pid, libc::SIGKILL) };
                     }
+                    // A paused sandbox's processes act on SIGKILL once thawed.
+                    let _ = std::fs::write(e.path().join("freezer.state"), "THAWED");
                     for _ in 0..100 {
                         if std::fs::remove_dir(e.path()).is_ok() {
                             break;
@@ -103,6 +105,8 @@ impl Drop for TestEdge {
             // Shared by concurrent tests: only the last one succeeds.
             let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/dsec-test"));
         }
+        // Host swap is never left on, even when a test failed half-way.
+        let _ = dsec_edge::swap::disable_path(&self.state.path().join("swapfile"));
         // An edge that never shut down (a failed test) leaves its node lock.
         let _ = std::fs::remove_file(format!("/run/dsec/node-{}.lock", self.node));
         let mut mounts = state_mounts(self.state.path());
@@ -291,5 +295,125 @@ async fn reaper_removes_stray_cgroups_and_their_processes() {
     assert!(!Path::new(&dir).exists());
     let status = child.wait().unwrap();
     assert!(!status.success(), "the stray process was killed");
+    t.finish().await;
+}
+
+fn freezer_state(node: &str, id: &str) -> String {
+    std::fs::read_to_string(format!("/sys/fs/cgroup/freezer/dsec-test/{node}/{id}/freezer.state")).unwrap_or_default().trim().to_string()
+}
+
+/// Pause on the real kernel: the cgroup freezes, the sandbox's memory (here
+/// files in its tmpfs-backed writable layer) goes to the node's swap file,
+/// the sandbox stops counting against admission, any request resumes it
+/// with its memory intact, and a paused sandbox can be stopped.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pause_swaps_memory_out_and_a_request_resumes_it() {
+    let mut swap_path = PathBuf::new();
+    let t = TestEdge::start(|c| {
+        swap_path = c.state_dir.parent().unwrap().join("swapfile");
+        c.swap = Some(dsec_edge::swap::SwapConfig { path: swap_path.clone(), size_mb: 512 });
+    })
+    .await;
+    assert!(dsec_edge::swap::is_active(&swap_path), "the edge turned its swap file on");
+    let me = Caller::tenant("t");
+    let req = SandboxRequest { memory_mb: Some(512), disk_mb: Some(512), ..busybox() };
+    let sb = t.edge.create(&me, req).await.unwrap();
+    let sum = out(&t.edge, &sb.id, "head -c 200000000 /dev/urandom > /root/blob && md5sum < /root/blob").await;
+    assert_eq!(t.edge.stats().running, 1);
+
+    let p = t.edge.pause(&me, &sb.id).await.expect("pause");
+    assert!(p.changed);
+    assert_eq!(p.record.state, State::Paused);
+    assert_eq!(freezer_state(&t.node, &sb.id), "FROZEN");
+    assert!(p.memory.before_bytes > 200_000_000, "{:?}", p.memory);
+    let stat = std::fs::read_to_string(format!("/sys/fs/cgroup/memory/dsec-test/{}/{}/memory.stat", t.node, sb.id)).unwrap_or_default();
+    assert!(p.memory.freed_bytes() * 10 >= p.memory.before_bytes * 9, "less than 90% freed: {:?}\n{stat}", p.memory);
+    assert_eq!(t.edge.stats().running, 0, "a paused sandbox does not count against the running quota");
+    assert_eq!(t.edge.list(&me, &ListFilter { state: Some(State::Paused), ..Default::default() }).len(), 1);
+    let again = t.edge.pause(&me, &sb.id).await.unwrap();
+    assert!(!again.changed, "pausing a paused sandbox changes nothing");
+
+    // A request resumes it first, transparently, with its memory intact.
+    assert_eq!(out(&t.edge, &sb.id, "md5sum < /root/blob").await, sum);
+    assert_eq!(t.edge.get(&me, &sb.id).unwrap().state, State::Running);
+    assert_eq!(freezer_state(&t.node, &sb.id), "THAWED");
+    assert_eq!(t.edge.stats().running, 1);
+    let r = t.edge.resume(&me, &sb.id).await.unwrap();
+    assert!(!r.changed, "resuming a running sandbox changes nothing");
+
+    // A paused sandbox stops (on v1 a frozen task needs a thaw to die).
+    t.edge.pause(&me, &sb.id).await.unwrap();
+    let stopped = t.edge.stop(&me, &sb.id, "test").await.expect("stop a paused sandbox");
+    assert_eq!(stopped.state, State::Stopped);
+    assert!(matches!(t.edge.resume(&me, &sb.id).await, Err(EdgeError::Ended { .. })));
+    assert!(matches!(t.edge.pause(&me, &sb.id).await, Err(EdgeError::Ended { .. })));
+    assert!(matches!(t.edge.pause(&me, "nope.x").await, Err(EdgeError::SandboxNotFound(_))));
+    t.finish().await;
+    assert!(!dsec_edge::swap::is_active(&swap_path) && !swap_path.exists(), "shutdown turns swap off and removes the file");
+}
+
+/// Creation backpressure with a tiny bound: one creation at a time, two
+/// waiting; the rest are refused with QueueFull, nothing fails otherwise.
+/// Then the job-wide pause and resume of what was created.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_creation_queue_bounds_and_job_pause_is_idempotent() {
+    let t = TestEdge::start(|c| {
+        c.max_creating = 1;
+        c.max_queued_creations = 2;
+    })
+    .await;
+    let me = Caller::tenant("t");
+    let mut set = tokio::task::JoinSet::new();
+    for _ in 0..8 {
+        let (edge, me) = (t.edge.clone(), me.clone());
+        set.spawn(async move { edge.create(&me, SandboxRequest { job: Some("j".into()), ..busybox() }).await });
+    }
+    let (mut ok, mut full) = (0, 0);
+    while let Some(r) = set.join_next().await {
+        match r.unwrap() {
+            Ok(sb) => {
+                assert_eq!(sb.state, State::Running);
+                ok += 1;
+            }
+            Err(EdgeError::QueueFull(_)) => full += 1,
+            Err(e) => panic!("unexpected creation error {e}"),
+        }
+    }
+    assert!(ok >= 3 && full >= 1 && ok + full == 8, "ok {ok}, refused {full}");
+
+    let p = t.edge.job_action(&me, "j", dsec_edge::JobAction::Pause).await;
+    assert_eq!((p.matched, p.changed, p.unchanged, p.failed.len()), (ok, ok, 0, 0));
+    assert_eq!(t.edge.stats().running, 0);
+    let p = t.edge.job_action(&me, "j", dsec_edge::JobAction::Pause).await;
+    assert_eq!((p.changed, p.unchanged), (0, ok), "pausing a paused job changes nothing");
+    let r = t.edge.job_action(&me, "j", dsec_edge::JobAction::Resume).await;
+    assert_eq!((r.changed, r.unchanged, r.failed.len()), (ok, 0, 0));
+    assert_eq!(t.edge.stats().running, ok);
+    let other = t.edge.job_action(&Caller::tenant("other"), "j", dsec_edge::JobAction::Pause).await;
+    assert_eq!(other.matched, 0, "another tenant's job is invisible");
+    t.finish().await;
+}
+
+/// The lease: a hard end from now, bounded by the node's cap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_lease_can_be_changed() {
+    let t = TestEdge::start(|_| {}).await;
+    let me = Caller::tenant("t");
+    let sb = t.edge.create(&me, busybox()).await.unwrap();
+    let huge = dsec_edge::Lease { lifetime_s: Some(365 * 86_400), idle_ttl_s: None };
+    assert!(matches!(t.edge.set_lease(&me, &sb.id, huge), Err(EdgeError::InvalidLimits(_))));
+    let rec = t.edge.set_lease(&me, &sb.id, dsec_edge::Lease { lifetime_s: Some(1), idle_ttl_s: Some(0) }).unwrap();
+    assert_eq!(rec.spec.idle_ttl_s, 0);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let r = t.edge.get(&me, &sb.id).unwrap();
+        if r.state == State::Stopped {
+            assert!(r.reason.unwrap_or_default().contains("maximum lifetime"));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "not stopped at the end of its lease: {r:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(matches!(t.edge.set_lease(&me, &sb.id, dsec_edge::Lease::default()), Err(EdgeError::Ended { .. })));
     t.finish().await;
 }

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import builtins
-from collections.abc import Mapping, Sequence
+import json
+from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
@@ -11,7 +12,7 @@ from ._http import Transport, resolve_endpoint, resolve_token
 from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
-from .results import Health, ImageInfo, SandboxInfo, TenantInfo
+from .results import Health, ImageInfo, JobActionResult, SandboxEvent, SandboxInfo, TenantInfo
 from .sandbox import Sandbox
 
 __all__ = ["DSecClient"]
@@ -198,6 +199,37 @@ class DSecClient:
         d = await self._transport.request("GET", self._transport.url("/v1/fncall/pools"))
         return builtins.list(d.get("pools", ()))
 
+    # --- jobs ------------------------------------------------------------------
+
+    async def pause_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
+        """Pause every live sandbox of ``job`` on every node, in parallel.
+
+        Idempotent: sandboxes already paused count as ``unchanged`` (pausing a
+        paused job succeeds with ``changed == 0``). Raises
+        :class:`JobNotFound` if no sandbox of the job is visible. Sandboxes
+        that could not be paused are listed in ``failed``.
+        """
+        return await self._job_action(job, "pause", timeout)
+
+    async def resume_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
+        """Resume every paused sandbox of ``job`` (stopped ones count as
+        ``ended``). Needless if requests follow: any request to a paused
+        sandbox resumes it first."""
+        return await self._job_action(job, "resume", timeout)
+
+    async def _job_action(self, job: str, verb: str, timeout: float | None) -> JobActionResult:
+        d = await self._transport.request(
+            "POST", self._transport.url(f"/v1/jobs/{Transport.quote(job)}/{verb}"),
+            timeout=self._transport.timeout_for(timeout))
+        return JobActionResult.from_json(d)
+
+    async def job_events(self, job: str) -> AsyncIterator[SandboxEvent]:
+        """The state of every sandbox of ``job``, then each change, as they
+        happen (on every node), until the caller stops iterating."""
+        url = self._transport.url(f"/v1/jobs/{Transport.quote(job)}/events")
+        async for e in _event_lines(self._transport, url):
+            yield e
+
     # --- platform ----------------------------------------------------------------
 
     async def health(self) -> Health:
@@ -225,3 +257,12 @@ class DSecClient:
         """All tenants (admin token only)."""
         d = await self._transport.request("GET", self._transport.url("/v1/tenants"))
         return [TenantInfo.from_json(t) for t in d.get("tenants", ())]
+
+
+async def _event_lines(transport: Transport, url: object) -> AsyncIterator[SandboxEvent]:
+    """Parse an NDJSON event stream."""
+    async with transport.stream("GET", url) as resp:  # type: ignore[arg-type]
+        async for raw in resp.content:
+            line = raw.strip()
+            if line:
+                yield SandboxEvent.from_json(json.loads(line))

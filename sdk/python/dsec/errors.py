@@ -47,13 +47,16 @@ __all__ = [
     "ImageNotFound",
     "FileNotFound",
     "SessionNotFound",
+    "JobNotFound",
     "MethodNotAllowed",
     "SandboxNotRunning",
+    "SandboxEnded",
     "AlreadyExists",
     "DirectoryNotEmpty",
     "PayloadTooLarge",
     "UnsupportedMediaType",
     "RateLimited",
+    "CreationQueueFull",
     "Internal",
     "AgentUnavailable",
     "NoCapacity",
@@ -216,6 +219,12 @@ class SessionNotFound(DSecError):
     code = "session_not_found"
 
 
+class JobNotFound(DSecError):
+    """No sandbox of this job is visible to this tenant."""
+
+    code = "job_not_found"
+
+
 class MethodNotAllowed(DSecError):
     """The route exists but not for this HTTP method."""
 
@@ -226,6 +235,12 @@ class SandboxNotRunning(DSecError):
     """The sandbox is not running (stopped, failed or still starting)."""
 
     code = "sandbox_not_running"
+
+
+class SandboxEnded(DSecError):
+    """The sandbox has stopped or failed: its processes are gone, so it cannot be paused or resumed."""
+
+    code = "sandbox_ended"
 
 
 class AlreadyExists(DSecError):
@@ -256,6 +271,12 @@ class RateLimited(DSecError):
     """Too many requests; retry after ``retry_after`` seconds."""
 
     code = "rate_limited"
+
+
+class CreationQueueFull(DSecError):
+    """The node's creation queue is full; retry after ``retry_after`` seconds."""
+
+    code = "creation_queue_full"
 
 
 class Internal(DSecError):

@@ -22,6 +22,11 @@ __all__ = [
     "TenantInfo",
     "NodeStatus",
     "Health",
+    "PauseResult",
+    "ResumeResult",
+    "JobActionResult",
+    "JobFailure",
+    "SandboxEvent",
 ]
 
 
@@ -126,13 +131,17 @@ class SandboxInfo:
         id: the sandbox id (it encodes the node that owns the sandbox).
         backend: ``container``, ``microvm``, ``vm`` or ``fncall``.
         image: the base image.
-        state: ``creating``, ``running``, ``stopping``, ``stopped``, ``failed``
-            or ``unknown`` (the owning node cannot be reached).
+        state: ``queued``, ``creating``, ``running``, ``pausing``, ``paused``,
+            ``resuming``, ``stopping``, ``stopped``, ``failed`` or ``unknown``
+            (the owning node cannot be reached).
         state_reason: why the sandbox stopped or failed (``idle timeout``...).
         node: the node that runs it.
         limits: the limits in force.
         created_at, last_active_at, stopped_at: RFC 3339 times.
         create_ms: milliseconds from the create request to a running sandbox.
+        queue_position: while ``queued``, creations served before this one.
+        paused_at: while paused, when the pause began (RFC 3339).
+        memory_freed_bytes: resident memory the last pause pushed out of RAM.
         raw: the record as received, including fields this SDK does not know.
     """
 
@@ -154,7 +163,15 @@ class SandboxInfo:
     last_active_at: str = ""
     stopped_at: str | None = None
     create_ms: float | None = None
+    queue_position: int | None = None
+    paused_at: str | None = None
+    memory_freed_bytes: int | None = None
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def is_paused(self) -> bool:
+        """True while the state is ``paused``."""
+        return self.state == "paused"
 
     @property
     def is_running(self) -> bool:
@@ -188,6 +205,9 @@ class SandboxInfo:
             last_active_at=d.get("last_active_at", ""),
             stopped_at=d.get("stopped_at"),
             create_ms=d.get("create_ms"),
+            queue_position=d.get("queue_position"),
+            paused_at=d.get("paused_at"),
+            memory_freed_bytes=d.get("memory_freed_bytes"),
             raw=d,
         )
 
@@ -344,3 +364,112 @@ class Health:
         """Parse a ``Health`` from its JSON object."""
         return cls(d.get("status", ""), d.get("version", ""),
                    [NodeStatus.from_json(n) for n in d.get("nodes") or ()])
+
+
+@dataclass(slots=True)
+class PauseResult:
+    """What :meth:`Sandbox.pause` did.
+
+    Attributes:
+        sandbox: the record after the pause.
+        changed: False if the sandbox was already paused.
+        memory_before_bytes, memory_after_bytes: the sandbox's memory charge
+            before and after its memory was pushed out of RAM.
+        memory_freed_bytes: the difference.
+        duration_ms: time the pause took on the server.
+    """
+
+    sandbox: SandboxInfo
+    changed: bool
+    memory_before_bytes: int = 0
+    memory_after_bytes: int = 0
+    memory_freed_bytes: int = 0
+    duration_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PauseResult:
+        """Parse a ``PauseResult``."""
+        return cls(sandbox=SandboxInfo.from_json(d["sandbox"]), changed=bool(d.get("changed")),
+                   memory_before_bytes=d.get("memory_before_bytes", 0),
+                   memory_after_bytes=d.get("memory_after_bytes", 0),
+                   memory_freed_bytes=d.get("memory_freed_bytes", 0),
+                   duration_ms=d.get("duration_ms", 0.0))
+
+
+@dataclass(slots=True)
+class ResumeResult:
+    """What :meth:`Sandbox.resume` did (``changed`` is False if it was running)."""
+
+    sandbox: SandboxInfo
+    changed: bool
+    duration_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ResumeResult:
+        """Parse a ``ResumeResult``."""
+        return cls(sandbox=SandboxInfo.from_json(d["sandbox"]), changed=bool(d.get("changed")),
+                   duration_ms=d.get("duration_ms", 0.0))
+
+
+@dataclass(slots=True)
+class JobFailure:
+    """A sandbox a job-wide action could not change (``id`` is ``node:NAME``
+    for a node that could not be reached)."""
+
+    id: str
+    code: str
+    message: str
+
+
+@dataclass(slots=True)
+class JobActionResult:
+    """What :meth:`DSecClient.pause_job` or :meth:`DSecClient.resume_job` did.
+
+    Attributes:
+        job: the job.
+        matched: its sandboxes this token sees, on every node.
+        changed: sandboxes whose state changed.
+        unchanged: already in the asked-for state (the calls are idempotent).
+        ended: stopped or failed ones, skipped.
+        memory_freed_bytes: memory pushed out of RAM (pause).
+        failed: the sandboxes that could not change, with the reason.
+        duration_ms: time the whole call took on the server.
+    """
+
+    job: str
+    matched: int = 0
+    changed: int = 0
+    unchanged: int = 0
+    ended: int = 0
+    memory_freed_bytes: int = 0
+    failed: list[JobFailure] = field(default_factory=list)
+    duration_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> JobActionResult:
+        """Parse a ``JobActionResult``."""
+        return cls(job=d.get("job", ""), matched=d.get("matched", 0), changed=d.get("changed", 0),
+                   unchanged=d.get("unchanged", 0), ended=d.get("ended", 0),
+                   memory_freed_bytes=d.get("memory_freed_bytes", 0),
+                   failed=[JobFailure(f.get("id", ""), f.get("code", ""), f.get("message", ""))
+                           for f in d.get("failed") or ()],
+                   duration_ms=d.get("duration_ms", 0.0))
+
+
+@dataclass(slots=True)
+class SandboxEvent:
+    """One state change from :meth:`Sandbox.events` or :meth:`DSecClient.job_events`."""
+
+    id: str
+    state: str
+    job: str | None = None
+    state_reason: str | None = None
+    at: str = ""
+    queue_position: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SandboxEvent:
+        """Parse one line of an event stream."""
+        return cls(id=d["id"], state=d.get("state", "unknown"), job=d.get("job"),
+                   state_reason=d.get("state_reason"), at=d.get("at", ""),
+                   queue_position=d.get("queue_position"))

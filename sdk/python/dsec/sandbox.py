@@ -22,7 +22,15 @@ from .errors import (
     SessionNotFound,
     error_from_body,
 )
-from .results import ExecResult, FileInfo, SandboxInfo, WriteResult
+from .results import (
+    ExecResult,
+    FileInfo,
+    PauseResult,
+    ResumeResult,
+    SandboxEvent,
+    SandboxInfo,
+    WriteResult,
+)
 from .streams import DEFAULT_COLLECT_BYTES, ExecStream, Opening, Pty
 
 if TYPE_CHECKING:
@@ -120,6 +128,52 @@ class Sandbox:
         if d:
             self.info = SandboxInfo.from_json(d)
         return self.info
+
+    async def pause(self, timeout: float | None = 120) -> PauseResult:
+        """Freeze the sandbox and push its memory out of RAM; it keeps every
+        process and file. A paused sandbox does not count against the running
+        quota. Any later request resumes it first, transparently; so does
+        :meth:`resume`. Pausing a paused sandbox changes nothing
+        (``changed`` is False)."""
+        d = await self._t.request("POST", self._t.url(self._base + "/pause"),
+                                  timeout=self._t.timeout_for(timeout))
+        r = PauseResult.from_json(d)
+        self.info = r.sandbox
+        return r
+
+    async def resume(self, timeout: float | None = 120) -> ResumeResult:
+        """Thaw a paused sandbox (no-op if it runs). A stopped sandbox raises
+        :class:`SandboxEnded`."""
+        d = await self._t.request("POST", self._t.url(self._base + "/resume"),
+                                  timeout=self._t.timeout_for(timeout))
+        r = ResumeResult.from_json(d)
+        self.info = r.sandbox
+        return r
+
+    async def set_timeout(self, lifetime_s: int | None = None,
+                          ttl_running_stop: int | None = None) -> SandboxInfo:
+        """Change the sandbox's lease: end it ``lifetime_s`` seconds from now
+        (whatever its activity), and/or set its idle TTL. Bounded by the
+        node's maximum lifetime."""
+        body: dict[str, Any] = {}
+        if lifetime_s is not None:
+            body["lifetime_s"] = lifetime_s
+        if ttl_running_stop is not None:
+            body["ttl_running_stop"] = ttl_running_stop
+        d = await self._t.request("POST", self._t.url(self._base + "/timeout"), json_body=body)
+        self.info = SandboxInfo.from_json(d)
+        return self.info
+
+    async def extend(self, seconds: int) -> SandboxInfo:
+        """Keep the sandbox for ``seconds`` more from now (see :meth:`set_timeout`)."""
+        return await self.set_timeout(lifetime_s=seconds)
+
+    async def events(self) -> AsyncGenerator[SandboxEvent, None]:
+        """The sandbox's current state, then each change as it happens; ends
+        after ``stopped`` or ``failed``."""
+        from .client import _event_lines
+        async for e in _event_lines(self._t, self._t.url(self._base + "/events")):
+            yield e
 
     async def delete(self) -> None:
         """Stop the sandbox if needed and forget it."""

@@ -24,7 +24,7 @@ import os
 import signal as _signal
 import threading
 import weakref
-from collections.abc import Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -39,7 +39,11 @@ from .results import (
     FileInfo,
     Health,
     ImageInfo,
+    JobActionResult,
     OutputChunk,
+    PauseResult,
+    ResumeResult,
+    SandboxEvent,
     SandboxInfo,
     TenantInfo,
     WriteResult,
@@ -194,6 +198,18 @@ class DSecClient:
         """The runner pools."""
         return self._run(self.aio.fncall_pools())
 
+    def pause_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
+        """Pause every live sandbox of a job (idempotent)."""
+        return self._run(self.aio.pause_job(job, timeout=timeout))
+
+    def resume_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
+        """Resume every paused sandbox of a job."""
+        return self._run(self.aio.resume_job(job, timeout=timeout))
+
+    def job_events(self, job: str) -> Iterator[SandboxEvent]:
+        """The job's sandboxes' states, then each change, until you stop."""
+        return _iterate(self._runner, self.aio.job_events(job))
+
     def health(self) -> Health:
         """The server's status, version and nodes."""
         return self._run(self.aio.health())
@@ -257,6 +273,28 @@ class Sandbox:
     def delete(self) -> None:
         """Stop the sandbox if needed and forget it."""
         self._run(self.aio.delete())
+
+    def pause(self, timeout: float | None = 120) -> PauseResult:
+        """Freeze the sandbox and push its memory out of RAM."""
+        return self._run(self.aio.pause(timeout=timeout))
+
+    def resume(self, timeout: float | None = 120) -> ResumeResult:
+        """Thaw a paused sandbox."""
+        return self._run(self.aio.resume(timeout=timeout))
+
+    def set_timeout(self, lifetime_s: int | None = None,
+                    ttl_running_stop: int | None = None) -> SandboxInfo:
+        """Change the sandbox's lease."""
+        return self._run(self.aio.set_timeout(lifetime_s=lifetime_s,
+                                              ttl_running_stop=ttl_running_stop))
+
+    def extend(self, seconds: int) -> SandboxInfo:
+        """Keep the sandbox for ``seconds`` more from now."""
+        return self._run(self.aio.extend(seconds))
+
+    def events(self) -> Iterator[SandboxEvent]:
+        """The sandbox's state, then each change; ends after its final state."""
+        return _iterate(self._client._runner, self.aio.events())
 
     def __enter__(self) -> Sandbox:
         return self
@@ -360,6 +398,19 @@ class Sandbox:
     def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
         """Copy a file or directory out of the sandbox."""
         self._run(self.aio.download(remote_path, local_path))
+
+
+def _iterate(runner: _LoopThread, agen: AsyncIterator[T]) -> Iterator[T]:
+    """Drives an async iterator on the client's loop, one item per call."""
+    try:
+        while True:
+            try:
+                yield runner.run(agen.__anext__())
+            except StopAsyncIteration:
+                return
+    finally:
+        if isinstance(agen, AsyncGenerator):
+            runner.run(agen.aclose())
 
 
 async def _await(opening: _astreams.Opening[T]) -> T:

@@ -457,6 +457,9 @@ impl Drop for Platform {
                     // SAFETY: kill(2) of a process in this test's own cgroup.
                     unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
+                // A paused sandbox's processes act on SIGKILL once thawed
+                // (only the freezer hierarchy has this file).
+                let _ = std::fs::write(d.join("freezer.state"), "THAWED");
             }
         }
         self.reap_agents(Duration::from_secs(5));

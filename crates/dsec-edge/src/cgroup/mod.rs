@@ -6,10 +6,12 @@
 //! edges on one machine never touch each other's cgroups.
 
 mod mountinfo;
+mod pause;
 mod v1;
 mod v2;
 
 pub use mountinfo::{find_cgroup_mounts, CgroupMounts};
+pub use pause::{PushOut, SQUEEZE_BYTES};
 pub use v1::V1Cgroups;
 pub use v2::V2Cgroups;
 
@@ -24,6 +26,10 @@ pub enum CgroupError {
     NoHierarchy(String),
     #[error("cgroup {path}: {source}")]
     Io { path: String, source: std::io::Error },
+    #[error("cgroup {0} no longer exists")]
+    Gone(String),
+    #[error("cgroup {0} did not freeze within {1:?} (a process in uninterruptible sleep?)")]
+    FreezeTimeout(String, std::time::Duration),
 }
 
 pub(crate) fn io_err(path: &Path, source: std::io::Error) -> CgroupError {

@@ -60,7 +60,14 @@ impl V1Cgroups {
             }
             for ctrl in ctrls {
                 match ctrl.as_str() {
-                    "memory" => write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?,
+                    "memory" => {
+                        write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?;
+                        // A running sandbox that reaches its limit is
+                        // OOM-killed, never swapped, even on a host with swap
+                        // (v1 limit reclaim honours swappiness 0 strictly);
+                        // only a pause swaps (see squeeze).
+                        write_file(&dir.join("memory.swappiness"), "0")?;
+                    }
                     "cpu" => write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?,
                     "pids" => write_file(&dir.join("pids.max"), &l.pids.to_string())?,
                     _ => {}
@@ -138,6 +145,82 @@ impl V1Cgroups {
             .unwrap_or(0)
     }
 }
+
+impl V1Cgroups {
+    pub(super) fn set_frozen(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
+        let dir = self.dir_of("freezer", name).ok_or_else(|| CgroupError::NoHierarchy("no freezer".into()))?;
+        write_file(&dir.join("freezer.state"), if frozen { "FROZEN" } else { "THAWED" })
+    }
+
+    pub(super) fn frozen(&self, name: &str) -> Option<bool> {
+        let dir = self.dir_of("freezer", name)?;
+        let state = std::fs::read_to_string(dir.join("freezer.state")).ok()?;
+        Some(state.trim() == "FROZEN")
+    }
+
+    pub(super) fn set_memory_limit(&self, name: &str, bytes: u64) -> Result<(), CgroupError> {
+        write_file(&self.memory_dir(name).join("memory.limit_in_bytes"), &bytes.to_string())
+    }
+
+    /// Lowers the limit of a frozen cgroup so the kernel reclaims its pages
+    /// (anonymous and tmpfs ones into swap), then puts the limit back. The
+    /// kernel answers EBUSY when it cannot get below the squeeze limit in
+    /// one go: no swap, unswappable memory, or (often, on a busy disk)
+    /// pages still being written to swap, which become free only once the
+    /// write completes. So it tries again while that makes progress, until
+    /// `deadline`; what was reclaimed stays reclaimed either way.
+    pub(super) fn squeeze(&self, name: &str, limit_bytes: u64, deadline: std::time::Instant) -> Result<(), CgroupError> {
+        let dir = self.memory_dir(name);
+        let usage = || read_u64(&dir.join("memory.usage_in_bytes")).unwrap_or(0);
+        write_file(&dir.join("memory.swappiness"), "100")?;
+        let mut squeezed;
+        let mut last = usage();
+        let mut progress_at = std::time::Instant::now();
+        // At least one attempt (it drops page cache even without swap).
+        loop {
+            squeezed = write_file(&dir.join("memory.limit_in_bytes"), &super::SQUEEZE_BYTES.to_string());
+            let busy = matches!(&squeezed, Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(libc::EBUSY));
+            if !busy {
+                break;
+            }
+            let now = usage();
+            if now + (1 << 20) <= last {
+                progress_at = std::time::Instant::now();
+                last = now;
+                continue;
+            }
+            // No MiB gained: pages may still be on their way to swap (they
+            // are freed once written). Wait for them, but not forever.
+            if progress_at.elapsed() >= SQUEEZE_PATIENCE || std::time::Instant::now() >= deadline {
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        // Limit reclaim drains only this CPU's batches of new pages and can
+        // give up on pages not yet aged; when much is left, force_empty
+        // (drains every CPU, reclaims until nothing more goes) finishes.
+        // Pages briefly off the LRU (isolated by compaction or migration
+        // elsewhere on the host) escape one pass: a few more, while there is
+        // time.
+        for _ in 0..5 {
+            if usage() <= 2 * super::SQUEEZE_BYTES || std::time::Instant::now() >= deadline {
+                break;
+            }
+            let _ = write_file(&dir.join("memory.force_empty"), "0");
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let restored = self.set_memory_limit(name, limit_bytes);
+        let _ = write_file(&dir.join("memory.swappiness"), "0");
+        match squeezed {
+            Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(libc::EBUSY) => {}
+            other => other?,
+        }
+        restored
+    }
+}
+
+/// How long a squeeze goes on without reclaiming anything more.
+const SQUEEZE_PATIENCE: std::time::Duration = std::time::Duration::from_secs(1);
 
 pub(crate) fn read_u64(path: &Path) -> Option<u64> {
     std::fs::read_to_string(path).ok()?.trim().parse().ok()

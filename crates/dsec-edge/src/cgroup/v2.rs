@@ -74,7 +74,67 @@ impl V2Cgroups {
         set("memory.max", l.memory_bytes.to_string())?;
         set("cpu.max", format!("{} {CPU_PERIOD_US}", l.cpu_quota_us))?;
         set("pids.max", l.pids.to_string())?;
+        // As on v1: a running sandbox never swaps; only a pause does. The
+        // file exists only with swap accounting.
+        let swap_max = dir.join("memory.swap.max");
+        if swap_max.exists() {
+            write_file(&swap_max, "0")?;
+        }
         Ok(())
+    }
+
+    pub(super) fn set_frozen(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
+        write_file(&self.parent.join(name).join("cgroup.freeze"), if frozen { "1" } else { "0" })
+    }
+
+    pub(super) fn frozen(&self, name: &str) -> Option<bool> {
+        let text = std::fs::read_to_string(self.parent.join(name).join("cgroup.events")).ok()?;
+        Some(text.lines().any(|l| l.trim() == "frozen 1"))
+    }
+
+    pub(super) fn set_memory_limit(&self, name: &str, bytes: u64) -> Result<(), CgroupError> {
+        let p = self.parent.join(name).join("memory.max");
+        if !self.require_controllers && !p.exists() {
+            return Ok(());
+        }
+        write_file(&p, &bytes.to_string())
+    }
+
+    /// Asks the kernel to reclaim everything the cgroup holds. EAGAIN means
+    /// it reclaimed less than asked (no swap, unswappable memory, or pages
+    /// still being written to swap): asked again while that makes
+    /// progress, until `deadline`. A hierarchy without the memory
+    /// controller has nothing to reclaim.
+    pub(super) fn reclaim(&self, name: &str, deadline: std::time::Instant) -> Result<(), CgroupError> {
+        let dir = self.parent.join(name);
+        let reclaim = dir.join("memory.reclaim");
+        if !reclaim.exists() {
+            return Ok(());
+        }
+        let swap_max = dir.join("memory.swap.max");
+        let has_swap_max = swap_max.exists();
+        if has_swap_max {
+            write_file(&swap_max, "max")?;
+        }
+        let usage = || read_u64(&dir.join("memory.current")).unwrap_or(0);
+        let mut r = Ok(());
+        let mut last = usage();
+        while std::time::Instant::now() < deadline {
+            r = write_file(&reclaim, &last.max(1).to_string());
+            let again = matches!(&r, Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(libc::EAGAIN));
+            let now = usage();
+            if !again || now + (1 << 20) > last {
+                break;
+            }
+            last = now;
+        }
+        if has_swap_max {
+            write_file(&swap_max, "0")?;
+        }
+        match r {
+            Err(CgroupError::Io { source, .. }) if source.raw_os_error() == Some(libc::EAGAIN) => Ok(()),
+            other => other,
+        }
     }
 
     pub(super) fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {

@@ -150,8 +150,21 @@ impl ContainerBackend {
             return Err(EdgeError::Internal(format!("pid {pid} is no longer the agent of {id}")));
         }
         let pidfd = spawn::pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
-        let fd = spawn::pidfd_getfd(&pidfd, AGENT_REATTACH_FD)
-            .map_err(|e| EdgeError::Internal(format!("taking the agent's re-attach channel: {e}")))?;
+        // The agent parks a fresh channel at fd 4 only once it has seen its
+        // old edge go away; right after a crash (or a thaw) it may not have
+        // run yet, and fd 4 is still its placeholder: wait a little for it.
+        let deadline = std::time::Instant::now() + REATTACH_WAIT;
+        let fd = loop {
+            let fd = spawn::pidfd_getfd(&pidfd, AGENT_REATTACH_FD)
+                .map_err(|e| EdgeError::Internal(format!("taking the agent's re-attach channel: {e}")))?;
+            if is_socket(&fd) {
+                break fd;
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(EdgeError::Internal(format!("the agent of {id} offered no re-attach channel within {REATTACH_WAIT:?}")));
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        };
         let std_stream = std::os::unix::net::UnixStream::from(fd);
         std_stream.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let stream = tokio::net::UnixStream::from_std(std_stream).map_err(|e| EdgeError::Internal(e.to_string()))?;
@@ -177,6 +190,17 @@ impl ContainerBackend {
         self.cgroups.kill_all(id);
         self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
     }
+}
+
+/// How long re-adoption waits for an agent to offer its re-attach channel.
+const REATTACH_WAIT: Duration = Duration::from_secs(3);
+
+fn is_socket(fd: &OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    // SAFETY: fstat on an fd we own, into a zeroed local struct.
+    let mut st: libc::stat = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; the pointer is valid for the call.
+    unsafe { libc::fstat(fd.as_raw_fd(), &mut st) == 0 && (st.st_mode & libc::S_IFMT) == libc::S_IFSOCK }
 }
 
 /// Image environment, overridden by the request's environment.

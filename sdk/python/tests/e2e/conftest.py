@@ -68,6 +68,10 @@ class Tenant:
     token: str
 
 
+#: Size of the server's swap file (MiB).
+SWAP_FILE_MB = 1024
+
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -98,6 +102,19 @@ def _mounts_under(path: Path) -> list[str]:
     except OSError:
         return []
     return [p for p in points if p == root or p.startswith(root + "/")]
+
+
+def _swapoff_under(path: Path) -> None:
+    """Turn off any swap file under ``path``: a server that died without its
+    clean shutdown leaves its swap file on, and host swap must never outlive
+    the tests."""
+    root = str(path.resolve())
+    with open("/proc/swaps") as f:
+        active = [line.split()[0] for line in f.read().splitlines()[1:] if line.strip()]
+    for swap in active:
+        if swap.startswith(root + "/"):
+            subprocess.run(["swapoff", swap], check=False, timeout=120)
+            Path(swap).unlink(missing_ok=True)
 
 
 def _stop(pid: int, proc: subprocess.Popen[bytes]) -> None:
@@ -153,7 +170,9 @@ def serve_dsec(extra_args: list[str]) -> Iterator[Server]:
            # Small enough that test_bad_input can exceed it cheaply.
            "--max-upload-mb", str(MAX_UPLOAD_MB),
            # Room for test_scale's thousand small sandboxes.
-           "--max-sandboxes", "4096", *extra_args]
+           "--max-sandboxes", "4096",
+           # A node swap file, so test_pause sees memory leave RAM.
+           "--swap-file-mb", str(SWAP_FILE_MB), *extra_args]
     images_dir = os.environ.get("DSEC_TEST_IMAGES_DIR")
     if images_dir:
         cmd += ["--images-dir", images_dir]
@@ -192,6 +211,7 @@ def serve_dsec(extra_args: list[str]) -> Iterator[Server]:
         yield srv
     finally:
         _stop(proc.pid, proc)
+        _swapoff_under(data_dir)
         shutil.rmtree(log_dir, ignore_errors=True)
         if not given:
             left = _mounts_under(data_dir)

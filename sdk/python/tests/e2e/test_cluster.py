@@ -172,6 +172,37 @@ async def test_fncall_through_the_apiserver(cluster: Cluster) -> None:
         assert len([p for p in pools if p["language"] == "python"]) == 2, pools
 
 
+async def test_a_job_pauses_and_resumes_on_every_node(cluster: Cluster) -> None:
+    tenant = _create_tenant(cluster.api, "cl-job")
+    job = f"cl-job-{uuid.uuid4().hex[:6]}"
+    async with DSecClient(cluster.api.url, tenant.token) as c:
+        sandboxes = await asyncio.gather(*(c.run_container(_args(job=job)) for _ in range(6)))
+        assert {sb.id.split(".")[0] for sb in sandboxes} == set(cluster.edges)
+        events: list[tuple[str, str]] = []
+
+        async def follow() -> None:
+            async for e in c.job_events(job):
+                events.append((e.id, e.state))
+
+        follower = asyncio.create_task(follow())
+        await asyncio.sleep(0.3)
+        r = await c.pause_job(job)
+        assert (r.matched, r.changed, r.failed) == (6, 6, []), r
+        assert len(await c.list(job=job, state="paused")) == 6
+        assert (await c.pause_job(job)).unchanged == 6
+        # A request through the proxy resumes a paused sandbox on its node.
+        assert (await sandboxes[0].run_shell("echo back")).stdout == "back\n"
+        r = await c.resume_job(job)
+        assert (r.changed, r.unchanged) == (5, 1), r
+        await asyncio.sleep(0.3)
+        follower.cancel()
+        paused_on = {i.split(".")[0] for i, st in events if st == "paused"}
+        assert paused_on == set(cluster.edges), f"merged job events missed a node: {events}"
+        with pytest.raises(dsec.JobNotFound):
+            await c.pause_job(f"nothing-{uuid.uuid4().hex}")
+        await asyncio.gather(*(s.delete() for s in sandboxes))
+
+
 async def test_a_node_that_goes_away_is_unavailable_and_skipped(cluster: Cluster) -> None:
     tenant = _create_tenant(cluster.api, "cl-down")
     async with DSecClient(cluster.api.url, tenant.token) as c:

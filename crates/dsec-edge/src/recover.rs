@@ -1,0 +1,152 @@
+//! Re-adoption after an edge restart: the registry is rebuilt from the
+//! database; live sandboxes are re-attached (or cleaned up and marked
+//! failed when their agent is gone); paused ones stay frozen until resumed.
+
+use std::sync::Arc;
+
+use crate::edge::{lock, Edge, Entry};
+use crate::pause::push_budget;
+use crate::model::{now_ms, Caller, SandboxRecord, State};
+
+impl Edge {
+    /// Rebuilds the registry from the database: terminal records come back
+    /// for inspection; live ones are re-adopted, or cleaned up and marked
+    /// failed when their agent cannot be reached.
+    pub(crate) async fn recover(&self, records: Vec<SandboxRecord>) {
+        let retention_ms = self.inner.config.retention.as_millis() as u64;
+        let mut resuming = Vec::new();
+        for mut rec in records {
+            if rec.node != self.inner.config.node {
+                continue;
+            }
+            if rec.state.is_terminal() {
+                if now_ms().saturating_sub(rec.stopped_at_ms.unwrap_or(rec.created_at_ms)) > retention_ms {
+                    self.inner.store.delete(&rec.id);
+                } else {
+                    self.insert(Entry::new(rec, false));
+                }
+                continue;
+            }
+            if rec.state.is_paused() {
+                if self.recover_paused(&mut rec).await && rec.state == State::Resuming {
+                    resuming.push(rec.id.clone());
+                }
+                continue;
+            } else {
+                // Not paused by its record, but frozen: a crash between the
+                // thaw being due and its record. Thaw before the handshake,
+                // which a frozen agent cannot answer.
+                if self.inner.container.cgroups().frozen(&rec.id) == Some(true) {
+                    let _ = self.inner.container.cgroups().restore_memory_limit(&rec.id, rec.spec.limits.memory_mb << 20);
+                    let _ = self.inner.container.cgroups().thaw(&rec.id);
+                }
+            }
+            let adopted = match rec.pid {
+                Some(pid) => self.inner.container.adopt(&rec.id, pid).await,
+                None => Err(crate::error::EdgeError::Internal("no agent was recorded".into())),
+            };
+            match adopted {
+                Ok(instance) if self.inner.admission.reserve(&rec.spec.limits).is_ok() => {
+                    tracing::info!(id = %rec.id, pid = instance.pid, "re-adopted sandbox");
+                    let stopping = rec.state == State::Stopping;
+                    rec.state = if stopping { State::Stopping } else { State::Running };
+                    // Activity is counted in memory only; while the edge was
+                    // down nobody could reach the sandbox, so its idle clock
+                    // starts again now rather than at its last saved state.
+                    rec.last_active_ms = now_ms();
+                    let entry = Entry::new(rec.clone(), true);
+                    let instance = Arc::new(instance);
+                    *lock(&entry.instance) = Some(instance.clone());
+                    self.insert(entry.clone());
+                    self.watch_exit(entry, instance.clone());
+                    if stopping {
+                        let _ = crate::container::spawn::pidfd_kill(&instance.pidfd, libc::SIGKILL);
+                    }
+                }
+                outcome => {
+                    let why = match outcome {
+                        Err(e) => e.to_string(),
+                        Ok(_) => "no capacity left to re-admit it".to_string(),
+                    };
+                    self.abandon(rec, &why).await;
+                }
+            }
+        }
+        let _ = self.inner.store.sync().await;
+        // A resume the crash interrupted: finish it, as its caller asked.
+        for id in resuming {
+            let edge = self.clone();
+            tokio::spawn(async move {
+                if let Err(e) = edge.resume(&Caller::admin(), &id).await {
+                    tracing::warn!(%id, error = %e, "could not finish an interrupted resume; the sandbox stays paused");
+                }
+            });
+        }
+    }
+
+    /// A sandbox whose record says pausing, paused or resuming: its agent
+    /// is (or may be) frozen, so it is not contacted now. It is kept frozen
+    /// with its memory limit restored (a crash may have come in the middle
+    /// of a push-out); a half-done pause is finished. Its agent is adopted
+    /// when it resumes. False if its agent is gone (then it was abandoned).
+    async fn recover_paused(&self, rec: &mut SandboxRecord) -> bool {
+        let cgroups = self.inner.container.cgroups().clone();
+        let alive = rec.pid.is_some_and(|pid| cgroups.contains(&rec.id, pid));
+        if !alive {
+            self.abandon(rec.clone(), "its agent is gone").await;
+            return false;
+        }
+        let (name, limit, finish_push) = (rec.id.clone(), rec.spec.limits.memory_mb << 20, rec.state == State::Pausing);
+        let timeout = self.inner.config.pause_timeout;
+        let kept = tokio::task::spawn_blocking(move || -> Result<u64, crate::cgroup::CgroupError> {
+            cgroups.freeze(&name, timeout)?;
+            if finish_push {
+                return Ok(cgroups.push_out(&name, limit, push_budget(timeout))?.freed_bytes());
+            }
+            cgroups.restore_memory_limit(&name, limit)?;
+            Ok(0)
+        })
+        .await;
+        match kept {
+            Ok(Ok(freed)) => {
+                if rec.state == State::Pausing {
+                    rec.state = State::Paused;
+                    rec.paused_at_ms = Some(now_ms());
+                    rec.memory_freed_bytes = Some(freed);
+                }
+                tracing::info!(id = %rec.id, state = rec.state.as_str(), "kept paused sandbox frozen");
+                self.save(rec);
+                // No reservation: paused sandboxes do not count.
+                self.insert(Entry::new(rec.clone(), false));
+                true
+            }
+            other => {
+                let why = match other {
+                    Ok(Err(e)) => e.to_string(),
+                    _ => "the freeze task failed".to_string(),
+                };
+                self.abandon(rec.clone(), &why).await;
+                false
+            }
+        }
+    }
+
+    /// Cleans up a sandbox that cannot be re-adopted and marks it failed.
+    async fn abandon(&self, mut rec: SandboxRecord, why: &str) {
+        tracing::warn!(id = %rec.id, %why, "could not re-adopt sandbox; removing it");
+        let id = rec.id.clone();
+        let edge = self.clone();
+        let _ = tokio::task::spawn_blocking(move || edge.inner.container.cleanup(&id)).await;
+        rec.state = State::Failed;
+        rec.reason = Some(format!("the edge restarted and could not re-adopt the sandbox: {why}"));
+        rec.stopped_at_ms = Some(now_ms());
+        rec.pid = None;
+        self.save(&rec);
+        self.insert(Entry::new(rec, false));
+    }
+
+    fn insert(&self, entry: Arc<Entry>) {
+        let id = lock(&entry.record).id.clone();
+        self.inner.registry.write().unwrap_or_else(|p| p.into_inner()).insert(id, entry);
+    }
+}
