@@ -71,11 +71,12 @@ impl FnCallConfig {
                 .map(String::from)
                 .collect(),
             runner_memory_mb: 1024,
-            // A runner's monitor, zygote and call run at once: a quota of
-            // one core would throttle the runner for the rest of a CFS
-            // period whenever they overlap (100 ms stalls). Each call's CPU
-            // time is bounded by RLIMIT_CPU instead.
-            runner_cpu_cores: cpus.max(0.01),
+            // One core: a call is one process at a time. The runner's CPU
+            // reservation counts against the node's admission like any
+            // sandbox's, so a whole-node quota per runner would crowd
+            // out user sandboxes. Each call's own CPU time is bounded by
+            // RLIMIT_CPU.
+            runner_cpu_cores: 1.0_f64.min(cpus),
             runner_disk_mb: 256,
             runner_pids: 64,
             default_time_s: 10.0,

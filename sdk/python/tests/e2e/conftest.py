@@ -145,7 +145,9 @@ def _clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
 @pytest.fixture(scope="session")
 def server() -> Iterator[Server]:
     """Start ``dsec up`` once for the whole e2e session."""
-    yield from serve_dsec([])
+    # FnCall pools small enough that their runners' CPU reservations leave
+    # test_pause's burst of 2,000 room in the node's admission.
+    yield from serve_dsec(["--fncall-pools", "python=2:4,bash=1:2,c=0:2,cpp=1:2"])
 
 
 def serve_dsec(extra_args: list[str]) -> Iterator[Server]:
