@@ -16,7 +16,9 @@ SECS=${1:-10}
 bench_init fncall
 bench_build
 BASELINE_PID=""
-trap 'rc=$?; [ -n "$BASELINE_PID" ] && kill "$BASELINE_PID" 2>/dev/null; (exit $rc); bench_cleanup' EXIT
+# Stop the baseline too. (No `(exit $rc)` here: under set -e a failing
+# command inside the trap would end it before the cleanup.)
+trap 'rc=$?; if [ -n "$BASELINE_PID" ]; then kill "$BASELINE_PID" 2>/dev/null || true; fi; bench_cleanup "$rc"' EXIT
 
 # Pools fixed at their size for the run (no growth in the middle of a
 # measurement): 8 Python runners, 4 C++ runners.

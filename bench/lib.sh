@@ -129,8 +129,9 @@ bench_reap_node() {
     done
 }
 
+# bench_cleanup [RC]: RC defaults to the status the script is exiting with.
 bench_cleanup() {
-    local rc=$?
+    local rc=${1:-$?}
     set +e
     trap - EXIT INT TERM
     if [ -n "$DSEC_PID" ]; then
