@@ -28,6 +28,10 @@ impl PushOut {
 /// is mostly kernel memory that cannot be swapped anyway.
 pub const SQUEEZE_BYTES: u64 = 8 << 20;
 
+/// Whole squeezes a v1 push-out tries, and the pause between them.
+const SQUEEZE_ATTEMPTS: u32 = 3;
+const RETRY_PAUSE: Duration = Duration::from_millis(100);
+
 impl Cgroups {
     /// Freezes every process of the cgroup and waits until the kernel says
     /// they all are frozen (a task in uninterruptible sleep delays it).
@@ -82,7 +86,20 @@ impl Cgroups {
         let before = self.memory_usage(name).ok_or_else(|| CgroupError::Gone(name.to_string()))?;
         let deadline = Instant::now() + budget;
         match self {
-            Cgroups::V1(c) => c.squeeze(name, limit_bytes, deadline)?,
+            Cgroups::V1(c) => {
+                // A squeeze now and then stops early with most pages still
+                // in RAM (seen only on a loaded host; cause not found: pages
+                // off the LRU for a moment, or not yet aged). Squeezing again
+                // while it is far from done and time remains gets them.
+                for attempt in 0..SQUEEZE_ATTEMPTS {
+                    c.squeeze(name, limit_bytes, deadline)?;
+                    let now = self.memory_usage(name).unwrap_or(before);
+                    if now * 10 <= before || Instant::now() + RETRY_PAUSE >= deadline || attempt + 1 == SQUEEZE_ATTEMPTS {
+                        break;
+                    }
+                    std::thread::sleep(RETRY_PAUSE);
+                }
+            }
             Cgroups::V2(c) => c.reclaim(name, deadline)?,
         }
         let after = self.memory_usage(name).unwrap_or(before);
