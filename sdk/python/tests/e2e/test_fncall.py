@@ -338,3 +338,38 @@ async def test_pools_grow_with_load_and_shrink_when_idle(elastic_server: Server)
         assert await c.list(labels={"dsec.fncall": "python"}) == [], "idle runners were removed"
         again = await c.fncall("python", "print('again')")
         assert again.ok and again.stdout == "again\n"
+
+
+def _runner_monitor_pid(runner: str) -> int:
+    """The pid of a runner's monitor (the zygote script's process whose
+    parent is the runner's guest agent), found through its cgroup."""
+    node = runner.split(".")[0]
+    for procs in Path("/sys/fs/cgroup").glob(f"**/dsec/{node}/{runner}/cgroup.procs"):
+        for pid in procs.read_text().split():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                ppid = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]
+                parent = Path(f"/proc/{ppid}/comm").read_text().strip()
+            except OSError:
+                continue
+            if b"dsec-fncall-zygote.py" in cmdline and parent == "dsec-agent":
+                return int(pid)
+    raise AssertionError(f"no monitor process found for runner {runner}")
+
+
+async def test_a_runner_that_dies_is_replaced(one_runner_server: Server) -> None:
+    srv = one_runner_server
+    async with DSecClient(srv.url, srv.admin_token) as c:
+        first = await c.fncall("python", "print('before')")
+        assert first.ok, first
+        os.kill(_runner_monitor_pid(first.runner), 9)
+        # The call that meets the dead runner is a clear, retryable error...
+        with pytest.raises(dsec.errors.DSecError) as e:
+            await c.fncall("python", "print('during')")
+        assert e.value.code == "runner_failed" and e.value.status == 503, e.value
+        # ...and the pool replaces the runner for the next one.
+        after = await c.fncall("python", "print('after')")
+        assert after.ok and after.stdout == "after\n" and after.runner != first.runner, after
+        pool = (await c.fncall_pools())[0]
+        assert pool["runners_replaced"] >= 1 and pool["runners"] == 1, pool
+        assert first.runner not in {s.id for s in await c.list(labels={"dsec.fncall": "python"})}
