@@ -20,9 +20,11 @@ BASELINE_PID=""
 # command inside the trap would end it before the cleanup.)
 trap 'rc=$?; if [ -n "$BASELINE_PID" ]; then kill "$BASELINE_PID" 2>/dev/null || true; fi; bench_cleanup "$rc"' EXIT
 
-# Pools fixed at their size for the run (no growth in the middle of a
-# measurement): 8 Python runners, 4 C++ runners.
-bench_start_dsec --fncall-pools python=8:8,cpp=4:4 --cpu-overcommit 64
+# Pools fixed at the default maximum for this node (2 runners per core for
+# Python, 1 for C++), so nothing grows in the middle of a measurement.
+PY_RUNNERS=$((2 * $(nproc)))
+CPP_RUNNERS=$(nproc)
+bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS,cpp=$CPP_RUNNERS:$CPP_RUNNERS" --cpu-overcommit 64
 "$BENCH" fncall-baseline --listen 127.0.0.1:0 --python /usr/bin/python3 >"$WORK/baseline.log" 2>&1 &
 BASELINE_PID=$!
 BASELINE=""
@@ -55,7 +57,7 @@ for target in "$DSEC_ENDPOINT" "$BASELINE"; do check "$target" "$WORK/py.json"; 
 # Pools are warm once their runners have started.
 for _ in $(seq 1 100); do
     ready=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" "$DSEC_ENDPOINT/v1/fncall/pools" |
-        "$PY" -c 'import json,sys; p={x["language"]: x for x in json.load(sys.stdin)["pools"]}; print(p["python"]["idle"] == 8 and p["cpp"]["idle"] == 4)')
+        "$PY" -c 'import json,sys; p={x["language"]: x for x in json.load(sys.stdin)["pools"]}; print(p["python"]["idle"] == int(sys.argv[1]) and p["cpp"]["idle"] == int(sys.argv[2]))' "$PY_RUNNERS" "$CPP_RUNNERS")
     [ "$ready" = True ] && break
     sleep 0.2
 done

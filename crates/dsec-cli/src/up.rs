@@ -80,9 +80,10 @@ pub struct EdgeArgs {
     /// next `dsec up` on this data dir re-adopts them).
     #[arg(long)]
     pub stop_sandboxes_on_exit: bool,
-    /// FnCall runner pools: LANG=MIN:MAX, comma-separated.
-    #[arg(long, default_value = "python=2:8,bash=1:4,c=0:4,cpp=1:4")]
-    pub fncall_pools: String,
+    /// FnCall runner pools: LANG=MIN:MAX, comma-separated. Default: python
+    /// 2 to 2 per core, bash and cpp 1 to 1 per core, c 0 to 1 per core.
+    #[arg(long)]
+    pub fncall_pools: Option<String>,
     /// FnCall calls waiting for a runner, per language; one more gets 429.
     #[arg(long, default_value_t = 4096)]
     pub fncall_queue_limit: usize,
@@ -188,14 +189,16 @@ impl EdgeArgs {
         config.memory_overcommit = self.memory_overcommit;
         config.max_sandboxes = self.max_sandboxes;
         config.stop_sandboxes_on_shutdown = self.stop_sandboxes_on_exit;
-        let pools = parse_pools(&self.fncall_pools)?;
+        let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;
         let edge = Edge::start(config, layers).await?;
         let fncall = if self.no_fncall {
             None
         } else {
             let mut cfg = FnCallConfig::for_node(dsec_edge::host_resources().0);
             cfg.image = self.fncall_image.clone();
-            cfg.pools = pools;
+            if let Some(pools) = pools {
+                cfg.pools = pools;
+            }
             cfg.queue_limit = self.fncall_queue_limit;
             cfg.shrink_after = Duration::from_secs(self.fncall_idle_s);
             if let Some(p) = &self.fncall_preload {
