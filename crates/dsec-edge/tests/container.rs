@@ -82,27 +82,38 @@ impl TestEdge {
 /// edge's state dir.
 impl Drop for TestEdge {
     fn drop(&mut self) {
-        for ctrl in ["memory", "cpu", "cpuacct", "pids", "freezer"] {
-            let parent = format!("/sys/fs/cgroup/{ctrl}/dsec-test/{}", self.node);
-            if let Ok(rd) = std::fs::read_dir(&parent) {
-                for e in rd.flatten().filter(|e| e.path().is_dir()) {
-                    let procs = std::fs::read_to_string(e.path().join("cgroup.procs")).unwrap_or_default();
-                    for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
-                        // SAFETY: kill(2) of processes in this test's own cgroups.
-                        unsafe { libc::kill(pid, libc::SIGKILL) };
-                    }
-                    // A paused sandbox's processes act on SIGKILL once thawed.
-                    let _ = std::fs::write(e.path().join("freezer.state"), "THAWED");
-                    for _ in 0..100 {
-                        if std::fs::remove_dir(e.path()).is_ok() {
-                            break;
-                        }
-                        std::thread::sleep(Duration::from_millis(5));
-                    }
+        const CONTROLLERS: [&str; 5] = ["memory", "cpu", "cpuacct", "pids", "freezer"];
+        let parent = |ctrl: &str| PathBuf::from(format!("/sys/fs/cgroup/{ctrl}/dsec-test/{}", self.node));
+        let children = |ctrl: &str| -> Vec<PathBuf> {
+            std::fs::read_dir(parent(ctrl)).map(|rd| rd.flatten().map(|e| e.path()).filter(|p| p.is_dir()).collect()).unwrap_or_default()
+        };
+        // Kill everything first (in every hierarchy: a paused sandbox's
+        // processes act on SIGKILL only once thawed)...
+        for ctrl in CONTROLLERS {
+            for child in children(ctrl) {
+                let _ = std::fs::write(child.join("freezer.state"), "THAWED");
+                let procs = std::fs::read_to_string(child.join("cgroup.procs")).unwrap_or_default();
+                for pid in procs.lines().filter_map(|l| l.trim().parse::<i32>().ok()) {
+                    // SAFETY: kill(2) of processes in this test's own cgroups.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
                 }
             }
-            let _ = std::fs::remove_dir(&parent);
-            // Shared by concurrent tests: only the last one succeeds.
+        }
+        // ...then remove the cgroups, waiting for the dying processes (and
+        // for an edge that may still be removing some itself), the node's
+        // own level, and the shared top level if this was the last test.
+        for ctrl in CONTROLLERS {
+            for _ in 0..400 {
+                let left = children(ctrl);
+                if left.is_empty() {
+                    break;
+                }
+                for child in left {
+                    let _ = std::fs::remove_dir(child);
+                }
+                std::thread::sleep(Duration::from_millis(5));
+            }
+            let _ = std::fs::remove_dir(parent(ctrl));
             let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/dsec-test"));
         }
         // Host swap is never left on, even when a test failed half-way.

@@ -213,10 +213,45 @@ pub(crate) fn rmdir_retry(path: &Path) -> Result<(), CgroupError> {
     unreachable!("the loop returns on its last attempt")
 }
 
+/// Removes `dir`, then its parents, `levels` directories in all, innermost
+/// first, stopping at the first that is not empty. The edge made them all
+/// (create_dir_all of its cgroup parent, e.g. `dsec/<node>`); a level that
+/// another node still uses stays.
+pub(crate) fn remove_empty_levels(dir: &Path, levels: usize) {
+    for d in dir.ancestors().take(levels) {
+        if std::fs::remove_dir(d).is_err() {
+            break;
+        }
+    }
+}
+
+/// How many directories a relative cgroup parent (`dsec/<node>`) spans.
+pub(crate) fn parent_levels(parent: &str) -> usize {
+    Path::new(parent).components().filter(|c| matches!(c, std::path::Component::Normal(_))).count()
+}
+
 pub(crate) fn list_dirs(path: &Path) -> Vec<String> {
     let Ok(rd) = std::fs::read_dir(path) else { return Vec::new() };
     rd.filter_map(|e| e.ok())
         .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
         .filter_map(|e| e.file_name().into_string().ok())
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn shutdown_removes_the_parent_levels_that_are_empty() {
+        let t = tempfile::tempdir().unwrap();
+        assert_eq!(parent_levels("dsec/node1"), 2);
+        let node = t.path().join("dsec/node1");
+        std::fs::create_dir_all(&node).unwrap();
+        std::fs::create_dir_all(t.path().join("dsec/node2")).unwrap();
+        remove_empty_levels(&node, 2);
+        assert!(!node.exists() && t.path().join("dsec").exists(), "another node's level stays");
+        remove_empty_levels(&t.path().join("dsec/node2"), 2);
+        assert!(!t.path().join("dsec").exists() && t.path().exists(), "nothing above the parent path is touched");
+    }
 }

@@ -14,6 +14,8 @@ pub struct V1Cgroups {
     /// Distinct hierarchy directories of our parent cgroup, with the
     /// controllers each carries (co-mounted controllers share a directory).
     parents: Vec<(PathBuf, Vec<String>)>,
+    /// Directories the parent path spans (removed, where empty, at shutdown).
+    levels: usize,
 }
 
 impl V1Cgroups {
@@ -32,7 +34,7 @@ impl V1Cgroups {
                 None => parents.push((dir, vec![ctrl.to_string()])),
             }
         }
-        Ok(Self { parents })
+        Ok(Self { parents, levels: super::parent_levels(parent) })
     }
 
     pub(super) fn init(&self) -> Result<(), CgroupError> {
@@ -122,7 +124,7 @@ impl V1Cgroups {
 
     pub(super) fn remove_parent(&self) {
         for (parent, _) in &self.parents {
-            let _ = std::fs::remove_dir(parent);
+            super::remove_empty_levels(parent, self.levels);
         }
     }
 

@@ -11,6 +11,8 @@ const CONTROLLERS: &[&str] = &["memory", "cpu", "pids"];
 pub struct V2Cgroups {
     root: PathBuf,
     parent: PathBuf,
+    /// Directories the parent path spans (removed, where empty, at shutdown).
+    levels: usize,
     /// Refuse to run when a limit cannot be enforced (production). Tests of
     /// the v2 mechanics on a hybrid host, whose cgroup2 carries no
     /// controllers, turn this off.
@@ -19,8 +21,9 @@ pub struct V2Cgroups {
 
 impl V2Cgroups {
     pub fn new(root: PathBuf, parent: &str, require_controllers: bool) -> Result<Self, CgroupError> {
+        let levels = super::parent_levels(parent);
         let parent = root.join(parent);
-        Ok(Self { root, parent, require_controllers })
+        Ok(Self { root, parent, levels, require_controllers })
     }
 
     fn available(&self) -> Vec<String> {
@@ -167,7 +170,7 @@ impl V2Cgroups {
     }
 
     pub(super) fn remove_parent(&self) {
-        let _ = std::fs::remove_dir(&self.parent);
+        super::remove_empty_levels(&self.parent, self.levels);
     }
 
     pub(super) fn list(&self) -> Vec<String> {
