@@ -5,7 +5,7 @@ set -euo pipefail
 
 PACKAGES=(
   erofs-utils     # mkfs.erofs: builds the read-only image layers
-  debootstrap     # builds the Debian-based default image (python)
+  debootstrap     # builds the Debian-based default images (python, judge)
   busybox-static  # the busybox default image
   util-linux      # unshare/nsenter, used by tests
   iproute2        # ip, used by tests to inspect sandboxes' network
