@@ -506,16 +506,22 @@ def compile_here(path):
     return data if len(data) < MAX_WORKER_MSG - 4096 else b""
 
 
+def read_line(fd, gone):
+    """One line from a pipe whose writer sends the next line only after we
+    act on this one (so nothing is read past it); SystemExit(gone) at EOF."""
+    line = bytearray()
+    while not line.endswith(b"\n"):
+        b = os.read(fd, 4096)
+        if not b:
+            raise SystemExit(gone)
+        line += b
+    return bytes(line)
+
+
 def read_report(rep):
     """The zygote's line about one worker: pid, wait status, user and
     system seconds, peak RSS (KiB)."""
-    line = bytearray()
-    while not line.endswith(b"\n"):
-        b = os.read(rep, 64)
-        if not b:
-            raise SystemExit("the zygote is gone")
-        line += b
-    f = line.split()
+    f = read_line(rep, "the zygote is gone").split()
     return int(f[0]), int(f[1]), float(f[2]), float(f[3]), int(f[4])
 
 
@@ -600,13 +606,7 @@ class Monitor:
         os.close(ctl_r)
         os.close(rep_w)
         self.zygote, self.cmd, self.ctl, self.rep = pid, cmd_w, ctl_w, rep_r
-        line = bytearray()
-        while not line.endswith(b"\n"):
-            b = os.read(rep_r, 65536)
-            if not b:
-                raise SystemExit("the zygote did not start")
-            line += b
-        self.loaded = json.loads(line)
+        self.loaded = json.loads(read_line(rep_r, "the zygote did not start"))
         self.worker_ready = False
 
     def prefork(self):
