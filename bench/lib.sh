@@ -52,7 +52,12 @@ bench_build() {
 }
 
 # bench_start_dsec [extra `dsec up` flags...]
+# FnCall runners are off unless the flags configure them (--fncall-*): the
+# sandbox benchmarks count and measure the node's sandboxes, and warm
+# runners would be among them.
 bench_start_dsec() {
+    local fncall=--no-fncall
+    case " $* " in *" --fncall-"*) fncall="" ;; esac
     DATA_DIR=$WORK/data
     mkdir -p "$DATA_DIR"
     local log=$WORK/dsec.log
@@ -60,7 +65,7 @@ bench_start_dsec() {
     # it room (the edge raises its soft limit to the hard one).
     (ulimit -Hn 1048576 2>/dev/null || true; ulimit -Sn "$(ulimit -Hn)";
      exec "$DSEC" up --data-dir "$DATA_DIR" --images-dir "$IMAGES_DIR" --listen 127.0.0.1:0 \
-        --node "$NODE" --stop-sandboxes-on-exit "$@") >"$log" 2>&1 &
+        --node "$NODE" --stop-sandboxes-on-exit $fncall "$@") >"$log" 2>&1 &
     DSEC_PID=$!
     local addr=""
     for _ in $(seq 1 300); do
