@@ -14,6 +14,8 @@ PACKAGES=(
   hyperfine       # command timing in benchmarks
   file            # checks that the guest agent is statically linked
   pkg-config
+  skopeo          # writes docker-archive / pushes to a registry in the image import tests
+  docker-registry # a real local OCI registry for the `dsec image pull` tests
 )
 
 missing=()

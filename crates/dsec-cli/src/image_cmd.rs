@@ -1,5 +1,6 @@
-//! `dsec image build|setup|ls|rm`: images are built on this node, straight
-//! into its image store (root, offline work), with progress bars.
+//! `dsec image build|setup|import|pull|ls|inspect|rm|gc`: images are built
+//! or imported on this node, straight into its image store, with progress
+//! bars.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -9,6 +10,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use dsec_api::ImageInfo;
 use dsec_image::build::{build_layer_debootstrap, build_layer_from_dir, build_layer_from_tar, DebootstrapRecipe};
+use dsec_image::oci::registry::{pull, PullOptions};
+use dsec_image::oci::{import_path, parse_platform, ImportOptions};
 use dsec_image::{build_default_image, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -18,6 +21,20 @@ pub enum ImageCmd {
     Build(BuildArgs),
     /// Build the default images (busybox, python) that are missing.
     Setup(SetupArgs),
+    /// Import an OCI image layout (directory or tar) or a `docker save`
+    /// archive (.tar or .tar.gz).
+    Import(ImportArgs),
+    /// Pull an image from an OCI registry (`[registry/]repo[:tag|@digest]`;
+    /// plain HTTP for registries on loopback, HTTPS otherwise).
+    Pull(PullArgs),
+    /// Print an image's manifest (layers, kinds, sizes, config) as JSON.
+    Inspect {
+        name: String,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Delete layer blobs no image names any more, and stale temp files.
+    Gc(StoreArgs),
     /// List images.
     Ls(StoreArgs),
     /// Remove images (their layers go at the next gc).
@@ -87,6 +104,68 @@ pub struct SetupArgs {
     pub store: StoreArgs,
 }
 
+/// How OCI layers become dsec layers (shared by import and pull).
+#[derive(Args, Debug)]
+pub struct OciArgs {
+    /// Store as `name[:tag]` (default: the source's own name and tag).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// `os/arch[/variant]` of a multi-platform image (default: this host's).
+    #[arg(long)]
+    pub platform: Option<String>,
+    /// Merge consecutive OCI layers into one dsec layer until it holds
+    /// this many MiB of layer data (0: one dsec layer per OCI layer).
+    #[arg(long, default_value_t = 64)]
+    pub merge_below_mb: u64,
+    /// Compress data with lz4hc (smaller, slower to build and to read).
+    #[arg(long)]
+    pub compress: bool,
+}
+
+impl OciArgs {
+    fn options(&self, select: Option<String>) -> anyhow::Result<ImportOptions> {
+        let platform = match &self.platform {
+            Some(p) => Some(
+                parse_platform(p).ok_or_else(|| anyhow::anyhow!("--platform must be os/arch[/variant], not {p:?}"))?,
+            ),
+            None => None,
+        };
+        Ok(ImportOptions {
+            reference: self.name.as_deref().map(parse_reference).transpose()?,
+            select,
+            platform,
+            merge_below: self.merge_below_mb.saturating_mul(1 << 20),
+            build: BuildOptions { compression: if self.compress { Compression::Lz4hc { level: None } } else { Compression::None } },
+        })
+    }
+}
+
+#[derive(Args, Debug)]
+pub struct ImportArgs {
+    /// OCI layout directory, or a .tar / .tar.gz (OCI layout or `docker save`).
+    pub source: PathBuf,
+    /// Which image of a source holding several (a tag or a digest).
+    #[arg(long)]
+    pub select: Option<String>,
+    #[command(flatten)]
+    pub oci: OciArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
+#[derive(Args, Debug)]
+pub struct PullArgs {
+    /// `[registry/]repository[:tag|@sha256:...]`.
+    pub reference: String,
+    /// Plain HTTP even for a registry that is not on loopback.
+    #[arg(long)]
+    pub plain_http: bool,
+    #[command(flatten)]
+    pub oci: OciArgs,
+    #[command(flatten)]
+    pub store: StoreArgs,
+}
+
 /// Draws a build's progress: a spinner with the current stage, turning into
 /// a bar (bytes or items, rate, ETA) when the builder reports a total.
 struct Bars {
@@ -149,6 +228,39 @@ fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
     match cmd {
         ImageCmd::Build(a) => build(a),
         ImageCmd::Setup(a) => setup(a),
+        ImageCmd::Import(a) => {
+            let store = a.store.open()?;
+            let options = a.oci.options(a.select.clone())?;
+            let label = a.source.display().to_string();
+            finish_import(&label, |bars| import_path(&store, &a.source, &options, bars))
+        }
+        ImageCmd::Pull(a) => {
+            let store = a.store.open()?;
+            let options = a.oci.options(None)?;
+            let credentials = match (std::env::var("DSEC_REGISTRY_USER"), std::env::var("DSEC_REGISTRY_PASSWORD")) {
+                (Ok(u), Ok(p)) => Some((u, p)),
+                _ => None,
+            };
+            let pull_options = PullOptions { plain_http: a.plain_http, credentials };
+            finish_import(&a.reference, |bars| pull(&store, &a.reference, &pull_options, &options, bars))
+        }
+        ImageCmd::Inspect { name, store } => {
+            let store = store.open()?;
+            let image = store.resolve(&name)?;
+            let out = serde_json::json!({
+                "name": image.reference.to_string(),
+                "manifest": serde_json::from_slice::<serde_json::Value>(&image.manifest.to_json()?)?,
+                "blobs": image.layers.iter().map(|l| l.path.display().to_string()).collect::<Vec<_>>(),
+            });
+            println!("{}", serde_json::to_string_pretty(&out)?);
+            Ok(0)
+        }
+        ImageCmd::Gc(s) => {
+            let store = s.open()?;
+            let stats = store.gc(&std::collections::HashSet::new())?;
+            println!("removed {} blobs ({})", stats.blobs_removed, human_bytes(stats.bytes_removed));
+            Ok(0)
+        }
         ImageCmd::Ls(s) => {
             let store = s.open()?;
             println!("{:<24} {:>10} {:>7}  {:<24} LAYERS", "NAME", "SIZE", "LAYERS", "CREATED");
@@ -225,6 +337,34 @@ fn build(a: BuildArgs) -> anyhow::Result<u8> {
         Ok(img) => {
             let size: u64 = img.layers.iter().map(|l| l.size).sum();
             bars.finish(format!("built {} ({}) in {:.1?}", a.name, human_bytes(size), started.elapsed()));
+            Ok(0)
+        }
+        Err(e) => {
+            bars.bar.abandon_with_message("failed");
+            Err(e.into())
+        }
+    }
+}
+
+/// Runs an import or pull under a progress bar and reports the result.
+fn finish_import(
+    label: &str,
+    run: impl FnOnce(&Bars) -> Result<dsec_image::oci::Imported, dsec_image::oci::ImportError>,
+) -> anyhow::Result<u8> {
+    let bars = Bars::new(label);
+    let started = std::time::Instant::now();
+    match run(&bars) {
+        Ok(done) => {
+            let size: u64 = done.image.layers.iter().map(|l| l.size).sum();
+            bars.finish(format!(
+                "imported {} ({} OCI layers -> {} layers, {}) in {:.1?}",
+                done.reference,
+                done.source_layers,
+                done.image.layers.len(),
+                human_bytes(size),
+                started.elapsed()
+            ));
+            println!("{}", done.reference);
             Ok(0)
         }
         Err(e) => {

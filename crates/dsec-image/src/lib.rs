@@ -8,6 +8,8 @@
 //! - builds layers with `mkfs.erofs` from a directory, a tar(.gz), a
 //!   debootstrap run or a busybox recipe ([`build`]), and the platform's
 //!   default images ([`ensure_default_images`]);
+//! - imports OCI images (layouts, `docker save` archives, registries) as
+//!   layers, OCI whiteouts turned into overlayfs ones ([`oci`]);
 //! - mounts layers on the host once per node for every overlay to share
 //!   ([`LayerMounts`]).
 
@@ -19,6 +21,7 @@ mod fsutil;
 mod manifest;
 mod mountinfo;
 mod mounts;
+pub mod oci;
 mod progress;
 mod reference;
 mod store;

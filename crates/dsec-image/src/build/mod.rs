@@ -25,6 +25,8 @@ pub use busybox::{build_layer_busybox, BusyboxRecipe};
 pub use debootstrap::{build_layer_debootstrap, DebootstrapRecipe, DEFAULT_MIRROR};
 pub use dir::build_layer_from_dir;
 pub use tar::build_layer_from_tar;
+pub(crate) use tar::{unpack_entry_in, UnpackError};
+pub(crate) use mkfs::mkfs_into_store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {

@@ -102,18 +102,33 @@ fn unpack_entry<R: Read>(
     path: &Path,
     tar_err: impl Fn(io::Error) -> BuildError,
 ) -> Result<(), BuildError> {
-    // The tar crate refuses (with an error) symlink and hard-link tricks that
-    // would land outside `root`, and skips (returning false) what it
-    // considers outside; both are refusals for us.
+    unpack_entry_in(entry, root).map_err(|e| match e {
+        UnpackError::Escapes => BuildError::TarEntryEscapes {
+            entry: path.display().to_string(),
+        },
+        UnpackError::Io(e) => tar_err(e),
+    })
+}
+
+/// Why an entry was not unpacked.
+pub(crate) enum UnpackError {
+    /// It would land outside `root` (through `..`, a symlink or a hard link).
+    Escapes,
+    Io(io::Error),
+}
+
+/// Unpacks one entry under `root`. The tar crate refuses (with an error)
+/// symlink and hard-link tricks that would land outside `root`, and skips
+/// (returning false) what it considers outside; both are refusals for us.
+pub(crate) fn unpack_entry_in<R: Read>(
+    entry: &mut tar::Entry<'_, R>,
+    root: &Path,
+) -> Result<(), UnpackError> {
     match entry.unpack_in(root) {
         Ok(true) => Ok(()),
-        Ok(false) => Err(BuildError::TarEntryEscapes {
-            entry: path.display().to_string(),
-        }),
-        Err(e) if is_escape(&e) => Err(BuildError::TarEntryEscapes {
-            entry: path.display().to_string(),
-        }),
-        Err(e) => Err(tar_err(e)),
+        Ok(false) => Err(UnpackError::Escapes),
+        Err(e) if is_escape(&e) => Err(UnpackError::Escapes),
+        Err(e) => Err(UnpackError::Io(e)),
     }
 }
 

@@ -1,0 +1,140 @@
+"""OCI images imported with the real tools' formats, then run as sandboxes:
+an OCI layout (one dsec layer per OCI layer, so deletions are overlay
+whiteouts), a ``docker save`` archive written by skopeo, and a pull from a
+real local registry (Debian's docker-registry) pushed to by skopeo."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+import urllib.request
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from dsec import DSecClient
+
+from .conftest import REPO, Server, _free_port, run_args
+from .oci_layout import write_layout
+
+DSEC = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
+
+
+def _images_dir(server: Server) -> Path:
+    given = os.environ.get("DSEC_TEST_IMAGES_DIR")
+    return Path(given) if given else server.data_dir / "images"
+
+
+def _dsec_image(server: Server, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(DSEC), "image", *args, "--images-dir", str(_images_dir(server))],
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dsec image {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+def _skopeo(*args: str) -> None:
+    subprocess.run(["skopeo", "--insecure-policy", "copy", "-q", *args], check=True,
+                   timeout=120, stdin=subprocess.DEVNULL)
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A Debian docker-registry on a loopback port of its own."""
+    root = tmp_path_factory.mktemp("registry")
+    port = _free_port()
+    config = root / "config.yml"
+    config.write_text(
+        "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
+        f"    rootdirectory: {root / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+    with open(root / "log", "wb") as log:
+        proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log,
+                                stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if proc.poll() is not None or time.monotonic() > deadline:
+                pytest.fail(f"docker-registry did not start: {(root / 'log').read_text()}")
+            time.sleep(0.1)
+        yield f"127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@pytest.fixture(scope="module")
+def imported(server: Server, registry: str,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """The same image imported three ways; removed (and collected) after."""
+    work = tmp_path_factory.mktemp("oci")
+    unique = f"e2e-oci-{uuid.uuid4().hex[:8]}"
+    layout = write_layout(work / "layout", "v1")
+    names = {"layout": f"{unique}-layout:v1"}
+    _dsec_image(server, "import", str(layout), "--name", names["layout"], "--merge-below-mb", "0")
+
+    archive = work / "saved.tar"
+    _skopeo(f"oci:{layout}:v1", f"docker-archive:{archive}:team/{unique}-saved:v1")
+    out = _dsec_image(server, "import", str(archive)).stdout.split()
+    names["docker-save"] = out[-1]
+
+    _skopeo("--dest-tls-verify=false", f"oci:{layout}:v1",
+            f"docker://{registry}/team/{unique}-pulled:v1")
+    out = _dsec_image(server, "pull", f"{registry}/team/{unique}-pulled:v1").stdout.split()
+    names["registry"] = out[-1]
+    try:
+        yield names
+    finally:
+        _dsec_image(server, "rm", *names.values(), check=False)
+        _dsec_image(server, "gc", check=False)
+        shutil.rmtree(work, ignore_errors=True)
+
+
+def test_names_come_from_the_sources(imported: dict[str, str]) -> None:
+    assert imported["docker-save"].endswith("-saved:v1")
+    assert imported["registry"].endswith("-pulled:v1")
+
+
+@pytest.mark.parametrize("how", ["layout", "docker-save", "registry"])
+async def test_imported_images_run_with_their_config_and_deletions(
+        client: DSecClient, imported: dict[str, str], how: str) -> None:
+    sandbox = await client.run_container(run_args(imported[how], memory_limit_mb=64), timeout=60)
+    try:
+        # The image's Env and WorkingDir apply; the script of layer 2 runs.
+        r = await sandbox.run_shell("greet")
+        assert r.exit_code == 0, r
+        assert r.stdout == "hello-from-oci from /work\n"
+        # Layer 2's whiteout deleted /etc/secret; its opaque marker hid
+        # /data/old's earlier files but kept its own.
+        r = await sandbox.run_shell("ls /data/old; test -e /etc/secret || echo no-secret")
+        assert r.stdout == "c\nno-secret\n", r
+    finally:
+        await sandbox.stop()
+
+
+def test_bad_pulls_and_imports_fail_clearly(server: Server, registry: str,
+                                            tmp_path: Path) -> None:
+    r = _dsec_image(server, "pull", f"{registry}/team/does-not-exist:v1", check=False)
+    assert r.returncode != 0 and "not found" in r.stderr, r.stderr
+    closed = f"127.0.0.1:{_free_port()}"
+    r = _dsec_image(server, "pull", f"{closed}/team/x:v1", check=False)
+    assert r.returncode != 0 and "cannot reach" in r.stderr, r.stderr
+    r = _dsec_image(server, "pull", "UPPER/case", check=False)
+    assert r.returncode != 0 and "invalid registry reference" in r.stderr, r.stderr
+    not_an_image = tmp_path / "x.tar"
+    not_an_image.write_bytes(b"\0" * 1024)
+    r = _dsec_image(server, "import", str(not_an_image), check=False)
+    assert r.returncode != 0 and "not an OCI image layout" in r.stderr, r.stderr
