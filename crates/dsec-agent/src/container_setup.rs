@@ -134,6 +134,11 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     for (d, mode) in [(&upper, 0o755), (&work, 0o755), (&root, 0o755), (&devdir, 0o755), (&shmdir, 0o1777), (&maskdir, 0o555)] {
         mkdir(&cstr(d)?, mode).map_err(fail(format!("mkdir {d}")))?;
     }
+    // Kept for `pack_diff` (see reattach::UPPER_FD); best effort, since a
+    // sandbox that cannot be packed is still a working sandbox.
+    if let Ok(fd) = rustix::fs::open(upper.as_str(), rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) {
+        let _ = crate::reattach::park_upper(fd);
+    }
     let opts = cstr(&overlay_options(&cfg.lower_dirs, &upper, &work))?;
     let root_c = cstr(&root)?;
     // nodev: a device node shipped in an image layer must not open the

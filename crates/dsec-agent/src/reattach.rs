@@ -21,6 +21,11 @@ use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 pub const CHANNEL_FD: RawFd = 3;
 pub const REATTACH_FD: RawFd = 4;
+/// An O_PATH descriptor of the container's writable overlay upper, for the
+/// edge to take with pidfd_getfd(2) when it packs the sandbox's changes
+/// into a layer (`pack_diff`): after pivot_root no path leads to it.
+/// Reserved like fd 4, CLOEXEC, never reachable from the sandbox.
+pub const UPPER_FD: RawFd = 5;
 
 fn check(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -32,16 +37,33 @@ fn check(r: libc::c_int) -> io::Result<libc::c_int> {
 
 /// Puts an inert placeholder at fd 4 (replacing whatever is there).
 pub fn park_placeholder() -> io::Result<()> {
-    // SAFETY: eventfd returns a new fd that we own; dup3 onto fd 4 replaces
-    // a number we reserve for ourselves; the temporary fd is then closed.
+    park_placeholder_at(REATTACH_FD)
+}
+
+/// Reserves fd 5 until the container setup parks the upper there.
+pub fn reserve_upper_fd() -> io::Result<()> {
+    park_placeholder_at(UPPER_FD)
+}
+
+fn park_placeholder_at(target: RawFd) -> io::Result<()> {
+    // SAFETY: eventfd returns a new fd that we own; dup3 onto the target
+    // replaces a number we reserve for ourselves; the temporary fd is then
+    // closed.
     unsafe {
         let fd = check(libc::eventfd(0, libc::EFD_CLOEXEC))?;
-        if fd != REATTACH_FD {
-            let r = libc::dup3(fd, REATTACH_FD, libc::O_CLOEXEC);
+        if fd != target {
+            let r = libc::dup3(fd, target, libc::O_CLOEXEC);
             libc::close(fd);
             check(r)?;
         }
     }
+    Ok(())
+}
+
+/// Parks `fd` (the upper directory) at [`UPPER_FD`].
+pub fn park_upper(fd: OwnedFd) -> io::Result<()> {
+    // SAFETY: dup3 onto our reserved number; `fd` is closed on drop.
+    check(unsafe { libc::dup3(fd.as_raw_fd(), UPPER_FD, libc::O_CLOEXEC) })?;
     Ok(())
 }
 

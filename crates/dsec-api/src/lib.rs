@@ -10,6 +10,7 @@ mod exec;
 mod files;
 mod fncall;
 mod images;
+mod pack;
 mod sandboxes;
 mod tenants;
 
@@ -18,6 +19,7 @@ pub use exec::*;
 pub use files::*;
 pub use fncall::*;
 pub use images::*;
+pub use pack::*;
 pub use sandboxes::*;
 pub use tenants::*;
 

@@ -4,6 +4,7 @@ mod cluster;
 mod connect;
 mod fncall_cmd;
 mod image_cmd;
+mod pack_cmd;
 mod sandbox_cmd;
 mod shell;
 mod up;
@@ -45,6 +46,8 @@ enum Cmd {
     Pause(sandbox_cmd::IdsArgs),
     /// Resume paused sandboxes.
     Resume(sandbox_cmd::IdsArgs),
+    /// Pack what a sandbox changed into a new image (pack_diff).
+    Pack(pack_cmd::PackArgs),
     /// Act on every sandbox of a training job.
     #[command(subcommand)]
     Job(sandbox_cmd::JobCmd),
@@ -91,6 +94,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,
             Cmd::Resume(a) => sandbox_cmd::resume(a).await,
+            Cmd::Pack(a) => pack_cmd::run(a).await,
             Cmd::Job(c) => sandbox_cmd::job(c).await,
             Cmd::Image(c) => image_cmd::run(c).await,
             Cmd::Openapi => {

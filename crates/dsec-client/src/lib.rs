@@ -130,6 +130,10 @@ impl Client {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None).await
     }
 
+    pub async fn pack(&self, id: &str, req: &api::PackRequest) -> Result<api::PackResult, ClientError> {
+        self.json(Method::POST, &format!("/v1/sandboxes/{id}/pack"), Some(req)).await
+    }
+
     pub async fn set_timeout(&self, id: &str, req: &api::SetTimeoutRequest) -> Result<api::Sandbox, ClientError> {
         self.json(Method::POST, &format!("/v1/sandboxes/{id}/timeout"), Some(req)).await
     }

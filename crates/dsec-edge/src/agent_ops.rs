@@ -19,7 +19,7 @@ use crate::model::{Caller, State};
 const EXEC_SLACK: Duration = Duration::from_secs(10);
 
 impl Edge {
-    async fn running(&self, caller: &Caller, id: &str) -> Result<(Arc<Entry>, Arc<Instance>), EdgeError> {
+    pub(crate) async fn running(&self, caller: &Caller, id: &str) -> Result<(Arc<Entry>, Arc<Instance>), EdgeError> {
         let entry = self.entry(caller, id)?;
         if entry.state().is_paused() {
             self.resume(caller, id).await?;

@@ -131,6 +131,9 @@ pub(crate) struct Entry {
     pub(crate) exited: watch::Sender<bool>,
     /// Whether admission still holds this sandbox's reservation.
     pub(crate) reserved: AtomicBool,
+    /// What the sandbox's last `pack_diff` left for the next (in memory: a
+    /// restarted edge makes the next pack a full one, still correct).
+    pub(crate) pack: Mutex<Option<crate::images::PackState>>,
 }
 
 impl Entry {
@@ -143,6 +146,7 @@ impl Entry {
             op_lock: tokio::sync::Mutex::new(()),
             exited: watch::channel(false).0,
             reserved: AtomicBool::new(reserved),
+            pack: Mutex::new(None),
         })
     }
 

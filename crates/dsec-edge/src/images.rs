@@ -1,6 +1,6 @@
 //! How the edge turns image names into mounted read-only layers.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use crate::error::EdgeError;
 
@@ -29,4 +29,57 @@ pub trait RootfsProvider: Send + Sync + 'static {
     /// Unmounts every layer (lazily: running sandboxes keep theirs) when
     /// the edge shuts down, so a stopped platform leaves no host mounts.
     fn release(&self);
+
+    /// Packs a sandbox's writable layer into a new image (`pack_diff`):
+    /// copies its changes, calls `copied` (the sandbox may run again from
+    /// then on), builds the layer and writes the image's manifest.
+    fn pack(&self, input: PackInput<'_>, copied: &mut dyn FnMut()) -> Result<PackOutput, EdgeError> {
+        let _ = (input, copied);
+        Err(EdgeError::Invalid("this node's image store cannot pack sandboxes".into()))
+    }
+}
+
+/// What `RootfsProvider::pack` works from.
+pub struct PackInput<'a> {
+    /// The sandbox's overlay upper directory.
+    pub upper: &'a Path,
+    /// `name[:tag]` of the image to write.
+    pub name: &'a str,
+    /// The sandbox's image, workspace and toolkits (the first pack's stack).
+    pub image: &'a str,
+    pub workspace: Option<&'a str>,
+    pub toolkits: &'a [String],
+    /// The sandbox's previous pack, for an incremental one.
+    pub previous: Option<&'a PackState>,
+    pub scrub: &'a [String],
+    pub built_by: &'a str,
+    pub sandbox: &'a str,
+}
+
+/// What a sandbox's last pack left for the next one.
+#[derive(Debug, Clone)]
+pub struct PackState {
+    /// The image it wrote.
+    pub image: String,
+    /// That image's layers, bottom first.
+    pub layers: Vec<dsec_image::LayerDescriptor>,
+    /// What the upper held then.
+    pub index: dsec_image::pack::PackIndex,
+}
+
+/// What one pack did.
+#[derive(Debug, Clone)]
+pub struct PackOutput {
+    pub image: String,
+    /// The new layer (`sha256:...`) and its size.
+    pub layer: String,
+    pub layer_size: u64,
+    /// Layers of the new image.
+    pub layers: usize,
+    pub stats: dsec_image::pack::DiffStats,
+    pub incremental: bool,
+    pub state: PackState,
+    /// Time spent copying (the sandbox is frozen meanwhile) and building.
+    pub copy_ms: f64,
+    pub build_ms: f64,
 }

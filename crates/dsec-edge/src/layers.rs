@@ -8,7 +8,7 @@ use std::path::Path;
 use dsec_image::{ImageError, ImageStore, LayerMounts, ResolvedImage};
 
 use crate::error::EdgeError;
-use crate::images::{RootfsPlan, RootfsProvider};
+use crate::images::{PackInput, PackOutput, RootfsPlan, RootfsProvider};
 
 pub struct ImageLayers {
     store: ImageStore,
@@ -27,7 +27,7 @@ impl ImageLayers {
         &self.store
     }
 
-    fn resolve(&self, what: &str, reference: &str) -> Result<std::sync::Arc<ResolvedImage>, EdgeError> {
+    pub(crate) fn resolve_image(&self, what: &str, reference: &str) -> Result<std::sync::Arc<ResolvedImage>, EdgeError> {
         self.store.resolve(reference).map_err(|e| match e {
             ImageError::ImageNotFound(_) => EdgeError::ImageNotFound(format!("{what} image {reference:?} not found")),
             ImageError::InvalidReference(r) => EdgeError::Invalid(format!("{what} image {reference:?}: {r}")),
@@ -38,13 +38,13 @@ impl ImageLayers {
 
 impl RootfsProvider for ImageLayers {
     fn plan(&self, image: &str, workspace: Option<&str>, toolkits: &[String]) -> Result<RootfsPlan, EdgeError> {
-        let base = self.resolve("base", image)?;
+        let base = self.resolve_image("base", image)?;
         let mut stack = vec![base.clone()];
         if let Some(ws) = workspace {
-            stack.push(self.resolve("workspace", ws)?);
+            stack.push(self.resolve_image("workspace", ws)?);
         }
         for tk in toolkits {
-            stack.push(self.resolve("toolkit", tk)?);
+            stack.push(self.resolve_image("toolkit", tk)?);
         }
         let mut dirs = Vec::new();
         let mut layers = Vec::new();
@@ -85,5 +85,9 @@ impl RootfsProvider for ImageLayers {
         if let Err(e) = self.mounts.unmount_everything() {
             tracing::warn!(error = %e, "could not unmount the layer mounts");
         }
+    }
+
+    fn pack(&self, input: PackInput<'_>, copied: &mut dyn FnMut()) -> Result<PackOutput, EdgeError> {
+        crate::pack::pack_into_store(self, input, copied)
     }
 }

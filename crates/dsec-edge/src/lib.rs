@@ -3,7 +3,7 @@
 //! sandbox on the node.
 //!
 //! API boundary: [`Edge`] (create / get / list / stop / delete / pause /
-//! resume / exec / call / open / subscribe) in core types ([`model`], [`spec::SandboxRequest`],
+//! resume / pack_diff / exec / call / open / subscribe) in core types ([`model`], [`spec::SandboxRequest`],
 //! `dsec_agent_proto` ops). No HTTP or public wire types in here; the
 //! apiserver and the edge's RPC server convert at their boundaries.
 //!
@@ -29,6 +29,7 @@ mod jobs;
 mod lease;
 mod lifecycle;
 pub mod model;
+mod pack;
 mod pause;
 mod recover;
 pub mod spec;
@@ -41,8 +42,9 @@ pub use error::EdgeError;
 pub use events::SandboxEvent;
 pub use jobs::{JobAction, JobOutcome};
 pub use lease::Lease;
+pub use pack::PackRequest;
 pub use pause::{PauseOutcome, ResumeOutcome};
-pub use images::{RootfsPlan, RootfsProvider};
+pub use images::{PackOutput, RootfsPlan, RootfsProvider};
 pub use layers::ImageLayers;
 pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
 pub use spec::{SandboxRequest, SpecPolicy};

@@ -22,6 +22,7 @@ mod manifest;
 mod mountinfo;
 mod mounts;
 pub mod oci;
+pub mod pack;
 mod progress;
 mod reference;
 mod store;
@@ -34,7 +35,7 @@ pub use defaults::{
 };
 pub use digest::{Digest, DigestError};
 pub use manifest::{
-    ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestError, SCHEMA_VERSION,
+    ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestError, Provenance, SCHEMA_VERSION,
 };
 pub use mounts::{LayerMounts, MountError};
 pub use progress::{NoProgress, Progress, ProgressEvent, ProgressFn, Unit};

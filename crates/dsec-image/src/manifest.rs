@@ -79,6 +79,29 @@ pub struct Manifest {
     pub created_at: String,
     /// Sum of the layer sizes.
     pub size_bytes: u64,
+    /// Who made the image from what, for images packed from a sandbox.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub provenance: Option<Provenance>,
+}
+
+/// Where a packed image came from (`pack_diff`): kept with the image so a
+/// task environment can always be traced to the sandbox and account that
+/// built it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Provenance {
+    /// The tenant (account) whose sandbox was packed.
+    pub built_by: String,
+    /// The sandbox packed.
+    pub sandbox: String,
+    /// The image the sandbox started from (`name:tag`).
+    pub base_image: String,
+    /// The packed image this pack builds on, if any (the previous pack of
+    /// the same sandbox).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub previous: Option<String>,
+    /// Patterns whose matches were left out of the layer.
+    #[serde(default)]
+    pub scrubbed: Vec<String>,
 }
 
 /// Just enough of a manifest to read its version before committing to the
@@ -98,6 +121,7 @@ impl Manifest {
             layers,
             config,
             created_at: crate::time::now_rfc3339(),
+            provenance: None,
             size_bytes,
         }
     }

@@ -9,7 +9,7 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
-use common::{temp_entries, Env};
+use common::{temp_entries, tree_view, Env};
 use dsec_image::oci::{import_path, ImportError, ImportOptions, Platform};
 use dsec_image::{Digest, NoProgress, Reference};
 use rustix::mount::{mount, unmount, MountFlags, UnmountFlags};
@@ -176,25 +176,7 @@ impl View {
     }
 
     fn files(&self) -> BTreeSet<String> {
-        let mut out = BTreeSet::new();
-        walk(&self.target, &self.target, &mut out);
-        out
-    }
-}
-
-fn walk(root: &Path, dir: &Path, out: &mut BTreeSet<String>) {
-    for e in fs::read_dir(dir).unwrap() {
-        let e = e.unwrap();
-        let rel = e.path().strip_prefix(root).unwrap().display().to_string();
-        let ft = e.file_type().unwrap();
-        if ft.is_dir() {
-            out.insert(format!("{rel}/"));
-            walk(root, &e.path(), out);
-        } else if ft.is_symlink() {
-            out.insert(format!("{rel} -> {}", fs::read_link(e.path()).unwrap().display()));
-        } else {
-            out.insert(format!("{rel}={}", fs::read_to_string(e.path()).unwrap().trim()));
-        }
+        tree_view(&self.target)
     }
 }
 

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import builtins
+import dataclasses
 import json
+import secrets
 from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
@@ -198,6 +201,62 @@ class DSecClient:
         """The runner pools: size, idle runners, queue, calls served."""
         d = await self._transport.request("GET", self._transport.url("/v1/fncall/pools"))
         return builtins.list(d.get("pools", ()))
+
+    # --- forks -----------------------------------------------------------------
+
+    async def fork(self, source: Sandbox | str, count: int,
+                   args: DSecContainerRunArgs | DSecRunArgs | None = None, *,
+                   name: str | None = None, timeout: float | None = 120) -> builtins.list[Sandbox]:
+        """Start ``count`` sandboxes from a sandbox's current state or from an
+        image, at once.
+
+        A :class:`Sandbox` source is packed first (:meth:`Sandbox.pack_diff`
+        into ``name``, default ``fork-<id>:<random>``); the children start
+        from that image and do not depend on the parent, which may be
+        stopped right after. ``args`` are the children's run arguments (their
+        image is replaced by the source's); by default the parent's backend,
+        limits, user, job and labels, or plain defaults for an image source.
+        All or nothing: if one child cannot start, the others are stopped
+        and the error is raised."""
+        if count < 1:
+            raise ValueError("count must be at least 1")
+        if isinstance(source, Sandbox):
+            tag = secrets.token_hex(4)
+            stem = "".join(c if c.isalnum() or c in "-." else "-" for c in source.id.lower())
+            packed = await source.pack_diff(name or f"fork-{stem}:{tag}")
+            image = packed.image
+        else:
+            image = source
+        child = self._fork_args(source, image, args)
+        results = await asyncio.gather(*(self.run(child, timeout=timeout) for _ in range(count)),
+                                       return_exceptions=True)
+        started = [r for r in results if isinstance(r, Sandbox)]
+        failure = next((r for r in results if isinstance(r, BaseException)), None)
+        if failure is not None:
+            await asyncio.gather(*(sb.stop() for sb in started), return_exceptions=True)
+            raise failure
+        return started
+
+    @staticmethod
+    def _fork_args(source: Sandbox | str, image: str,
+                   args: DSecContainerRunArgs | DSecRunArgs | None) -> DSecRunArgs:
+        if isinstance(args, DSecContainerRunArgs):
+            fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)
+                      if f.name != "container_image"}
+            return DSecRunArgs(image=image, backend="container", **fields)
+        if isinstance(args, DSecRunArgs):
+            return dataclasses.replace(args, image=image, workspace=None, toolkits=[])
+        if isinstance(source, Sandbox):
+            info = source.info
+            return DSecRunArgs(
+                image=image, backend=info.backend or "container",
+                memory_limit_mb=info.limits.memory_limit_mb or None,
+                cpu_cores_limit=info.limits.cpu_cores_limit or None,
+                disk_limit_mb=info.limits.disk_limit_mb or None,
+                pids_limit=info.limits.pids_limit or None,
+                init_user=info.init_user or None, job=info.job,
+                labels=dict(info.labels))
+        return DSecRunArgs(image=image)
 
     # --- jobs ------------------------------------------------------------------
 

@@ -367,6 +367,45 @@ class Health:
 
 
 @dataclass(slots=True)
+class PackResult:
+    """What :meth:`Sandbox.pack_diff` did.
+
+    Attributes:
+        image: the image written; start sandboxes from it (or :meth:`DSecClient.fork`).
+        layer, layer_size: the new layer (``sha256:...``) and its size in bytes.
+        layers: layers of the new image.
+        incremental: True if only the changes since the sandbox's previous
+            pack went into the layer.
+        entries, bytes: files/links/directories copied and bytes of content.
+        whiteouts: deletions recorded.
+        scrubbed: entries left out by the scrub list.
+        frozen_ms: how long the sandbox was frozen for the copy.
+        build_ms: how long building the layer took.
+    """
+
+    image: str
+    layer: str
+    layer_size: int = 0
+    layers: int = 0
+    incremental: bool = False
+    entries: int = 0
+    bytes: int = 0
+    whiteouts: int = 0
+    scrubbed: int = 0
+    frozen_ms: float = 0.0
+    build_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> PackResult:
+        """Parse a ``PackResult``."""
+        return cls(image=d["image"], layer=d["layer"], layer_size=d.get("layer_size", 0),
+                   layers=d.get("layers", 0), incremental=bool(d.get("incremental")),
+                   entries=d.get("entries", 0), bytes=d.get("bytes", 0),
+                   whiteouts=d.get("whiteouts", 0), scrubbed=d.get("scrubbed", 0),
+                   frozen_ms=d.get("frozen_ms", 0.0), build_ms=d.get("build_ms", 0.0))
+
+
+@dataclass(slots=True)
 class PauseResult:
     """What :meth:`Sandbox.pause` did.
 

@@ -25,6 +25,7 @@ from .errors import (
 from .results import (
     ExecResult,
     FileInfo,
+    PackResult,
     PauseResult,
     ResumeResult,
     SandboxEvent,
@@ -140,6 +141,23 @@ class Sandbox:
         r = PauseResult.from_json(d)
         self.info = r.sandbox
         return r
+
+    async def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
+                        timeout: float | None = 600) -> PackResult:
+        """Capture what this sandbox changed as a new image ``name[:tag]``:
+        its layers plus one workspace layer with the changes (only those
+        since its previous pack, when there was one). The sandbox is frozen
+        while its changes are copied and keeps running after. ``scrub``
+        replaces the default list of residue left out of the layer (shell
+        histories, /tmp, caches, logs); paths are absolute, ``*`` matches
+        within one component. Start sandboxes from the image with
+        ``image=result.image`` or :meth:`DSecClient.fork`."""
+        body: dict[str, Any] = {"name": name}
+        if scrub is not None:
+            body["scrub"] = list(scrub)
+        d = await self._t.request("POST", self._t.url(self._base + "/pack"), json_body=body,
+                                  timeout=self._t.timeout_for(timeout))
+        return PackResult.from_json(d)
 
     async def resume(self, timeout: float | None = 120) -> ResumeResult:
         """Thaw a paused sandbox (no-op if it runs). A stopped sandbox raises

@@ -41,6 +41,7 @@ from .results import (
     ImageInfo,
     JobActionResult,
     OutputChunk,
+    PackResult,
     PauseResult,
     ResumeResult,
     SandboxEvent,
@@ -167,6 +168,14 @@ class DSecClient:
         """Create a container sandbox and wait until it runs."""
         return self._wrap(self._run(self.aio.run_container(args, timeout=timeout)))
 
+    def fork(self, source: Sandbox | str, count: int,
+             args: DSecContainerRunArgs | DSecRunArgs | None = None, *,
+             name: str | None = None, timeout: float | None = 120) -> builtins.list[Sandbox]:
+        """Start ``count`` sandboxes from a sandbox's current state or an image."""
+        src = source.aio if isinstance(source, Sandbox) else source
+        return [self._wrap(sb) for sb in
+                self._run(self.aio.fork(src, count, args, name=name, timeout=timeout))]
+
     def get(self, sandbox_id: str) -> SandboxInfo:
         """The record of one sandbox."""
         return self._run(self.aio.get(sandbox_id))
@@ -277,6 +286,11 @@ class Sandbox:
     def pause(self, timeout: float | None = 120) -> PauseResult:
         """Freeze the sandbox and push its memory out of RAM."""
         return self._run(self.aio.pause(timeout=timeout))
+
+    def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
+                  timeout: float | None = 600) -> PackResult:
+        """Capture what the sandbox changed as a new image."""
+        return self._run(self.aio.pack_diff(name, scrub=scrub, timeout=timeout))
 
     def resume(self, timeout: float | None = 120) -> ResumeResult:
         """Thaw a paused sandbox."""

@@ -3,6 +3,7 @@ pub mod events;
 pub mod files;
 pub mod fncall;
 pub mod jobs;
+pub mod pack;
 pub mod pause;
 pub mod sandboxes;
 pub mod stream;

@@ -91,3 +91,26 @@ pub fn blob_files(store: &ImageStore) -> Vec<PathBuf> {
 pub fn temp_entries(store: &ImageStore) -> usize {
     fs::read_dir(store.root().join("tmp")).unwrap().count()
 }
+
+/// Every entry under `root` as one line each: `dir/`, `link -> target`,
+/// `file=content` (trailing whitespace trimmed), for comparing whole trees.
+pub fn tree_view(root: &Path) -> std::collections::BTreeSet<String> {
+    fn walk(root: &Path, dir: &Path, out: &mut std::collections::BTreeSet<String>) {
+        for e in fs::read_dir(dir).unwrap() {
+            let e = e.unwrap();
+            let rel = e.path().strip_prefix(root).unwrap().display().to_string();
+            let ft = e.file_type().unwrap();
+            if ft.is_dir() {
+                out.insert(format!("{rel}/"));
+                walk(root, &e.path(), out);
+            } else if ft.is_symlink() {
+                out.insert(format!("{rel} -> {}", fs::read_link(e.path()).unwrap().display()));
+            } else {
+                out.insert(format!("{rel}={}", fs::read_to_string(e.path()).unwrap().trim_end()));
+            }
+        }
+    }
+    let mut out = std::collections::BTreeSet::new();
+    walk(root, root, &mut out);
+    out
+}
