@@ -35,6 +35,25 @@ pub enum ImageCmd {
     },
     /// Delete layer blobs no image names any more, and stale temp files.
     Gc(StoreArgs),
+    /// Copy an image into a store many nodes share (`dsec up --shared-store`).
+    Push {
+        name: String,
+        /// The shared store directory.
+        #[arg(long)]
+        to: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
+    /// Copy an image from a shared store into this node's store now
+    /// (an edge with --shared-store also does it on first use).
+    Fetch {
+        name: String,
+        /// The shared store directory.
+        #[arg(long)]
+        from: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// List images.
     Ls(StoreArgs),
     /// Remove images (their layers go at the next gc).
@@ -255,6 +274,16 @@ fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
             println!("{}", serde_json::to_string_pretty(&out)?);
             Ok(0)
         }
+        ImageCmd::Push { name, to, store } => {
+            let local = store.open()?;
+            let shared = ImageStore::open(&to).with_context(|| format!("opening the shared store at {}", to.display()))?;
+            copy_between(&local, &shared, &name)
+        }
+        ImageCmd::Fetch { name, from, store } => {
+            let local = store.open()?;
+            let shared = ImageStore::open(&from).with_context(|| format!("opening the shared store at {}", from.display()))?;
+            copy_between(&shared, &local, &name)
+        }
         ImageCmd::Gc(s) => {
             let store = s.open()?;
             let stats = store.gc(&std::collections::HashSet::new())?;
@@ -337,6 +366,27 @@ fn build(a: BuildArgs) -> anyhow::Result<u8> {
         Ok(img) => {
             let size: u64 = img.layers.iter().map(|l| l.size).sum();
             bars.finish(format!("built {} ({}) in {:.1?}", a.name, human_bytes(size), started.elapsed()));
+            Ok(0)
+        }
+        Err(e) => {
+            bars.bar.abandon_with_message("failed");
+            Err(e.into())
+        }
+    }
+}
+
+/// Copies one image between stores under a progress bar.
+fn copy_between(from: &ImageStore, to: &ImageStore, name: &str) -> anyhow::Result<u8> {
+    let reference = parse_reference(name)?;
+    let bars = Bars::new(name);
+    match dsec_image::shared::copy_image(from, to, &reference, &bars) {
+        Ok(s) => {
+            bars.finish(format!(
+                "{} layers copied ({}), {} already there",
+                s.layers_copied,
+                human_bytes(s.bytes_copied),
+                s.layers_present
+            ));
             Ok(0)
         }
         Err(e) => {

@@ -47,6 +47,15 @@ pub struct EdgeArgs {
     /// Image store directory. Default: DATA_DIR/images.
     #[arg(long)]
     pub images_dir: Option<PathBuf>,
+    /// An image store many nodes share (a directory on NFS, CephFS, a
+    /// FUSE-mounted 3FS...): images this node lacks are fetched from it
+    /// (`dsec image push` puts them there).
+    #[arg(long, env = "DSEC_SHARED_STORE")]
+    pub shared_store: Option<PathBuf>,
+    /// With --shared-store: bound on this node's layer blobs in MiB (least
+    /// recently used layers not in use are evicted; they can be fetched again).
+    #[arg(long, requires = "shared_store")]
+    pub image_cache_mb: Option<u64>,
     /// The guest agent binary. Default: $DSEC_AGENT, else `dsec-agent` next to this binary.
     #[arg(long, env = "DSEC_AGENT")]
     pub agent: Option<PathBuf>,
@@ -175,7 +184,11 @@ impl EdgeArgs {
             Some(p) => p.clone(),
             None => default_agent()?,
         };
-        let layers = Arc::new(ImageLayers::open(&images_dir, &self.data_dir.join("layers").join(&node))?);
+        let mut layers = ImageLayers::open(&images_dir, &self.data_dir.join("layers").join(&node))?;
+        if let Some(shared) = &self.shared_store {
+            layers = layers.with_shared_store(shared, self.image_cache_mb)?;
+        }
+        let layers = Arc::new(layers);
         let state_dir = self.data_dir.join("edge").join(&node);
         let mut config = EdgeConfig::for_host(&node, state_dir.clone(), agent);
         if self.swap_file_mb > 0 {

@@ -25,6 +25,7 @@ pub mod oci;
 pub mod pack;
 mod progress;
 mod reference;
+pub mod shared;
 mod store;
 mod time;
 

@@ -540,6 +540,38 @@ impl ImageStore {
         }
     }
 
+    /// Every layer blob with its size.
+    pub fn blobs(&self) -> Result<Vec<(Digest, u64)>, ImageError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.blobs).map_err(io_err("listing", &self.blobs))? {
+            let entry = entry.map_err(io_err("listing", &self.blobs))?;
+            let Some(digest) = entry
+                .file_name()
+                .to_str()
+                .and_then(|n| n.strip_suffix(".erofs"))
+                .and_then(|hex| Digest::from_hex(hex).ok())
+            else {
+                continue;
+            };
+            let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
+            out.push((digest, size));
+        }
+        Ok(out)
+    }
+
+    /// Deletes one layer blob (cache eviction: manifests naming it stay,
+    /// and resolving them reports the blob missing until it is put back).
+    /// Returns whether it was there.
+    pub fn remove_blob(&self, digest: &Digest) -> Result<bool, ImageError> {
+        let _lock = self.lock(FlockOperation::LockExclusive)?;
+        let path = self.blob_path(digest);
+        match fs::remove_file(&path) {
+            Ok(()) => Ok(true),
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(false),
+            Err(e) => Err(io_err("removing blob", &path)(e)),
+        }
+    }
+
     /// Deletes blobs that no manifest names and that are not in `keep`
     /// (e.g. layers still mounted for running sandboxes), and temp files
     /// left by crashed processes. Waits for in-flight writers first.

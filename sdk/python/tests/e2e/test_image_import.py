@@ -18,7 +18,7 @@ import pytest
 
 from dsec import DSecClient
 
-from .conftest import REPO, Server, _free_port, run_args
+from .conftest import REPO, Server, _free_port, run_args, serve_dsec
 from .oci_layout import write_layout
 
 DSEC = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
@@ -138,3 +138,41 @@ def test_bad_pulls_and_imports_fail_clearly(server: Server, registry: str,
     not_an_image.write_bytes(b"\0" * 1024)
     r = _dsec_image(server, "import", str(not_an_image), check=False)
     assert r.returncode != 0 and "not an OCI image layout" in r.stderr, r.stderr
+
+
+@pytest.fixture(scope="module")
+def shared_node(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Server, Path]]:
+    """A second node whose own image store starts empty, fetching from a
+    shared store into which the first node's busybox image was pushed."""
+    root = tmp_path_factory.mktemp("shared")
+    shared, own = root / "shared", root / "own"
+    _dsec_image(server, "push", "busybox", "--to", str(shared))
+    old = os.environ.get("DSEC_TEST_IMAGES_DIR")
+    os.environ["DSEC_TEST_IMAGES_DIR"] = str(own)
+    try:
+        gen = serve_dsec(["--no-fncall", "--shared-store", str(shared), "--image-cache-mb", "64"])
+        node = next(gen)
+    finally:
+        if old is None:
+            os.environ.pop("DSEC_TEST_IMAGES_DIR", None)
+        else:
+            os.environ["DSEC_TEST_IMAGES_DIR"] = old
+    try:
+        yield node, own
+    finally:
+        gen.close()
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_node_fetches_images_from_the_shared_store(
+        shared_node: tuple[Server, Path]) -> None:
+    node, own = shared_node
+    assert not (own / "manifests").exists() or not any((own / "manifests").iterdir())
+    async with DSecClient(endpoint=node.url, token=node.admin_token) as c:
+        sb = await c.run_container(run_args("busybox", memory_limit_mb=32), timeout=60)
+        try:
+            r = await sb.run_shell("echo fetched")
+            assert r.stdout == "fetched\n"
+        finally:
+            await sb.stop()
+    assert any(p.name.startswith("busybox@") for p in (own / "manifests").iterdir())
