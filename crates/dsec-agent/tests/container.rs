@@ -158,6 +158,7 @@ async fn container_mode_end_to_end() {
         ],
         // (Missing paths, like /proc/sysrq-trigger on some kernels, are skipped.)
         readonly_paths: vec!["/proc/sys".into(), "/proc/sysrq-trigger".into(), "/proc/irq".into(), "/proc/bus".into()],
+        syscall_filter: true,
         env: vec![("PATH".into(), "/bin".into()), ("IMAGE_VAR".into(), "1".into())],
         workdir: "/root".into(),
         default_user: "root".into(),
@@ -326,6 +327,7 @@ async fn container_setup_failure_is_reported() {
         sys_dir: String::new(),
         masked_paths: vec![],
         readonly_paths: vec![],
+        syscall_filter: false,
         env: vec![],
         workdir: "/".into(),
         default_user: "root".into(),

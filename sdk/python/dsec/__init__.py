@@ -60,6 +60,8 @@ from .errors import (
     UserNotFound,
 )
 from .results import (
+    AuditEvent,
+    AuditEvents,
     ExecResult,
     FileInfo,
     Health,
@@ -114,6 +116,8 @@ __all__ = [
     "ResumeResult",
     "JobActionResult",
     "JobFailure",
+    "AuditEvent",
+    "AuditEvents",
     "SandboxEvent",
     "DSecError",
     "DSecConnectionError",
