@@ -226,6 +226,14 @@ async fn container_mode_end_to_end() {
         assert!(matches!(e, ClientError::Agent(ref e) if e.kind == ErrorKind::InvalidPath), "{p}: {e}");
     }
 
+    // The system-call filter: inherited by every command, refusals audited.
+    let r = sh(&client, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; mount -t tmpfs x /mnt").await;
+    assert_eq!(text(&r.stdout), "NoNewPrivs:\t1\nSeccomp:\t2\n");
+    let Reply::Audit(log) = client.call(Op::AuditEvents { after: 0 }).await.unwrap() else { panic!() };
+    assert_eq!((log.total, log.dropped), (1, 0), "{log:?}");
+    assert!(log.events[0].detail.starts_with("mount refused with EPERM"), "{log:?}");
+    assert_eq!(log.events[0].kind, "syscall");
+
     // Users from the image.
     let mut spec = shell("id -u; echo $HOME");
     spec.user = Some("app".into());
