@@ -323,3 +323,23 @@ async def test_fncall_runners_carry_the_filter(client: DSecClient) -> None:
                                         "print(libc.syscall(272,0x10000000), ctypes.get_errno())\n"
                                         "print(open('/proc/self/status').read().count('NoNewPrivs:\\t1'))")
     assert res.run is not None and res.run.stdout.split() == ["-1", "1", "1"], res
+
+
+async def test_fncall_writes_only_where_its_cleanup_looks(client: DSecClient) -> None:
+    """Landlock confines a call's writes to its scratch directory, the
+    temporary directories and /dev, whatever else the image lets nobody
+    write to (world-writable directories such as /run/lock)."""
+    res = await client.fncall("python", (
+        "import os, stat\n"
+        "for d in ['/run/lock', '/var/lock', '/var/crash', '/var/mail', '/var/local']:\n"
+        "    if os.path.isdir(d) and os.stat(d).st_mode & stat.S_IWOTH:\n"
+        "        try:\n"
+        "            open(d + '/x', 'w'); print(d, 'written')\n"
+        "        except PermissionError:\n"
+        "            print(d, 'refused')\n"
+        "open('/tmp/ok', 'w').write('1'); open('ok', 'w').write('1')\n"
+        "print('allowed ok')\n"))
+    assert res.run is not None, res
+    lines = res.run.stdout.splitlines()
+    assert lines[-1] == "allowed ok", res
+    assert "written" not in res.run.stdout and any(ln.endswith("refused") for ln in lines), res
