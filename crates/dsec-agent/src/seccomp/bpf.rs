@@ -65,7 +65,7 @@ fn rule(when: When) -> Result<Option<SeccompRule>, BpfError> {
 pub fn audited() -> Result<BpfProgram, BpfError> {
     let mut rules: BTreeMap<i64, Vec<SeccompRule>> = BTreeMap::new();
     for r in policy::refused() {
-        let entry = rules.entry(i64::from(r.nr)).or_default();
+        let entry = rules.entry(r.nr).or_default();
         match r.when {
             When::Always => entry.clear(),
             // "any of these bits": one rule per bit (rules of one system
@@ -86,7 +86,7 @@ pub fn audited() -> Result<BpfProgram, BpfError> {
 
 /// The quiet program: ENOSYS for clone3 and the x32 ABI.
 pub fn quiet() -> Result<BpfProgram, BpfError> {
-    let rules = policy::QUIET_ENOSYS.iter().map(|(_, nr)| (i64::from(*nr), Vec::new())).collect();
+    let rules = policy::QUIET_ENOSYS.iter().map(|(_, nr)| (*nr, Vec::new())).collect();
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Errno(libc::ENOSYS as u32), arch()?)?;
     let mut prog: BpfProgram = filter.try_into()?;
     if cfg!(target_arch = "x86_64") {
