@@ -49,6 +49,9 @@ pub enum Op {
     /// Kill every process, flush filesystems and exit. Reply: `Done`, sent
     /// before the agent exits.
     Shutdown,
+    /// The refused attempts the agent recorded (blocked system calls), with
+    /// a sequence number above `after`. Reply: `Audit`.
+    AuditEvents { after: u64 },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -61,6 +64,34 @@ pub enum Reply {
     Dir(Vec<FileStat>),
     Written { bytes: u64 },
     Done,
+    Audit(AuditLog),
+}
+
+/// One refused attempt of a sandboxed process.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct AuditEvent {
+    /// 1, 2, ... per sandbox (gaps: events dropped when the ring was full).
+    pub seq: u64,
+    /// Milliseconds since the epoch.
+    pub time_ms: u64,
+    /// What kind of attempt: `syscall` (a system call the policy refuses).
+    pub kind: String,
+    /// The pid inside the sandbox that made the attempt.
+    pub pid: u32,
+    /// What was refused, e.g. `mount` or `ioctl XFS_IOC_SWAPEXT`, and the
+    /// errno the process got.
+    pub detail: String,
+}
+
+/// The agent keeps the last events in a bounded ring; older ones are counted
+/// as dropped, so a flood of attempts costs memory only up to that bound.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Default)]
+pub struct AuditLog {
+    pub events: Vec<AuditEvent>,
+    /// Every event recorded since the sandbox started (kept or not).
+    pub total: u64,
+    /// Events that fell out of the ring before anyone read them.
+    pub dropped: u64,
 }
 
 /// What the container agent needs to turn the namespaces it was started in
@@ -88,6 +119,11 @@ pub struct ContainerSetup {
     pub masked_paths: Vec<String>,
     /// Paths remounted read-only.
     pub readonly_paths: Vec<String>,
+    /// Install the system-call filter (no_new_privs + seccomp, with the
+    /// agent as the supervisor that records refused calls) on the agent
+    /// and thus on every process of the sandbox. Off only when a node is
+    /// configured without it (e.g. to measure its cost).
+    pub syscall_filter: bool,
     /// The image's default environment for every command.
     pub env: Vec<(String, String)>,
     /// Default working directory for commands.

@@ -47,6 +47,10 @@ pub struct Agent {
     groups: RefCell<HashSet<i32>>,
     pub devnull: OwnedFd,
     pub policy: ChildPolicy,
+    /// Refused attempts (blocked system calls) and tampering seen, for
+    /// `Op::AuditEvents`.
+    pub audit: RefCell<crate::audit::Ring>,
+    pub tamper: crate::tamper::Watch,
     /// Requests running (over every connection).
     active: Cell<usize>,
     idle: tokio::sync::Notify,
@@ -67,6 +71,8 @@ impl Agent {
             groups: RefCell::new(HashSet::new()),
             devnull,
             policy,
+            audit: RefCell::new(crate::audit::Ring::default()),
+            tamper: crate::tamper::Watch::default(),
             active: Cell::new(0),
             idle: tokio::sync::Notify::new(),
         })
@@ -149,13 +155,15 @@ impl Agent {
         }
     }
 
-    /// The shell commands run through: bash when the sandbox has it.
+    /// The shell commands run through: bash when the sandbox has it. It is
+    /// the sandbox's own program (the platform's work is done by the agent's
+    /// code, never by a program of the image), so a replaced shell affects
+    /// only this sandbox's commands; the first use of a replaced one is
+    /// recorded as an audit event.
     pub fn shell(&self) -> &'static str {
-        if crate::spawn::find_program("/bin/bash", "").is_some_and(|p| is_exec(&p)) {
-            "/bin/bash"
-        } else {
-            "/bin/sh"
-        }
+        let shell = if crate::spawn::find_program("/bin/bash", "").is_some_and(|p| is_exec(&p)) { "/bin/bash" } else { "/bin/sh" };
+        self.tamper.check(shell, &self.audit);
+        shell
     }
 }
 

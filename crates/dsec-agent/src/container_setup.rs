@@ -100,7 +100,8 @@ fn check_abs(what: &str, p: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn setup(cfg: &ContainerSetup) -> Result<()> {
+/// Returns an O_PATH fd of the overlay's upper directory (see tamper.rs).
+pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     check_abs("scratch_mount", &cfg.scratch_mount)?;
     if cfg.lower_dirs.is_empty() {
         return Err(SetupError { step: "lower_dirs is empty".into(), errno: Errno::INVAL });
@@ -134,16 +135,27 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     for (d, mode) in [(&upper, 0o755), (&work, 0o755), (&root, 0o755), (&devdir, 0o755), (&shmdir, 0o1777), (&maskdir, 0o555)] {
         mkdir(&cstr(d)?, mode).map_err(fail(format!("mkdir {d}")))?;
     }
-    // Kept for `pack_diff` (see reattach::UPPER_FD); best effort, since a
-    // sandbox that cannot be packed is still a working sandbox.
-    if let Ok(fd) = rustix::fs::open(upper.as_str(), rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) {
-        let _ = crate::reattach::park_upper(fd);
-    }
     let opts = cstr(&overlay_options(&cfg.lower_dirs, &upper, &work))?;
     let root_c = cstr(&root)?;
     // nodev: a device node shipped in an image layer must not open the
-    // host's device behind it.
-    mount(Some(c"overlay"), &root_c, Some(c"overlay"), libc::MS_NODEV, Some(&opts)).map_err(fail("mount the overlay root"))?;
+    // host's device behind it. nosuid: a setuid binary in the image (or one
+    // the sandbox's root makes) never raises anyone's privileges; with the
+    // system-call filter, no_new_privs says the same for every path.
+    mount(Some(c"overlay"), &root_c, Some(c"overlay"), libc::MS_NODEV | libc::MS_NOSUID, Some(&opts)).map_err(fail("mount the overlay root"))?;
+    // Kept (close-on-exec, in a process nobody may ptrace) to see which
+    // image files the sandbox has changed; its path is gone after pivot_root.
+    let upper_fd = rustix::fs::open(
+        cstr(&upper)?.as_c_str(),
+        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+        rustix::fs::Mode::empty(),
+    )
+    .map_err(fail("open the upper directory"))?;
+    // A copy at a well-known fd for the edge's `pack_diff` (see
+    // reattach::UPPER_FD); best effort, since a sandbox that cannot be
+    // packed is still a working sandbox.
+    if let Ok(copy) = rustix::io::fcntl_dupfd_cloexec(&upper_fd, 0) {
+        let _ = crate::reattach::park_upper(copy);
+    }
 
     let at = |p: &str| cstr(&format!("{root}{p}"));
     for d in ["/proc", "/dev", "/sys"] {
@@ -206,7 +218,7 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     // the sandbox's root (no CAP_SYS_PTRACE) does not have. The edge has it,
     // for pidfd_getfd on re-attach.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable).map_err(fail("prctl(PR_SET_DUMPABLE)"))?;
-    Ok(())
+    Ok(upper_fd)
 }
 
 /// Bind-mounts `src` on `target`, then sets exactly `flags` on the new

@@ -10,6 +10,7 @@
 
 mod agent;
 mod aio;
+mod audit;
 mod caps;
 mod channel;
 mod container_setup;
@@ -25,6 +26,7 @@ mod pty;
 mod reaper;
 mod reattach;
 mod request;
+mod seccomp;
 mod server;
 mod session;
 mod session_state;
@@ -32,6 +34,7 @@ mod signals;
 mod spawn;
 mod spawner;
 mod startup;
+mod tamper;
 mod tar;
 mod users;
 
@@ -162,7 +165,7 @@ fn plain(chan: OwnedFd, root_dir: &str, sandbox_id: String) -> Result<(), String
         default_user: uid.to_string(),
     };
     let agent = Agent::new(Mode::Plain, id, root, root_path, devnull()?, policy());
-    run(agent.clone(), chan.into())?;
+    run(agent.clone(), chan.into(), None)?;
     // Leave nothing running behind us.
     agent.kill_and_reap_all();
     Ok(())
@@ -183,11 +186,11 @@ fn container(chan: OwnedFd) -> Result<(), String> {
             Err(e) => return Err(format!("channel closed before setup: {e}")),
         }
     };
-    let setup = container_setup::setup(&cfg).map_err(|e| e.to_string()).and_then(|()| {
+    let setup = container_setup::setup(&cfg).map_err(|e| e.to_string()).and_then(|upper| {
         let root = Root::open("/").map_err(|e| format!("open /: {e}"))?;
-        Ok((root, devnull()?))
+        Ok((root, devnull()?, upper))
     });
-    let (root, null) = match setup {
+    let (root, null, upper) = match setup {
         Ok(v) => v,
         Err(msg) => {
             let err = AgentError::new(ErrorKind::SetupFailed, msg.clone());
@@ -201,20 +204,39 @@ fn container(chan: OwnedFd) -> Result<(), String> {
         let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(e.clone()) });
         return Err(format!("setup failed: {}", e.message));
     }
+    // Last: everything above (mounts, /proc writes) is what the filter
+    // refuses to the sandbox.
+    let listener = if cfg.syscall_filter {
+        match seccomp::install() {
+            Ok(fd) => Some(fd),
+            Err(e) => {
+                let err = AgentError::new(ErrorKind::SetupFailed, format!("system call filter: {e}"));
+                let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) });
+                return Err(format!("setup failed: {e}"));
+            }
+        }
+    } else {
+        None
+    };
     write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(|e| e.to_string())?;
     let ident = Identity { sandbox_id: cfg.sandbox_id, image_env: cfg.env, workdir: cfg.workdir, default_user: cfg.default_user };
     let agent = Agent::new(Mode::Container, ident, root, None, null, policy());
-    run(agent, chan.into())
+    let _ = agent.tamper.upper.set(upper);
+    run(agent, chan.into(), listener)
 }
 
 /// The event loop: one thread, no blocking pool.
-fn run(agent: Rc<Agent>, chan: OwnedFd) -> Result<(), String> {
+/// `listener`: the seccomp filter's, whose notifications the agent answers.
+fn run(agent: Rc<Agent>, chan: OwnedFd, listener: Option<OwnedFd>) -> Result<(), String> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
         .build()
         .map_err(|e| format!("event loop: {e}"))?;
     let local = tokio::task::LocalSet::new();
+    if let Some(fd) = listener {
+        local.spawn_local(audit::supervise(agent.clone(), fd));
+    }
     local.block_on(&rt, server::serve(agent, chan));
     Ok(())
 }

@@ -41,6 +41,7 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
         Op::Remove { path, recursive } => files::remove(agent, &path, recursive),
         Op::TarCreate { path } => tar::create(agent, ctx, &path).await,
         Op::TarExtract { path, max_bytes } => tar::extract(agent, ctx, &path, max_bytes).await,
+        Op::AuditEvents { after } => Ok(Reply::Audit(agent.audit.borrow().since(after))),
         Op::Shutdown => {
             agent.kill_everything();
             // tmpfs has nothing to flush; a VM's disk does. syncfs, not

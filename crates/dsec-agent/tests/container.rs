@@ -158,6 +158,7 @@ async fn container_mode_end_to_end() {
         ],
         // (Missing paths, like /proc/sysrq-trigger on some kernels, are skipped.)
         readonly_paths: vec!["/proc/sys".into(), "/proc/sysrq-trigger".into(), "/proc/irq".into(), "/proc/bus".into()],
+        syscall_filter: true,
         env: vec![("PATH".into(), "/bin".into()), ("IMAGE_VAR".into(), "1".into())],
         workdir: "/root".into(),
         default_user: "root".into(),
@@ -224,6 +225,14 @@ async fn container_mode_end_to_end() {
         let e = client.call(Op::ReadFile { path: p.into(), offset: 0, limit: None }).await.unwrap_err();
         assert!(matches!(e, ClientError::Agent(ref e) if e.kind == ErrorKind::InvalidPath), "{p}: {e}");
     }
+
+    // The system-call filter: inherited by every command, refusals audited.
+    let r = sh(&client, "grep -E '^(NoNewPrivs|Seccomp):' /proc/self/status; mount -t tmpfs x /mnt").await;
+    assert_eq!(text(&r.stdout), "NoNewPrivs:\t1\nSeccomp:\t2\n");
+    let Reply::Audit(log) = client.call(Op::AuditEvents { after: 0 }).await.unwrap() else { panic!() };
+    assert_eq!((log.total, log.dropped), (1, 0), "{log:?}");
+    assert!(log.events[0].detail.starts_with("mount refused with EPERM"), "{log:?}");
+    assert_eq!(log.events[0].kind, "syscall");
 
     // Users from the image.
     let mut spec = shell("id -u; echo $HOME");
@@ -326,6 +335,7 @@ async fn container_setup_failure_is_reported() {
         sys_dir: String::new(),
         masked_paths: vec![],
         readonly_paths: vec![],
+        syscall_filter: false,
         env: vec![],
         workdir: "/".into(),
         default_user: "root".into(),

@@ -80,6 +80,7 @@ fn garbage_and_stray_frames_are_survived() {
         sys_dir: String::new(),
         masked_paths: vec![],
         readonly_paths: vec![],
+        syscall_filter: false,
         env: vec![],
         workdir: "/".into(),
         default_user: "root".into(),

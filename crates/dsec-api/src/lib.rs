@@ -5,6 +5,7 @@
 //! their own core types at the HTTP boundary; nothing below this crate needs
 //! serde names to stay stable except the wire itself.
 
+mod audit;
 mod errors;
 mod exec;
 mod files;
@@ -14,6 +15,7 @@ mod pack;
 mod sandboxes;
 mod tenants;
 
+pub use audit::*;
 pub use errors::*;
 pub use exec::*;
 pub use files::*;

@@ -7,6 +7,7 @@
 //!   exec        exec round trip of `true` (compiled client) vs `crun exec`
 //!   density     N idle sandboxes: memory per sandbox, creation time vs index
 //!   churn       M create/destroy cycles, then counts of what is left behind
+//!   policy      creation and exec with vs without the system-call filter
 //!   counts      the leak counts alone (processes, mounts, cgroups, ...)
 //!   fncall-baseline  a subprocess-per-call code runner (the FnCall
 //!                    benchmark's baseline), serving until killed
@@ -52,6 +53,8 @@ enum Cmd {
     Counts(CountsArgs),
     /// Serve a subprocess-per-call code runner (the FnCall baseline).
     FncallBaseline(cmds::fncall_baseline::BaselineArgs),
+    /// Creation and exec latency with vs without the system-call filter.
+    Policy(cmds::policy::PolicyArgs),
 }
 
 /// Where the platform is and what the sandboxes look like.
@@ -149,6 +152,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Density(a) => cmds::density::run(a).await,
             Cmd::Churn(a) => cmds::churn::run(a).await,
             Cmd::FncallBaseline(a) => cmds::fncall_baseline::run(a).await,
+            Cmd::Policy(a) => cmds::policy::run(a).await,
             Cmd::Counts(a) => {
                 let c = host::counts(a.dsec_pid, a.data_dir.as_deref(), a.node.as_deref());
                 println!("{}", serde_json::to_string_pretty(&c)?);

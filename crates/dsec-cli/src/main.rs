@@ -38,6 +38,9 @@ enum Cmd {
     Fncall(fncall_cmd::FnCallArgs),
     /// Open an interactive terminal in a sandbox.
     Shell(shell::ShellArgs),
+    /// Show what a sandbox's processes tried and were refused (blocked
+    /// system calls), one event per line.
+    Audit(sandbox_cmd::IdsArgs),
     /// Stop sandboxes (their records stay for inspection).
     Stop(sandbox_cmd::IdsArgs),
     /// Stop and remove sandboxes.
@@ -90,6 +93,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Exec(a) => sandbox_cmd::exec(a).await,
             Cmd::Fncall(a) => fncall_cmd::run(a).await,
             Cmd::Shell(a) => shell::run(a).await,
+            Cmd::Audit(a) => sandbox_cmd::audit(a).await,
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,

@@ -187,6 +187,28 @@ where
     Ok(failed)
 }
 
+/// `ID SEQ TIME_MS PID KIND DETAIL` per event, then a summary line.
+pub async fn audit(a: IdsArgs) -> anyhow::Result<u8> {
+    each_id(a, |c, id| async move {
+        let mut lines = Vec::new();
+        let mut after = 0;
+        loop {
+            let page = c.audit(&id, after).await?;
+            for e in &page.events {
+                lines.push(format!("{id} {} {} {} {} {}", e.seq, e.time_ms, e.pid, e.kind, e.detail));
+            }
+            match page.events.last() {
+                Some(last) => after = last.seq,
+                None => {
+                    lines.push(format!("{id}: {} events, {} dropped", page.total, page.dropped));
+                    return Ok(lines.join("\n"));
+                }
+            }
+        }
+    })
+    .await
+}
+
 pub async fn stop(a: IdsArgs) -> anyhow::Result<u8> {
     each_id(a, |c, id| async move { c.stop(&id).await.map(|s| format!("{} {}", s.id, s.state.as_str())) }).await
 }

@@ -89,6 +89,11 @@ pub struct EdgeArgs {
     /// next `dsec up` on this data dir re-adopts them).
     #[arg(long)]
     pub stop_sandboxes_on_exit: bool,
+    /// Start sandboxes without the system-call filter (seccomp and
+    /// no_new_privs; docs/security.md). For measuring its cost only: refused
+    /// calls then fall back to the capability checks and are not audited.
+    #[arg(long)]
+    pub no_syscall_filter: bool,
     /// FnCall runner pools: LANG=MIN:MAX, comma-separated. Default: python
     /// 2 to 2 per core, bash and cpp 1 to 1 per core, c 0 to 1 per core.
     #[arg(long)]
@@ -202,6 +207,7 @@ impl EdgeArgs {
         config.memory_overcommit = self.memory_overcommit;
         config.max_sandboxes = self.max_sandboxes;
         config.stop_sandboxes_on_shutdown = self.stop_sandboxes_on_exit;
+        config.syscall_filter = !self.no_syscall_filter;
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;
         let edge = Edge::start(config, layers).await?;
         let fncall = if self.no_fncall {

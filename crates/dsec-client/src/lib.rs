@@ -118,6 +118,10 @@ impl Client {
         self.json::<(), _>(Method::GET, &path, None).await
     }
 
+    pub async fn audit(&self, id: &str, after: u64) -> Result<api::AuditEvents, ClientError> {
+        self.json::<(), _>(Method::GET, &format!("/v1/sandboxes/{id}/audit?after={after}"), None).await
+    }
+
     pub async fn stop(&self, id: &str) -> Result<api::Sandbox, ClientError> {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/stop"), None).await
     }

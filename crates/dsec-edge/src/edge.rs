@@ -58,6 +58,10 @@ pub struct EdgeConfig {
     /// Stop every sandbox when the edge shuts down (otherwise they keep
     /// running and a restarted edge re-adopts them).
     pub stop_sandboxes_on_shutdown: bool,
+    /// Give every sandbox the system-call filter (seccomp with audited
+    /// refusals, no_new_privs). Off only to measure its cost
+    /// (`dsec up --no-syscall-filter`).
+    pub syscall_filter: bool,
 }
 
 impl EdgeConfig {
@@ -85,6 +89,7 @@ impl EdgeConfig {
             reap_interval: Duration::from_secs(60),
             sweep_interval: Duration::from_millis(500),
             stop_sandboxes_on_shutdown: false,
+            syscall_filter: true,
         }
     }
 }
@@ -228,12 +233,10 @@ impl Edge {
         let cgroups = Arc::new(
             Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?,
         );
-        let container = ContainerBackend::new(
-            cgroups,
-            &config.agent_path,
-            &config.state_dir,
-            config.create_timeout,
-        )?;
+        let mut container = ContainerBackend::new(cgroups, &config.agent_path, &config.state_dir, config.create_timeout)?;
+        if !config.syscall_filter {
+            container = container.without_syscall_filter();
+        }
         let (store, records) =
             Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let (cpus, mem_mb) = host_resources();

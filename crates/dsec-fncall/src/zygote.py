@@ -17,7 +17,9 @@
 #      rusage). It does as little as possible, because every page it writes
 #      after a fork is copied; it never sees a call's code, input or output.
 #      `- worker: receives what to run and the call's stdio memfds, drops to
-#         uid nobody, no capabilities, no_new_privs, rlimits, and becomes
+#         uid nobody, no capabilities, no_new_privs, rlimits, a Landlock
+#         domain that lets it write only in its scratch directory, the
+#         temporary directories and /dev (LANDLOCK_WRITABLE), and becomes
 #         the call (a Python call runs in this warm interpreter; other
 #         programs, compilers included, are exec'd).
 # Answers are a JSON line announcing raw parts, then stdout, stderr and
@@ -62,6 +64,66 @@ libc = ctypes.CDLL(None, use_errno=True)
 def prctl(option, arg):
     if libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
         raise OSError(ctypes.get_errno(), "prctl")
+
+
+# Landlock (same numbers on every architecture): where a call may write.
+SYS_LANDLOCK_CREATE_RULESET = 444
+SYS_LANDLOCK_ADD_RULE = 445
+SYS_LANDLOCK_RESTRICT_SELF = 446
+LANDLOCK_CREATE_RULESET_VERSION = 1
+LANDLOCK_RULE_PATH_BENEATH = 1
+# Every right that creates, changes or removes something (reading and
+# executing stay free): write, remove dir/file, make char/dir/reg/sock/
+# fifo/block/sym, then refer (ABI 2) and truncate (ABI 3).
+LANDLOCK_WRITE_ABI1 = 0x2 | 0x10 | 0x20 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800 | 0x1000
+LANDLOCK_REFER = 0x2000
+LANDLOCK_TRUNCATE = 0x4000
+# The only places a call may write: its scratch directory (under BASE,
+# whose own DAC keeps the call to BASE/call), the temporary directories
+# programs use whatever TMPDIR says (glibc's tmpfile(), POSIX semaphores),
+# and device files such as /dev/null. So the directories the cleanup after
+# a call must look at are known whatever the image's permissions are.
+LANDLOCK_WRITABLE = (BASE, "/tmp", "/var/tmp", "/dev/shm", "/dev")
+
+
+def landlock_ruleset():
+    """A Landlock ruleset fd confining writes to LANDLOCK_WRITABLE, or None
+    on a kernel without Landlock (the call then runs without this layer;
+    every other one still holds)."""
+    abi = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0),
+                       ctypes.c_uint32(LANDLOCK_CREATE_RULESET_VERSION))
+    if abi < 1:
+        return None
+    rights = LANDLOCK_WRITE_ABI1
+    if abi >= 2:
+        rights |= LANDLOCK_REFER
+    if abi >= 3:
+        rights |= LANDLOCK_TRUNCATE
+    attr = ctypes.c_uint64(rights)  # struct landlock_ruleset_attr, first field
+    fd = libc.syscall(SYS_LANDLOCK_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(8), ctypes.c_uint32(0))
+    if fd < 0:
+        raise OSError(ctypes.get_errno(), "landlock_create_ruleset")
+
+    class PathBeneath(ctypes.Structure):
+        _pack_ = 1
+        _fields_ = [("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32)]
+
+    for path in LANDLOCK_WRITABLE:
+        try:
+            dfd = os.open(path, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            continue  # not in this image
+        try:
+            rule = PathBeneath(rights, dfd)
+            if libc.syscall(SYS_LANDLOCK_ADD_RULE, fd, LANDLOCK_RULE_PATH_BENEATH, ctypes.byref(rule), 0) != 0:
+                raise OSError(ctypes.get_errno(), "landlock_add_rule " + path)
+        finally:
+            os.close(dfd)
+    return fd
+
+
+# Made once by the zygote; each worker enters it before it becomes the call.
+LANDLOCK_FD = None
 
 
 def writable_dirs():
@@ -192,6 +254,8 @@ def become_call_process(req, scratch, fds, in_process):
     os.dup2(fds[0], 0)
     os.dup2(fds[1], 1)
     os.dup2(fds[2], 2)
+    if LANDLOCK_FD is not None and libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, LANDLOCK_FD, 0) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     os.closerange(3, 1 << 16)
     limits = req["limits"]
     cpu_s = max(1, int(limits["time_ms"] / 1000) + 1)
@@ -212,8 +276,9 @@ def zygote_setup():
     setuid program in the image cannot give the call user privileges), the
     OOM killer's first choice, no core dumps, SIGPIPE and SIGXFSZ at their
     defaults (Python ignores them, and exec would keep them ignored)."""
-    global ZYGOTE_VM_BYTES
+    global ZYGOTE_VM_BYTES, LANDLOCK_FD
     prctl(PR_SET_NO_NEW_PRIVS, 1)
+    LANDLOCK_FD = landlock_ruleset()
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))

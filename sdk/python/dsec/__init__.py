@@ -60,6 +60,8 @@ from .errors import (
     UserNotFound,
 )
 from .results import (
+    AuditEvent,
+    AuditEvents,
     ExecResult,
     FileInfo,
     Health,
@@ -116,6 +118,8 @@ __all__ = [
     "ResumeResult",
     "JobActionResult",
     "JobFailure",
+    "AuditEvent",
+    "AuditEvents",
     "SandboxEvent",
     "DSecError",
     "DSecConnectionError",

@@ -496,6 +496,38 @@ class JobActionResult:
 
 
 @dataclass(slots=True)
+class AuditEvent:
+    """One attempt the sandbox's policy refused (see :meth:`Sandbox.audit_events`)."""
+
+    seq: int
+    time_ms: int
+    kind: str
+    pid: int
+    detail: str
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> AuditEvent:
+        """Parse one event of ``GET /v1/sandboxes/{id}/audit``."""
+        return cls(seq=d["seq"], time_ms=d.get("time_ms", 0), kind=d.get("kind", ""),
+                   pid=d.get("pid", 0), detail=d.get("detail", ""))
+
+
+@dataclass(slots=True)
+class AuditEvents:
+    """A page of audit events, with the sandbox's totals."""
+
+    events: list[AuditEvent]
+    total: int
+    dropped: int
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> AuditEvents:
+        """Parse ``GET /v1/sandboxes/{id}/audit``."""
+        return cls(events=[AuditEvent.from_json(e) for e in d.get("events") or ()],
+                   total=d.get("total", 0), dropped=d.get("dropped", 0))
+
+
+@dataclass(slots=True)
 class SandboxEvent:
     """One state change from :meth:`Sandbox.events` or :meth:`DSecClient.job_events`."""
 

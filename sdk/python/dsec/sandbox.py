@@ -23,6 +23,7 @@ from .errors import (
     error_from_body,
 )
 from .results import (
+    AuditEvents,
     ExecResult,
     FileInfo,
     PackResult,
@@ -122,6 +123,14 @@ class Sandbox:
         d = await self._t.request("GET", self._t.url(self._base))
         self.info = SandboxInfo.from_json(d)
         return self.info
+
+    async def audit_events(self, after: int = 0) -> AuditEvents:
+        """Attempts of the sandbox's processes that its policy refused (blocked
+        system calls), oldest first, with sequence numbers above ``after``.
+        The sandbox keeps its last 256; ``dropped`` counts older ones."""
+        d = await self._t.request("GET", self._t.url(self._base + "/audit"),
+                                  params={"after": str(after)})
+        return AuditEvents.from_json(d)
 
     async def stop(self) -> SandboxInfo:
         """Stop the sandbox. The record stays for inspection until :meth:`delete`."""

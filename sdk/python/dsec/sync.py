@@ -35,6 +35,7 @@ from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .errors import DSecError, SandboxNotFound
 from .fncall import FnCallResult
 from .results import (
+    AuditEvents,
     ExecResult,
     FileInfo,
     Health,
@@ -274,6 +275,10 @@ class Sandbox:
     def refresh(self) -> SandboxInfo:
         """Fetch the current record into :attr:`info`."""
         return self._run(self.aio.refresh())
+
+    def audit_events(self, after: int = 0) -> AuditEvents:
+        """Refused attempts of the sandbox's processes (see the async method)."""
+        return self._run(self.aio.audit_events(after))
 
     def stop(self) -> SandboxInfo:
         """Stop the sandbox (the record stays until :meth:`delete`)."""

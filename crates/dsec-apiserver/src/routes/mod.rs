@@ -1,4 +1,5 @@
 pub mod admin;
+pub mod audit;
 pub mod events;
 pub mod files;
 pub mod fncall;

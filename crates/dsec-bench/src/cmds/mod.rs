@@ -5,6 +5,7 @@ pub mod density;
 pub mod exec;
 pub mod fncall_baseline;
 pub mod latency;
+pub mod policy;
 pub mod throughput;
 
 use std::collections::BTreeMap;

@@ -39,6 +39,8 @@ pub struct ContainerBackend {
     /// The node's shared read-only sysfs.
     sysfs: sysfs::SharedSysfs,
     setup_timeout: Duration,
+    /// Sandboxes get the system-call filter (EdgeConfig::syscall_filter).
+    syscall_filter: bool,
 }
 
 impl ContainerBackend {
@@ -54,7 +56,13 @@ impl ContainerBackend {
             .map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
         let spawner = spawn::Spawner::new(agent_path)
             .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
-        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout })
+        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true })
+    }
+
+    /// Starts sandboxes without the system-call filter (to measure it).
+    pub fn without_syscall_filter(mut self) -> Self {
+        self.syscall_filter = false;
+        self
     }
 
     pub fn cgroups(&self) -> &Arc<Cgroups> {
@@ -111,6 +119,7 @@ impl ContainerBackend {
             sys_dir: self.sysfs.dir.display().to_string(),
             masked_paths: policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
             readonly_paths: policy::READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
+            syscall_filter: self.syscall_filter,
             env: merged_env(&plan.env, spec),
             workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
             default_user: spec.init_user.clone(),

@@ -14,10 +14,22 @@ pub const MASKED_PATHS: &[&str] = &[
     "/proc/kpagecgroup",
     "/proc/kpageflags",
     "/proc/kpagecount",
+    // The same page flags, by physical frame, through sysfs.
+    "/sys/kernel/mm/page_idle",
     // Kernel symbol addresses and timers help exploits, reveal host load.
     "/proc/kallsyms",
     "/proc/timer_list",
     "/proc/sched_debug",
+    // Kernel heap and vmalloc layout: exploit aids (root-readable only, and
+    // the sandbox's root is uid 0).
+    "/proc/slabinfo",
+    "/proc/vmallocinfo",
+    "/proc/pagetypeinfo",
+    // The host's kernel log (CAP_SYSLOG is not kept; hidden all the same).
+    "/proc/kmsg",
+    // Energy counters leak what other tenants compute (the "Platypus"
+    // side channel).
+    "/sys/devices/virtual/powercap",
     // Host key material and ACPI/firmware interfaces.
     "/proc/keys",
     "/proc/acpi",

@@ -148,6 +148,10 @@ async def test_requests_route_to_the_owning_edge(cluster: Cluster) -> None:
         await pty.send(b"echo through-the-proxy\n")
         assert b"through-the-proxy" in await pty.read_until(b"through-the-proxy\r\n", timeout=10)
         await pty.close()
+        # Audit events come from the owning edge's sandbox, through the proxy.
+        await sb.run_shell("mount -t tmpfs x /mnt")
+        audit = await sb.audit_events()
+        assert audit.total == 1 and audit.events[0].detail.startswith("mount refused"), audit
         listed = await c.list(labels={"suite": "cluster"})
         assert {s.id for s in listed} >= {s.id for s in sandboxes}
         # Another tenant sees none of them, on either node.

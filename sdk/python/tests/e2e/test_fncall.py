@@ -332,10 +332,13 @@ async def test_pools_grow_with_load_and_shrink_when_idle(elastic_server: Server)
         assert all(r.ok for r in burst)
         assert len({r.runner for r in burst}) >= 2, "six slow calls at once grew the pool"
         deadline = asyncio.get_running_loop().time() + 20
-        while (await c.fncall_pools())[0]["runners"] > 0:
-            assert asyncio.get_running_loop().time() < deadline, await c.fncall_pools()
+        # The pool forgets a runner before its sandbox is gone: wait for both
+        # (on a loaded machine the removal can trail by a moment).
+        while ((await c.fncall_pools())[0]["runners"] > 0
+               or await c.list(labels={"dsec.fncall": "python"}) != []):
+            assert asyncio.get_running_loop().time() < deadline, (
+                await c.fncall_pools(), await c.list(labels={"dsec.fncall": "python"}))
             await asyncio.sleep(0.5)
-        assert await c.list(labels={"dsec.fncall": "python"}) == [], "idle runners were removed"
         again = await c.fncall("python", "print('again')")
         assert again.ok and again.stdout == "again\n"
 
