@@ -14,6 +14,10 @@ PACKAGES=(
   hyperfine       # command timing in benchmarks
   file            # checks that the guest agent is statically linked
   pkg-config
+  qemu-system-x86 # microVMs: QEMU's microvm machine
+  qemu-utils      # qemu-img, for VM disk images
+  e2fsprogs       # mkfs.ext4: a microVM's writable disk template
+  cpio            # tests check the initramfs the project writes
 )
 
 missing=()

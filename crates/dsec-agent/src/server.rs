@@ -29,6 +29,18 @@ pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
         }
     });
     tokio::task::spawn_local(agent.clone().trim_when_idle());
+    // A VM's channel is its virtio-serial port, which outlives any one
+    // edge: keep a copy to serve the next edge on.
+    let port = match agent.mode {
+        Mode::Vm => match fd.try_clone() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("dsec-agent: cannot keep the port: {e}");
+                return;
+            }
+        },
+        _ => None,
+    };
     let mut fd = fd;
     let mut greeted = true;
     loop {
@@ -47,6 +59,19 @@ pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
         let orphans: Vec<Rc<ReqCtx>> = conn.requests.borrow().values().cloned().collect();
         for ctx in orphans {
             ctx.detach();
+        }
+        if let Some(port) = &port {
+            // The edge's side of the port closed (the edge went away):
+            // greet whoever connects to it next.
+            fd = match crate::vm_init::next_channel(port).await {
+                Ok(fd) => fd,
+                Err(e) => {
+                    eprintln!("dsec-agent: cannot reuse the port: {e}");
+                    return;
+                }
+            };
+            greeted = false;
+            continue;
         }
         if agent.mode != Mode::Container {
             return;

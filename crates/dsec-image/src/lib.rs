@@ -9,7 +9,8 @@
 //!   debootstrap run or a busybox recipe ([`build`]), and the platform's
 //!   default images ([`ensure_default_images`]);
 //! - mounts layers on the host once per node for every overlay to share
-//!   ([`LayerMounts`]).
+//!   ([`LayerMounts`]);
+//! - fetches the microVM guest kernel and builds its initramfs ([`vm`]).
 
 pub mod build;
 mod defaults;
@@ -23,6 +24,7 @@ mod progress;
 mod reference;
 mod store;
 mod time;
+pub mod vm;
 
 pub use build::{BuildError, BuildOptions, Compression};
 pub use defaults::{
