@@ -289,12 +289,15 @@ fn setup_vm_kernel(images_dir: &Path) -> anyhow::Result<()> {
     let agent = std::env::var_os("DSEC_AGENT").map(std::path::PathBuf::from).or_else(|| {
         std::env::current_exe().ok().map(|e| e.with_file_name("dsec-agent"))
     });
-    match agent.filter(|a| a.is_file()) {
-        Some(agent) => {
-            let initrd = dsec_image::vm::build_initramfs(&kernel, &agent, &vm_dir)?;
-            bars.finish(format!("kernel {} and {} ready in {:.1?}", kernel.version, initrd.display(), started.elapsed()));
-        }
-        None => bars.finish(format!("kernel {} ready in {:.1?} (no guest agent found for an initramfs)", kernel.version, started.elapsed())),
+    // The initramfs is a convenience here (the edge builds its own for the
+    // agent it runs): a missing or dynamically linked agent is only noted.
+    let initrd = agent
+        .filter(|a| a.is_file())
+        .ok_or_else(|| "no guest agent found".to_string())
+        .and_then(|agent| dsec_image::vm::build_initramfs(&kernel, &agent, &vm_dir).map_err(|e| e.to_string()));
+    match initrd {
+        Ok(initrd) => bars.finish(format!("kernel {} and {} ready in {:.1?}", kernel.version, initrd.display(), started.elapsed())),
+        Err(why) => bars.finish(format!("kernel {} ready in {:.1?} (no initramfs yet: {why})", kernel.version, started.elapsed())),
     }
     Ok(())
 }
