@@ -5,7 +5,7 @@
         container, and the peer: a plain `qemu-system-x86_64 -M microvm` boot
         of the same kernel and initramfs to the guest's init (which prints a
         marker and ends the VM), with the same tuned command line
-    microvm_bench.py idle --n N --out F
+    microvm_bench.py idle --n N --label L --out F
         N idle busybox microVMs of 128 MiB: host PSS of each VM's QEMU
     microvm_bench.py report FILE...
 
@@ -118,7 +118,7 @@ async def idle(a: argparse.Namespace) -> None:
         finally:
             for sb in sbs:
                 await sb.delete()
-    Path(a.out).write_text(json.dumps({"kind": "idle", "guest_mb": 128, "pss_mb": pss}))
+    Path(a.out).write_text(json.dumps({"kind": "idle", "label": a.label, "guest_mb": 128, "pss_mb": pss}))
 
 
 def report(files: list[str]) -> None:
@@ -134,7 +134,7 @@ def report(files: list[str]) -> None:
                   f" microvm / container: {med['microvm'] / med['container']:.0f}x")
         else:
             p = d["pss_mb"]
-            print(f"idle microVM host PSS at {d['guest_mb']} MiB guest RAM, {len(p)} VMs: "
+            print(f"idle microVM host PSS at {d['guest_mb']} MiB guest RAM, {d['label']}, {len(p)} VMs: "
                   f"median {statistics.median(p):.0f} MB (min {min(p):.0f}, max {max(p):.0f})")
 
 
@@ -149,6 +149,7 @@ def main() -> None:
     i = sub.add_parser("idle")
     i.add_argument("--n", type=int, default=4)
     i.add_argument("--settle", type=float, default=10.0)
+    i.add_argument("--label", default="")
     i.add_argument("--out", required=True)
     r = sub.add_parser("report")
     r.add_argument("files", nargs="+")

@@ -108,6 +108,10 @@ pub struct EdgeArgs {
     /// The QEMU binary of microVMs.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: PathBuf,
+    /// MicroVM guests hand the pages they free back to the host (virtio
+    /// balloon free page reporting); `false` keeps them resident.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub vm_free_page_reporting: bool,
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
@@ -202,6 +206,7 @@ impl EdgeArgs {
         let mut vm = dsec_edge::microvm::VmConfig::new(dsec_image::vm::vm_dir(&images_dir));
         vm.accel = self.vm_accel;
         vm.qemu = self.qemu.clone();
+        vm.free_page_reporting = self.vm_free_page_reporting;
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;

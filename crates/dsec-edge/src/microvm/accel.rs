@@ -33,6 +33,7 @@ pub async fn probe_kvm(qemu: &Path, kernel: &Path, initramfs: &Path, run_root: &
         files: &files,
         tsc_khz: None,
         extra_append: "dsec.probe",
+        free_page_reporting: false,
     };
     let child = tokio::process::Command::new(qemu)
         .args(qemu_args(&launch))

@@ -90,6 +90,10 @@ pub struct VmLaunch<'a> {
     pub tsc_khz: Option<u64>,
     /// Extra kernel parameters (the accelerator probe's `dsec.probe`).
     pub extra_append: &'a str,
+    /// A balloon device with free page reporting: the guest hands pages it
+    /// frees back to the host (QEMU discards them), so an idle guest's
+    /// footprint shrinks to what it uses.
+    pub free_page_reporting: bool,
 }
 
 /// Kernel parameters. Under TCG the calibrations and self-tests cost
@@ -154,6 +158,9 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
         let dev = format!("virtio-blk-device,drive=l{i},serial={}", layer_serial(i));
         push(&["-drive", &drive, "-device", &dev]);
     }
+    if l.free_page_reporting {
+        push(&["-device", "virtio-balloon-device,free-page-reporting=on"]);
+    }
     let wr = format!("id=wr,file={},format=raw,if=none,discard=unmap", drive_path(&l.files.disk));
     let wr_dev = format!("virtio-blk-device,drive=wr,serial={WRITABLE_SERIAL}");
     push(&["-drive", &wr, "-device", &wr_dev]);
@@ -199,6 +206,7 @@ mod tests {
             files: f,
             tsc_khz: Some(2_100_000),
             extra_append: "",
+            free_page_reporting: true,
         }
     }
 
@@ -232,6 +240,11 @@ mod tests {
         assert_eq!(value_after(&args, "-qmp"), ["unix:/run/dsec/vm/n.abc/qmp.sock,server=on,wait=off"]);
         assert!(value_after(&args, "-chardev").iter().any(|c| c.contains("path=/run/dsec/vm/n.abc/agent.sock,server=on,wait=off")));
         assert!(args.iter().any(|a| a == "-no-reboot"));
+        assert!(value_after(&args, "-device").contains(&"virtio-balloon-device,free-page-reporting=on"));
+        let layers = [PathBuf::from("/b")];
+        let mut l = launch(&f, &layers, Accel::Tcg);
+        l.free_page_reporting = false;
+        assert!(!qemu_args(&l).iter().any(|a| a.contains("balloon")));
     }
 
     #[test]

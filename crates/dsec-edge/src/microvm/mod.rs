@@ -55,11 +55,19 @@ pub struct VmConfig {
     pub accel: AccelChoice,
     /// Root of the VMs' run directories (sockets need short paths).
     pub run_root: PathBuf,
+    /// Guests report freed pages to the host (virtio-balloon).
+    pub free_page_reporting: bool,
 }
 
 impl VmConfig {
     pub fn new(vm_dir: PathBuf) -> Self {
-        Self { vm_dir, qemu: "qemu-system-x86_64".into(), accel: AccelChoice::Auto, run_root: "/run/dsec/vm".into() }
+        Self {
+            vm_dir,
+            qemu: "qemu-system-x86_64".into(),
+            accel: AccelChoice::Auto,
+            run_root: "/run/dsec/vm".into(),
+            free_page_reporting: true,
+        }
     }
 }
 
@@ -76,6 +84,7 @@ pub struct MicroVmBackend {
     template_dir: PathBuf,
     boot_timeout: Duration,
     tsc_khz: Option<u64>,
+    free_page_reporting: bool,
 }
 
 impl MicroVmBackend {
@@ -110,6 +119,7 @@ impl MicroVmBackend {
             template_dir: vm_state.join("templates"),
             boot_timeout,
             tsc_khz: cmdline::host_tsc_khz(),
+            free_page_reporting: cfg.free_page_reporting,
         })
     }
 
@@ -166,6 +176,7 @@ impl MicroVmBackend {
             files: &files,
             tsc_khz: self.tsc_khz,
             extra_append: "",
+            free_page_reporting: self.free_page_reporting,
         };
         let (pid, pidfd) = match self.spawn_qemu(id, &launch) {
             Ok(p) => p,
