@@ -16,6 +16,10 @@ PACKAGES=(
   pkg-config
   skopeo          # writes docker-archive / pushes to a registry in the image import tests
   docker-registry # a real local OCI registry for the `dsec image pull` tests
+  qemu-system-x86 # microVMs: QEMU's microvm machine
+  qemu-utils      # qemu-img, for VM disk images
+  e2fsprogs       # mkfs.ext4: a microVM's writable disk template
+  cpio            # tests check the initramfs the project writes
 )
 
 missing=()

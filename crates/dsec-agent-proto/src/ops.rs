@@ -52,6 +52,11 @@ pub enum Op {
     /// The refused attempts the agent recorded (blocked system calls), with
     /// a sequence number above `after`. Reply: `Audit`.
     AuditEvents { after: u64 },
+    /// First request to a fresh microVM agent (the guest's init): mount the
+    /// layer disks, the writable disk and the overlay, switch into the new
+    /// root. Reply: `Ready`. (Last in the enum: postcard numbers variants
+    /// by position, so appending keeps older frames meaning the same.)
+    SetupVm(VmSetup),
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -130,6 +135,28 @@ pub struct ContainerSetup {
     pub workdir: String,
     /// Default user for commands (`init_user`): a name or uid from the
     /// image's /etc/passwd.
+    pub default_user: String,
+}
+
+/// What a microVM's agent needs to build the sandbox inside the guest.
+/// Disks are named by their virtio-blk serial (the guest finds them in
+/// `/sys/block/*/serial`), never by probe order.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct VmSetup {
+    pub sandbox_id: String,
+    pub hostname: String,
+    /// Serials of the read-only EROFS layer disks, topmost first (the order
+    /// of overlayfs `lowerdir`).
+    pub layer_disks: Vec<String>,
+    /// Serial of the sandbox's own ext4 disk (overlay upper and work).
+    pub writable_disk: String,
+    /// The host's wall clock (ms since the epoch): the guest starts with
+    /// its RTC's second-granular time and is set to this.
+    pub now_ms: u64,
+    pub masked_paths: Vec<String>,
+    pub readonly_paths: Vec<String>,
+    pub env: Vec<(String, String)>,
+    pub workdir: String,
     pub default_user: String,
 }
 

@@ -17,6 +17,8 @@ use crate::spawn::ChildPolicy;
 pub enum Mode {
     /// PID 1 of a container sandbox's namespaces.
     Container,
+    /// The init of a microVM (PID 1 of the guest kernel).
+    Vm,
     /// No namespaces of its own; file operations confined to a directory.
     Plain,
 }
@@ -119,7 +121,7 @@ impl Agent {
         match self.mode {
             // As PID 1 of the namespace this reaches every process in it but
             // ourselves.
-            Mode::Container => {
+            Mode::Container | Mode::Vm => {
                 // SAFETY: kill(2) with integer arguments.
                 unsafe { libc::kill(-1, libc::SIGKILL) };
             }

@@ -30,9 +30,9 @@ impl fmt::Display for SetupError {
 
 impl std::error::Error for SetupError {}
 
-type Result<T> = std::result::Result<T, SetupError>;
+pub(crate) type Result<T> = std::result::Result<T, SetupError>;
 
-fn fail(step: impl Into<String>) -> impl FnOnce(Errno) -> SetupError {
+pub(crate) fn fail(step: impl Into<String>) -> impl FnOnce(Errno) -> SetupError {
     let step = step.into();
     move |errno| SetupError { step, errno }
 }
@@ -41,12 +41,12 @@ fn errno() -> Errno {
     Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
 }
 
-fn cstr(s: &str) -> Result<CString> {
+pub(crate) fn cstr(s: &str) -> Result<CString> {
     CString::new(s).map_err(|_| SetupError { step: format!("path {s:?}"), errno: Errno::INVAL })
 }
 
 /// mount(2) with optional source, type and data.
-fn mount(src: Option<&CStr>, target: &CStr, fstype: Option<&CStr>, flags: libc::c_ulong, data: Option<&CStr>) -> std::result::Result<(), Errno> {
+pub(crate) fn mount(src: Option<&CStr>, target: &CStr, fstype: Option<&CStr>, flags: libc::c_ulong, data: Option<&CStr>) -> std::result::Result<(), Errno> {
     let p = |c: Option<&CStr>| c.map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: every pointer is either null or a NUL-terminated string that
     // outlives the call.
@@ -58,7 +58,7 @@ fn mount(src: Option<&CStr>, target: &CStr, fstype: Option<&CStr>, flags: libc::
     }
 }
 
-fn mkdir(path: &CStr, mode: libc::mode_t) -> std::result::Result<(), Errno> {
+pub(crate) fn mkdir(path: &CStr, mode: libc::mode_t) -> std::result::Result<(), Errno> {
     // SAFETY: NUL-terminated path.
     match unsafe { libc::mkdir(path.as_ptr(), mode) } {
         0 => Ok(()),
@@ -93,7 +93,7 @@ pub fn overlay_options(lower: &[String], upper: &str, work: &str) -> String {
     )
 }
 
-fn check_abs(what: &str, p: &str) -> Result<()> {
+pub(crate) fn check_abs(what: &str, p: &str) -> Result<()> {
     if !p.starts_with('/') || p.split('/').any(|c| c == "..") {
         return Err(SetupError { step: format!("{what} {p:?} must be an absolute path without `..`"), errno: Errno::INVAL });
     }
@@ -124,7 +124,42 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     let size = cstr(&format!("size={},mode=0755", cfg.disk_limit_bytes.max(4096)))?;
     mount(Some(c"tmpfs"), &cstr(scratch)?, Some(c"tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&size))
         .map_err(fail("mount the writable tmpfs"))?;
-    let (upper, work, root) = (format!("{scratch}/upper"), format!("{scratch}/work"), format!("{scratch}/root"));
+    let root = format!("{scratch}/root");
+    let plan = RootPlan {
+        scratch,
+        root: &root,
+        lower_dirs: &cfg.lower_dirs,
+        sys_dir: &cfg.sys_dir,
+        masked_paths: &cfg.masked_paths,
+        readonly_paths: &cfg.readonly_paths,
+        hostname: &cfg.hostname,
+    };
+    assemble(&plan, pivot)
+}
+
+/// The root a sandbox gets, whatever holds its writable layer.
+pub struct RootPlan<'a> {
+    /// A mounted, empty, writable directory: the overlay's upper and work,
+    /// /dev and /dev/shm live in it.
+    pub scratch: &'a str,
+    /// An empty directory where the merged root is mounted.
+    pub root: &'a str,
+    pub lower_dirs: &'a [String],
+    /// A shared read-only sysfs to bind at /sys; empty: a sysfs of its own.
+    pub sys_dir: &'a str,
+    pub masked_paths: &'a [String],
+    pub readonly_paths: &'a [String],
+    pub hostname: &'a str,
+}
+
+/// Mounts the overlay root over `plan.lower_dirs` with its /proc, /dev and
+/// /sys, enters it with `enter` (pivot_root in a container; a move of the
+/// root mount in a VM, whose initramfs cannot be pivoted away), then masks,
+/// hostname, loopback and the agent's own protections. Returns an O_PATH fd
+/// of the overlay's upper directory.
+pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<std::os::fd::OwnedFd> {
+    let (scratch, root) = (plan.scratch, plan.root.to_string());
+    let (upper, work) = (format!("{scratch}/upper"), format!("{scratch}/work"));
     // /dev, /dev/shm and the masks are directories of this same tmpfs,
     // bind-mounted into place, not filesystems of their own: every
     // superblock registers a memcg-aware shrinker, and each memory cgroup
@@ -135,7 +170,7 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     for (d, mode) in [(&upper, 0o755), (&work, 0o755), (&root, 0o755), (&devdir, 0o755), (&shmdir, 0o1777), (&maskdir, 0o555)] {
         mkdir(&cstr(d)?, mode).map_err(fail(format!("mkdir {d}")))?;
     }
-    let opts = cstr(&overlay_options(&cfg.lower_dirs, &upper, &work))?;
+    let opts = cstr(&overlay_options(plan.lower_dirs, &upper, &work))?;
     let root_c = cstr(&root)?;
     // nodev: a device node shipped in an image layer must not open the
     // host's device behind it. nosuid: a setuid binary in the image (or one
@@ -163,7 +198,7 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     }
     mount(Some(c"proc"), &at("/proc")?, Some(c"proc"), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None).map_err(fail("mount /proc"))?;
     dev(&root, &devdir, &shmdir)?;
-    if cfg.sys_dir.is_empty() {
+    if plan.sys_dir.is_empty() {
         mount(
             Some(c"sysfs"),
             &at("/sys")?,
@@ -175,8 +210,8 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     } else {
         // The node's shared sysfs: no filesystem of our own (a new sysfs
         // also scans every sysfs on the host when it mounts).
-        check_abs("sys_dir", &cfg.sys_dir)?;
-        bind(&cstr(&cfg.sys_dir)?, &at("/sys")?, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
+        check_abs("sys_dir", plan.sys_dir)?;
+        bind(&cstr(plan.sys_dir)?, &at("/sys")?, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
     }
 
     // The empty directory that hides masked directories: made read-only
@@ -192,16 +227,16 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     )
     .map_err(fail("clone the empty mask directory"))?;
 
-    pivot(&root_c)?;
+    enter(&root_c)?;
 
     let mut masks = Masks { empty: Some(empty), first_dir: None };
-    for p in &cfg.masked_paths {
+    for p in plan.masked_paths {
         masks.mask(p)?;
     }
-    for p in &cfg.readonly_paths {
+    for p in plan.readonly_paths {
         readonly(p)?;
     }
-    rustix::system::sethostname(cfg.hostname.as_bytes()).map_err(fail("sethostname"))?;
+    rustix::system::sethostname(plan.hostname.as_bytes()).map_err(fail("sethostname"))?;
     loopback_up().map_err(fail("bring up lo"))?;
     // The memcg OOM killer must never pick the agent: the sandbox would lose
     // its init and its channel. Children reset this to 0 before exec.

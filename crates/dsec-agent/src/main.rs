@@ -37,6 +37,7 @@ mod startup;
 mod tamper;
 mod tar;
 mod users;
+mod vm_init;
 
 use std::fs::File;
 use std::os::fd::OwnedFd;
@@ -81,6 +82,15 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
 }
 
 fn main() -> ExitCode {
+    if std::env::args().next().is_some_and(|a| vm_init::is_vm_init(&a)) {
+        // The init of a microVM. Returning would panic the guest kernel
+        // (and so end the VM): say why on the console first.
+        let r = vm_init::boot().and_then(|()| startup::prepare_process().map_err(|e| e.to_string())).and_then(vm);
+        if let Err(e) = r {
+            eprintln!("dsec-agent (vm init): {e}");
+        }
+        return ExitCode::FAILURE;
+    }
     let args: Vec<String> = std::env::args().skip(1).collect();
     let cli = match parse_args(&args) {
         Ok(c) => c,
@@ -172,25 +182,66 @@ fn plain(chan: OwnedFd, root_dir: &str, sandbox_id: String) -> Result<(), String
 }
 
 fn container(chan: OwnedFd) -> Result<(), String> {
+    serve_sandbox(chan, Mode::Container, |op| match op {
+        Op::SetupContainer(cfg) => {
+            let ident = Identity { sandbox_id: cfg.sandbox_id.clone(), image_env: cfg.env.clone(), workdir: cfg.workdir.clone(), default_user: cfg.default_user.clone() };
+            let syscall_filter = cfg.syscall_filter;
+            Some(Box::new(move || {
+                container_setup::setup(&cfg).map_err(|e| e.to_string()).map(|upper| SetupDone { ident, upper: Some(upper), syscall_filter })
+            }))
+        }
+        _ => None,
+    })
+}
+
+fn vm(chan: OwnedFd) -> Result<(), String> {
+    serve_sandbox(chan, Mode::Vm, |op| match op {
+        Op::SetupVm(cfg) => {
+            let ident = Identity { sandbox_id: cfg.sandbox_id.clone(), image_env: cfg.env.clone(), workdir: cfg.workdir.clone(), default_user: cfg.default_user.clone() };
+            // The guest kernel is the boundary of a VM: no filter inside it.
+            Some(Box::new(move || vm_init::setup(&cfg).map_err(|e| e.to_string()).map(|()| SetupDone { ident, upper: None, syscall_filter: false })))
+        }
+        _ => None,
+    })
+}
+
+/// A sandbox's setup, run once its request arrived.
+type SetupFn = Box<dyn FnOnce() -> Result<SetupDone, String>>;
+
+/// What a setup leaves for the event loop.
+struct SetupDone {
+    ident: Identity,
+    /// O_PATH fd of the overlay's upper directory (containers: tamper.rs).
+    upper: Option<OwnedFd>,
+    /// Whether to install the system-call filter before serving.
+    syscall_filter: bool,
+}
+
+/// Handshake, the one setup request `accept` recognises (anything else
+/// first is refused), the image's default user checked, then the event
+/// loop.
+fn serve_sandbox(chan: OwnedFd, mode: Mode, accept: impl Fn(Op) -> Option<SetupFn>) -> Result<(), String> {
     let mut chan = File::from(chan);
     handshake(&mut chan, AgentState::Fresh)?;
-    let (id, cfg) = loop {
+    let (id, setup) = loop {
         match read_frame::<_, ToAgent>(&mut chan) {
-            Ok(ToAgent::Request { id, op: Op::SetupContainer(cfg) }) => break (id, cfg),
-            Ok(ToAgent::Request { id, .. }) => {
-                let err = AgentError::new(ErrorKind::Protocol, "the first request must be SetupContainer");
-                write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) }).map_err(|e| e.to_string())?;
-            }
+            Ok(ToAgent::Request { id, op }) => match accept(op) {
+                Some(setup) => break (id, setup),
+                None => {
+                    let err = AgentError::new(ErrorKind::Protocol, "the first request must set the sandbox up");
+                    write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) }).map_err(|e| e.to_string())?;
+                }
+            },
             Ok(other) => eprintln!("dsec-agent: ignoring {other:?} before setup"),
             Err(CodecError::Decode(e)) => eprintln!("dsec-agent: dropped a malformed frame: {e}"),
             Err(e) => return Err(format!("channel closed before setup: {e}")),
         }
     };
-    let setup = container_setup::setup(&cfg).map_err(|e| e.to_string()).and_then(|upper| {
+    let setup = setup().and_then(|done| {
         let root = Root::open("/").map_err(|e| format!("open /: {e}"))?;
-        Ok((root, devnull()?, upper))
+        Ok((done, root, devnull()?))
     });
-    let (root, null, upper) = match setup {
+    let (SetupDone { ident, upper, syscall_filter }, root, null) = match setup {
         Ok(v) => v,
         Err(msg) => {
             let err = AgentError::new(ErrorKind::SetupFailed, msg.clone());
@@ -200,13 +251,13 @@ fn container(chan: OwnedFd) -> Result<(), String> {
     };
     // The default user must exist in the image: say so now, as a clear
     // error of the creation, rather than at the first command.
-    if let Err(e) = users::lookup(&root, &cfg.default_user) {
+    if let Err(e) = users::lookup(&root, &ident.default_user) {
         let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(e.clone()) });
         return Err(format!("setup failed: {}", e.message));
     }
     // Last: everything above (mounts, /proc writes) is what the filter
     // refuses to the sandbox.
-    let listener = if cfg.syscall_filter {
+    let listener = if syscall_filter {
         match seccomp::install() {
             Ok(fd) => Some(fd),
             Err(e) => {
@@ -219,9 +270,10 @@ fn container(chan: OwnedFd) -> Result<(), String> {
         None
     };
     write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(|e| e.to_string())?;
-    let ident = Identity { sandbox_id: cfg.sandbox_id, image_env: cfg.env, workdir: cfg.workdir, default_user: cfg.default_user };
-    let agent = Agent::new(Mode::Container, ident, root, None, null, policy());
-    let _ = agent.tamper.upper.set(upper);
+    let agent = Agent::new(mode, ident, root, None, null, policy());
+    if let Some(upper) = upper {
+        let _ = agent.tamper.upper.set(upper);
+    }
     run(agent, chan.into(), listener)
 }
 

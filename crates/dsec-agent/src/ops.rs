@@ -25,8 +25,8 @@ pub async fn run(agent: Rc<Agent>, ctx: Rc<ReqCtx>, op: Op) {
 async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, AgentError> {
     match op {
         Op::Ping => Ok(Reply::Pong),
-        Op::SetupContainer(_) => Err(match agent.mode {
-            Mode::Container => protocol("the sandbox is already set up"),
+        Op::SetupContainer(_) | Op::SetupVm(_) => Err(match agent.mode {
+            Mode::Container | Mode::Vm => protocol("the sandbox is already set up"),
             Mode::Plain => AgentError::new(ErrorKind::Unsupported, "plain mode has no container to set up"),
         }),
         Op::Exec(spec) => exec::exec(agent, ctx, spec).await,

@@ -29,8 +29,20 @@ pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
         }
     });
     tokio::task::spawn_local(agent.clone().trim_when_idle());
+    // A VM's channel is its virtio-serial port, which outlives any one
+    // edge: keep a copy to serve the next edge on.
+    let port = match agent.mode {
+        Mode::Vm => match fd.try_clone() {
+            Ok(p) => Some(p),
+            Err(e) => {
+                eprintln!("dsec-agent: cannot keep the port: {e}");
+                return;
+            }
+        },
+        _ => None,
+    };
     let mut fd = fd;
-    let mut greeted = true;
+    let mut start = Start::Greeted;
     loop {
         let conn = match Conn::new(fd) {
             Ok(c) => c,
@@ -40,13 +52,41 @@ pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
             }
         };
         tokio::task::spawn_local(conn.clone().writer());
-        run_conn(&agent, &conn, greeted).await;
+        let new_edge = run_conn(&agent, &conn, start).await;
         conn.close();
         // Requests of the lost edge run on (their processes are the
         // sandbox's), with nowhere to send output.
         let orphans: Vec<Rc<ReqCtx>> = conn.requests.borrow().values().cloned().collect();
         for ctx in orphans {
             ctx.detach();
+        }
+        if let Some(port) = &port {
+            if new_edge {
+                // A new edge said Hello on the port before we saw the old
+                // one leave (it left and came while the VM was stopped):
+                // answer it on a fresh connection, so nothing of the old
+                // requests reaches it.
+                fd = match port.try_clone() {
+                    Ok(fd) => fd,
+                    Err(e) => {
+                        eprintln!("dsec-agent: cannot reuse the port: {e}");
+                        return;
+                    }
+                };
+                start = Start::Answer;
+                continue;
+            }
+            // The edge's side of the port closed (the edge went away):
+            // greet whoever connects to it next.
+            fd = match crate::vm_init::next_channel(port).await {
+                Ok(fd) => fd,
+                Err(e) => {
+                    eprintln!("dsec-agent: cannot reuse the port: {e}");
+                    return;
+                }
+            };
+            start = Start::Greet;
+            continue;
         }
         if agent.mode != Mode::Container {
             return;
@@ -58,14 +98,30 @@ pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
                 return;
             }
         };
-        greeted = false;
+        start = Start::Greet;
         eprintln!("dsec-agent: the edge went away; waiting for it on fd {}", reattach::REATTACH_FD);
     }
 }
 
-async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, greeted: bool) {
+/// Where a connection's handshake stands when it starts.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Start {
+    /// Done (the first edge, greeted before setup).
+    Greeted,
+    /// We greet, then wait for the edge's Hello.
+    Greet,
+    /// The edge's Hello already came: only ours is due.
+    Answer,
+}
+
+/// Serves one connection until it ends. True if, in a VM, a new edge said
+/// Hello in the middle of it.
+async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, start: Start) -> bool {
     let mut reader = FrameReader::default();
-    if !greeted {
+    if start == Start::Answer {
+        let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.clone() }));
+    }
+    if start == Start::Greet {
         let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.clone() }));
         match reader.next(conn).await {
             Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if h.protocol_version == PROTOCOL_VERSION => {
@@ -73,31 +129,34 @@ async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, greeted: bool) {
             }
             Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) => {
                 eprintln!("dsec-agent: edge speaks protocol {}, we speak {PROTOCOL_VERSION}", h.protocol_version);
-                return;
+                return false;
             }
-            Ok(None) => return,
+            Ok(None) => return false,
             Ok(Some(_)) => {
                 eprintln!("dsec-agent: the edge must say Hello first");
-                return;
+                return false;
             }
             Err(e) => {
                 eprintln!("dsec-agent: channel: {e}");
-                return;
+                return false;
             }
         }
     }
     loop {
         match reader.next(conn).await {
+            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if agent.mode == Mode::Vm && h.protocol_version == PROTOCOL_VERSION => {
+                return true;
+            }
             Ok(Some(Incoming::Frame(msg))) => dispatch(agent, conn, msg),
             Ok(Some(Incoming::Garbage(e))) => eprintln!("dsec-agent: dropped a malformed frame: {e}"),
-            Ok(None) => return,
+            Ok(None) => return false,
             Err(e) => {
                 eprintln!("dsec-agent: channel: {e}");
-                return;
+                return false;
             }
         }
         if conn.is_closed() {
-            return;
+            return false;
         }
     }
 }

@@ -73,8 +73,12 @@ pub struct StoreArgs {
 }
 
 impl StoreArgs {
+    fn dir(&self) -> PathBuf {
+        self.images_dir.clone().unwrap_or_else(|| crate::default_data_dir().join("images"))
+    }
+
     fn open(&self) -> anyhow::Result<ImageStore> {
-        let dir = self.images_dir.clone().unwrap_or_else(|| crate::default_data_dir().join("images"));
+        let dir = self.dir();
         ImageStore::open(&dir).with_context(|| format!("opening the image store at {}", dir.display()))
     }
 }
@@ -116,7 +120,8 @@ pub struct BuildArgs {
 pub struct SetupArgs {
     #[arg(long, env = "DSEC_DEBIAN_MIRROR", default_value = "http://deb.debian.org/debian")]
     pub mirror: String,
-    /// Only these default images (busybox, python).
+    /// Only these default images (busybox, python, judge) or the microVM
+    /// guest kernel (vm-kernel).
     #[arg(long = "only")]
     pub only: Vec<String>,
     #[command(flatten)]
@@ -449,7 +454,42 @@ fn setup(a: SetupArgs) -> anyhow::Result<u8> {
             }
         }
     }
+    if a.only.is_empty() || a.only.iter().any(|o| o == VM_KERNEL) {
+        setup_vm_kernel(&a.store.dir())?;
+    }
     Ok(0)
+}
+
+/// `--only` name of the microVM guest kernel.
+const VM_KERNEL: &str = "vm-kernel";
+
+/// Fetches the microVM kernel (cached) and builds the initramfs for the
+/// agent next to this binary, so a first microVM starts without waiting.
+fn setup_vm_kernel(images_dir: &Path) -> anyhow::Result<()> {
+    let vm_dir = dsec_image::vm::vm_dir(images_dir);
+    let bars = Bars::new(VM_KERNEL);
+    let started = std::time::Instant::now();
+    let kernel = match dsec_image::vm::ensure_kernel(&vm_dir, dsec_image::vm::KERNEL_PACKAGE, &bars) {
+        Ok(k) => k,
+        Err(e) => {
+            bars.bar.abandon_with_message("failed");
+            return Err(anyhow::anyhow!("fetching the microVM kernel: {e}"));
+        }
+    };
+    let agent = std::env::var_os("DSEC_AGENT").map(std::path::PathBuf::from).or_else(|| {
+        std::env::current_exe().ok().map(|e| e.with_file_name("dsec-agent"))
+    });
+    // The initramfs is a convenience here (the edge builds its own for the
+    // agent it runs): a missing or dynamically linked agent is only noted.
+    let initrd = agent
+        .filter(|a| a.is_file())
+        .ok_or_else(|| "no guest agent found".to_string())
+        .and_then(|agent| dsec_image::vm::build_initramfs(&kernel, &agent, &vm_dir).map_err(|e| e.to_string()));
+    match initrd {
+        Ok(initrd) => bars.finish(format!("kernel {} and {} ready in {:.1?}", kernel.version, initrd.display(), started.elapsed())),
+        Err(why) => bars.finish(format!("kernel {} ready in {:.1?} (no initramfs yet: {why})", kernel.version, started.elapsed())),
+    }
+    Ok(())
 }
 
 /// The image store as the API lists it.

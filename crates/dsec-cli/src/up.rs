@@ -115,6 +115,20 @@ pub struct EdgeArgs {
     /// Do not serve FnCall on this node.
     #[arg(long)]
     pub no_fncall: bool,
+    /// How microVMs run guest code: auto (KVM if a probe boot under it
+    /// works, else TCG emulation), kvm or tcg.
+    #[arg(long, default_value = "auto")]
+    pub vm_accel: dsec_edge::microvm::cmdline::AccelChoice,
+    /// The QEMU binary of microVMs.
+    #[arg(long, default_value = "qemu-system-x86_64")]
+    pub qemu: PathBuf,
+    /// MicroVM guests hand the pages they free back to the host (virtio
+    /// balloon free page reporting); `false` keeps them resident.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub vm_free_page_reporting: bool,
+    /// Seconds a microVM may take to boot to its agent.
+    #[arg(long, default_value_t = 60)]
+    pub vm_boot_timeout_s: u64,
 }
 
 /// `python=2:8,cpp=0:4` -> pool configs.
@@ -208,6 +222,12 @@ impl EdgeArgs {
         config.max_sandboxes = self.max_sandboxes;
         config.stop_sandboxes_on_shutdown = self.stop_sandboxes_on_exit;
         config.syscall_filter = !self.no_syscall_filter;
+        let mut vm = dsec_edge::microvm::VmConfig::new(dsec_image::vm::vm_dir(&images_dir));
+        vm.accel = self.vm_accel;
+        vm.qemu = self.qemu.clone();
+        vm.free_page_reporting = self.vm_free_page_reporting;
+        config.vm = Some(vm);
+        config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;
         let edge = Edge::start(config, layers).await?;
         let fncall = if self.no_fncall {

@@ -14,7 +14,7 @@ impl Edge {
         let edge = self.clone();
         tokio::task::spawn_blocking(move || {
             let mut report = ReapReport::default();
-            let cgroups = edge.inner.container.cgroups();
+            let cgroups = &edge.inner.cgroups;
             // Cgroups first, live sandboxes second: a creation enters the
             // registry before it makes its cgroup, so every cgroup listed
             // here that belongs to a sandbox is in the set read after it.
@@ -29,10 +29,19 @@ impl Edge {
                     continue;
                 }
                 report.processes += cgroups.procs(&name).len();
-                match edge.inner.container.cleanup(&name) {
+                // Which backend made it is unknown here; each removes
+                // what it would have left (the cgroup, a VM's files).
+                let mut removed = Ok(());
+                for b in edge.inner.backends.all() {
+                    removed = b.cleanup(&name);
+                }
+                match removed {
                     Ok(()) => report.cgroups += 1,
                     Err(e) => tracing::warn!(cgroup = %name, error = %e, "reaper could not remove cgroup"),
                 }
+            }
+            for b in edge.inner.backends.all() {
+                report.files += b.reap_files(&live);
             }
             report.layers = edge.inner.rootfs.reap();
             if report != ReapReport::default() {
@@ -137,4 +146,6 @@ pub struct ReapReport {
     pub cgroups: usize,
     pub processes: usize,
     pub layers: usize,
+    /// Host files of gone sandboxes (a VM's run directory and disk).
+    pub files: usize,
 }

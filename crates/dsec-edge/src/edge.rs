@@ -11,6 +11,7 @@ use tokio::sync::watch;
 
 use crate::admission::{Admission, Capacity, Usage};
 use crate::cgroup::{CgroupMode, Cgroups};
+use crate::backend::Backends;
 use crate::container::ContainerBackend;
 use crate::error::EdgeError;
 use crate::images::RootfsProvider;
@@ -62,6 +63,10 @@ pub struct EdgeConfig {
     /// refusals, no_new_privs). Off only to measure its cost
     /// (`dsec up --no-syscall-filter`).
     pub syscall_filter: bool,
+    /// The microVM backend's settings; `None`: this node runs no microVMs.
+    pub vm: Option<crate::microvm::VmConfig>,
+    /// A microVM must boot to its agent and be set up within this.
+    pub vm_boot_timeout: Duration,
 }
 
 impl EdgeConfig {
@@ -90,6 +95,8 @@ impl EdgeConfig {
             sweep_interval: Duration::from_millis(500),
             stop_sandboxes_on_shutdown: false,
             syscall_filter: true,
+            vm: None,
+            vm_boot_timeout: Duration::from_secs(60),
         }
     }
 }
@@ -192,7 +199,8 @@ pub(crate) struct EdgeInner {
     pub(crate) registry: RwLock<HashMap<String, Arc<Entry>>>,
     pub(crate) store: Store,
     pub(crate) admission: Admission,
-    pub(crate) container: ContainerBackend,
+    pub(crate) cgroups: Arc<Cgroups>,
+    pub(crate) backends: Backends,
     pub(crate) rootfs: Arc<dyn RootfsProvider>,
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) swap: Option<crate::swap::NodeSwap>,
@@ -233,10 +241,27 @@ impl Edge {
         let cgroups = Arc::new(
             Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?,
         );
-        let mut container = ContainerBackend::new(cgroups, &config.agent_path, &config.state_dir, config.create_timeout)?;
+        let mut container = ContainerBackend::new(cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout)?;
         if !config.syscall_filter {
             container = container.without_syscall_filter();
         }
+        let container = Arc::new(container);
+        let microvm = match &config.vm {
+            None => Err("the edge was started without microVM support".to_string()),
+            Some(vm) => crate::microvm::MicroVmBackend::new(
+                cgroups.clone(),
+                vm,
+                &config.node,
+                &config.agent_path,
+                &config.state_dir,
+                config.vm_boot_timeout,
+            )
+            .map(Arc::new),
+        };
+        if let Err(why) = &microvm {
+            tracing::info!(%why, "microVMs unavailable on this node");
+        }
+        let backends = Backends { container, microvm };
         let (store, records) =
             Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let (cpus, mem_mb) = host_resources();
@@ -259,7 +284,8 @@ impl Edge {
             registry: RwLock::new(HashMap::new()),
             store,
             admission,
-            container,
+            cgroups,
+            backends,
             rootfs,
             shutdown: watch::channel(false).0,
         });
@@ -267,7 +293,7 @@ impl Edge {
         edge.recover(records).await;
         edge.reap_once().await;
         edge.spawn_background_loops();
-        tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.container.cgroups().version(), "edge ready");
+        tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.cgroups.version(), "edge ready");
         Ok(edge)
     }
 
@@ -291,7 +317,7 @@ impl Edge {
             queued: queued as u64,
             capacity: self.inner.admission.capacity(),
             used,
-            cgroup_version: self.inner.container.cgroups().version(),
+            cgroup_version: self.inner.cgroups.version(),
         }
     }
 
@@ -322,8 +348,10 @@ impl Edge {
         let _ = tokio::task::spawn_blocking(move || rootfs.release()).await;
         // Empty once every sandbox is gone (it fails harmlessly otherwise:
         // sandboxes left running for re-adoption keep it).
-        self.inner.container.cgroups().remove_parent();
-        self.inner.container.release();
+        self.inner.cgroups.remove_parent();
+        for b in self.inner.backends.all() {
+            b.release();
+        }
         // Host swap is never left on behind the edge. Paused sandboxes that
         // stay (no --stop-sandboxes-on-exit) get their pages back in RAM
         // from swapoff: nothing is lost, they just hold memory again.

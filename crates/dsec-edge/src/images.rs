@@ -11,6 +11,9 @@ pub struct RootfsPlan {
     pub lower_dirs: Vec<PathBuf>,
     /// Layer digests, bottom first.
     pub layers: Vec<String>,
+    /// The layers' EROFS image files, topmost first (a VM gets them as
+    /// read-only disks).
+    pub layer_files: Vec<PathBuf>,
     pub env: Vec<(String, String)>,
     pub workdir: String,
     pub user: String,

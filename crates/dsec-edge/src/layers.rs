@@ -122,22 +122,25 @@ impl RootfsProvider for ImageLayers {
         }
         let mut dirs = Vec::new();
         let mut layers = Vec::new();
+        let mut files = Vec::new();
         for img in &stack {
             let mounted = self.mounts.mount_image(img).map_err(|e| EdgeError::Internal(e.to_string()))?;
             dirs.extend(mounted);
             layers.extend(img.layers.iter().map(|l| l.digest.to_string()));
+            files.extend(img.layers.iter().map(|l| l.path.clone()));
         }
         // overlayfs wants the topmost layer first.
         dirs.reverse();
         let used: Vec<Digest> = stack.iter().flat_map(|img| img.layers.iter().map(|l| l.digest)).collect();
         self.touch(&used);
+        files.reverse();
         let cfg = &base.manifest.config;
         let env = cfg
             .env
             .iter()
             .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
             .collect();
-        Ok(RootfsPlan { lower_dirs: dirs, layers, env, workdir: cfg.workdir.clone(), user: cfg.user.clone() })
+        Ok(RootfsPlan { lower_dirs: dirs, layers, layer_files: files, env, workdir: cfg.workdir.clone(), user: cfg.user.clone() })
     }
 
     fn reap(&self) -> usize {

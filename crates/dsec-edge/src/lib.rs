@@ -14,6 +14,7 @@
 
 pub mod admission;
 mod agent_ops;
+pub mod backend;
 mod background;
 pub mod cgroup;
 pub mod container;
@@ -28,6 +29,7 @@ mod instance;
 mod jobs;
 mod lease;
 mod lifecycle;
+pub mod microvm;
 pub mod model;
 mod pack;
 mod pause;

@@ -35,6 +35,8 @@ impl Edge {
         let t0 = Instant::now();
         let inner = &self.inner;
         let spec = resolve(req, &inner.config.policy)?;
+        // Refused before anything is reserved when this node cannot run it.
+        inner.backends.get(spec.backend)?;
         let plan = inner.rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)?;
         inner.admission.reserve(&spec.limits)?;
 
@@ -97,7 +99,8 @@ impl Edge {
         self.save(&rec);
         let durable = inner.store.sync_request();
 
-        match inner.container.start(&id, &rec.spec, &plan, durable).await {
+        let backend = inner.backends.get(rec.spec.backend)?;
+        match backend.start(&id, &rec.spec, &plan, Box::pin(durable)).await {
             Ok(instance) => {
                 let instance = Arc::new(instance);
                 let rec = {
@@ -171,14 +174,17 @@ impl Edge {
                     instance.agent.closed().await;
                 }
             }
-            let id = lock(&entry.record).id.clone();
+            let (id, kind) = {
+                let r = lock(&entry.record);
+                (r.id.clone(), r.spec.backend)
+            };
             let inst = instance.clone();
             let backend_edge = edge.clone();
             let cleanup_id = id.clone();
             let (status, oom, cleanup) = tokio::task::spawn_blocking(move || {
                 let status = crate::container::spawn::reap(&inst.pidfd);
-                let oom = backend_edge.inner.container.cgroups().oom_kills(&cleanup_id);
-                let cleanup = backend_edge.inner.container.cleanup(&cleanup_id);
+                let oom = backend_edge.inner.cgroups.oom_kills(&cleanup_id);
+                let cleanup = backend_edge.inner.backends.for_cleanup(kind).cleanup(&cleanup_id);
                 (status, oom, cleanup)
             })
             .await
@@ -262,7 +268,7 @@ impl Edge {
                 // A frozen task on cgroup v1 acts on SIGKILL only once
                 // thawed.
                 if before.is_paused() {
-                    let _ = self.inner.container.cgroups().thaw(id);
+                    let _ = self.inner.cgroups.thaw(id);
                 }
             }
             None => {
@@ -271,7 +277,8 @@ impl Edge {
                 // settle directly.
                 let edge = self.clone();
                 let cg_id = id.to_string();
-                let _ = tokio::task::spawn_blocking(move || edge.inner.container.cleanup(&cg_id)).await;
+                let kind = lock(&entry.record).spec.backend;
+                let _ = tokio::task::spawn_blocking(move || edge.inner.backends.for_cleanup(kind).cleanup(&cg_id)).await;
                 let r = {
                     let mut r = lock(&entry.record);
                     r.state = State::Stopped;

@@ -44,6 +44,11 @@ impl Edge {
         if entry.state() != State::Running {
             return Err(EdgeError::NotRunning { id: id.to_string(), state: entry.state().as_str() });
         }
+        if entry.record().spec.backend != crate::model::BackendKind::Container {
+            // A VM's writable layer is a disk inside the guest, and the
+            // pidfd is the VMM's: fd 5 there means something else.
+            return Err(EdgeError::Invalid(format!("sandbox {id}: pack_diff works on container sandboxes only")));
+        }
         let upper = crate::container::spawn::pidfd_getfd(&inst.pidfd, AGENT_UPPER_FD).map_err(|e| {
             EdgeError::Invalid(format!("sandbox {id} cannot be packed: its agent holds no writable layer ({e})"))
         })?;
@@ -52,7 +57,7 @@ impl Edge {
         let scrub = req
             .scrub
             .unwrap_or_else(|| dsec_image::pack::DEFAULT_SCRUB.iter().map(|s| s.to_string()).collect());
-        let cgroups = self.inner.container.cgroups().clone();
+        let cgroups = self.inner.backends.container.cgroups().clone();
         let rootfs = self.inner.rootfs.clone();
         let id_owned = id.to_string();
         let out = tokio::task::spawn_blocking(move || {
@@ -89,7 +94,7 @@ impl Edge {
             Ok(o) => o,
             Err(e) => {
                 // Never leave the sandbox frozen, whatever failed.
-                let _ = self.inner.container.cgroups().thaw(id);
+                let _ = self.inner.backends.container.cgroups().thaw(id);
                 return Err(e);
             }
         };

@@ -87,8 +87,14 @@ impl Edge {
             self.set_state(&entry, State::Running, None);
             return Err(EdgeError::Internal(e.to_string()));
         }
-        let limit = entry.record().spec.limits.memory_mb << 20;
-        let cgroups = self.inner.container.cgroups().clone();
+        let spec = entry.record().spec;
+        let limit = crate::backend::cgroup_memory_bytes(&spec);
+        let backend = self.inner.backends.for_cleanup(spec.backend);
+        if let Err(e) = backend.before_freeze(id).await {
+            self.set_state(&entry, State::Running, None);
+            return Err(e);
+        }
+        let cgroups = self.inner.cgroups.clone();
         let timeout = self.inner.config.pause_timeout;
         let name = id.to_string();
         let done = tokio::task::spawn_blocking(move || {
@@ -115,8 +121,9 @@ impl Edge {
             }
             Err(e) => {
                 // Undo: the sandbox keeps running as if nothing happened.
-                let _ = self.inner.container.cgroups().restore_memory_limit(id, limit);
-                let _ = self.inner.container.cgroups().thaw(id);
+                let _ = self.inner.cgroups.restore_memory_limit(id, limit);
+                let _ = self.inner.cgroups.thaw(id);
+                let _ = backend.after_thaw(id).await;
                 self.set_state(&entry, State::Running, None);
                 Err(e)
             }
@@ -143,13 +150,19 @@ impl Edge {
         // Not committed before the thaw: recovery decides from the freezer,
         // and the resume path must stay fast.
         self.set_state(entry, State::Resuming, None);
-        let limit = rec.spec.limits.memory_mb << 20;
-        let cgroups = self.inner.container.cgroups();
+        let limit = crate::backend::cgroup_memory_bytes(&rec.spec);
+        let cgroups = &self.inner.cgroups;
         let thawed = cgroups.restore_memory_limit(&id, limit).and_then(|_| cgroups.thaw(&id));
         if let Err(e) = thawed {
             self.set_state(entry, State::Paused, None);
             self.release(entry, &entry.record());
             return Err(e.into());
+        }
+        if let Err(e) = self.inner.backends.for_cleanup(rec.spec.backend).after_thaw(&id).await {
+            let _ = cgroups.freeze(&id, self.inner.config.pause_timeout);
+            self.set_state(entry, State::Paused, None);
+            self.release(entry, &entry.record());
+            return Err(e);
         }
         if entry.instance().is_none() {
             // Paused when the edge restarted: its agent is adopted now that
@@ -180,7 +193,7 @@ impl Edge {
         let pid = rec.pid.ok_or_else(|| EdgeError::Internal("no agent was recorded".into()))?;
         let deadline = Instant::now() + self.inner.config.resume_timeout;
         loop {
-            match self.inner.container.adopt(&rec.id, pid).await {
+            match self.inner.backends.for_cleanup(rec.spec.backend).adopt(&rec.id, pid).await {
                 Ok(instance) => {
                     let instance = Arc::new(instance);
                     *lock(&entry.instance) = Some(instance.clone());

@@ -36,13 +36,18 @@ impl Edge {
                 // Not paused by its record, but frozen: a crash between the
                 // thaw being due and its record. Thaw before the handshake,
                 // which a frozen agent cannot answer.
-                if self.inner.container.cgroups().frozen(&rec.id) == Some(true) {
-                    let _ = self.inner.container.cgroups().restore_memory_limit(&rec.id, rec.spec.limits.memory_mb << 20);
-                    let _ = self.inner.container.cgroups().thaw(&rec.id);
+                if self.inner.cgroups.frozen(&rec.id) == Some(true) {
+                    let _ = self.inner.cgroups.restore_memory_limit(&rec.id, crate::backend::cgroup_memory_bytes(&rec.spec));
+                    let _ = self.inner.cgroups.thaw(&rec.id);
+                    // A VM's vCPUs were stopped before its freeze.
+                    let _ = self.inner.backends.for_cleanup(rec.spec.backend).after_thaw(&rec.id).await;
                 }
             }
             let adopted = match rec.pid {
-                Some(pid) => self.inner.container.adopt(&rec.id, pid).await,
+                Some(pid) => match self.inner.backends.get(rec.spec.backend) {
+                    Ok(backend) => backend.adopt(&rec.id, pid).await,
+                    Err(e) => Err(e),
+                },
                 None => Err(crate::error::EdgeError::Internal("no agent was recorded".into())),
             };
             match adopted {
@@ -90,13 +95,13 @@ impl Edge {
     /// of a push-out); a half-done pause is finished. Its agent is adopted
     /// when it resumes. False if its agent is gone (then it was abandoned).
     async fn recover_paused(&self, rec: &mut SandboxRecord) -> bool {
-        let cgroups = self.inner.container.cgroups().clone();
+        let cgroups = self.inner.cgroups.clone();
         let alive = rec.pid.is_some_and(|pid| cgroups.contains(&rec.id, pid));
         if !alive {
             self.abandon(rec.clone(), "its agent is gone").await;
             return false;
         }
-        let (name, limit, finish_push) = (rec.id.clone(), rec.spec.limits.memory_mb << 20, rec.state == State::Pausing);
+        let (name, limit, finish_push) = (rec.id.clone(), crate::backend::cgroup_memory_bytes(&rec.spec), rec.state == State::Pausing);
         let timeout = self.inner.config.pause_timeout;
         let kept = tokio::task::spawn_blocking(move || -> Result<u64, crate::cgroup::CgroupError> {
             cgroups.freeze(&name, timeout)?;
@@ -134,9 +139,9 @@ impl Edge {
     /// Cleans up a sandbox that cannot be re-adopted and marks it failed.
     async fn abandon(&self, mut rec: SandboxRecord, why: &str) {
         tracing::warn!(id = %rec.id, %why, "could not re-adopt sandbox; removing it");
-        let id = rec.id.clone();
+        let (id, kind) = (rec.id.clone(), rec.spec.backend);
         let edge = self.clone();
-        let _ = tokio::task::spawn_blocking(move || edge.inner.container.cleanup(&id)).await;
+        let _ = tokio::task::spawn_blocking(move || edge.inner.backends.for_cleanup(kind).cleanup(&id)).await;
         rec.state = State::Failed;
         rec.reason = Some(format!("the edge restarted and could not re-adopt the sandbox: {why}"));
         rec.stopped_at_ms = Some(now_ms());

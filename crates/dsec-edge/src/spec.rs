@@ -63,15 +63,20 @@ impl SpecPolicy {
 
 const MIN_MEMORY_MB: u64 = 16;
 const MIN_PIDS: u64 = 8;
+/// The guest kernel and its initramfs need this much to boot.
+const MIN_VM_MEMORY_MB: u64 = 96;
 const MAX_LABELS: usize = 64;
 const MAX_LABEL_BYTES: usize = 256;
 
 pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeError> {
     let backend = req.backend.unwrap_or(BackendKind::Container);
-    if backend != BackendKind::Container {
+    if !matches!(backend, BackendKind::Container | BackendKind::Microvm) {
         return Err(EdgeError::UnsupportedBackend(format!(
-            "backend {backend:?} is not available on this node; use \"container\""
+            "backend {backend:?} is not available on this node; use \"container\" or \"microvm\""
         )));
+    }
+    if backend == BackendKind::Microvm && req.memory_mb.is_some_and(|m| m < MIN_VM_MEMORY_MB) {
+        return Err(EdgeError::Invalid(format!("a microVM needs memory_limit_mb of at least {MIN_VM_MEMORY_MB} (its guest kernel)")));
     }
     if req.image.trim().is_empty() {
         return Err(EdgeError::Invalid("image must not be empty".into()));
@@ -204,8 +209,13 @@ mod tests {
     }
 
     #[test]
-    fn other_backends_are_refused_for_now() {
-        let r = SandboxRequest { backend: Some(BackendKind::Microvm), ..req() };
-        assert!(matches!(resolve(r, &SpecPolicy::for_node(2.0, 1000)), Err(EdgeError::UnsupportedBackend(_))));
+    fn full_vms_are_refused_and_microvms_need_room_for_a_kernel() {
+        let p = SpecPolicy::for_node(2.0, 1000);
+        let r = SandboxRequest { backend: Some(BackendKind::Vm), ..req() };
+        assert!(matches!(resolve(r, &p), Err(EdgeError::UnsupportedBackend(_))));
+        let r = SandboxRequest { backend: Some(BackendKind::Microvm), memory_mb: Some(32), ..req() };
+        assert!(matches!(resolve(r, &p), Err(EdgeError::Invalid(_))));
+        let r = SandboxRequest { backend: Some(BackendKind::Microvm), memory_mb: Some(128), ..req() };
+        assert_eq!(resolve(r, &p).unwrap().backend, BackendKind::Microvm);
     }
 }

@@ -11,7 +11,8 @@
 //! - imports OCI images (layouts, `docker save` archives, registries) as
 //!   layers, OCI whiteouts turned into overlayfs ones ([`oci`]);
 //! - mounts layers on the host once per node for every overlay to share
-//!   ([`LayerMounts`]).
+//!   ([`LayerMounts`]);
+//! - fetches the microVM guest kernel and builds its initramfs ([`vm`]).
 
 pub mod build;
 mod defaults;
@@ -28,6 +29,7 @@ mod reference;
 pub mod shared;
 mod store;
 mod time;
+pub mod vm;
 
 pub use build::{BuildError, BuildOptions, Compression};
 pub use defaults::{

@@ -121,6 +121,15 @@ impl Cgroups {
         }
     }
 
+    /// The `cgroup.procs` files a process writes to join cgroup `name`
+    /// (one per v1 hierarchy), e.g. between fork and exec.
+    pub fn procs_files(&self, name: &str) -> Vec<std::path::PathBuf> {
+        match self {
+            Cgroups::V1(c) => c.procs_files(name),
+            Cgroups::V2(c) => vec![c.procs_files(name)],
+        }
+    }
+
     /// Pids in the cgroup (empty if it does not exist).
     pub fn procs(&self, name: &str) -> Vec<i32> {
         match self {

@@ -79,6 +79,10 @@ impl V1Cgroups {
         Ok(())
     }
 
+    pub(super) fn procs_files(&self, name: &str) -> Vec<std::path::PathBuf> {
+        self.parents.iter().map(|(parent, _)| parent.join(name).join("cgroup.procs")).collect()
+    }
+
     pub(super) fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
         let pid = pid.to_string();
         for (parent, _) in &self.parents {

@@ -140,6 +140,10 @@ impl V2Cgroups {
         }
     }
 
+    pub(super) fn procs_files(&self, name: &str) -> std::path::PathBuf {
+        self.parent.join(name).join("cgroup.procs")
+    }
+
     pub(super) fn attach(&self, name: &str, pid: i32) -> Result<(), CgroupError> {
         write_file(&self.parent.join(name).join("cgroup.procs"), &pid.to_string())
     }

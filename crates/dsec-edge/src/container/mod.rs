@@ -21,7 +21,7 @@ use std::time::Duration;
 use dsec_agent_proto::client::AgentClient;
 use dsec_agent_proto::{AgentState, ContainerSetup, Op, Reply};
 
-use crate::cgroup::{CgroupLimits, Cgroups, CPU_PERIOD_US};
+use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
 use crate::images::RootfsPlan;
 use crate::instance::Instance;
@@ -74,19 +74,14 @@ impl ContainerBackend {
     /// undone before the error returns.
     /// `durable` resolves when the sandbox's record is committed; no
     /// process is started before it has.
-    pub async fn start(
+    pub async fn start_container(
         &self,
         id: &str,
         spec: &SandboxSpec,
         plan: &RootfsPlan,
         durable: impl std::future::Future<Output = Result<(), crate::store::StoreError>>,
     ) -> Result<Instance, EdgeError> {
-        let limits = CgroupLimits {
-            memory_bytes: spec.limits.memory_mb << 20,
-            cpu_quota_us: (spec.limits.cpu_cores * CPU_PERIOD_US as f64).round().max(1000.0) as u64,
-            pids: spec.limits.pids,
-        };
-        self.cgroups.create(id, &limits).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        self.cgroups.create(id, &crate::backend::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
         if let Err(e) = durable.await {
             let _ = self.cgroups.remove(id);
             return Err(EdgeError::Internal(format!("edge database: {e}")));
@@ -187,17 +182,38 @@ impl ContainerBackend {
         }
     }
 
-    /// Unmounts the node's shared filesystems (edge shutdown).
-    pub fn release(&self) {
-        sysfs::release(&self.sysfs.dir);
+}
+
+impl crate::backend::Backend for ContainerBackend {
+    fn kind(&self) -> crate::model::BackendKind {
+        crate::model::BackendKind::Container
+    }
+
+    fn start<'a>(
+        &'a self,
+        id: &'a str,
+        spec: &'a SandboxSpec,
+        plan: &'a RootfsPlan,
+        durable: crate::backend::Durable,
+    ) -> crate::backend::BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(self.start_container(id, spec, plan, durable))
+    }
+
+    fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> crate::backend::BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(ContainerBackend::adopt(self, id, pid))
     }
 
     /// Removes what is left of a sandbox after its agent exited: stray
     /// processes (none, normally: they die with the pid namespace) and the
-    /// cgroup. Blocking; call from a blocking context.
-    pub fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
+    /// cgroup.
+    fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
         self.cgroups.kill_all(id);
         self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+    }
+
+    /// Unmounts the node's shared filesystems (edge shutdown).
+    fn release(&self) {
+        sysfs::release(&self.sysfs.dir);
     }
 }
 
@@ -213,7 +229,7 @@ fn is_socket(fd: &OwnedFd) -> bool {
 }
 
 /// Image environment, overridden by the request's environment.
-fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> Vec<(String, String)> {
+pub(crate) fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> Vec<(String, String)> {
     let mut env: Vec<(String, String)> = image_env.iter().filter(|(k, _)| !spec.env.contains_key(k)).cloned().collect();
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env

@@ -18,7 +18,7 @@ mod debootstrap;
 mod dir;
 mod mkfs;
 mod tar;
-mod tool;
+pub(crate) mod tool;
 mod users;
 
 pub use busybox::{build_layer_busybox, BusyboxRecipe};

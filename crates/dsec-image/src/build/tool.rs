@@ -27,6 +27,14 @@ pub(crate) const DEBOOTSTRAP: Tool = Tool {
     name: "debootstrap",
     package: "debootstrap",
 };
+pub(crate) const APT_GET: Tool = Tool {
+    name: "apt-get",
+    package: "apt",
+};
+pub(crate) const DPKG_DEB: Tool = Tool {
+    name: "dpkg-deb",
+    package: "dpkg",
+};
 pub(crate) const BUSYBOX: Tool = Tool {
     name: "busybox",
     package: "busybox-static",

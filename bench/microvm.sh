@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# MicroVM benchmarks (issue 4), in one run:
+#   1. boot to first exec: a busybox microVM vs a busybox container vs the
+#      peer, a plain `qemu-system-x86_64 -M microvm` boot of the same kernel
+#      and initramfs to the guest's init (same tuned command line)
+#   2. host PSS of idle microVMs at 128 MiB guest RAM, with and without
+#      virtio-balloon free page reporting
+# The accelerator is whatever the edge's probe chose (TCG on hosts whose KVM
+# cannot run the guest kernel; the edge logs it).
+# Usage: bench/microvm.sh [REPS] [IDLE_VMS]   (~2 min under TCG)
+source "$(dirname "$0")/lib.sh"
+REPS=${1:-7}
+IDLE_VMS=${2:-4}
+bench_init microvm
+bench_build
+GEN="$PY $BENCH_DIR/microvm_bench.py"
+
+bench_start_dsec
+KERNEL=$IMAGES_DIR/vm/kernel/vmlinuz
+INITRAMFS=$(ls "$DATA_DIR"/edge/"$NODE"/vm/initramfs-*.cpio)
+bench_log "1. boot to first exec, $REPS each"
+$GEN boot --reps "$REPS" --kernel "$KERNEL" --initramfs "$INITRAMFS" --out "$RESULTS/microvm_boot.json"
+bench_log "2. idle PSS of $IDLE_VMS microVMs, free page reporting on"
+$GEN idle --n "$IDLE_VMS" --label "free page reporting" --out "$RESULTS/microvm_idle.json"
+grep -o 'microVM acceleration.*' "$WORK/dsec.log" | head -1 >&2 || true
+bench_stop_dsec >/dev/null
+bench_log "2'. the same without free page reporting"
+bench_start_dsec --vm-free-page-reporting false
+$GEN idle --n "$IDLE_VMS" --label "no free page reporting" --out "$RESULTS/microvm_idle_no_fpr.json"
+bench_stop_dsec >/dev/null
+
+$GEN report "$RESULTS/microvm_boot.json" "$RESULTS/microvm_idle.json" "$RESULTS/microvm_idle_no_fpr.json"

@@ -1,0 +1,287 @@
+//! QEMU's command line for one microVM, and the guest kernel's.
+//!
+//! Pure data in, argv out, so the shape is unit-tested without a VM.
+
+use std::path::{Path, PathBuf};
+
+/// How guest code runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Accel {
+    /// Hardware virtualisation.
+    Kvm,
+    /// QEMU's software emulation (no usable KVM).
+    Tcg,
+}
+
+impl Accel {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Accel::Kvm => "kvm",
+            Accel::Tcg => "tcg",
+        }
+    }
+}
+
+/// The node flag: `auto` probes KVM once (a real boot), the others force.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum AccelChoice {
+    #[default]
+    Auto,
+    Kvm,
+    Tcg,
+}
+
+impl std::str::FromStr for AccelChoice {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "auto" => Ok(AccelChoice::Auto),
+            "kvm" => Ok(AccelChoice::Kvm),
+            "tcg" => Ok(AccelChoice::Tcg),
+            other => Err(format!("VM acceleration must be auto, kvm or tcg, not {other:?}")),
+        }
+    }
+}
+
+/// The virtio-serial port name the guest agent looks for.
+pub const AGENT_PORT: &str = "dsec.agent";
+/// virtio-blk serial of the writable disk; layer `i` is `dsec-l<i>`.
+pub const WRITABLE_SERIAL: &str = "dsec-wr";
+
+pub fn layer_serial(i: usize) -> String {
+    format!("dsec-l{i}")
+}
+
+/// Files of one VM on the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VmFiles {
+    /// Directory of the sockets and logs (short path: socket names are
+    /// limited to 108 bytes).
+    pub run_dir: PathBuf,
+    /// The writable disk.
+    pub disk: PathBuf,
+}
+
+impl VmFiles {
+    pub fn agent_socket(&self) -> PathBuf {
+        self.run_dir.join("agent.sock")
+    }
+    pub fn qmp_socket(&self) -> PathBuf {
+        self.run_dir.join("qmp.sock")
+    }
+    pub fn console_log(&self) -> PathBuf {
+        self.run_dir.join("console.log")
+    }
+}
+
+/// Everything that decides one VM's command line.
+#[derive(Debug, Clone)]
+pub struct VmLaunch<'a> {
+    pub accel: Accel,
+    pub kernel: &'a Path,
+    pub initramfs: &'a Path,
+    pub memory_mb: u64,
+    pub vcpus: u32,
+    /// EROFS layer files, topmost first.
+    pub layers: &'a [PathBuf],
+    pub files: &'a VmFiles,
+    /// The host TSC in kHz (TCG: the guest's TSC runs at the host's rate,
+    /// and telling the kernel saves its calibration).
+    pub tsc_khz: Option<u64>,
+    /// Extra kernel parameters (the accelerator probe's `dsec.probe`).
+    pub extra_append: &'a str,
+    /// A balloon device with free page reporting: the guest hands pages it
+    /// frees back to the host (QEMU discards them), so an idle guest's
+    /// footprint shrinks to what it uses.
+    pub free_page_reporting: bool,
+}
+
+/// Kernel parameters. Under TCG the calibrations and self-tests cost
+/// seconds of emulated time: they are skipped or given their answers.
+pub fn kernel_cmdline(accel: Accel, tsc_khz: Option<u64>, extra: &str) -> String {
+    let mut p = vec![
+        "console=ttyS0".to_string(),
+        "quiet".into(),
+        // A guest kernel panic (the agent, its init, died) ends the VM:
+        // reboot at once, which -no-reboot turns into QEMU exiting.
+        "panic=-1".into(),
+        "reboot=t".into(),
+        "rdinit=/init".into(),
+        "8250.nr_uarts=1".into(),
+        "cryptomgr.notests".into(),
+        "initcall_blacklist=crypto_kdf108_init,init_kprobe_trace,load_system_certificate_list".into(),
+        "random.trust_cpu=on".into(),
+    ];
+    if accel == Accel::Tcg {
+        if let Some(khz) = tsc_khz {
+            // lpj at HZ=250: loops per jiffy = TSC Hz / 250.
+            p.push(format!("tsc_early_khz={khz}"));
+            p.push("tsc=reliable".into());
+            p.push(format!("lpj={}", khz * 4));
+        }
+    }
+    if !extra.is_empty() {
+        p.push(extra.to_string());
+    }
+    p.join(" ")
+}
+
+/// The argv of `qemu-system-x86_64` (without the program).
+pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
+    let path = |p: &Path| p.display().to_string();
+    let mut a: Vec<String> = Vec::with_capacity(64);
+    let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
+    push(&["-M", "microvm,x-option-roms=off,isa-serial=on"]);
+    match l.accel {
+        Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
+        // A bounded translation cache: the default (1 GiB) would let one
+        // VM's QEMU grow far past its guest's memory.
+        Accel::Tcg => push(&["-accel", "tcg,tb-size=64"]),
+    }
+    let (mem, smp) = (format!("{}M", l.memory_mb), l.vcpus.max(1).to_string());
+    push(&["-m", &mem, "-smp", &smp]);
+    push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
+    // QEMU itself may not spawn, escalate or change resource limits.
+    push(&["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
+    let append = kernel_cmdline(l.accel, l.tsc_khz, l.extra_append);
+    push(&["-kernel", &path(l.kernel), "-initrd", &path(l.initramfs), "-append", &append]);
+    let console = format!("file,id=con,path={}", path(&l.files.console_log()));
+    push(&["-chardev", &console, "-serial", "chardev:con"]);
+    if l.extra_append.contains("dsec.probe") {
+        return a;
+    }
+    let agent = format!("socket,id=agent,path={},server=on,wait=off", path(&l.files.agent_socket()));
+    let port = format!("virtserialport,chardev=agent,name={AGENT_PORT}");
+    push(&["-device", "virtio-serial-device,max_ports=2", "-chardev", &agent, "-device", &port]);
+    for (i, layer) in l.layers.iter().enumerate() {
+        let drive = format!("id=l{i},file={},format=raw,if=none,readonly=on", drive_path(layer));
+        let dev = format!("virtio-blk-device,drive=l{i},serial={}", layer_serial(i));
+        push(&["-drive", &drive, "-device", &dev]);
+    }
+    if l.free_page_reporting {
+        push(&["-device", "virtio-balloon-device,free-page-reporting=on"]);
+    }
+    let wr = format!("id=wr,file={},format=raw,if=none,discard=unmap", drive_path(&l.files.disk));
+    let wr_dev = format!("virtio-blk-device,drive=wr,serial={WRITABLE_SERIAL}");
+    push(&["-drive", &wr, "-device", &wr_dev]);
+    let qmp = format!("unix:{},server=on,wait=off", path(&l.files.qmp_socket()));
+    push(&["-qmp", &qmp]);
+    a
+}
+
+/// QEMU option values separate with `,`; a literal comma is doubled.
+fn drive_path(p: &Path) -> String {
+    p.display().to_string().replace(',', ",,")
+}
+
+/// vCPUs for a CPU limit: whole cores, at least one (the cgroup's quota
+/// still caps the fraction).
+pub fn vcpus_for(cpu_cores: f64) -> u32 {
+    (cpu_cores.ceil() as u32).clamp(1, 64)
+}
+
+/// The host TSC rate, from /proc/cpuinfo's first `cpu MHz`.
+pub fn host_tsc_khz() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/cpuinfo").ok()?;
+    let mhz: f64 = text.lines().find_map(|l| l.strip_prefix("cpu MHz")?.split(':').nth(1)?.trim().parse().ok())?;
+    (mhz > 0.0).then(|| (mhz * 1000.0).round() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn files() -> VmFiles {
+        VmFiles { run_dir: "/run/dsec/vm/n.abc".into(), disk: "/data/vm-disks/n.abc.ext4".into() }
+    }
+
+    fn launch<'a>(f: &'a VmFiles, layers: &'a [PathBuf], accel: Accel) -> VmLaunch<'a> {
+        VmLaunch {
+            accel,
+            kernel: Path::new("/k/vmlinuz"),
+            initramfs: Path::new("/k/initramfs.cpio"),
+            memory_mb: 256,
+            vcpus: 2,
+            layers,
+            files: f,
+            tsc_khz: Some(2_100_000),
+            extra_append: "",
+            free_page_reporting: true,
+        }
+    }
+
+    fn value_after<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
+        args.windows(2).filter(|w| w[0] == flag).map(|w| w[1].as_str()).collect()
+    }
+
+    #[test]
+    fn disks_are_named_by_serial_in_layer_order_with_the_writable_one_last() {
+        let f = files();
+        let layers = vec![PathBuf::from("/blobs/top"), PathBuf::from("/blobs/base,1")];
+        let args = qemu_args(&launch(&f, &layers, Accel::Tcg));
+        let drives = value_after(&args, "-drive");
+        assert_eq!(drives.len(), 3);
+        assert!(drives[0].starts_with("id=l0,file=/blobs/top,") && drives[0].contains("readonly=on"));
+        assert!(drives[1].contains("file=/blobs/base,,1,"), "commas in paths are doubled: {}", drives[1]);
+        assert!(drives[2].starts_with("id=wr,file=/data/vm-disks/n.abc.ext4") && !drives[2].contains("readonly"));
+        let devices = value_after(&args, "-device");
+        assert!(devices.iter().any(|d| d.ends_with("serial=dsec-l0")));
+        assert!(devices.iter().any(|d| d.ends_with("serial=dsec-l1")));
+        assert!(devices.iter().any(|d| d.ends_with("serial=dsec-wr")));
+        assert!(devices.iter().any(|d| d.contains("name=dsec.agent")));
+    }
+
+    #[test]
+    fn memory_cpus_and_sockets_follow_the_launch() {
+        let f = files();
+        let args = qemu_args(&launch(&f, &[PathBuf::from("/b")], Accel::Tcg));
+        assert_eq!(value_after(&args, "-m"), ["256M"]);
+        assert_eq!(value_after(&args, "-smp"), ["2"]);
+        assert_eq!(value_after(&args, "-qmp"), ["unix:/run/dsec/vm/n.abc/qmp.sock,server=on,wait=off"]);
+        assert!(value_after(&args, "-chardev").iter().any(|c| c.contains("path=/run/dsec/vm/n.abc/agent.sock,server=on,wait=off")));
+        assert!(args.iter().any(|a| a == "-no-reboot"));
+        assert!(value_after(&args, "-device").contains(&"virtio-balloon-device,free-page-reporting=on"));
+        let layers = [PathBuf::from("/b")];
+        let mut l = launch(&f, &layers, Accel::Tcg);
+        l.free_page_reporting = false;
+        assert!(!qemu_args(&l).iter().any(|a| a.contains("balloon")));
+    }
+
+    #[test]
+    fn tcg_gets_the_tuned_kernel_line_and_kvm_does_not() {
+        let f = files();
+        let tcg = qemu_args(&launch(&f, &[PathBuf::from("/b")], Accel::Tcg));
+        let append = value_after(&tcg, "-append")[0];
+        assert!(append.contains("tsc_early_khz=2100000") && append.contains("lpj=8400000") && append.contains("tsc=reliable"));
+        assert!(value_after(&tcg, "-accel")[0].starts_with("tcg"));
+        let kvm = qemu_args(&launch(&f, &[PathBuf::from("/b")], Accel::Kvm));
+        assert!(!value_after(&kvm, "-append")[0].contains("lpj="));
+        assert_eq!(value_after(&kvm, "-accel"), ["kvm"]);
+        assert_eq!(value_after(&kvm, "-cpu"), ["host"]);
+    }
+
+    #[test]
+    fn the_probe_boots_without_devices() {
+        let f = files();
+        let mut l = launch(&f, &[], Accel::Kvm);
+        l.extra_append = "dsec.probe";
+        let args = qemu_args(&l);
+        assert!(value_after(&args, "-append")[0].ends_with("dsec.probe"));
+        assert!(value_after(&args, "-drive").is_empty() && value_after(&args, "-qmp").is_empty());
+    }
+
+    #[test]
+    fn vcpus_round_up_to_whole_cores() {
+        assert_eq!(vcpus_for(0.25), 1);
+        assert_eq!(vcpus_for(1.0), 1);
+        assert_eq!(vcpus_for(1.5), 2);
+        assert_eq!(vcpus_for(0.0), 1);
+    }
+
+    #[test]
+    fn accel_choice_parses_and_refuses_others() {
+        assert_eq!("auto".parse::<AccelChoice>(), Ok(AccelChoice::Auto));
+        assert_eq!("tcg".parse::<AccelChoice>(), Ok(AccelChoice::Tcg));
+        assert!("xen".parse::<AccelChoice>().is_err());
+    }
+}

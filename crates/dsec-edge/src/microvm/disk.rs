@@ -1,0 +1,118 @@
+//! A microVM's writable disk: a sparse copy of an empty ext4 template of
+//! the sandbox's `disk_limit_mb`.
+//!
+//! ext4 because the guest kernel has it built in and a filesystem of its
+//! own is how the disk limit is enforced (ENOSPC in the guest). Templates
+//! are made once per size with `mkfs.ext4` (lazy inode tables, so almost
+//! nothing of the file is written) and copied extent by extent: a copy is
+//! a few small writes, not `disk_limit_mb` of zeros.
+
+use std::fs::File;
+use std::os::fd::AsFd;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use crate::error::EdgeError;
+
+/// The template for `size_mb`, made if absent (atomically: temp + rename).
+pub fn template(dir: &Path, size_mb: u64) -> Result<PathBuf, EdgeError> {
+    let path = dir.join(format!("ext4-{size_mb}M.img"));
+    if path.is_file() {
+        return Ok(path);
+    }
+    std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
+    let tmp = dir.join(format!(".ext4-{size_mb}M.{}.tmp", std::process::id()));
+    let made = (|| -> Result<(), String> {
+        let f = File::create(&tmp).map_err(|e| e.to_string())?;
+        f.set_len(size_mb << 20).map_err(|e| e.to_string())?;
+        drop(f);
+        let out = Command::new("mkfs.ext4")
+            .args(["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
+            .arg(&tmp)
+            .output()
+            .map_err(|e| format!("running mkfs.ext4 (Debian package e2fsprogs): {e}"))?;
+        if !out.status.success() {
+            return Err(format!("mkfs.ext4 failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+        }
+        std::fs::rename(&tmp, &path).map_err(|e| e.to_string())
+    })();
+    if let Err(e) = made {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(EdgeError::Internal(format!("making the {size_mb} MiB disk template: {e}")));
+    }
+    Ok(path)
+}
+
+/// Copies `src` to a new file `dst` keeping its holes (SEEK_DATA /
+/// SEEK_HOLE + copy_file_range).
+pub fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
+    use rustix::fs::{copy_file_range, seek, SeekFrom};
+    let from = File::open(src)?;
+    let len = from.metadata()?.len();
+    let to = std::fs::OpenOptions::new().write(true).create_new(true).open(dst)?;
+    let copy = || -> std::io::Result<()> {
+        to.set_len(len)?;
+        let mut pos = 0u64;
+        while pos < len {
+            let data = match seek(from.as_fd(), SeekFrom::Data(pos)) {
+                Ok(d) => d,
+                // No data after pos: the rest is a hole.
+                Err(rustix::io::Errno::NXIO) => break,
+                Err(e) => return Err(e.into()),
+            };
+            let hole = seek(from.as_fd(), SeekFrom::Hole(data))?;
+            let (mut off_in, mut off_out) = (data, data);
+            while off_in < hole {
+                let want = (hole - off_in) as usize;
+                let n = copy_file_range(from.as_fd(), Some(&mut off_in), to.as_fd(), Some(&mut off_out), want)?;
+                if n == 0 {
+                    break;
+                }
+            }
+            pos = hole;
+        }
+        Ok(())
+    };
+    copy().inspect_err(|_| {
+        let _ = std::fs::remove_file(dst);
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::{Seek, Write};
+    use std::os::unix::fs::MetadataExt;
+
+    #[test]
+    fn a_sparse_copy_keeps_data_and_holes() {
+        let dir = tempfile::tempdir().unwrap();
+        let src = dir.path().join("src");
+        let mut f = File::create(&src).unwrap();
+        f.set_len(64 << 20).unwrap();
+        f.seek(std::io::SeekFrom::Start(10 << 20)).unwrap();
+        f.write_all(b"middle").unwrap();
+        f.seek(std::io::SeekFrom::Start((64 << 20) - 4)).unwrap();
+        f.write_all(b"end!").unwrap();
+        drop(f);
+        let dst = dir.path().join("dst");
+        sparse_copy(&src, &dst).unwrap();
+        assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
+        let blocks = std::fs::metadata(&dst).unwrap().blocks() * 512;
+        assert!(blocks < 1 << 20, "the copy allocated {blocks} bytes");
+        // A second copy onto an existing file is refused, not truncated.
+        assert!(sparse_copy(&src, &dst).is_err());
+    }
+
+    #[test]
+    fn templates_are_ext4_of_the_asked_size_and_cached() {
+        let dir = tempfile::tempdir().unwrap();
+        let t = template(dir.path(), 64).unwrap();
+        let meta = std::fs::metadata(&t).unwrap();
+        assert_eq!(meta.len(), 64 << 20);
+        assert!(meta.blocks() * 512 < 16 << 20, "template not sparse");
+        let magic = std::fs::read(&t).unwrap()[1024 + 0x38..1024 + 0x3a].to_vec();
+        assert_eq!(magic, [0x53, 0xef], "no ext4 superblock");
+        assert_eq!(template(dir.path(), 64).unwrap(), t);
+    }
+}

@@ -1,0 +1,406 @@
+//! The microVM backend: QEMU's `microvm` machine (virtio-mmio, no PCI, no
+//! firmware) booting Debian's cloud kernel with the project's initramfs,
+//! whose `/init` is the same guest agent containers run.
+//!
+//! Host side, per VM: a cgroup (QEMU joins it before it execs, so no
+//! thread of it ever runs outside), a run directory with the agent's
+//! virtio-serial socket, the QMP socket and the console log, and a sparse
+//! ext4 disk for the writable layer. The image's EROFS layers are
+//! read-only virtio-blk disks of the layer files themselves (shared page
+//! cache on the host). The agent's port is a QEMU socket chardev in server
+//! mode: the edge connects as its client, and a restarted edge simply
+//! connects again (the guest agent greets whoever connects next).
+//!
+//! Stop is a SIGKILL to QEMU (the writable disk is deleted with the
+//! sandbox, so nothing in the guest needs flushing); pause is QMP `stop`
+//! and then the same cgroup freeze and push-out as a container.
+
+mod accel;
+pub mod cmdline;
+pub mod disk;
+mod qmp;
+
+use std::collections::HashSet;
+use std::ffi::CString;
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use dsec_agent_proto::client::AgentClient;
+use dsec_agent_proto::{AgentState, Op, Reply, VmSetup};
+use dsec_image::vm::VmKernel;
+
+use crate::backend::{Backend, BoxFuture, Durable};
+use crate::cgroup::Cgroups;
+use crate::container::spawn::{pidfd_kill, pidfd_open, reap};
+use crate::error::EdgeError;
+use crate::images::RootfsPlan;
+use crate::instance::Instance;
+use crate::model::{BackendKind, SandboxSpec};
+use cmdline::{Accel, AccelChoice, VmFiles, VmLaunch};
+
+/// Host memory a VM's QEMU needs beyond its guest's RAM (its own heap,
+/// the bounded TCG translation cache, device buffers); the cgroup limit is
+/// guest RAM plus this.
+pub const QEMU_OVERHEAD_MB: u64 = 160;
+
+/// The node's microVM settings.
+#[derive(Debug, Clone)]
+pub struct VmConfig {
+    /// Where setup put the guest kernel (`<images>/vm`).
+    pub vm_dir: PathBuf,
+    /// The QEMU binary.
+    pub qemu: PathBuf,
+    pub accel: AccelChoice,
+    /// Root of the VMs' run directories (sockets need short paths).
+    pub run_root: PathBuf,
+    /// Guests report freed pages to the host (virtio-balloon).
+    pub free_page_reporting: bool,
+}
+
+impl VmConfig {
+    pub fn new(vm_dir: PathBuf) -> Self {
+        Self {
+            vm_dir,
+            qemu: "qemu-system-x86_64".into(),
+            accel: AccelChoice::Auto,
+            run_root: "/run/dsec/vm".into(),
+            free_page_reporting: true,
+        }
+    }
+}
+
+pub struct MicroVmBackend {
+    cgroups: Arc<Cgroups>,
+    node: String,
+    qemu: PathBuf,
+    kernel: VmKernel,
+    initramfs: PathBuf,
+    choice: AccelChoice,
+    accel: tokio::sync::OnceCell<Accel>,
+    run_root: PathBuf,
+    disk_dir: PathBuf,
+    template_dir: PathBuf,
+    boot_timeout: Duration,
+    tsc_khz: Option<u64>,
+    free_page_reporting: bool,
+}
+
+impl MicroVmBackend {
+    /// Finds QEMU and the kernel and builds the initramfs for `agent`.
+    /// An error names what is missing (the node then refuses microVMs with
+    /// that reason).
+    pub fn new(
+        cgroups: Arc<Cgroups>,
+        cfg: &VmConfig,
+        node: &str,
+        agent: &Path,
+        state_dir: &Path,
+        boot_timeout: Duration,
+    ) -> Result<Self, String> {
+        let qemu = find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
+        let kernel = dsec_image::vm::find_kernel(&cfg.vm_dir).map_err(|e| e.to_string())?;
+        let vm_state = state_dir.join("vm");
+        let initramfs = dsec_image::vm::build_initramfs(&kernel, agent, &vm_state).map_err(|e| format!("building the initramfs: {e}"))?;
+        let disk_dir = vm_state.join("disks");
+        std::fs::create_dir_all(&disk_dir).map_err(|e| format!("creating {}: {e}", disk_dir.display()))?;
+        std::fs::create_dir_all(&cfg.run_root).map_err(|e| format!("creating {}: {e}", cfg.run_root.display()))?;
+        Ok(Self {
+            cgroups,
+            node: node.to_string(),
+            qemu,
+            kernel,
+            initramfs,
+            choice: cfg.accel,
+            accel: tokio::sync::OnceCell::new(),
+            run_root: cfg.run_root.clone(),
+            disk_dir,
+            template_dir: vm_state.join("templates"),
+            boot_timeout,
+            tsc_khz: cmdline::host_tsc_khz(),
+            free_page_reporting: cfg.free_page_reporting,
+        })
+    }
+
+    fn files(&self, id: &str) -> VmFiles {
+        VmFiles { run_dir: self.run_root.join(id), disk: self.disk_dir.join(format!("{id}.ext4")) }
+    }
+
+    /// The accelerator: forced, or probed once by booting the guest kernel
+    /// under KVM (an open /dev/kvm is not enough: a KVM that cannot run
+    /// this kernel, like PVM, fails only once the guest runs).
+    pub async fn accel(&self) -> Accel {
+        *self
+            .accel
+            .get_or_init(|| async {
+                let a = match self.choice {
+                    AccelChoice::Kvm => Accel::Kvm,
+                    AccelChoice::Tcg => Accel::Tcg,
+                    AccelChoice::Auto => accel::probe_kvm(&self.qemu, &self.kernel.vmlinuz, &self.initramfs, &self.run_root).await,
+                };
+                tracing::info!(accel = a.as_str(), "microVM acceleration");
+                a
+            })
+            .await
+    }
+
+    async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
+        self.cgroups.create(id, &crate::backend::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        if let Err(e) = durable.await {
+            let _ = self.cgroups.remove(id);
+            return Err(EdgeError::Internal(format!("edge database: {e}")));
+        }
+        let files = self.files(id);
+        let (tdir, disk_mb, f2) = (self.template_dir.clone(), spec.limits.disk_mb.max(16), files.clone());
+        let prepared = tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
+            std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
+            let template = disk::template(&tdir, disk_mb)?;
+            disk::sparse_copy(&template, &f2.disk).map_err(|e| EdgeError::Internal(format!("copying the disk template: {e}")))
+        })
+        .await
+        .map_err(|e| EdgeError::Internal(e.to_string()))
+        .and_then(|r| r);
+        if let Err(e) = prepared {
+            let _ = self.cleanup(id);
+            return Err(e);
+        }
+        let accel = self.accel().await;
+        let launch = VmLaunch {
+            accel,
+            kernel: &self.kernel.vmlinuz,
+            initramfs: &self.initramfs,
+            memory_mb: spec.limits.memory_mb,
+            vcpus: cmdline::vcpus_for(spec.limits.cpu_cores),
+            layers: &plan.layer_files,
+            files: &files,
+            tsc_khz: self.tsc_khz,
+            extra_append: "",
+            free_page_reporting: self.free_page_reporting,
+        };
+        let (pid, pidfd) = match self.spawn_qemu(id, &launch) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.cleanup(id);
+                return Err(e);
+            }
+        };
+        let setup = VmSetup {
+            sandbox_id: id.to_string(),
+            hostname: crate::ids::short_id(id).to_string(),
+            layer_disks: (0..plan.layer_files.len()).map(cmdline::layer_serial).collect(),
+            writable_disk: cmdline::WRITABLE_SERIAL.to_string(),
+            now_ms: crate::model::now_ms(),
+            masked_paths: crate::container::policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
+            readonly_paths: crate::container::policy::READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
+            env: crate::container::merged_env(&plan.env, spec),
+            workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
+            default_user: spec.init_user.clone(),
+        };
+        let boot = async {
+            let stream = connect_agent(&files.agent_socket(), &pidfd).await?;
+            let (agent, hello) = AgentClient::connect(stream).await?;
+            if hello.state != AgentState::Fresh {
+                return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
+            }
+            match agent.call(Op::SetupVm(setup)).await? {
+                Reply::Ready => Ok(agent),
+                other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
+            }
+        };
+        let outcome = tokio::time::timeout(self.boot_timeout, boot).await;
+        let failure = match outcome {
+            Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
+            Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
+            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", self.console_tail(&files))),
+            Err(_) => EdgeError::Timeout(format!(
+                "the microVM did not boot to its agent within {:?} ({} acceleration){}",
+                self.boot_timeout,
+                accel.as_str(),
+                self.console_tail(&files)
+            )),
+        };
+        let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+        reap(&pidfd);
+        let _ = self.cleanup(id);
+        Err(failure)
+    }
+
+    /// The last lines QEMU and the guest printed, for an error message.
+    fn console_tail(&self, files: &VmFiles) -> String {
+        let mut out = String::new();
+        for (what, path) in [("console", files.console_log()), ("qemu", files.run_dir.join("qemu.log"))] {
+            let text = std::fs::read_to_string(&path).unwrap_or_default();
+            // The agent's own words first (why it gave up), else the end
+            // (a kernel's last messages).
+            let agent: Vec<&str> = text.lines().filter(|l| l.contains("dsec-agent")).collect();
+            let lines: Vec<&str> = if agent.is_empty() { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { agent };
+            let tail = &lines[lines.len().saturating_sub(6)..];
+            if !tail.is_empty() {
+                out.push_str(&format!("; {what}: {}", tail.join(" | ")));
+            }
+        }
+        out
+    }
+
+    /// Starts QEMU inside the sandbox's cgroup, in a session of its own
+    /// (a terminal's Ctrl-C to the edge must not reach the VMs it leaves
+    /// for re-adoption).
+    fn spawn_qemu(&self, id: &str, launch: &VmLaunch<'_>) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
+        let procs: Vec<CString> = self
+            .cgroups
+            .procs_files(id)
+            .iter()
+            .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
+            .collect();
+        let log_path = launch.files.run_dir.join("qemu.log");
+        let log = std::fs::File::create(&log_path).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", log_path.display())))?;
+        let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let mut cmd = std::process::Command::new(&self.qemu);
+        cmd.args(cmdline::qemu_args(launch)).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
+        // SAFETY: the closure runs between fork and exec and only makes
+        // async-signal-safe calls (setsid, open, write, close) on data
+        // prepared before the fork.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setsid() < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                for p in &procs {
+                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                    if fd < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                    libc::close(fd);
+                    if !ok {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().map_err(|e| EdgeError::Internal(format!("starting {}: {e}", self.qemu.display())))?;
+        let pid = child.id() as i32;
+        // Dropping the Child neither kills nor reaps: the exit watcher
+        // reaps through the pidfd.
+        drop(child);
+        let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open(QEMU {pid}): {e}")))?;
+        Ok((pid, pidfd))
+    }
+
+    async fn adopt_vm(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
+        if !self.cgroups.contains(id, pid) {
+            return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
+        }
+        let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+        let files = self.files(id);
+        let attach = async {
+            let stream = connect_agent(&files.agent_socket(), &pidfd).await?;
+            let (agent, hello) = AgentClient::connect(stream).await?;
+            match hello.state {
+                AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
+                other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
+            }
+        };
+        let agent = tokio::time::timeout(REATTACH_WAIT, attach)
+            .await
+            .map_err(|_| EdgeError::Timeout(format!("re-attaching to the microVM {id}")))??;
+        Ok(Instance::new(pid, pidfd, agent))
+    }
+}
+
+/// How long re-adoption waits for a guest agent to greet.
+const REATTACH_WAIT: Duration = Duration::from_secs(10);
+
+/// Connects to the agent's socket, which QEMU creates while it starts;
+/// gives up if QEMU exits first.
+async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
+    let t0 = Instant::now();
+    loop {
+        match tokio::net::UnixStream::connect(path).await {
+            Ok(s) => return Ok(s),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+                if process_exited(qemu) {
+                    return Err(EdgeError::SetupFailed("QEMU exited during start".into()));
+                }
+                if t0.elapsed() > Duration::from_secs(10) {
+                    return Err(EdgeError::Timeout(format!("QEMU made no agent socket at {}", path.display())));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => return Err(EdgeError::Internal(format!("connecting to {}: {e}", path.display()))),
+        }
+    }
+}
+
+/// A pidfd polls readable once its process has exited.
+fn process_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
+    use std::os::fd::AsRawFd;
+    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+    // SAFETY: poll on one valid pollfd with zero timeout.
+    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+}
+
+fn find_program(p: &Path) -> Option<PathBuf> {
+    if p.components().count() > 1 {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(p)).find(|c| c.is_file())
+}
+
+impl Backend for MicroVmBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Microvm
+    }
+
+    fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan, durable: Durable) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(self.start_vm(id, spec, plan, durable))
+    }
+
+    fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(self.adopt_vm(id, pid))
+    }
+
+    fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
+        self.cgroups.kill_all(id);
+        let files = self.files(id);
+        let _ = std::fs::remove_dir_all(&files.run_dir);
+        match std::fs::remove_file(&files.disk) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", files.disk.display()))),
+        }
+        self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+    }
+
+    fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop) })
+    }
+
+    fn after_thaw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
+    }
+
+    fn reap_files(&self, live: &HashSet<String>) -> usize {
+        let prefix = format!("{}.", self.node);
+        let mut gone = 0;
+        let mut ours = |name: &str| name.starts_with(&prefix) && !live.contains(name);
+        if let Ok(dir) = std::fs::read_dir(&self.run_root) {
+            for e in dir.flatten() {
+                if ours(&e.file_name().to_string_lossy()) && std::fs::remove_dir_all(e.path()).is_ok() {
+                    gone += 1;
+                }
+            }
+        }
+        if let Ok(dir) = std::fs::read_dir(&self.disk_dir) {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                if name.strip_suffix(".ext4").is_some_and(&mut ours) && std::fs::remove_file(e.path()).is_ok() {
+                    gone += 1;
+                }
+            }
+        }
+        gone
+    }
+}

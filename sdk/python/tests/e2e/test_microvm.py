@@ -1,0 +1,169 @@
+"""MicroVMs end to end: the same SDK calls as for containers, against a real
+QEMU ``microvm`` booting the guest kernel (under TCG where KVM cannot run
+it, about 3 s per boot). Boots are slow, so one busybox microVM is shared by
+the tests of this file in order (exec, files, sessions, a PTY, the disk
+limit, pause and transparent resume), and the last of them stops it and
+checks that nothing of it is left on the host; one more boots the python
+image."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import dsec
+from dsec import DSecClient, DSecRunArgs
+
+from .conftest import Server, Tenant, _http
+
+pytestmark = pytest.mark.e2e
+
+DISK_MB = 64
+
+
+def vm_args(image: str, **kw: object) -> DSecRunArgs:
+    base: dict[str, object] = dict(backend="microvm", image=image, memory_limit_mb=256,
+                                   cpu_cores_limit=1, disk_limit_mb=DISK_MB, ttl_running_stop=600,
+                                   init_user="root", labels={"suite": "sdk-e2e-microvm"})
+    base.update(kw)
+    return DSecRunArgs(**base)  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def vm_id(server: Server, tenant: Tenant) -> Iterator[str]:
+    """One busybox microVM for the whole file (created over plain HTTP so
+    that it outlives each test's event loop)."""
+    status, raw = _http("POST", server.url + "/v1/sandboxes", tenant.token,
+                        vm_args("busybox").to_json(), timeout=120)
+    assert status == 201, f"creating a microVM answered {status}: {raw[:500]!r}\n{server.log_tail()}"
+    sid = json.loads(raw)["id"]
+    try:
+        yield sid
+    finally:
+        _http("DELETE", f"{server.url}/v1/sandboxes/{sid}", tenant.token, timeout=60)
+
+
+async def test_commands_run_in_the_guest_kernel(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    info = await sb.refresh()
+    assert info.state == "running"
+    r = await sb.run_shell("uname -r; hostname; grep -c ^processor /proc/cpuinfo; "
+                           "awk '/MemTotal/ {print $2}' /proc/meminfo; echo err >&2; exit 3")
+    release, hostname, cpus, mem_kb = r.stdout.split()
+    # A kernel of its own, not the host's.
+    assert release.endswith("-cloud-amd64") and release != os.uname().release
+    assert vm_id.endswith(hostname)
+    assert int(cpus) == 1
+    # The guest sees about the RAM it was given (minus the kernel's share).
+    assert 150 * 1024 < int(mem_kb) <= 256 * 1024
+    assert r.stderr == "err\n" and r.exit_code == 3
+
+
+async def test_files_go_in_and_out(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    blob = os.urandom(3 << 20)
+    await sb.write_file("/data/blob.bin", blob)
+    assert await sb.read_file("/data/blob.bin") == blob
+    await sb.write_file("/tmp/hello.txt", "hello from the host\n")
+    r = await sb.run_shell("cat /tmp/hello.txt; sha256sum /data/blob.bin | cut -c1-16")
+    import hashlib
+    assert r.stdout == f"hello from the host\n{hashlib.sha256(blob).hexdigest()[:16]}\n"
+    names = {f.name for f in await sb.list_dir("/data")}
+    assert names == {"blob.bin"}
+    assert not await sb.exists("/data/missing")
+
+
+async def test_sessions_and_a_pty(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    async with await sb.create_session() as session:
+        await session.run("cd /tmp && export X=42")
+        r = await session.run('pwd; echo "$X"')
+        assert r.stdout == "/tmp\n42\n"
+    async with sb.pty(cmd="/bin/sh", rows=24, cols=80) as term:
+        await term.send("echo marker-$((6*7))\n")
+        out = await term.read_until("marker-42", timeout=30)
+        assert b"marker-42" in out
+        await term.send("exit 5\n")
+        result = await asyncio.wait_for(term.wait(), 30)
+    assert result is not None and result.exit_code == 5
+
+
+async def test_the_writable_disk_is_limited(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    r = await sb.run_shell(f"dd if=/dev/zero of=/fill bs=1M count={DISK_MB + 16} 2>&1; echo rc=$?; rm -f /fill",
+                           timeout=120)
+    assert "No space left on device" in r.stdout and "rc=1" in r.stdout, r
+    # The space comes back once the file is gone.
+    r = await sb.run_shell("dd if=/dev/zero of=/again bs=1M count=16 2>&1 && rm /again")
+    assert r.exit_code == 0, r
+
+
+async def test_pause_stops_the_vm_and_a_request_resumes_it(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    await sb.run_shell("date +%s > /tmp/t0")
+    p = await sb.pause()
+    assert p.changed and p.sandbox.state == "paused"
+    assert (await sb.refresh()).state == "paused"
+    # Any request resumes it transparently; memory and files are intact.
+    r = await sb.run_shell("cat /tmp/t0 /tmp/hello.txt")
+    assert r.exit_code == 0 and "hello from the host" in r.stdout
+    assert (await sb.refresh()).state == "running"
+    p = await sb.pause()
+    res = await sb.resume()
+    assert res.changed and res.sandbox.state == "running"
+    assert (await sb.run_shell("echo back")).stdout == "back\n"
+
+
+def _host_traces(sid: str) -> list[str]:
+    """Whatever of the sandbox is still on this host: processes naming it,
+    its run directory, its disk, its cgroups."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+            except OSError:
+                continue
+            if sid.encode() in cmdline:
+                found.append(f"process {pid}: {cmdline[:120]!r}")
+    if Path(f"/run/dsec/vm/{sid}").exists():
+        found.append(f"/run/dsec/vm/{sid}")
+    for root in ("/sys/fs/cgroup", "/sys/fs/cgroup/unified"):
+        for ctl in [Path(root), *Path(root).iterdir()] if Path(root).is_dir() else []:
+            node = sid.split(".")[0]
+            if (ctl / "dsec" / node / sid).exists():
+                found.append(str(ctl / "dsec" / node / sid))
+    return found
+
+
+async def test_stop_leaves_nothing_behind(server: Server, client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    assert _host_traces(vm_id), "a running microVM must be visible (its QEMU names it)"
+    info = await sb.stop()
+    assert info.state == "stopped"
+    assert _host_traces(vm_id) == []
+    disks = list(server.data_dir.glob(f"edge/*/vm/disks/{vm_id}*"))
+    assert disks == []
+    with pytest.raises(dsec.SandboxNotRunning):
+        await sb.run_shell("true")
+
+
+async def test_the_python_image_runs_as_a_microvm(client: DSecClient) -> None:
+    sb = await client.run(vm_args("python", memory_limit_mb=384), timeout=120)
+    try:
+        r = await sb.run_shell("python3 -c 'import sys, platform; print(6*7, platform.release())'")
+        answer, release = r.stdout.split()
+        assert answer == "42" and release.endswith("-cloud-amd64")
+    finally:
+        await sb.delete()
+
+
+async def test_a_microvm_too_small_for_its_kernel_is_refused(client: DSecClient) -> None:
+    with pytest.raises(dsec.DSecError) as e:
+        await client.run(vm_args("busybox", memory_limit_mb=32))
+    assert e.value.status == 400 and "at least" in e.value.message
