@@ -49,6 +49,11 @@ pub enum Op {
     /// Kill every process, flush filesystems and exit. Reply: `Done`, sent
     /// before the agent exits.
     Shutdown,
+    /// The paths of the sandbox's writable layer whose inode changed (ctime)
+    /// at or after this time: what the operations since then wrote, made or
+    /// deleted (the upper layer holds only changes, so the walk is short).
+    /// At most `max_paths`. Reply: `Changed`.
+    ChangedSince { since_sec: i64, since_nsec: u32, max_paths: u32 },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -61,6 +66,16 @@ pub enum Reply {
     Dir(Vec<FileStat>),
     Written { bytes: u64 },
     Done,
+    Changed { paths: Vec<ChangedPath>, truncated: bool },
+}
+
+/// One entry of `Reply::Changed`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ChangedPath {
+    /// The sandbox path (absolute).
+    pub path: String,
+    /// Removed (an overlay whiteout) rather than written or made.
+    pub deleted: bool,
 }
 
 /// What the container agent needs to turn the namespaces it was started in

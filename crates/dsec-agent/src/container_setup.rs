@@ -100,7 +100,8 @@ fn check_abs(what: &str, p: &str) -> Result<()> {
     Ok(())
 }
 
-pub fn setup(cfg: &ContainerSetup) -> Result<()> {
+/// Returns the overlay's upper directory, opened for `changes`.
+pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     check_abs("scratch_mount", &cfg.scratch_mount)?;
     if cfg.lower_dirs.is_empty() {
         return Err(SetupError { step: "lower_dirs is empty".into(), errno: Errno::INVAL });
@@ -139,6 +140,7 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     // nodev: a device node shipped in an image layer must not open the
     // host's device behind it.
     mount(Some(c"overlay"), &root_c, Some(c"overlay"), libc::MS_NODEV, Some(&opts)).map_err(fail("mount the overlay root"))?;
+    let upper_fd = crate::changes::open_upper(&cstr(&upper)?).map_err(fail("open the upper directory"))?;
 
     let at = |p: &str| cstr(&format!("{root}{p}"));
     for d in ["/proc", "/dev", "/sys"] {
@@ -201,7 +203,7 @@ pub fn setup(cfg: &ContainerSetup) -> Result<()> {
     // the sandbox's root (no CAP_SYS_PTRACE) does not have. The edge has it,
     // for pidfd_getfd on re-attach.
     rustix::process::set_dumpable_behavior(rustix::process::DumpableBehavior::NotDumpable).map_err(fail("prctl(PR_SET_DUMPABLE)"))?;
-    Ok(())
+    Ok(upper_fd)
 }
 
 /// Bind-mounts `src` on `target`, then sets exactly `flags` on the new

@@ -11,6 +11,7 @@
 mod agent;
 mod aio;
 mod caps;
+mod changes;
 mod channel;
 mod container_setup;
 mod envs;
@@ -183,11 +184,11 @@ fn container(chan: OwnedFd) -> Result<(), String> {
             Err(e) => return Err(format!("channel closed before setup: {e}")),
         }
     };
-    let setup = container_setup::setup(&cfg).map_err(|e| e.to_string()).and_then(|()| {
+    let setup = container_setup::setup(&cfg).map_err(|e| e.to_string()).and_then(|upper| {
         let root = Root::open("/").map_err(|e| format!("open /: {e}"))?;
-        Ok((root, devnull()?))
+        Ok((root, devnull()?, upper))
     });
-    let (root, null) = match setup {
+    let (root, null, upper) = match setup {
         Ok(v) => v,
         Err(msg) => {
             let err = AgentError::new(ErrorKind::SetupFailed, msg.clone());
@@ -204,6 +205,7 @@ fn container(chan: OwnedFd) -> Result<(), String> {
     write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(|e| e.to_string())?;
     let ident = Identity { sandbox_id: cfg.sandbox_id, image_env: cfg.env, workdir: cfg.workdir, default_user: cfg.default_user };
     let agent = Agent::new(Mode::Container, ident, root, None, null, policy());
+    let _ = agent.upper.set(upper);
     run(agent, chan.into())
 }
 

@@ -12,6 +12,7 @@ mod fncall;
 mod images;
 mod sandboxes;
 mod tenants;
+mod trajectory;
 
 pub use errors::*;
 pub use exec::*;
@@ -20,6 +21,7 @@ pub use fncall::*;
 pub use images::*;
 pub use sandboxes::*;
 pub use tenants::*;
+pub use trajectory::*;
 
 /// The API version prefix of every route.
 pub const API_PREFIX: &str = "/v1";

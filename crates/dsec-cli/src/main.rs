@@ -6,6 +6,7 @@ mod fncall_cmd;
 mod image_cmd;
 mod sandbox_cmd;
 mod shell;
+mod trajectory_cmd;
 mod up;
 
 use std::path::PathBuf;
@@ -45,6 +46,12 @@ enum Cmd {
     Pause(sandbox_cmd::IdsArgs),
     /// Resume paused sandboxes.
     Resume(sandbox_cmd::IdsArgs),
+    /// Show a sandbox's trajectory log: each operation, its result and the
+    /// files it changed.
+    Trajectory(trajectory_cmd::TrajectoryArgs),
+    /// Re-run a sandbox's trajectory log in a fresh sandbox of the same image,
+    /// layers and run arguments; report where results diverge (exit 2 if any).
+    Replay(trajectory_cmd::ReplayArgs),
     /// Act on every sandbox of a training job.
     #[command(subcommand)]
     Job(sandbox_cmd::JobCmd),
@@ -92,6 +99,8 @@ fn main() -> std::process::ExitCode {
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,
             Cmd::Resume(a) => sandbox_cmd::resume(a).await,
             Cmd::Job(c) => sandbox_cmd::job(c).await,
+            Cmd::Trajectory(a) => trajectory_cmd::show(a).await,
+            Cmd::Replay(a) => trajectory_cmd::replay(a).await,
             Cmd::Image(c) => image_cmd::run(c).await,
             Cmd::Openapi => {
                 println!("{}", dsec_apiserver::openapi_json());

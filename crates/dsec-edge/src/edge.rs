@@ -131,6 +131,9 @@ pub(crate) struct Entry {
     pub(crate) exited: watch::Sender<bool>,
     /// Whether admission still holds this sandbox's reservation.
     pub(crate) reserved: AtomicBool,
+    /// Held while the trajectory log lists the files a finished step
+    /// changed (after its answer went out); the next step waits for it.
+    pub(crate) step_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Entry {
@@ -143,6 +146,7 @@ impl Entry {
             op_lock: tokio::sync::Mutex::new(()),
             exited: watch::channel(false).0,
             reserved: AtomicBool::new(reserved),
+            step_gate: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -189,6 +193,8 @@ pub(crate) struct EdgeInner {
     pub(crate) swap: Option<crate::swap::NodeSwap>,
     pub(crate) create_queue: Arc<crate::create_queue::CreateQueue>,
     pub(crate) events: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
+    /// Trajectory logs and idempotency keys (`journal.db`).
+    pub(crate) journal: crate::journal::Journal,
 }
 
 /// Handle to a node's edge. Cheap to clone.
@@ -232,6 +238,8 @@ impl Edge {
         )?;
         let (store, records) =
             Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let journal = crate::journal::Journal::open(&config.state_dir.join("journal.db"))
+            .map_err(|e| EdgeError::Internal(e.to_string()))?;
         let (cpus, mem_mb) = host_resources();
         let admission = Admission::new(Capacity {
             cpu_cores: cpus * config.cpu_overcommit,
@@ -247,6 +255,7 @@ impl Edge {
             swap,
             create_queue,
             events: crate::events::channel(),
+            journal,
             config,
             _node_lock: node_lock,
             registry: RwLock::new(HashMap::new()),

@@ -60,6 +60,8 @@ from .errors import (
     UserNotFound,
 )
 from .results import (
+    ChangedFile,
+    Divergence,
     ExecResult,
     FileInfo,
     Health,
@@ -70,10 +72,12 @@ from .results import (
     NodeStatus,
     OutputChunk,
     PauseResult,
+    ReplayReport,
     ResumeResult,
     SandboxEvent,
     SandboxInfo,
     TenantInfo,
+    TrajectoryStep,
     WriteResult,
 )
 from .sandbox import Sandbox, Session
@@ -115,6 +119,10 @@ __all__ = [
     "JobActionResult",
     "JobFailure",
     "SandboxEvent",
+    "TrajectoryStep",
+    "ChangedFile",
+    "ReplayReport",
+    "Divergence",
     "DSecError",
     "DSecConnectionError",
     "DSecTimeoutError",

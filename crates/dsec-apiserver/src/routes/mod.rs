@@ -6,3 +6,4 @@ pub mod jobs;
 pub mod pause;
 pub mod sandboxes;
 pub mod stream;
+pub mod trajectory;
