@@ -34,7 +34,9 @@ fn request_fingerprint(req: &api::CreateSandboxRequest) -> String {
 /// How many nodes placement samples (power of k choices).
 const PLACEMENT_K: usize = 2;
 
-fn local_status(e: &Edge) -> NodeStatus {
+/// A local edge's status; `paused` is counted only when asked (it walks
+/// the registry, which placement must never do per creation).
+fn local_status(e: &Edge, count_paused: bool) -> NodeStatus {
     let s = e.stats();
     NodeStatus {
         name: s.node,
@@ -48,6 +50,9 @@ fn local_status(e: &Edge) -> NodeStatus {
         slots_capacity: s.capacity.sandboxes,
         cgroup_version: s.cgroup_version,
         backends: vec!["container".into()],
+        creating: s.creating,
+        queued: s.queued,
+        paused: if count_paused { e.paused_count() } else { 0 },
     }
 }
 
@@ -97,11 +102,16 @@ impl Nodes {
         }
     }
 
+    /// Every node's status, for `GET /v1/nodes`.
     pub fn status(&self) -> Vec<NodeStatus> {
+        self.status_with(true)
+    }
+
+    fn status_with(&self, count_paused: bool) -> Vec<NodeStatus> {
         self.nodes
             .values()
             .map(|n| match n {
-                Node::Local(e) => local_status(e),
+                Node::Local(e) => local_status(e, count_paused),
                 Node::Remote(r) => r.status(),
             })
             .collect()
@@ -109,7 +119,7 @@ impl Nodes {
 
     /// The watcher's view, as placement wants it.
     fn views(&self) -> Vec<NodeView> {
-        self.status()
+        self.status_with(false)
             .into_iter()
             .map(|s| NodeView {
                 free_cpu: s.cpu_capacity - s.cpu_reserved,

@@ -215,6 +215,9 @@ impl RemoteNode {
                 slots_capacity: 0,
                 cgroup_version: 0,
                 backends: vec![],
+                creating: 0,
+                queued: 0,
+                paused: 0,
             },
         }
     }

@@ -297,6 +297,13 @@ impl Edge {
         }
     }
 
+    /// Paused sandboxes on this node (walks the registry: for status
+    /// pages, not for placement).
+    pub fn paused_count(&self) -> u64 {
+        let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
+        reg.values().filter(|e| e.state().is_paused()).count() as u64
+    }
+
     pub(crate) fn entry(&self, caller: &Caller, id: &str) -> Result<Arc<Entry>, EdgeError> {
         let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
         match reg.get(id) {

@@ -339,6 +339,10 @@ class NodeStatus:
     memory_reserved_mb: int = 0
     memory_capacity_mb: int = 0
     cgroup_version: int = 0
+    #: Sandboxes being created, waiting in the creation queue, and paused.
+    creating: int = 0
+    queued: int = 0
+    paused: int = 0
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> NodeStatus:
@@ -352,6 +356,9 @@ class NodeStatus:
             d.get("memory_reserved_mb", 0),
             d.get("memory_capacity_mb", 0),
             d.get("cgroup_version", 0),
+            d.get("creating", 0),
+            d.get("queued", 0),
+            d.get("paused", 0),
         )
 
 

@@ -85,6 +85,10 @@ async def test_a_reconnecting_client_fast_forwards_without_running_steps_twice(
             again_r = await s.run_shell(APPEND.format(n=0), step_id="s0")
             assert again_r.stdout == "1\n"
             assert (await again.get(sb.id)).state == "paused"
+            # The node counts it as paused.
+            async with DSecClient(server.url, server.admin_token) as admin:
+                (node,) = (await admin.health()).nodes
+                assert node.paused >= 1, node
             # A new step resumes it transparently.
             assert (await s.run_shell("cat /tmp/notes.txt", step_id="s4")).stdout == "first\n"
     finally:
