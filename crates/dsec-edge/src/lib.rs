@@ -32,6 +32,7 @@ mod lease;
 mod lifecycle;
 pub mod model;
 mod pause;
+mod prefetch;
 mod recover;
 pub mod spec;
 mod store;
