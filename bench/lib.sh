@@ -17,7 +17,7 @@ BENCH_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 REPO=$(dirname "$BENCH_DIR")
 IMAGES_DIR=${DSEC_IMAGES_DIR:-/var/lib/dsec/images}
 RESULTS=${DSEC_BENCH_RESULTS:-$BENCH_DIR/results}
-DSEC=$REPO/target/release/dsec
+DSEC=${DSEC_BENCH_DSEC:-$REPO/target/release/dsec}
 BENCH=$REPO/target/release/dsec-bench
 PY=${PYTHON:-python3}
 # The wrk scripts load their shared done() from here.

@@ -418,6 +418,37 @@ impl CallReceiver {
         self.id
     }
 
+    /// Drives `send` (which feeds the call's input) until the reply comes.
+    /// The agent may answer before all input is sent (a bad path, too much
+    /// data): `send` is then dropped. An error of `send` ends the wait.
+    pub async fn reply_while<E, F>(&mut self, send: F) -> Result<Result<Reply, AgentError>, E>
+    where
+        E: From<ClientError>,
+        F: std::future::Future<Output = Result<(), E>>,
+    {
+        let recv = self.reply();
+        tokio::pin!(send, recv);
+        let mut sent = false;
+        loop {
+            tokio::select! {
+                r = &mut recv => return r.map_err(E::from),
+                s = &mut send, if !sent => { s?; sent = true; }
+            }
+        }
+    }
+
+    /// Waits for the reply of a call whose output does not matter (an
+    /// upload), dropping any data; `Err(Closed)` if none comes.
+    pub async fn reply(&mut self) -> Result<Result<Reply, AgentError>, ClientError> {
+        loop {
+            match self.recv().await? {
+                Some(CallEvent::Reply(r)) => return Ok(r),
+                Some(CallEvent::Data { .. }) => {}
+                None => return Err(ClientError::Closed),
+            }
+        }
+    }
+
     /// Next event; `Ok(None)` after the reply; `Err(Closed)` if the channel
     /// died first. Credit goes back to the agent as data is handed out.
     pub async fn recv(&mut self) -> Result<Option<CallEvent>, ClientError> {

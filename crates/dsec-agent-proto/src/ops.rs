@@ -57,6 +57,11 @@ pub enum Op {
     /// root. Reply: `Ready`. (Last in the enum: postcard numbers variants
     /// by position, so appending keeps older frames meaning the same.)
     SetupVm(VmSetup),
+    /// The paths of the sandbox's writable layer whose inode changed (ctime)
+    /// at or after this time: what the operations since then wrote, made or
+    /// deleted (the upper layer holds only changes, so the walk is short).
+    /// At most `max_paths`. Reply: `Changed`.
+    ChangedSince { since_sec: i64, since_nsec: u32, max_paths: u32 },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -70,6 +75,7 @@ pub enum Reply {
     Written { bytes: u64 },
     Done,
     Audit(AuditLog),
+    Changed { paths: Vec<ChangedPath>, truncated: bool },
 }
 
 /// One refused attempt of a sandboxed process.
@@ -97,6 +103,15 @@ pub struct AuditLog {
     pub total: u64,
     /// Events that fell out of the ring before anyone read them.
     pub dropped: u64,
+}
+
+/// One entry of `Reply::Changed`.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct ChangedPath {
+    /// The sandbox path (absolute).
+    pub path: String,
+    /// Removed (an overlay whiteout) rather than written or made.
+    pub deleted: bool,
 }
 
 /// What the container agent needs to turn the namespaces it was started in

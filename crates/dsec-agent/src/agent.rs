@@ -56,6 +56,10 @@ pub struct Agent {
     /// Requests running (over every connection).
     active: Cell<usize>,
     idle: tokio::sync::Notify,
+    /// Container mode: the overlay's upper directory (see `changes`).
+    pub upper: std::cell::OnceCell<OwnedFd>,
+    /// What the last walk of `upper` found new (see `changes`).
+    pub changes_seen: RefCell<crate::changes::Seen>,
 }
 
 impl Agent {
@@ -77,6 +81,8 @@ impl Agent {
             tamper: crate::tamper::Watch::default(),
             active: Cell::new(0),
             idle: tokio::sync::Notify::new(),
+            upper: std::cell::OnceCell::new(),
+            changes_seen: RefCell::new(Default::default()),
         })
     }
 

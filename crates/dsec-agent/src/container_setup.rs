@@ -100,7 +100,8 @@ pub(crate) fn check_abs(what: &str, p: &str) -> Result<()> {
     Ok(())
 }
 
-/// Returns an O_PATH fd of the overlay's upper directory (see tamper.rs).
+/// Returns an O_PATH fd of the overlay's upper directory (tamper.rs,
+/// changes.rs).
 pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     check_abs("scratch_mount", &cfg.scratch_mount)?;
     if cfg.lower_dirs.is_empty() {
@@ -179,12 +180,7 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     mount(Some(c"overlay"), &root_c, Some(c"overlay"), libc::MS_NODEV | libc::MS_NOSUID, Some(&opts)).map_err(fail("mount the overlay root"))?;
     // Kept (close-on-exec, in a process nobody may ptrace) to see which
     // image files the sandbox has changed; its path is gone after pivot_root.
-    let upper_fd = rustix::fs::open(
-        cstr(&upper)?.as_c_str(),
-        rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
-        rustix::fs::Mode::empty(),
-    )
-    .map_err(fail("open the upper directory"))?;
+    let upper_fd = crate::changes::open_upper(&cstr(&upper)?).map_err(fail("open the upper directory"))?;
     // A copy at a well-known fd for the edge's `pack_diff` (see
     // reattach::UPPER_FD); best effort, since a sandbox that cannot be
     // packed is still a working sandbox.

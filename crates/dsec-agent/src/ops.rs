@@ -7,7 +7,7 @@ use dsec_agent_proto::{AgentError, ErrorKind, Op, Reply};
 use crate::agent::{Agent, Mode};
 use crate::errors::protocol;
 use crate::request::ReqCtx;
-use crate::{exec, files, pty, session, tar};
+use crate::{changes, exec, files, pty, session, tar};
 
 pub async fn run(agent: Rc<Agent>, ctx: Rc<ReqCtx>, op: Op) {
     let shutdown = matches!(op, Op::Shutdown);
@@ -42,6 +42,7 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
         Op::TarCreate { path } => tar::create(agent, ctx, &path).await,
         Op::TarExtract { path, max_bytes } => tar::extract(agent, ctx, &path, max_bytes).await,
         Op::AuditEvents { after } => Ok(Reply::Audit(agent.audit.borrow().since(after))),
+        Op::ChangedSince { since_sec, since_nsec, max_paths } => changes::changed_since(agent, since_sec, since_nsec, max_paths),
         Op::Shutdown => {
             agent.kill_everything();
             // tmpfs has nothing to flush; a VM's disk does. syncfs, not

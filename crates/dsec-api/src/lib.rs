@@ -14,6 +14,7 @@ mod images;
 mod pack;
 mod sandboxes;
 mod tenants;
+mod trajectory;
 
 pub use audit::*;
 pub use errors::*;
@@ -24,6 +25,7 @@ pub use images::*;
 pub use pack::*;
 pub use sandboxes::*;
 pub use tenants::*;
+pub use trajectory::*;
 
 /// The API version prefix of every route.
 pub const API_PREFIX: &str = "/v1";

@@ -47,4 +47,12 @@ pub struct NodeStatus {
     pub cgroup_version: u8,
     /// Backends this node can run.
     pub backends: Vec<String>,
+    /// Sandboxes being created now, and waiting in the creation queue.
+    #[serde(default)]
+    pub creating: u64,
+    #[serde(default)]
+    pub queued: u64,
+    /// Paused sandboxes (they hold no slot: not in `slots_used`).
+    #[serde(default)]
+    pub paused: u64,
 }

@@ -274,3 +274,42 @@ mod tests {
         assert!(exec_spec(&r, false).is_err());
     }
 }
+
+/// A logged step as the API shows it: the result as its endpoint answered.
+pub fn trajectory_step_out(s: dsec_edge::TrajectoryStep) -> api::TrajectoryStep {
+    let path_of = |op: &dsec_edge::StepOp| match op {
+        dsec_edge::StepOp::WriteFile { spec, .. } => spec.path.clone(),
+        dsec_edge::StepOp::ExtractArchive { path, .. } => path.clone(),
+        _ => String::new(),
+    };
+    let (result, error) = match s.outcome {
+        None => (None, None),
+        Some(Err((code, message))) => (None, Some(api::ErrorDetail { code, message })),
+        Some(Ok(reply)) => {
+            let value = match reply {
+                dsec_agent_proto::Reply::Exited(r) => serde_json::to_value(exec_response(r, api::OutputEncoding::Utf8)).ok(),
+                dsec_agent_proto::Reply::Session { session_id } => serde_json::to_value(api::SessionInfo { session_id }).ok(),
+                dsec_agent_proto::Reply::Written { bytes } => serde_json::to_value(api::WriteResult { path: path_of(&s.op), bytes }).ok(),
+                _ => None,
+            };
+            (value, None)
+        }
+    };
+    api::TrajectoryStep {
+        seq: s.seq,
+        step_id: s.step_id,
+        kind: s.op.kind().to_string(),
+        status: s.status.as_str().to_string(),
+        operation: serde_json::to_value(&s.op).unwrap_or_default(),
+        result,
+        error,
+        changed_files: s.changed.map(|c| {
+            c.into_iter()
+                .map(|p| api::ChangedFile { path: p.path, change: if p.deleted { "deleted" } else { "changed" }.to_string() })
+                .collect()
+        }),
+        changed_truncated: s.changed_truncated,
+        started_at: rfc3339(s.started_ms),
+        finished_at: s.finished_ms.map(rfc3339),
+    }
+}

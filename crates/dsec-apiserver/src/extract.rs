@@ -79,6 +79,38 @@ impl QueryPairs {
     }
 }
 
+/// A header of at most 256 visible ASCII characters, if present.
+fn token_header(parts: &Parts, name: &str) -> Result<Option<String>, ApiError> {
+    let Some(v) = parts.headers.get(name) else { return Ok(None) };
+    let s = v.to_str().map_err(|_| ApiError::invalid(format!("header {name} must be visible ASCII")))?;
+    if s.is_empty() || s.len() > 256 || !s.bytes().all(|b| b.is_ascii_graphic() || b == b' ') {
+        return Err(ApiError::invalid(format!("header {name} must have 1 to 256 visible ASCII characters")));
+    }
+    Ok(Some(s.to_string()))
+}
+
+/// The client's step id (`x-dsec-step-id`), for the trajectory log.
+pub struct StepId(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for StepId {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        token_header(parts, dsec_api::STEP_ID_HEADER).map(StepId)
+    }
+}
+
+/// A creation's `Idempotency-Key`.
+pub struct IdempotencyKey(pub Option<String>);
+
+impl<S: Send + Sync> FromRequestParts<S> for IdempotencyKey {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, Self::Rejection> {
+        token_header(parts, dsec_api::IDEMPOTENCY_KEY_HEADER).map(IdempotencyKey)
+    }
+}
+
 /// Percent-encodes one path segment (a job name may contain anything).
 pub fn path_segment(s: &str) -> String {
     let mut out = String::with_capacity(s.len());

@@ -26,7 +26,7 @@ pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, stream};
+use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, stream, trajectory};
 
 pub fn openapi_json() -> String {
     openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
@@ -63,6 +63,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/archive", get(files::archive_get).put(files::archive_put))
+        .route("/v1/sandboxes/{id}/trajectory", get(trajectory::get))
+        .route("/v1/sandboxes/{id}/replay", post(trajectory::replay))
         .route("/v1/fncall", post(fncall::call))
         .route("/v1/fncall/batch", post(fncall::batch))
         .route("/v1/fncall/pools", get(fncall::pools))

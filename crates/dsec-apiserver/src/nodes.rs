@@ -26,10 +26,17 @@ pub struct Nodes {
     placement: Placement,
 }
 
+/// What identifies a creation request for its idempotency key.
+fn request_fingerprint(req: &api::CreateSandboxRequest) -> String {
+    dsec_edge::journal::sha256_hex(&serde_json::to_vec(req).unwrap_or_default())
+}
+
 /// How many nodes placement samples (power of k choices).
 const PLACEMENT_K: usize = 2;
 
-fn local_status(e: &Edge) -> NodeStatus {
+/// A local edge's status; `paused` is counted only when asked (it walks
+/// the registry, which placement must never do per creation).
+fn local_status(e: &Edge, count_paused: bool) -> NodeStatus {
     let s = e.stats();
     NodeStatus {
         name: s.node,
@@ -43,6 +50,9 @@ fn local_status(e: &Edge) -> NodeStatus {
         slots_capacity: s.capacity.sandboxes,
         cgroup_version: s.cgroup_version,
         backends: vec!["container".into()],
+        creating: s.creating,
+        queued: s.queued,
+        paused: if count_paused { e.paused_count() } else { 0 },
     }
 }
 
@@ -92,11 +102,16 @@ impl Nodes {
         }
     }
 
+    /// Every node's status, for `GET /v1/nodes`.
     pub fn status(&self) -> Vec<NodeStatus> {
+        self.status_with(true)
+    }
+
+    fn status_with(&self, count_paused: bool) -> Vec<NodeStatus> {
         self.nodes
             .values()
             .map(|n| match n {
-                Node::Local(e) => local_status(e),
+                Node::Local(e) => local_status(e, count_paused),
                 Node::Remote(r) => r.status(),
             })
             .collect()
@@ -104,7 +119,7 @@ impl Nodes {
 
     /// The watcher's view, as placement wants it.
     fn views(&self) -> Vec<NodeView> {
-        self.status()
+        self.status_with(false)
             .into_iter()
             .map(|s| NodeView {
                 free_cpu: s.cpu_capacity - s.cpu_reserved,
@@ -118,19 +133,32 @@ impl Nodes {
             .collect()
     }
 
-    async fn create_on(&self, node: &str, caller: &Caller, req: &api::CreateSandboxRequest) -> Result<api::Sandbox, ApiError> {
+    async fn create_on(&self, node: &str, caller: &Caller, req: &api::CreateSandboxRequest, key: Option<&str>) -> Result<api::Sandbox, ApiError> {
         match &self.nodes[node] {
             Node::Local(edge) => {
-                let rec = edge.create(caller, convert::create_request(req.clone())).await?;
+                let rec = match key {
+                    Some(key) => edge.create_idempotent(caller, convert::create_request(req.clone()), key, &request_fingerprint(req)).await?,
+                    None => edge.create(caller, convert::create_request(req.clone())).await?,
+                };
                 Ok(convert::sandbox_out(rec))
             }
-            Node::Remote(r) => r.create(caller, req).await,
+            Node::Remote(r) => r.create(caller, req, key).await,
         }
+    }
+
+    /// The node a keyed creation tries first: the same for every retry of
+    /// one key (as long as the set of nodes stays the same), so the retry
+    /// meets the node that holds the key.
+    fn node_for_key(&self, caller: &Caller, key: &str) -> Option<String> {
+        let names: Vec<&String> = self.nodes.keys().collect();
+        let digest = dsec_edge::journal::sha256_hex(format!("{}\0{key}", caller.tenant).as_bytes());
+        let n = u64::from_str_radix(&digest[..15], 16).ok()? as usize;
+        names.get(n % names.len().max(1)).map(|s| s.to_string())
     }
 
     /// Places and creates a sandbox; a node that refuses (no room, or
     /// unreachable) is skipped and the next choice tried.
-    pub async fn create(&self, caller: &Caller, req: api::CreateSandboxRequest) -> Result<api::Sandbox, ApiError> {
+    pub async fn create(&self, caller: &Caller, req: api::CreateSandboxRequest, key: Option<&str>) -> Result<api::Sandbox, ApiError> {
         let demand = Demand {
             backend: req.backend.as_str().to_string(),
             cpu: req.cpu_cores_limit.unwrap_or(1.0),
@@ -138,9 +166,14 @@ impl Nodes {
         };
         let mut refused: Vec<String> = Vec::new();
         let mut last_error: Option<ApiError> = None;
+        let mut keyed_node = key.and_then(|k| self.node_for_key(caller, k));
         loop {
             let views = self.views();
-            let node = match self.placement.choose(&views, &demand, &refused) {
+            let choice = match keyed_node.take() {
+                Some(n) => Some(n),
+                None => self.placement.choose(&views, &demand, &refused),
+            };
+            let node = match choice {
                 Some(node) => node,
                 // Nothing seems to fit: let a node that has not refused yet
                 // judge the request itself. Its checks are the authority and
@@ -154,7 +187,7 @@ impl Nodes {
                     }
                 },
             };
-            match self.create_on(&node, caller, &req).await {
+            match self.create_on(&node, caller, &req, key).await {
                 Ok(sb) => return Ok(sb),
                 Err(e) if matches!(e.code, ErrorCode::NoCapacity | ErrorCode::EdgeUnavailable | ErrorCode::CreationQueueFull) => {
                     tracing::debug!(%node, reason = %e.message, "node refused placement");

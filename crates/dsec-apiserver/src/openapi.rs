@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, stream};
+use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, stream, trajectory};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -18,6 +18,7 @@ use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sand
         stream::exec_stream, stream::pty,
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir,
         files::archive_get, files::archive_put,
+        trajectory::get, trajectory::replay,
         fncall::call, fncall::batch, fncall::pools, fncall::sandboxfusion_run_code, fncall::open_run_code,
     ),
     components(schemas(dsec_api::ErrorCode, dsec_api::StreamMessage)),

@@ -24,8 +24,41 @@ pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
+    // `GET /v1/sandboxes/{id}` of a node that cannot be reached answers
+    // what is known: the sandbox is in state `unknown`.
+    let is_get = req.method() == axum::http::Method::GET && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
+    let id = id.to_string();
     match remote.forward(&caller, req).await {
         Ok(resp) => resp,
+        Err(e) if is_get && e.code == dsec_api::ErrorCode::EdgeUnavailable => axum::Json(unknown(&id, &remote.name, e.message)).into_response(),
         Err(e) => e.into_response(),
+    }
+}
+
+/// A sandbox whose node cannot be reached: only its id, node and state are
+/// known (and why); every other field is empty.
+fn unknown(id: &str, node: &str, reason: String) -> dsec_api::Sandbox {
+    dsec_api::Sandbox {
+        id: id.to_string(),
+        backend: Default::default(),
+        image: String::new(),
+        workspace: None,
+        toolkits: vec![],
+        state: dsec_api::SandboxState::Unknown,
+        state_reason: Some(reason),
+        node: node.to_string(),
+        limits: dsec_api::Limits { memory_limit_mb: 0, cpu_cores_limit: 0.0, disk_limit_mb: 0, pids_limit: 0 },
+        init_user: String::new(),
+        ttl_running_stop: 0,
+        max_lifetime_s: 0,
+        labels: Default::default(),
+        job: None,
+        created_at: String::new(),
+        last_active_at: String::new(),
+        stopped_at: None,
+        create_ms: None,
+        queue_position: None,
+        paused_at: None,
+        memory_freed_bytes: None,
     }
 }

@@ -93,12 +93,25 @@ impl RemoteNode {
         path_and_query: &str,
         body: Option<Vec<u8>>,
     ) -> Result<T, ApiError> {
-        let mut req = Request::builder()
+        self.json_with(caller, method, path_and_query, body, &[]).await
+    }
+
+    async fn json_with<T: serde::de::DeserializeOwned>(
+        &self,
+        caller: &Caller,
+        method: axum::http::Method,
+        path_and_query: &str,
+        body: Option<Vec<u8>>,
+        headers: &[(&str, &str)],
+    ) -> Result<T, ApiError> {
+        let mut builder = Request::builder()
             .method(method)
             .uri(format!("{}{path_and_query}", self.url))
-            .header(header::CONTENT_TYPE, "application/json")
-            .body(body.map(Body::from).unwrap_or_else(Body::empty))
-            .map_err(|e| ApiError::invalid(e.to_string()))?;
+            .header(header::CONTENT_TYPE, "application/json");
+        for (k, v) in headers {
+            builder = builder.header(*k, *v);
+        }
+        let mut req = builder.body(body.map(Body::from).unwrap_or_else(Body::empty)).map_err(|e| ApiError::invalid(e.to_string()))?;
         self.sign(req.headers_mut(), caller)?;
         let resp = self.http.request(req).await.map_err(|e| self.unreachable(e))?;
         let status = resp.status();
@@ -113,9 +126,10 @@ impl RemoteNode {
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("node {} sent an unreadable answer: {e}", self.name)))
     }
 
-    pub async fn create(&self, caller: &Caller, req: &api::CreateSandboxRequest) -> Result<api::Sandbox, ApiError> {
+    pub async fn create(&self, caller: &Caller, req: &api::CreateSandboxRequest, key: Option<&str>) -> Result<api::Sandbox, ApiError> {
         let body = serde_json::to_vec(req).map_err(|e| ApiError::invalid(e.to_string()))?;
-        self.json(caller, axum::http::Method::POST, "/v1/sandboxes", Some(body)).await
+        let extra: Vec<(&str, &str)> = key.map(|k| (api::IDEMPOTENCY_KEY_HEADER, k)).into_iter().collect();
+        self.json_with(caller, axum::http::Method::POST, "/v1/sandboxes", Some(body), &extra).await
     }
 
     pub async fn list(&self, caller: &Caller, query: &str) -> Result<Vec<api::Sandbox>, ApiError> {
@@ -201,6 +215,9 @@ impl RemoteNode {
                 slots_capacity: 0,
                 cgroup_version: 0,
                 backends: vec![],
+                creating: 0,
+                queued: 0,
+                paused: 0,
             },
         }
     }

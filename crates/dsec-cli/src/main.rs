@@ -7,6 +7,7 @@ mod image_cmd;
 mod pack_cmd;
 mod sandbox_cmd;
 mod shell;
+mod trajectory_cmd;
 mod up;
 
 use std::path::PathBuf;
@@ -51,6 +52,12 @@ enum Cmd {
     Resume(sandbox_cmd::IdsArgs),
     /// Pack what a sandbox changed into a new image (pack_diff).
     Pack(pack_cmd::PackArgs),
+    /// Show a sandbox's trajectory log: each operation, its result and the
+    /// files it changed.
+    Trajectory(trajectory_cmd::TrajectoryArgs),
+    /// Re-run a sandbox's trajectory log in a fresh sandbox of the same image,
+    /// layers and run arguments; report where results diverge (exit 2 if any).
+    Replay(trajectory_cmd::ReplayArgs),
     /// Act on every sandbox of a training job.
     #[command(subcommand)]
     Job(sandbox_cmd::JobCmd),
@@ -100,6 +107,8 @@ fn main() -> std::process::ExitCode {
             Cmd::Resume(a) => sandbox_cmd::resume(a).await,
             Cmd::Pack(a) => pack_cmd::run(a).await,
             Cmd::Job(c) => sandbox_cmd::job(c).await,
+            Cmd::Trajectory(a) => trajectory_cmd::show(a).await,
+            Cmd::Replay(a) => trajectory_cmd::replay(a).await,
             Cmd::Image(c) => image_cmd::run(c).await,
             Cmd::Openapi => {
                 println!("{}", dsec_apiserver::openapi_json());

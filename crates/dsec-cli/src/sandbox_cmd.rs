@@ -146,6 +146,11 @@ pub struct ExecArgs {
     pub user: Option<String>,
     #[arg(long)]
     pub cwd: Option<String>,
+    /// Log the command under this step id in the sandbox's trajectory log;
+    /// if the id is already logged, print the recorded result instead of
+    /// running the command again.
+    #[arg(long)]
+    pub step_id: Option<String>,
     #[command(flatten)]
     pub conn: ConnectArgs,
     /// Command and arguments (after `--`).
@@ -156,7 +161,11 @@ pub struct ExecArgs {
 pub async fn exec(a: ExecArgs) -> anyhow::Result<u8> {
     let client = a.conn.client()?;
     let req = api::ExecRequest { argv: Some(a.cmd), timeout: a.timeout, user: a.user, cwd: a.cwd, ..Default::default() };
-    Ok(print_result(client.exec(&a.id, &req).await?))
+    let result = match &a.step_id {
+        Some(step) => client.exec_step(&a.id, &req, step).await?,
+        None => client.exec(&a.id, &req).await?,
+    };
+    Ok(print_result(result))
 }
 
 #[derive(Args, Debug)]

@@ -63,9 +63,24 @@ impl Client {
 
     /// One request; JSON in, raw bytes out.
     pub async fn raw(&self, method: Method, path: &str, body: Option<Vec<u8>>, content_type: &str) -> Result<(StatusCode, Bytes), ClientError> {
+        self.raw_with(method, path, body, content_type, &[]).await
+    }
+
+    /// [`Client::raw`] with extra request headers.
+    pub async fn raw_with(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        content_type: &str,
+        headers: &[(&str, &str)],
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         let mut req = Request::builder().method(method).uri(format!("{}{path}", self.endpoint));
         if let Some(a) = &self.auth {
             req = req.header(header::AUTHORIZATION, a);
+        }
+        for (k, v) in headers {
+            req = req.header(*k, *v);
         }
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, content_type);
@@ -94,8 +109,18 @@ impl Client {
     }
 
     async fn json<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, ClientError> {
+        self.json_with(method, path, body, &[]).await
+    }
+
+    async fn json_with<B: Serialize, T: DeserializeOwned>(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<&B>,
+        headers: &[(&str, &str)],
+    ) -> Result<T, ClientError> {
         let body = body.map(|b| serde_json::to_vec(b).expect("API types serialize"));
-        let (status, bytes) = self.raw(method, path, body, "application/json").await?;
+        let (status, bytes) = self.raw_with(method, path, body, "application/json", headers).await?;
         serde_json::from_slice(&bytes)
             .map_err(|e| ClientError::Protocol { status: status.as_u16(), body: format!("{e}: {}", String::from_utf8_lossy(&bytes)) })
     }
@@ -154,6 +179,19 @@ impl Client {
 
     pub async fn exec(&self, id: &str, req: &api::ExecRequest) -> Result<api::ExecResponse, ClientError> {
         self.json(Method::POST, &format!("/v1/sandboxes/{id}/exec"), Some(req)).await
+    }
+
+    /// An exec logged under a client step id (a logged one is not re-run).
+    pub async fn exec_step(&self, id: &str, req: &api::ExecRequest, step_id: &str) -> Result<api::ExecResponse, ClientError> {
+        self.json_with(Method::POST, &format!("/v1/sandboxes/{id}/exec"), Some(req), &[(api::STEP_ID_HEADER, step_id)]).await
+    }
+
+    pub async fn trajectory(&self, id: &str) -> Result<api::Trajectory, ClientError> {
+        self.json::<(), _>(Method::GET, &format!("/v1/sandboxes/{id}/trajectory"), None).await
+    }
+
+    pub async fn replay(&self, id: &str, keep: bool) -> Result<api::ReplayReport, ClientError> {
+        self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/replay?keep={keep}"), None).await
     }
 
     pub async fn fncall(&self, req: &api::FnCallRequest) -> Result<api::FnCallResponse, ClientError> {

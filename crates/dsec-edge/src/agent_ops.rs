@@ -35,6 +35,12 @@ impl Edge {
     pub async fn exec(&self, caller: &Caller, id: &str, spec: ExecSpec) -> Result<ExecResult, EdgeError> {
         let (entry, inst) = self.running(caller, id).await?;
         let _activity = entry.begin();
+        self.exec_on(&inst, spec).await
+    }
+
+    /// Runs a command on a running sandbox's agent, bounded by the command's
+    /// own timeout plus slack.
+    pub(crate) async fn exec_on(&self, inst: &Instance, spec: ExecSpec) -> Result<ExecResult, EdgeError> {
         let deadline = spec.timeout_ms.map(|t| Duration::from_millis(t + spec.kill_grace_ms) + EXEC_SLACK);
         let call = inst.agent.call(Op::Exec(spec));
         let reply = match deadline {

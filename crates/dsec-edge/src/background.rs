@@ -136,6 +136,7 @@ impl Edge {
             for id in forget {
                 reg.remove(&id);
                 self.inner.store.delete(&id);
+                self.forget_log(&id);
             }
         }
     }

@@ -146,6 +146,9 @@ pub(crate) struct Entry {
     /// What the sandbox's last `pack_diff` left for the next (in memory: a
     /// restarted edge makes the next pack a full one, still correct).
     pub(crate) pack: Mutex<Option<crate::images::PackState>>,
+    /// Held while the trajectory log lists the files a finished step
+    /// changed (after its answer went out); the next step waits for it.
+    pub(crate) step_gate: Arc<tokio::sync::Mutex<()>>,
 }
 
 impl Entry {
@@ -159,6 +162,7 @@ impl Entry {
             exited: watch::channel(false).0,
             reserved: AtomicBool::new(reserved),
             pack: Mutex::new(None),
+            step_gate: Arc::new(tokio::sync::Mutex::new(())),
         })
     }
 
@@ -206,6 +210,8 @@ pub(crate) struct EdgeInner {
     pub(crate) swap: Option<crate::swap::NodeSwap>,
     pub(crate) create_queue: Arc<crate::create_queue::CreateQueue>,
     pub(crate) events: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
+    /// Trajectory logs and idempotency keys (`journal.db`).
+    pub(crate) journal: crate::journal::Journal,
 }
 
 /// Handle to a node's edge. Cheap to clone.
@@ -264,6 +270,8 @@ impl Edge {
         let backends = Backends { container, microvm };
         let (store, records) =
             Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let journal = crate::journal::Journal::open(&config.state_dir.join("journal.db"))
+            .map_err(|e| EdgeError::Internal(e.to_string()))?;
         let (cpus, mem_mb) = host_resources();
         let admission = Admission::new(Capacity {
             cpu_cores: cpus * config.cpu_overcommit,
@@ -279,6 +287,7 @@ impl Edge {
             swap,
             create_queue,
             events: crate::events::channel(),
+            journal,
             config,
             _node_lock: node_lock,
             registry: RwLock::new(HashMap::new()),
@@ -319,6 +328,13 @@ impl Edge {
             used,
             cgroup_version: self.inner.cgroups.version(),
         }
+    }
+
+    /// Paused sandboxes on this node (walks the registry: for status
+    /// pages, not for placement).
+    pub fn paused_count(&self) -> u64 {
+        let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
+        reg.values().filter(|e| e.state().is_paused()).count() as u64
     }
 
     pub(crate) fn entry(&self, caller: &Caller, id: &str) -> Result<Arc<Entry>, EdgeError> {

@@ -38,6 +38,17 @@ pub enum EdgeError {
     SetupFailed(String),
     #[error("internal error: {0}")]
     Internal(String),
+    #[error("step {step_id:?} (#{seq}) was recorded as a different operation ({recorded}): {detail}; a step id names one operation, use a new one")]
+    StepConflict { step_id: String, seq: u64, recorded: String, detail: String },
+    #[error("step {step_id:?} (#{seq}) was running when the edge lost it (a restart or a lost agent): whether it took effect is unknown; check the sandbox and continue with a new step id")]
+    StepInterrupted { step_id: String, seq: u64 },
+    /// A failure recorded in the trajectory log, returned again.
+    #[error("{message}")]
+    Recorded { code: ErrorCode, message: String },
+    #[error("sandbox {0} has no trajectory log (no operation was recorded)")]
+    TrajectoryNotFound(String),
+    #[error("idempotency key {0:?} was used for a different request")]
+    IdempotencyConflict(String),
 }
 
 impl EdgeError {
@@ -58,6 +69,11 @@ impl EdgeError {
             EdgeError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             EdgeError::Agent(e) => agent_code(e.kind),
             EdgeError::SetupFailed(_) | EdgeError::Internal(_) => ErrorCode::Internal,
+            EdgeError::StepConflict { .. } => ErrorCode::StepConflict,
+            EdgeError::StepInterrupted { .. } => ErrorCode::StepInterrupted,
+            EdgeError::Recorded { code, .. } => *code,
+            EdgeError::TrajectoryNotFound(_) => ErrorCode::TrajectoryNotFound,
+            EdgeError::IdempotencyConflict(_) => ErrorCode::IdempotencyConflict,
         }
     }
 }

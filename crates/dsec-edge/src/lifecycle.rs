@@ -333,6 +333,7 @@ impl Edge {
             edge.stop_to_completion(&caller, &id, "deleted").await?;
             edge.inner.registry.write().unwrap_or_else(|p| p.into_inner()).remove(&id);
             edge.inner.store.delete(&id);
+            edge.forget_log(&id);
             Ok(())
         })
         .await

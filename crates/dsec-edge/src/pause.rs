@@ -183,6 +183,15 @@ impl Edge {
         // Resuming is activity: the idle clock starts again now.
         drop(entry.begin());
         self.save(&rec);
+        if rec.memory_freed_bytes.unwrap_or(0) > 0 && self.inner.swap.is_some() {
+            // Its memory is in swap: start reading it back now, while it
+            // runs, rather than one page fault at a time.
+            let cgroups = self.inner.backends.container.cgroups().clone();
+            tokio::task::spawn_blocking(move || {
+                let done = crate::prefetch::prefetch(&cgroups.procs(&id));
+                tracing::debug!(%id, ?done, "prefetch after resume");
+            });
+        }
         Ok(ResumeOutcome { record: entry.record(), changed: true, duration_ms: ms(t0) })
     }
 

@@ -105,7 +105,7 @@ const CHECKPOINT_INTERVAL: std::time::Duration = std::time::Duration::from_secs(
 /// A second connection that checkpoints the WAL now and then. PASSIVE
 /// never blocks the writer; it copies what it can and tries again later.
 /// It runs until the returned sender is dropped.
-fn spawn_checkpointer(path: &Path) -> Result<mpsc::Sender<()>, StoreError> {
+pub(crate) fn spawn_checkpointer(path: &Path) -> Result<mpsc::Sender<()>, StoreError> {
     let conn = Connection::open(path)?;
     let (stop, stopped) = mpsc::channel::<()>();
     std::thread::Builder::new()

@@ -62,6 +62,8 @@ from .errors import (
 from .results import (
     AuditEvent,
     AuditEvents,
+    ChangedFile,
+    Divergence,
     ExecResult,
     FileInfo,
     Health,
@@ -73,10 +75,12 @@ from .results import (
     OutputChunk,
     PackResult,
     PauseResult,
+    ReplayReport,
     ResumeResult,
     SandboxEvent,
     SandboxInfo,
     TenantInfo,
+    TrajectoryStep,
     WriteResult,
 )
 from .sandbox import Sandbox, Session
@@ -121,6 +125,10 @@ __all__ = [
     "AuditEvent",
     "AuditEvents",
     "SandboxEvent",
+    "TrajectoryStep",
+    "ChangedFile",
+    "ReplayReport",
+    "Divergence",
     "DSecError",
     "DSecConnectionError",
     "DSecTimeoutError",

@@ -225,7 +225,7 @@ class Transport:
             session = await self.ensure_open()
         if json_body is not None:
             data = json.dumps(json_body, separators=(",", ":")).encode()
-            headers = _JSON_HEADERS
+            headers = _JSON_HEADERS if headers is None else {**headers, **_JSON_HEADERS}
         try:
             async with session.request(
                 method, url, data=data, params=params, headers=headers,

@@ -99,7 +99,8 @@ class DSecClient:
 
     # --- sandboxes -------------------------------------------------------------
 
-    async def run(self, args: BaseRunArgs, timeout: float | None = 120) -> Sandbox:
+    async def run(self, args: BaseRunArgs, timeout: float | None = 120,
+                  *, idempotency_key: str | None = None) -> Sandbox:
         """Create a sandbox and wait until it runs.
 
         Args:
@@ -108,20 +109,27 @@ class DSecClient:
             timeout: seconds to wait for the running sandbox; then
                 :class:`DSecTimeoutError` is raised (the server may still finish
                 the creation: find it by its labels or job).
+            idempotency_key: retrying with the same key (and the same
+                arguments) returns the sandbox the first call made instead of
+                making a second one; the same key with other arguments raises
+                :class:`IdempotencyConflict`.
         """
         if not isinstance(args, BaseRunArgs):
             raise TypeError(f"run() takes DSecRunArgs or DSecContainerRunArgs, not "
                             f"{type(args).__name__}")
+        headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}
         d = await self._transport.request("POST", self._sandboxes_url, json_body=args.to_json(),
+                                          headers=headers,
                                           timeout=self._transport.timeout_for(timeout))
         return Sandbox(self, SandboxInfo.from_json(d))
 
     async def run_container(self, args: DSecContainerRunArgs | DSecRunArgs,
-                            timeout: float | None = 120) -> Sandbox:
+                            timeout: float | None = 120,
+                            *, idempotency_key: str | None = None) -> Sandbox:
         """Create a container sandbox and wait until it runs (see :meth:`run`)."""
         if isinstance(args, DSecRunArgs) and args.backend != "container":
             raise ValueError(f"run_container() got backend={args.backend!r}; use run()")
-        return await self.run(args, timeout=timeout)
+        return await self.run(args, timeout=timeout, idempotency_key=idempotency_key)
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         """The record of one sandbox (raises :class:`SandboxNotFound`)."""

@@ -48,11 +48,15 @@ __all__ = [
     "FileNotFound",
     "SessionNotFound",
     "JobNotFound",
+    "TrajectoryNotFound",
     "MethodNotAllowed",
     "SandboxNotRunning",
     "SandboxEnded",
     "AlreadyExists",
     "DirectoryNotEmpty",
+    "StepConflict",
+    "StepInterrupted",
+    "IdempotencyConflict",
     "PayloadTooLarge",
     "UnsupportedMediaType",
     "RateLimited",
@@ -225,6 +229,12 @@ class JobNotFound(DSecError):
     code = "job_not_found"
 
 
+class TrajectoryNotFound(DSecError):
+    """The sandbox has no trajectory log (no operation was recorded in it)."""
+
+    code = "trajectory_not_found"
+
+
 class MethodNotAllowed(DSecError):
     """The route exists but not for this HTTP method."""
 
@@ -253,6 +263,24 @@ class DirectoryNotEmpty(DSecError):
     """The directory is not empty (use recursive removal)."""
 
     code = "directory_not_empty"
+
+
+class StepConflict(DSecError):
+    """The step id is already in the sandbox's trajectory log for a different operation; a step id names one operation."""
+
+    code = "step_conflict"
+
+
+class StepInterrupted(DSecError):
+    """The step with this id was running when the edge lost it; whether it took effect is unknown. Check the sandbox and continue with a new step id."""
+
+    code = "step_interrupted"
+
+
+class IdempotencyConflict(DSecError):
+    """The idempotency key was already used by this tenant for a different request."""
+
+    code = "idempotency_conflict"
 
 
 class PayloadTooLarge(DSecError):

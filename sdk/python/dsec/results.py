@@ -27,6 +27,10 @@ __all__ = [
     "JobActionResult",
     "JobFailure",
     "SandboxEvent",
+    "ChangedFile",
+    "TrajectoryStep",
+    "Divergence",
+    "ReplayReport",
 ]
 
 
@@ -335,6 +339,10 @@ class NodeStatus:
     memory_reserved_mb: int = 0
     memory_capacity_mb: int = 0
     cgroup_version: int = 0
+    #: Sandboxes being created, waiting in the creation queue, and paused.
+    creating: int = 0
+    queued: int = 0
+    paused: int = 0
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> NodeStatus:
@@ -348,6 +356,9 @@ class NodeStatus:
             d.get("memory_reserved_mb", 0),
             d.get("memory_capacity_mb", 0),
             d.get("cgroup_version", 0),
+            d.get("creating", 0),
+            d.get("queued", 0),
+            d.get("paused", 0),
         )
 
 
@@ -544,3 +555,122 @@ class SandboxEvent:
         return cls(id=d["id"], state=d.get("state", "unknown"), job=d.get("job"),
                    state_reason=d.get("state_reason"), at=d.get("at", ""),
                    queue_position=d.get("queue_position"))
+
+
+@dataclass(slots=True)
+class ChangedFile:
+    """A file an operation wrote, made or removed (``change``: ``changed`` or
+    ``deleted``)."""
+
+    path: str
+    change: str = "changed"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ChangedFile:
+        """Parse a ``ChangedFile`` from its JSON object."""
+        return cls(d.get("path", ""), d.get("change", "changed"))
+
+
+@dataclass(slots=True)
+class TrajectoryStep:
+    """One operation of a sandbox's trajectory log.
+
+    ``kind`` is ``exec``, ``open_session``, ``close_session``, ``write_file``,
+    ``mkdir``, ``remove`` or ``extract_archive``; ``status`` is ``done``,
+    ``running`` or ``interrupted`` (it was running when the edge lost it).
+    ``result`` is what the operation's call returned (an :class:`ExecResult`
+    for ``exec``), ``error`` the error it raised, ``changed_files`` the
+    files changed while it ran (``None`` when unknown).
+    """
+
+    seq: int
+    kind: str
+    status: str
+    step_id: str | None = None
+    operation: dict[str, Any] = field(default_factory=dict)
+    result: ExecResult | dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    changed_files: list[ChangedFile] | None = None
+    changed_truncated: bool = False
+    started_at: str = ""
+    finished_at: str | None = None
+
+    @property
+    def command(self) -> str | None:
+        """The command line (or argv joined) of an ``exec`` step."""
+        cmd = self.operation.get("spec", {}).get("command") if self.kind == "exec" else None
+        if isinstance(cmd, dict):
+            if "Shell" in cmd:
+                return str(cmd["Shell"])
+            if "Argv" in cmd:
+                return " ".join(cmd["Argv"])
+        return None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TrajectoryStep:
+        """Parse a ``TrajectoryStep`` from its JSON object."""
+        kind = d.get("kind", "")
+        raw = d.get("result")
+        result: ExecResult | dict[str, Any] | None = raw
+        if kind == "exec" and isinstance(raw, dict):
+            result = ExecResult.from_json(raw)
+        changed = d.get("changed_files")
+        return cls(
+            seq=d.get("seq", 0),
+            kind=kind,
+            status=d.get("status", ""),
+            step_id=d.get("step_id"),
+            operation=d.get("operation") or {},
+            result=result,
+            error=d.get("error"),
+            changed_files=None if changed is None else [ChangedFile.from_json(c) for c in changed],
+            changed_truncated=d.get("changed_truncated", False),
+            started_at=d.get("started_at", ""),
+            finished_at=d.get("finished_at"),
+        )
+
+
+@dataclass(slots=True)
+class Divergence:
+    """Where a replayed step's outcome differs from the recorded one
+    (``field``: ``exit_code``, ``signal``, ``stdout``, ``stderr``, ``error`` or
+    ``skipped``)."""
+
+    seq: int
+    kind: str
+    field: str
+    recorded: str
+    replayed: str
+    step_id: str | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Divergence:
+        """Parse a ``Divergence`` from its JSON object."""
+        return cls(d.get("seq", 0), d.get("kind", ""), d.get("field", ""),
+                   d.get("recorded", ""), d.get("replayed", ""), d.get("step_id"))
+
+
+@dataclass(slots=True)
+class ReplayReport:
+    """The outcome of :meth:`Sandbox.replay`."""
+
+    source_id: str
+    replay_id: str
+    steps: int
+    replayed: int
+    identical: bool
+    kept: bool = False
+    divergences: list[Divergence] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> ReplayReport:
+        """Parse a ``ReplayReport`` from its JSON object."""
+        return cls(
+            source_id=d.get("source_id", ""),
+            replay_id=d.get("replay_id", ""),
+            steps=d.get("steps", 0),
+            replayed=d.get("replayed", 0),
+            identical=d.get("identical", False),
+            kept=d.get("kept", False),
+            divergences=[Divergence.from_json(x) for x in d.get("divergences", ())],
+        )

@@ -28,9 +28,11 @@ from .results import (
     FileInfo,
     PackResult,
     PauseResult,
+    ReplayReport,
     ResumeResult,
     SandboxEvent,
     SandboxInfo,
+    TrajectoryStep,
     WriteResult,
 )
 from .streams import DEFAULT_COLLECT_BYTES, ExecStream, Opening, Pty
@@ -44,6 +46,9 @@ __all__ = ["Sandbox", "Session"]
 #: the server needs a moment to kill the command (SIGTERM, then SIGKILL) and
 #: answer after the deadline.
 EXEC_GRACE_S = 30.0
+
+#: The request header that names a trajectory step.
+STEP_ID_HEADER = "x-dsec-step-id"
 
 #: Bodies at least this big are streamed from a file object.
 _INLINE_BODY = 1 << 20
@@ -73,6 +78,18 @@ def _exec_body(cmd: str | None, argv: Sequence[str] | None, timeout: float | Non
     if max_output_bytes is not None:
         body["max_output_bytes"] = max_output_bytes
     return body
+
+
+def _step_headers(step_id: str | None,
+                  base: Mapping[str, str] | None = None) -> Mapping[str, str] | None:
+    """The request headers that name a trajectory step (``None``: no step id)."""
+    if step_id is None:
+        return base
+    if not isinstance(step_id, str) or not step_id:
+        raise ValueError("step_id must be a non-empty string")
+    headers = dict(base or {})
+    headers[STEP_ID_HEADER] = step_id
+    return headers
 
 
 class Sandbox:
@@ -218,6 +235,23 @@ class Sandbox:
         except SandboxNotFound:
             pass  # already gone (deleted elsewhere, or reclaimed)
 
+    # --- trajectory ------------------------------------------------------------
+
+    async def trajectory(self) -> list[TrajectoryStep]:
+        """The sandbox's trajectory log: every operation that changed it, in
+        order, with its step id, result and the files it changed (provenance)."""
+        d = await self._t.request("GET", self._t.url(self._base + "/trajectory"))
+        return [TrajectoryStep.from_json(s) for s in d.get("steps", ())]
+
+    async def replay(self, keep: bool = False, timeout: float | None = 600) -> ReplayReport:
+        """Re-run this sandbox's log in a fresh sandbox of the same image,
+        layers and run arguments, and report where the results diverge. The
+        replay sandbox is removed afterwards unless ``keep``."""
+        d = await self._t.request("POST", self._t.url(self._base + "/replay"),
+                                  params={"keep": "true" if keep else "false"},
+                                  timeout=self._t.timeout_for(timeout))
+        return ReplayReport.from_json(d)
+
     # --- commands --------------------------------------------------------------
 
     async def run_shell(
@@ -230,6 +264,8 @@ class Sandbox:
         session: str | None = None,
         stdin: str | bytes | None = None,
         max_output_bytes: int | None = None,
+        *,
+        step_id: str | None = None,
     ) -> ExecResult:
         """Run a shell command line (``/bin/sh -c``; bash when present).
 
@@ -245,11 +281,17 @@ class Sandbox:
             stdin: text or bytes given on stdin.
             max_output_bytes: bytes kept per stream (server default 1 MiB);
                 the rest is discarded and ``truncated`` set.
+            step_id: the client's name for this step in the sandbox's
+                trajectory log. Re-issuing a step id that is already logged
+                returns the recorded result without running the command
+                again (fast-forward after a restart); a different command
+                under a logged step id raises :class:`StepConflict`.
 
         A non-zero exit code is not an error: it is in the result.
         """
         body = _exec_body(cmd, None, timeout, env, cwd, user, session, stdin, max_output_bytes)
         d = await self._t.request("POST", self._exec_url, json_body=body,
+                                  headers=_step_headers(step_id),
                                   timeout=self._t.timeout_for(timeout, EXEC_GRACE_S))
         return ExecResult.from_json(d)
 
@@ -263,6 +305,8 @@ class Sandbox:
         session: str | None = None,
         stdin: str | bytes | None = None,
         max_output_bytes: int | None = None,
+        *,
+        step_id: str | None = None,
     ) -> ExecResult:
         """Run a program with arguments, without a shell (``argv[0]`` is looked
         up in ``PATH``). Arguments as for :meth:`run_shell`."""
@@ -271,6 +315,7 @@ class Sandbox:
                             "command line")
         body = _exec_body(None, argv, timeout, env, cwd, user, session, stdin, max_output_bytes)
         d = await self._t.request("POST", self._exec_url, json_body=body,
+                                  headers=_step_headers(step_id),
                                   timeout=self._t.timeout_for(timeout, EXEC_GRACE_S))
         return ExecResult.from_json(d)
 
@@ -352,7 +397,8 @@ class Sandbox:
     # --- sessions ----------------------------------------------------------------
 
     async def create_session(self, env: Mapping[str, str] | None = None,
-                             cwd: str | None = None, user: str | None = None) -> Session:
+                             cwd: str | None = None, user: str | None = None,
+                             *, step_id: str | None = None) -> Session:
         """Open a persistent shell session: the working directory and exported
         variables carry over between the commands run in it."""
         body: dict[str, Any] = {}
@@ -362,7 +408,8 @@ class Sandbox:
             body["cwd"] = cwd
         if user is not None:
             body["user"] = user
-        d = await self._t.request("POST", self._t.url(self._base + "/sessions"), json_body=body)
+        d = await self._t.request("POST", self._t.url(self._base + "/sessions"), json_body=body,
+                                  headers=_step_headers(step_id))
         return Session(self, d["session_id"])
 
     # --- terminals -------------------------------------------------------------
@@ -402,7 +449,8 @@ class Sandbox:
         return (await self.read_file(path)).decode(encoding)
 
     async def write_file(self, path: str, data: bytes | str, mode: int | None = None,
-                         parents: bool = True, owner: str | None = None) -> WriteResult:
+                         parents: bool = True, owner: str | None = None,
+                         *, step_id: str | None = None) -> WriteResult:
         """Write a whole file (``str`` as UTF-8), atomically.
 
         Args:
@@ -422,7 +470,7 @@ class Sandbox:
         # instead of one write that would stall the event loop.
         body: bytes | io.BytesIO = data if len(data) < _INLINE_BODY else io.BytesIO(data)
         d = await self._t.request("PUT", self._files_url, data=body, params=params,
-                                  headers=Transport.OCTET_HEADERS,
+                                  headers=_step_headers(step_id, Transport.OCTET_HEADERS),
                                   timeout=self._t.timeout_for(None))
         return WriteResult.from_json(d or {"path": path, "bytes": len(data)})
 
@@ -446,20 +494,25 @@ class Sandbox:
             return False
         return True
 
-    async def mkdir(self, path: str, parents: bool = True, mode: int | None = None) -> None:
+    async def mkdir(self, path: str, parents: bool = True, mode: int | None = None,
+                    *, step_id: str | None = None) -> None:
         """Create a directory (with its parents by default)."""
         body: dict[str, Any] = {"path": path, "parents": parents}
         if mode is not None:
             body["mode"] = int(mode)
-        await self._t.request("POST", self._t.url(self._base + "/files/mkdir"), json_body=body)
+        await self._t.request("POST", self._t.url(self._base + "/files/mkdir"), json_body=body,
+                              headers=_step_headers(step_id))
 
-    async def remove(self, path: str, recursive: bool = False) -> None:
+    async def remove(self, path: str, recursive: bool = False,
+                     *, step_id: str | None = None) -> None:
         """Remove a file, or a directory (non-empty only with ``recursive``)."""
         await self._t.request("DELETE", self._files_url,
-                              params={"path": path, "recursive": "true" if recursive else "false"})
+                              params={"path": path, "recursive": "true" if recursive else "false"},
+                              headers=_step_headers(step_id))
 
     async def upload(self, local_path: str | os.PathLike[str], remote_path: str,
-                     mode: int | None = None, owner: str | None = None) -> WriteResult:
+                     mode: int | None = None, owner: str | None = None,
+                     *, step_id: str | None = None) -> WriteResult:
         """Copy a local file or directory into the sandbox, streaming it.
 
         A file is written at ``remote_path`` (with the local file's permission
@@ -473,7 +526,8 @@ class Sandbox:
             try:
                 d = await self._t.request(
                     "PUT", self._t.url(self._base + "/archive"), data=chunks,
-                    params={"path": remote_path}, headers=Transport.TAR_HEADERS,
+                    params={"path": remote_path},
+                    headers=_step_headers(step_id, Transport.TAR_HEADERS),
                     timeout=self._t.timeout_for(None))
             finally:
                 await chunks.aclose()
@@ -485,7 +539,7 @@ class Sandbox:
             if owner is not None:
                 params["owner"] = owner
             d = await self._t.request("PUT", self._files_url, data=f, params=params,
-                                      headers=Transport.OCTET_HEADERS,
+                                      headers=_step_headers(step_id, Transport.OCTET_HEADERS),
                                       timeout=self._t.timeout_for(None))
         return WriteResult.from_json(d or {"path": remote_path, "bytes": 0})
 
@@ -550,24 +604,26 @@ class Session:
 
     async def run(self, cmd: str, timeout: float | None = None,
                   env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
-                  max_output_bytes: int | None = None) -> ExecResult:
+                  max_output_bytes: int | None = None, *, step_id: str | None = None) -> ExecResult:
         """Run a command line in the session."""
         return await self.sandbox.run_shell(cmd, timeout=timeout, env=env, session=self.id,
-                                            stdin=stdin, max_output_bytes=max_output_bytes)
+                                            stdin=stdin, max_output_bytes=max_output_bytes,
+                                            step_id=step_id)
 
     def stream(self, cmd: str, timeout: float | None = None,
                env: Mapping[str, str] | None = None) -> Opening[ExecStream]:
         """Run a command line in the session, its output streamed."""
         return self.sandbox.stream_shell(cmd, timeout=timeout, env=env, session=self.id)
 
-    async def close(self) -> None:
+    async def close(self, *, step_id: str | None = None) -> None:
         """End the session and kill its processes (idempotent)."""
         if self._closed:
             return
         try:
             await self.sandbox._t.request(
                 "DELETE",
-                self.sandbox._t.url(f"{self.sandbox._base}/sessions/{Transport.quote(self.id)}"))
+                self.sandbox._t.url(f"{self.sandbox._base}/sessions/{Transport.quote(self.id)}"),
+                headers=_step_headers(step_id))
         except SessionNotFound:
             pass
         self._closed = True

@@ -44,10 +44,12 @@ from .results import (
     OutputChunk,
     PackResult,
     PauseResult,
+    ReplayReport,
     ResumeResult,
     SandboxEvent,
     SandboxInfo,
     TenantInfo,
+    TrajectoryStep,
     WriteResult,
 )
 
@@ -160,14 +162,18 @@ class DSecClient:
     def _wrap(self, sb: _asandbox.Sandbox) -> Sandbox:
         return Sandbox(self, sb)
 
-    def run(self, args: BaseRunArgs, timeout: float | None = 120) -> Sandbox:
+    def run(self, args: BaseRunArgs, timeout: float | None = 120,
+            *, idempotency_key: str | None = None) -> Sandbox:
         """Create a sandbox and wait until it runs."""
-        return self._wrap(self._run(self.aio.run(args, timeout=timeout)))
+        return self._wrap(self._run(self.aio.run(args, timeout=timeout,
+                                                 idempotency_key=idempotency_key)))
 
     def run_container(self, args: DSecContainerRunArgs | DSecRunArgs,
-                      timeout: float | None = 120) -> Sandbox:
+                      timeout: float | None = 120,
+                      *, idempotency_key: str | None = None) -> Sandbox:
         """Create a container sandbox and wait until it runs."""
-        return self._wrap(self._run(self.aio.run_container(args, timeout=timeout)))
+        return self._wrap(self._run(self.aio.run_container(args, timeout=timeout,
+                                                           idempotency_key=idempotency_key)))
 
     def fork(self, source: Sandbox | str, count: int,
              args: DSecContainerRunArgs | DSecRunArgs | None = None, *,
@@ -329,19 +335,21 @@ class Sandbox:
                   env: Mapping[str, str] | None = None, cwd: str | None = None,
                   user: str | None = None, session: str | None = None,
                   stdin: str | bytes | None = None,
-                  max_output_bytes: int | None = None) -> ExecResult:
+                  max_output_bytes: int | None = None,
+                  *, step_id: str | None = None) -> ExecResult:
         """Run a shell command line; see :meth:`dsec.Sandbox.run_shell`."""
         return self._run(self.aio.run_shell(cmd, timeout, env, cwd, user, session, stdin,
-                                            max_output_bytes))
+                                            max_output_bytes, step_id=step_id))
 
     def exec(self, argv: Sequence[str], timeout: float | None = None,
              env: Mapping[str, str] | None = None, cwd: str | None = None,
              user: str | None = None, session: str | None = None,
              stdin: str | bytes | None = None,
-             max_output_bytes: int | None = None) -> ExecResult:
+             max_output_bytes: int | None = None,
+             *, step_id: str | None = None) -> ExecResult:
         """Run a program without a shell; see :meth:`dsec.Sandbox.exec`."""
         return self._run(self.aio.exec(argv, timeout, env, cwd, user, session, stdin,
-                                       max_output_bytes))
+                                       max_output_bytes, step_id=step_id))
 
     def stream_shell(self, cmd: str, timeout: float | None = None,
                      env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -365,9 +373,18 @@ class Sandbox:
         return ExecStream(self._client, self._run(_await(opening)))
 
     def create_session(self, env: Mapping[str, str] | None = None, cwd: str | None = None,
-                       user: str | None = None) -> Session:
+                       user: str | None = None, *, step_id: str | None = None) -> Session:
         """Open a persistent shell session."""
-        return Session(self, self._run(self.aio.create_session(env=env, cwd=cwd, user=user)))
+        return Session(self, self._run(self.aio.create_session(env=env, cwd=cwd, user=user,
+                                                               step_id=step_id)))
+
+    def trajectory(self) -> list[TrajectoryStep]:
+        """The sandbox's trajectory log; see :meth:`dsec.Sandbox.trajectory`."""
+        return self._run(self.aio.trajectory())
+
+    def replay(self, keep: bool = False, timeout: float | None = 600) -> ReplayReport:
+        """Re-run the log in a fresh sandbox; see :meth:`dsec.Sandbox.replay`."""
+        return self._run(self.aio.replay(keep=keep, timeout=timeout))
 
     def pty(self, cmd: str | None = None, rows: int = 24, cols: int = 80,
             user: str | None = None, cwd: str | None = None) -> Pty:
@@ -384,10 +401,11 @@ class Sandbox:
         return self._run(self.aio.read_text(path, encoding))
 
     def write_file(self, path: str, data: bytes | str, mode: int | None = None,
-                   parents: bool = True, owner: str | None = None) -> WriteResult:
+                   parents: bool = True, owner: str | None = None,
+                   *, step_id: str | None = None) -> WriteResult:
         """Write a whole file."""
         return self._run(self.aio.write_file(path, data, mode=mode, parents=parents,
-                                             owner=owner))
+                                             owner=owner, step_id=step_id))
 
     def list_dir(self, path: str) -> list[FileInfo]:
         """The entries of a directory."""
@@ -401,18 +419,21 @@ class Sandbox:
         """True if something exists at ``path``."""
         return self._run(self.aio.exists(path))
 
-    def mkdir(self, path: str, parents: bool = True, mode: int | None = None) -> None:
+    def mkdir(self, path: str, parents: bool = True, mode: int | None = None,
+              *, step_id: str | None = None) -> None:
         """Create a directory."""
-        self._run(self.aio.mkdir(path, parents=parents, mode=mode))
+        self._run(self.aio.mkdir(path, parents=parents, mode=mode, step_id=step_id))
 
-    def remove(self, path: str, recursive: bool = False) -> None:
+    def remove(self, path: str, recursive: bool = False, *, step_id: str | None = None) -> None:
         """Remove a file or directory."""
-        self._run(self.aio.remove(path, recursive=recursive))
+        self._run(self.aio.remove(path, recursive=recursive, step_id=step_id))
 
     def upload(self, local_path: str | os.PathLike[str], remote_path: str,
-               mode: int | None = None, owner: str | None = None) -> WriteResult:
+               mode: int | None = None, owner: str | None = None,
+               *, step_id: str | None = None) -> WriteResult:
         """Copy a local file or directory into the sandbox."""
-        return self._run(self.aio.upload(local_path, remote_path, mode=mode, owner=owner))
+        return self._run(self.aio.upload(local_path, remote_path, mode=mode, owner=owner,
+                                         step_id=step_id))
 
     def download(self, remote_path: str, local_path: str | os.PathLike[str]) -> None:
         """Copy a file or directory out of the sandbox."""
@@ -454,14 +475,15 @@ class Session:
 
     def run(self, cmd: str, timeout: float | None = None,
             env: Mapping[str, str] | None = None, stdin: str | bytes | None = None,
-            max_output_bytes: int | None = None) -> ExecResult:
+            max_output_bytes: int | None = None, *, step_id: str | None = None) -> ExecResult:
         """Run a command line in the session."""
         return self.sandbox._run(self.aio.run(cmd, timeout=timeout, env=env, stdin=stdin,
-                                              max_output_bytes=max_output_bytes))
+                                              max_output_bytes=max_output_bytes,
+                                              step_id=step_id))
 
-    def close(self) -> None:
+    def close(self, *, step_id: str | None = None) -> None:
         """End the session and kill its processes."""
-        self.sandbox._run(self.aio.close())
+        self.sandbox._run(self.aio.close(step_id=step_id))
 
     def __enter__(self) -> Session:
         return self

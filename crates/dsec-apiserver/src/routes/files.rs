@@ -10,13 +10,15 @@ use bytes::Bytes;
 use dsec_agent_proto::client::{Call, CallEvent};
 use dsec_agent_proto::{Op, Reply, WriteFileSpec, MAX_CHUNK_BYTES};
 use dsec_api as api;
-use dsec_edge::{ActivityGuard, EdgeError};
+use dsec_edge::journal::MAX_KEPT_CONTENT;
+use dsec_edge::{ActivityGuard, EdgeError, StepOp, UploadStart};
+use sha2::{Digest, Sha256};
 use futures_util::StreamExt;
 
 use crate::auth::Auth;
 use crate::convert;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, QueryPairs};
+use crate::extract::{ApiJson, QueryPairs, StepId};
 use crate::state::AppState;
 
 fn unexpected(reply: Reply) -> ApiError {
@@ -49,38 +51,90 @@ async fn stream_out(mut call: Call, guard: ActivityGuard, content_type: &'static
     Ok(([(header::CONTENT_TYPE, content_type)], Body::from_stream(stream)).into_response())
 }
 
+/// What an upload's content was: its digest and size for the trajectory
+/// log, and the bytes themselves while they are few enough to keep for
+/// replay (`journal::MAX_KEPT_CONTENT`).
+struct Content {
+    hasher: Sha256,
+    bytes: u64,
+    kept: Option<Vec<u8>>,
+}
+
+impl Content {
+    fn new() -> Self {
+        Content { hasher: Sha256::new(), bytes: 0, kept: Some(Vec::new()) }
+    }
+
+    fn add(&mut self, chunk: &[u8]) {
+        self.hasher.update(chunk);
+        self.bytes += chunk.len() as u64;
+        if let Some(k) = &mut self.kept {
+            if k.len() + chunk.len() > MAX_KEPT_CONTENT {
+                self.kept = None;
+            } else {
+                k.extend_from_slice(chunk);
+            }
+        }
+    }
+
+    fn digest(&self) -> String {
+        hex::encode(self.hasher.clone().finalize())
+    }
+}
+
+/// Reads a whole upload only to learn its digest (a re-issued step).
+async fn hash_body(body: Body) -> ApiResult<Content> {
+    let mut content = Content::new();
+    content.kept = None;
+    let mut data = body.into_data_stream();
+    while let Some(chunk) = data.next().await {
+        content.add(&chunk.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?);
+    }
+    Ok(content)
+}
+
 /// Feeds a request body into a write-type call and waits for its reply. The
 /// agent may answer early (a bad path, too much data); we stop sending then.
-async fn stream_in(call: Call, body: Body) -> ApiResult<Reply> {
+async fn stream_in(call: Call, body: Body, content: &mut Content) -> Result<Reply, EdgeError> {
     let (tx, mut rx) = call.into_split();
     let send = async move {
         let mut data = body.into_data_stream();
         while let Some(chunk) = data.next().await {
-            let chunk = chunk.map_err(|e| ApiError::invalid(format!("reading the upload: {e}")))?;
+            let chunk = chunk.map_err(|e| EdgeError::Invalid(format!("reading the upload: {e}")))?;
+            content.add(&chunk);
             for piece in chunk.chunks(MAX_CHUNK_BYTES) {
                 if tx.send_data(piece).await.is_err() {
-                    return Ok::<(), ApiError>(());
+                    return Ok::<(), EdgeError>(());
                 }
             }
         }
         let _ = tx.send_eof();
         Ok(())
     };
-    let recv = async {
-        loop {
-            match rx.recv().await.map_err(EdgeError::from)? {
-                Some(CallEvent::Reply(r)) => return r.map_err(|e| ApiError::from(EdgeError::Agent(e))),
-                Some(CallEvent::Data { .. }) => {}
-                None => return Err(EdgeError::AgentUnavailable("the agent ended the call without a reply".into()).into()),
-            }
-        }
+    rx.reply_while(send).await?.map_err(EdgeError::Agent)
+}
+
+/// Runs an upload through the trajectory log: a re-issued step id gets its
+/// recorded answer (the body is read only to compare its digest), a new one
+/// streams to the agent while the content is hashed.
+async fn upload(st: &AppState, caller: &dsec_edge::Caller, id: &str, step: Option<&str>, op: StepOp, body: Body) -> ApiResult<Reply> {
+    let edge = st.nodes.owner(id)?;
+    let with_content = |op: &StepOp, c: &Content| match op.clone() {
+        StepOp::WriteFile { spec, .. } => StepOp::WriteFile { spec, digest: c.digest(), bytes: c.bytes },
+        StepOp::ExtractArchive { path, max_bytes, .. } => StepOp::ExtractArchive { path, max_bytes, digest: c.digest(), bytes: c.bytes },
+        other => other,
     };
-    tokio::pin!(send, recv);
-    let mut sent = false;
-    loop {
-        tokio::select! {
-            r = &mut recv => return r,
-            s = &mut send, if !sent => { s?; sent = true; }
+    match edge.begin_upload(caller, id, step, &op).await? {
+        UploadStart::Recorded(rec) => {
+            let content = hash_body(body).await?;
+            Ok(edge.settle_recorded(rec, &with_content(&op, &content)).await?)
+        }
+        UploadStart::Fresh { ticket, call, activity } => {
+            let mut content = Content::new();
+            let result = stream_in(call, body, &mut content).await;
+            drop(activity);
+            edge.finish_upload(ticket, &with_content(&op, &content), content.kept.as_deref(), &result).await;
+            Ok(result?)
         }
     }
 }
@@ -106,10 +160,10 @@ pub async fn read(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
 
 /// Upload a file (raw body); it appears atomically.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/files", tag = "files",
-    params(("id" = String, Path), ("path" = String, Query), ("mode" = Option<u32>, Query), ("parents" = Option<bool>, Query), ("owner" = Option<String>, Query)),
+    params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header), ("path" = String, Query), ("mode" = Option<u32>, Query), ("parents" = Option<bool>, Query), ("owner" = Option<String>, Query)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 200, body = api::WriteResult), (status = "4XX", body = api::ErrorBody)))]
-pub async fn write(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs, req: Request) -> ApiResult<Json<api::WriteResult>> {
+pub async fn write(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, q: QueryPairs, req: Request) -> ApiResult<Json<api::WriteResult>> {
     let max = st.limits.max_upload_bytes;
     check_length(req.headers(), max)?;
     let path = q.required("path")?.to_string();
@@ -121,8 +175,8 @@ pub async fn write(State(st): State<AppState>, Auth(caller): Auth, Path(id): Pat
         max_bytes: max,
         owner: q.get("owner").map(str::to_string),
     };
-    let (call, _guard) = st.nodes.owner(&id)?.open(&caller, &id, Op::WriteFile(spec)).await?;
-    match stream_in(call, req.into_body()).await? {
+    let op = StepOp::WriteFile { spec, digest: String::new(), bytes: 0 };
+    match upload(&st, &caller, &id, step.as_deref(), op, req.into_body()).await? {
         Reply::Written { bytes } => Ok(Json(api::WriteResult { path, bytes })),
         other => Err(unexpected(other)),
     }
@@ -130,11 +184,11 @@ pub async fn write(State(st): State<AppState>, Auth(caller): Auth, Path(id): Pat
 
 /// Remove a file or directory (`recursive=true` for a non-empty one).
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
-    params(("id" = String, Path), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
+    params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
     responses((status = 204), (status = "4XX", body = api::ErrorBody)))]
-pub async fn remove(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<StatusCode> {
-    let op = Op::Remove { path: q.required("path")?.to_string(), recursive: q.bool("recursive", false)? };
-    st.nodes.owner(&id)?.call(&caller, &id, op).await?;
+pub async fn remove(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, q: QueryPairs) -> ApiResult<StatusCode> {
+    let op = StepOp::Remove { path: q.required("path")?.to_string(), recursive: q.bool("recursive", false)? };
+    st.nodes.owner(&id)?.run_step(&caller, &id, step.as_deref(), op).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -168,11 +222,11 @@ pub async fn list(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
 }
 
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
-    params(("id" = String, Path)), request_body = api::MkdirRequest,
+    params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header)), request_body = api::MkdirRequest,
     responses((status = 204), (status = "4XX", body = api::ErrorBody)))]
-pub async fn mkdir(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, ApiJson(req): ApiJson<api::MkdirRequest>) -> ApiResult<StatusCode> {
-    let op = Op::Mkdir { path: req.path, parents: req.parents, mode: req.mode.unwrap_or(0o755) };
-    st.nodes.owner(&id)?.call(&caller, &id, op).await?;
+pub async fn mkdir(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, ApiJson(req): ApiJson<api::MkdirRequest>) -> ApiResult<StatusCode> {
+    let op = StepOp::Mkdir { path: req.path, parents: req.parents, mode: req.mode.unwrap_or(0o755) };
+    st.nodes.owner(&id)?.run_step(&caller, &id, step.as_deref(), op).await?;
     Ok(StatusCode::NO_CONTENT)
 }
 
@@ -188,15 +242,15 @@ pub async fn archive_get(State(st): State<AppState>, Auth(caller): Auth, Path(id
 
 /// Upload a tar stream and extract it into a directory.
 #[utoipa::path(put, path = "/v1/sandboxes/{id}/archive", tag = "files",
-    params(("id" = String, Path), ("path" = String, Query)),
+    params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header), ("path" = String, Query)),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
     responses((status = 200, body = api::WriteResult), (status = "4XX", body = api::ErrorBody)))]
-pub async fn archive_put(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs, req: Request) -> ApiResult<Json<api::WriteResult>> {
+pub async fn archive_put(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, q: QueryPairs, req: Request) -> ApiResult<Json<api::WriteResult>> {
     let max = st.limits.max_upload_bytes;
     check_length(req.headers(), max)?;
     let path = q.required("path")?.to_string();
-    let (call, _guard) = st.nodes.owner(&id)?.open(&caller, &id, Op::TarExtract { path: path.clone(), max_bytes: max }).await?;
-    match stream_in(call, req.into_body()).await? {
+    let op = StepOp::ExtractArchive { path: path.clone(), max_bytes: max, digest: String::new(), bytes: 0 };
+    match upload(&st, &caller, &id, step.as_deref(), op, req.into_body()).await? {
         Reply::Written { bytes } => Ok(Json(api::WriteResult { path, bytes })),
         Reply::Done => Ok(Json(api::WriteResult { path, bytes: 0 })),
         other => Err(unexpected(other)),

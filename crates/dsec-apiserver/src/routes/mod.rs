@@ -8,3 +8,4 @@ pub mod pack;
 pub mod pause;
 pub mod sandboxes;
 pub mod stream;
+pub mod trajectory;

@@ -4,26 +4,30 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use dsec_agent_proto::{Op, Reply, SessionSpec};
+use dsec_agent_proto::{Reply, SessionSpec};
 use dsec_api as api;
 use dsec_edge::ListFilter;
 
 use crate::auth::Auth;
 use crate::convert;
 use crate::error::{ApiError, ApiResult};
-use crate::extract::{ApiJson, QueryPairs};
+use crate::extract::{ApiJson, IdempotencyKey, QueryPairs, StepId};
+use dsec_edge::StepOp;
 use crate::state::AppState;
 
-/// Create a sandbox and wait until it runs.
+/// Create a sandbox and wait until it runs. With an `Idempotency-Key`
+/// header, a retry (same tenant, key and body) returns the same sandbox.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
+    params(("idempotency-key" = Option<String>, Header)),
     request_body = api::CreateSandboxRequest,
     responses((status = 201, body = api::Sandbox), (status = "4XX", body = api::ErrorBody), (status = "5XX", body = api::ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
     Auth(caller): Auth,
+    IdempotencyKey(key): IdempotencyKey,
     ApiJson(req): ApiJson<api::CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<api::Sandbox>)> {
-    let sandbox = st.nodes.create(&caller, req).await?;
+    let sandbox = st.nodes.create(&caller, req, key.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(sandbox)))
 }
 
@@ -64,19 +68,23 @@ pub async fn delete(State(st): State<AppState>, Auth(caller): Auth, Path(id): Pa
     Ok(StatusCode::NO_CONTENT)
 }
 
-/// Run a command to completion and return its output.
+/// Run a command to completion and return its output. With an
+/// `x-dsec-step-id` already in the trajectory log, the recorded result.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
-    params(("id" = String, Path)), request_body = api::ExecRequest,
+    params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header)), request_body = api::ExecRequest,
     responses((status = 200, body = api::ExecResponse), (status = "4XX", body = api::ErrorBody)))]
 pub async fn exec(
     State(st): State<AppState>,
     Auth(caller): Auth,
     Path(id): Path<String>,
+    StepId(step): StepId,
     ApiJson(req): ApiJson<api::ExecRequest>,
 ) -> ApiResult<Json<api::ExecResponse>> {
     let spec = convert::exec_spec(&req, false)?;
-    let result = st.nodes.owner(&id)?.exec(&caller, &id, spec).await?;
-    Ok(Json(convert::exec_response(result, req.encoding.unwrap_or_default())))
+    match st.nodes.owner(&id)?.run_step(&caller, &id, step.as_deref(), StepOp::Exec { spec }).await? {
+        Reply::Exited(result) => Ok(Json(convert::exec_response(result, req.encoding.unwrap_or_default()))),
+        other => Err(ApiError::new(api::ErrorCode::Internal, format!("unexpected agent reply {other:?}"))),
+    }
 }
 
 /// Open a persistent shell session (cwd and exported variables carry over).
@@ -87,6 +95,7 @@ pub async fn create_session(
     State(st): State<AppState>,
     Auth(caller): Auth,
     Path(id): Path<String>,
+    StepId(step): StepId,
     body: axum::body::Bytes,
 ) -> ApiResult<impl IntoResponse> {
     // The body is optional: an empty one means defaults.
@@ -96,7 +105,7 @@ pub async fn create_session(
         serde_json::from_slice(&body).map_err(|e| ApiError::invalid(format!("invalid session request: {e}")))?
     };
     let spec = SessionSpec { env: req.env.into_iter().collect(), cwd: req.cwd, user: req.user };
-    match st.nodes.owner(&id)?.call(&caller, &id, Op::OpenSession(spec)).await? {
+    match st.nodes.owner(&id)?.run_step(&caller, &id, step.as_deref(), StepOp::OpenSession { spec }).await? {
         Reply::Session { session_id } => Ok((StatusCode::CREATED, Json(api::SessionInfo { session_id }))),
         other => Err(ApiError::new(api::ErrorCode::Internal, format!("unexpected agent reply {other:?}"))),
     }
@@ -109,7 +118,8 @@ pub async fn delete_session(
     State(st): State<AppState>,
     Auth(caller): Auth,
     Path((id, sid)): Path<(String, String)>,
+    StepId(step): StepId,
 ) -> ApiResult<StatusCode> {
-    st.nodes.owner(&id)?.call(&caller, &id, Op::CloseSession { session_id: sid }).await?;
+    st.nodes.owner(&id)?.run_step(&caller, &id, step.as_deref(), StepOp::CloseSession { session_id: sid }).await?;
     Ok(StatusCode::NO_CONTENT)
 }

@@ -117,20 +117,22 @@ def _swapoff_under(path: Path) -> None:
             Path(swap).unlink(missing_ok=True)
 
 
-def _stop(pid: int, proc: subprocess.Popen[bytes]) -> None:
+def _stop(pid: int, proc: subprocess.Popen[bytes], kill_group: bool = True) -> None:
     """Stop the server by its PID: SIGTERM for a clean shutdown, then SIGKILL
     for the process group it leads (started with a new session, so the group
-    holds only the server and its children)."""
+    holds only the server and its children), unless its sandboxes must
+    outlive it (``kill_group=False``: their agents are in that group too)."""
     if proc.poll() is None:
         os.kill(pid, signal.SIGTERM)
         try:
             proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             pass
-    try:
-        os.killpg(pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    if kill_group:
+        try:
+            os.killpg(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
     if proc.poll() is None:
         proc.wait(timeout=10)
 
@@ -150,14 +152,19 @@ def server() -> Iterator[Server]:
     yield from serve_dsec(["--fncall-pools", "python=2:4,bash=1:2,c=0:2,cpp=1:2"])
 
 
-def serve_dsec(extra_args: list[str]) -> Iterator[Server]:
+def serve_dsec(extra_args: list[str], data_dir: Path | None = None, node: str | None = None,
+               stop_sandboxes_on_exit: bool = True) -> Iterator[Server]:
     """Run a ``dsec up`` of its own (node, port, data dir) until the
-    generator is closed; ``extra_args`` go to its command line."""
+    generator is closed; ``extra_args`` go to its command line.
+
+    A restart is two of these in turn with the same ``data_dir`` (kept:
+    the caller removes it) and ``node``, the first one without
+    ``stop_sandboxes_on_exit`` so its sandboxes outlive it."""
     binary = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
     if not (binary.is_file() and os.access(binary, os.X_OK)):
         pytest.fail(f"the dsec server binary {binary} is missing or not executable: build it "
                     "with `cargo build --release` or point DSEC_BIN at it", pytrace=False)
-    given = os.environ.get("DSEC_DATA_DIR")
+    given = str(data_dir) if data_dir is not None else os.environ.get("DSEC_DATA_DIR")
     data_dir = Path(given) if given else Path(tempfile.mkdtemp(prefix="dsec-e2e-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     log_dir = Path(tempfile.mkdtemp(prefix="dsec-e2e-log-"))
@@ -166,9 +173,10 @@ def serve_dsec(extra_args: list[str]) -> Iterator[Server]:
     url = f"http://127.0.0.1:{port}"
     # A node name of its own: a `dsec up` already running on this host (with
     # the default name) keeps its sandboxes and cgroups apart from ours.
-    node = f"e2e-{uuid.uuid4().hex[:10]}"
+    node = node or f"e2e-{uuid.uuid4().hex[:10]}"
+    stop_flag = ["--stop-sandboxes-on-exit"] if stop_sandboxes_on_exit else []
     cmd = [str(binary), "up", "--data-dir", str(data_dir), "--listen", f"127.0.0.1:{port}",
-           "--node", node, "--stop-sandboxes-on-exit",
+           "--node", node, *stop_flag,
            # Small enough that test_bad_input can exceed it cheaply.
            "--max-upload-mb", str(MAX_UPLOAD_MB),
            # Room for test_scale's thousand small sandboxes.
@@ -212,7 +220,7 @@ def serve_dsec(extra_args: list[str]) -> Iterator[Server]:
         srv.admin_token = token_file.read_text().strip()
         yield srv
     finally:
-        _stop(proc.pid, proc)
+        _stop(proc.pid, proc, kill_group=stop_sandboxes_on_exit)
         _swapoff_under(data_dir)
         shutil.rmtree(log_dir, ignore_errors=True)
         if not given:

@@ -219,6 +219,10 @@ async def test_a_node_that_goes_away_is_unavailable_and_skipped(cluster: Cluster
         with pytest.raises(dsec.DSecError) as err:
             await on_victim[0].run_shell("true")
         assert err.value.code == "edge_unavailable"
+        # Its record answers with what is known: state unknown.
+        info = await c.get(on_victim[0].id)
+        assert (info.id, info.state) == (on_victim[0].id, "unknown")
+        assert "cannot be reached" in (info.state_reason or "")
         # New sandboxes land on the node that is left.
         survivor = await c.run_container(_args())
         assert not survivor.id.startswith(victim_name + ".")
