@@ -21,6 +21,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use dsec_agent_proto::client::ClientError;
 use dsec_agent_proto::{ChangedPath, ExecResult, ExecSpec, Op, Reply, SessionSpec, WriteFileSpec};
 use dsec_api::ErrorCode;
 use serde::{Deserialize, Serialize};
@@ -33,6 +34,9 @@ use crate::model::Caller;
 
 /// Paths reported per step, at most.
 const MAX_CHANGED_PATHS: u32 = 1000;
+/// The walk of the writable layer holds the sandbox's next step: bounded,
+/// so an agent that stops answering cannot wedge the sandbox's log.
+const WALK_TIMEOUT: Duration = Duration::from_secs(10);
 /// How often a re-issued step id polls a step that is still running.
 const RUNNING_POLL: Duration = Duration::from_millis(20);
 
@@ -371,7 +375,7 @@ impl Edge {
 
     async fn changed_since(&self, inst: &Instance, since: (i64, u32)) -> Option<StoredChanges> {
         let op = Op::ChangedSince { since_sec: since.0, since_nsec: since.1, max_paths: MAX_CHANGED_PATHS };
-        match inst.agent.call(op).await {
+        match tokio::time::timeout(WALK_TIMEOUT, inst.agent.call(op)).await.unwrap_or(Err(ClientError::Closed)) {
             Ok(Reply::Changed { paths, truncated }) => Some(StoredChanges { paths, truncated }),
             Ok(other) => {
                 tracing::debug!(?other, "unexpected reply to ChangedSince");
