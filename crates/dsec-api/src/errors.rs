@@ -58,6 +58,7 @@ error_codes! {
     TrajectoryNotFound = ("trajectory_not_found", 404, "The sandbox has no trajectory log (no operation was recorded in it)."),
     MethodNotAllowed = ("method_not_allowed", 405, "The route exists but not for this HTTP method."),
     SandboxNotRunning = ("sandbox_not_running", 409, "The sandbox is not running (stopped, failed or still starting)."),
+    JobAlreadyPaused = ("job_already_paused", 409, "Every live sandbox of this job is already paused: nothing was done (a retried pause can take this as success)."),
     SandboxEnded = ("sandbox_ended", 409, "The sandbox has stopped or failed: its processes are gone, so it cannot be paused or resumed."),
     AlreadyExists = ("already_exists", 409, "Something already exists at this path or with this name."),
     DirectoryNotEmpty = ("directory_not_empty", 409, "The directory is not empty (use recursive removal)."),

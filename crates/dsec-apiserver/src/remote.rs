@@ -157,7 +157,9 @@ impl RemoteNode {
             dsec_edge::JobAction::Pause => "pause",
             dsec_edge::JobAction::Resume => "resume",
         };
-        let path = format!("/v1/jobs/{}/{verb}", crate::extract::path_segment(job));
+        // Counts, not a 409, from each node: "already paused" is decided
+        // on the merged answer of all of them.
+        let path = format!("/v1/jobs/{}/{verb}?idempotent=true", crate::extract::path_segment(job));
         self.json(caller, axum::http::Method::POST, &path, None).await
     }
 

@@ -268,15 +268,19 @@ class DSecClient:
 
     # --- jobs ------------------------------------------------------------------
 
-    async def pause_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
+    async def pause_job(self, job: str, timeout: float | None = 300, *,
+                        idempotent: bool = False) -> JobActionResult:
         """Pause every live sandbox of ``job`` on every node, in parallel.
 
-        Idempotent: sandboxes already paused count as ``unchanged`` (pausing a
-        paused job succeeds with ``changed == 0``). Raises
+        Sandboxes already paused count as ``unchanged``. Raises
+        :class:`JobAlreadyPaused` if every live sandbox of the job was paused
+        already (nothing done; a retried pause may take it as success) and
         :class:`JobNotFound` if no sandbox of the job is visible. Sandboxes
-        that could not be paused are listed in ``failed``.
+        that could not be paused are listed in ``failed``. With
+        ``idempotent=True`` an already-paused job answers with its counts
+        (``changed == 0``) instead of raising.
         """
-        return await self._job_action(job, "pause", timeout)
+        return await self._job_action(job, "pause", timeout, idempotent)
 
     async def resume_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
         """Resume every paused sandbox of ``job`` (stopped ones count as
@@ -284,9 +288,11 @@ class DSecClient:
         sandbox resumes it first."""
         return await self._job_action(job, "resume", timeout)
 
-    async def _job_action(self, job: str, verb: str, timeout: float | None) -> JobActionResult:
+    async def _job_action(self, job: str, verb: str, timeout: float | None,
+                          idempotent: bool = False) -> JobActionResult:
         d = await self._transport.request(
             "POST", self._transport.url(f"/v1/jobs/{Transport.quote(job)}/{verb}"),
+            params={"idempotent": "true"} if idempotent else None,
             timeout=self._transport.timeout_for(timeout))
         return JobActionResult.from_json(d)
 

@@ -51,6 +51,7 @@ __all__ = [
     "TrajectoryNotFound",
     "MethodNotAllowed",
     "SandboxNotRunning",
+    "JobAlreadyPaused",
     "SandboxEnded",
     "AlreadyExists",
     "DirectoryNotEmpty",
@@ -239,6 +240,12 @@ class MethodNotAllowed(DSecError):
     """The route exists but not for this HTTP method."""
 
     code = "method_not_allowed"
+
+
+class JobAlreadyPaused(DSecError):
+    """Every live sandbox of this job is already paused: nothing was done."""
+
+    code = "job_already_paused"
 
 
 class SandboxNotRunning(DSecError):

@@ -214,9 +214,10 @@ class DSecClient:
         """The runner pools."""
         return self._run(self.aio.fncall_pools())
 
-    def pause_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
-        """Pause every live sandbox of a job (idempotent)."""
-        return self._run(self.aio.pause_job(job, timeout=timeout))
+    def pause_job(self, job: str, timeout: float | None = 300, *,
+                  idempotent: bool = False) -> JobActionResult:
+        """Pause every live sandbox of a job."""
+        return self._run(self.aio.pause_job(job, timeout=timeout, idempotent=idempotent))
 
     def resume_job(self, job: str, timeout: float | None = 300) -> JobActionResult:
         """Resume every paused sandbox of a job."""

@@ -23,7 +23,7 @@ from pathlib import Path
 import pytest
 
 import dsec
-from dsec import DSecClient, DSecContainerRunArgs
+from dsec import DSecClient, DSecContainerRunArgs, JobAlreadyPaused
 
 from .conftest import REPO, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
 
@@ -193,7 +193,8 @@ async def test_a_job_pauses_and_resumes_on_every_node(cluster: Cluster) -> None:
         r = await c.pause_job(job)
         assert (r.matched, r.changed, r.failed) == (6, 6, []), r
         assert len(await c.list(job=job, state="paused")) == 6
-        assert (await c.pause_job(job)).unchanged == 6
+        with pytest.raises(JobAlreadyPaused):
+            await c.pause_job(job)
         # A request through the proxy resumes a paused sandbox on its node.
         assert (await sandboxes[0].run_shell("echo back")).stdout == "back\n"
         r = await c.resume_job(job)

@@ -11,6 +11,7 @@ import uuid
 import pytest
 
 from dsec import (
+    JobAlreadyPaused,
     DSecClient,
     InvalidLimits,
     InvalidRequest,
@@ -111,8 +112,12 @@ async def test_job_pause_and_resume_act_on_every_sandbox(client: DSecClient, adm
         assert len(await client.list(job=job, state="paused")) == 4
         # Paused sandboxes do not count against the running quota.
         assert (await admin.health()).nodes[0].sandboxes == slots_before - 4
-        again = await client.pause_job(job)
-        assert (again.changed, again.unchanged) == (0, 4), "pausing a paused job is idempotent"
+        # Pausing it again does nothing, and says so clearly.
+        with pytest.raises(JobAlreadyPaused, match="already paused"):
+            await client.pause_job(job)
+        again = await client.pause_job(job, idempotent=True)
+        assert (again.changed, again.unchanged) == (0, 4)
+        assert len(await client.list(job=job, state="paused")) == 4
 
         # A request to one resumes that one only.
         assert (await sandboxes[0].run_shell("cat /root/n")).stdout == "0\n"
