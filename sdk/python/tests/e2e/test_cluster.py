@@ -84,7 +84,9 @@ def cluster() -> Iterator[Cluster]:
                     [str(binary), "edge", "--data-dir", str(root / name), "--images-dir", images,
                      "--node", name, "--listen", f"127.0.0.1:{port}",
                      "--cluster-secret-file", str(secret), "--stop-sandboxes-on-exit",
-                     "--fncall-pools", "python=1:2"],
+                     # Idle runners go quickly: the job test below wants the
+                     # nodes equally loaded again after the FnCall test.
+                     "--fncall-pools", "python=1:2", "--fncall-idle-s", "1"],
                     stdin=subprocess.DEVNULL, stdout=f, stderr=subprocess.STDOUT,
                     start_new_session=True)
             proc = Proc(p, log)
@@ -176,10 +178,23 @@ async def test_fncall_through_the_apiserver(cluster: Cluster) -> None:
         assert len([p for p in pools if p["language"] == "python"]) == 2, pools
 
 
+async def _equally_loaded(c: DSecClient, timeout: float = 30) -> None:
+    """Waits until the watcher sees every node with the same CPU reserved
+    (runners an earlier test grew have shrunk away), so placement spreads
+    the next burst over all of them."""
+    deadline = asyncio.get_running_loop().time() + timeout
+    while True:
+        reserved = {round(n.cpu_reserved, 3) for n in (await c.health()).nodes}
+        if len(reserved) == 1 or asyncio.get_running_loop().time() > deadline:
+            return
+        await asyncio.sleep(0.2)
+
+
 async def test_a_job_pauses_and_resumes_on_every_node(cluster: Cluster) -> None:
     tenant = _create_tenant(cluster.api, "cl-job")
     job = f"cl-job-{uuid.uuid4().hex[:6]}"
     async with DSecClient(cluster.api.url, tenant.token) as c:
+        await _equally_loaded(c)
         sandboxes = await asyncio.gather(*(c.run_container(_args(job=job)) for _ in range(6)))
         assert {sb.id.split(".")[0] for sb in sandboxes} == set(cluster.edges)
         events: list[tuple[str, str]] = []
