@@ -56,7 +56,8 @@ pub struct Agent {
     /// Requests running (over every connection).
     active: Cell<usize>,
     idle: tokio::sync::Notify,
-    /// Container mode: the overlay's upper directory (see `changes`).
+    /// Container mode: the overlay's upper directory (see `changes` and
+    /// `tamper`).
     pub upper: std::cell::OnceCell<OwnedFd>,
     /// What the last walk of `upper` found new (see `changes`).
     pub changes_seen: RefCell<crate::changes::Seen>,
@@ -170,7 +171,7 @@ impl Agent {
     /// recorded as an audit event.
     pub fn shell(&self) -> &'static str {
         let shell = if crate::spawn::find_program("/bin/bash", "").is_some_and(|p| is_exec(&p)) { "/bin/bash" } else { "/bin/sh" };
-        self.tamper.check(shell, &self.audit);
+        self.tamper.check(self.upper.get(), shell, &self.audit);
         shell
     }
 }

@@ -273,12 +273,9 @@ fn serve_sandbox(chan: OwnedFd, mode: Mode, accept: impl Fn(Op) -> Option<SetupF
     write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(|e| e.to_string())?;
     let agent = Agent::new(mode, ident, root, None, null, policy());
     if let Some(upper) = upper {
-        // The same directory serves the tamper check and the changed-files
-        // walk of the trajectory log.
-        if let Ok(copy) = rustix::io::fcntl_dupfd_cloexec(&upper, 0) {
-            let _ = agent.upper.set(copy);
-        }
-        let _ = agent.tamper.upper.set(upper);
+        // Serves the tamper check and the changed-files walk of the
+        // trajectory log.
+        let _ = agent.upper.set(upper);
     }
     run(agent, chan.into(), listener)
 }

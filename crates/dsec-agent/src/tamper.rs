@@ -11,7 +11,7 @@
 //! directory (copy-up happens on any write, chmod or chown; metacopy is
 //! off), so one fstatat per watched path tells, without reading anything.
 
-use std::cell::{Cell, OnceCell, RefCell};
+use std::cell::{Cell, RefCell};
 use std::os::fd::OwnedFd;
 
 use crate::audit::Ring;
@@ -21,15 +21,14 @@ const ALSO_WATCHED: &[&str] = &["/etc/ld.so.preload"];
 
 #[derive(Default)]
 pub struct Watch {
-    /// O_PATH fd of the overlay's upper directory (container mode only).
-    pub upper: OnceCell<OwnedFd>,
     /// Already reported (once per sandbox is enough to raise the flag).
     reported: Cell<bool>,
 }
 
 impl Watch {
-    pub fn check(&self, shell: &str, audit: &RefCell<Ring>) {
-        let Some(upper) = self.upper.get() else { return };
+    /// `upper`: the overlay's upper directory (None outside containers).
+    pub fn check(&self, upper: Option<&OwnedFd>, shell: &str, audit: &RefCell<Ring>) {
+        let Some(upper) = upper else { return };
         if self.reported.get() {
             return;
         }

@@ -268,7 +268,7 @@ impl Walk<'_> {
                 let src = self.upper.join(&cur);
                 let meta = src.symlink_metadata()?;
                 // Only there to hold a changed entry: never opaque.
-                self.copy_dir(&cur.clone(), &src, &meta, false)?;
+                self.copy_dir(&cur, &src, &meta, false)?;
             }
         }
         Ok(())

@@ -35,7 +35,7 @@ pub(crate) fn import_tree(
     }
 }
 
-fn json<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, ImportError> {
+pub(crate) fn json<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, ImportError> {
     serde_json::from_slice(bytes).map_err(|source| ImportError::Json {
         what: what.to_string(),
         source,
@@ -66,11 +66,16 @@ pub(crate) fn verify_bytes(bytes: &[u8], desc: &Descriptor, what: &str) -> Resul
             actual: bytes.len() as u64,
         });
     }
+    verify_digest(bytes, &desc.digest, what)
+}
+
+/// Checks `bytes` against a `sha256:...` digest.
+pub(crate) fn verify_digest(bytes: &[u8], digest: &str, what: &str) -> Result<(), ImportError> {
     let actual = Digest::of_bytes(bytes);
-    if actual != parse_digest(&desc.digest)? {
+    if actual != parse_digest(digest)? {
         return Err(ImportError::DigestMismatch {
             what: what.to_string(),
-            expected: desc.digest.clone(),
+            expected: digest.to_string(),
             actual: format!("sha256:{}", actual.hex()),
         });
     }
@@ -248,14 +253,7 @@ fn import_docker_save(
     // Config paths are `<hex>.json` (older) or `blobs/sha256/<hex>`: the
     // hex is the config's own digest either way.
     if let Some(expected) = digest_in_path(&entry.config) {
-        let actual = Digest::of_bytes(&config_bytes);
-        if actual != expected {
-            return Err(ImportError::DigestMismatch {
-                what: "image config".into(),
-                expected: format!("sha256:{}", expected.hex()),
-                actual: format!("sha256:{}", actual.hex()),
-            });
-        }
+        verify_digest(&config_bytes, &format!("sha256:{}", expected.hex()), "image config")?;
     }
     let config_blob: ImageConfigBlob = json("image config", &config_bytes)?;
     let wanted = options.platform.clone().unwrap_or_else(host_platform);
