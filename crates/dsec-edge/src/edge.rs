@@ -239,6 +239,25 @@ impl Edge {
     /// Opens the edge's state, re-adopts or cleans up what an earlier edge
     /// left, reaps strays, and starts the background loops.
     pub async fn start(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>) -> Result<Edge, EdgeError> {
+        // A start that fails half-way must not leave the node's mounts
+        // (layer mounts, the shared sysfs) behind.
+        let mut undo = StartUndo { rootfs: Some(rootfs.clone()), container: None };
+        let (edge, records) = Self::assemble(config, rootfs, &mut undo).await?;
+        undo.disarm();
+        edge.recover(records).await;
+        edge.reap_once().await;
+        edge.spawn_background_loops();
+        tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.cgroups.version(), "edge ready");
+        Ok(edge)
+    }
+
+    /// Builds the edge; the sandbox records it found are recovered by the
+    /// caller once nothing can fail any more.
+    async fn assemble(
+        config: EdgeConfig,
+        rootfs: Arc<dyn RootfsProvider>,
+        undo: &mut StartUndo,
+    ) -> Result<(Edge, Vec<crate::model::SandboxRecord>), EdgeError> {
         crate::ids::validate_node_name(&config.node).map_err(EdgeError::Invalid)?;
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
@@ -252,6 +271,7 @@ impl Edge {
             container = container.without_syscall_filter();
         }
         let container = Arc::new(container);
+        undo.container = Some(container.clone());
         let microvm = match &config.vm {
             None => Err("the edge was started without microVM support".to_string()),
             Some(vm) => crate::microvm::MicroVmBackend::new(
@@ -298,12 +318,7 @@ impl Edge {
             rootfs,
             shutdown: watch::channel(false).0,
         });
-        let edge = Edge { inner };
-        edge.recover(records).await;
-        edge.reap_once().await;
-        edge.spawn_background_loops();
-        tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.cgroups.version(), "edge ready");
-        Ok(edge)
+        Ok((Edge { inner }, records))
     }
 
     pub fn node(&self) -> &str {
@@ -416,6 +431,30 @@ fn raise_fd_limit() {
         if libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) == 0 && lim.rlim_cur < lim.rlim_max {
             lim.rlim_cur = lim.rlim_max;
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
+        }
+    }
+}
+
+/// What a failed [`Edge::start`] undoes: the node-wide mounts made so far.
+struct StartUndo {
+    rootfs: Option<Arc<dyn RootfsProvider>>,
+    container: Option<Arc<ContainerBackend>>,
+}
+
+impl StartUndo {
+    fn disarm(&mut self) {
+        self.rootfs = None;
+        self.container = None;
+    }
+}
+
+impl Drop for StartUndo {
+    fn drop(&mut self) {
+        if let Some(c) = self.container.take() {
+            crate::backend::Backend::release(c.as_ref());
+        }
+        if let Some(r) = self.rootfs.take() {
+            r.release();
         }
     }
 }

@@ -22,6 +22,7 @@ mod create_queue;
 mod edge;
 pub mod error;
 pub mod events;
+mod group_commit;
 pub mod ids;
 pub mod images;
 pub mod layers;

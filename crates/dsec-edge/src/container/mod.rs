@@ -46,7 +46,7 @@ pub struct ContainerBackend {
 impl ContainerBackend {
     pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, state_dir: &Path, setup_timeout: Duration) -> Result<Self, EdgeError> {
         let scratch_dir = state_dir.join("scratch");
-        let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
+        // Everything that can fail comes before the node's sysfs mount.
         if !agent_path.is_file() {
             return Err(EdgeError::Internal(format!("guest agent binary not found at {}", agent_path.display())));
         }
@@ -56,6 +56,7 @@ impl ContainerBackend {
             .map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
         let spawner = spawn::Spawner::new(agent_path)
             .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
+        let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
         Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true })
     }
 
