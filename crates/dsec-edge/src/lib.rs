@@ -56,5 +56,5 @@ pub use images::{PackOutput, RootfsPlan, RootfsProvider};
 pub use layers::ImageLayers;
 pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
 pub use spec::{SandboxRequest, SpecPolicy};
-pub use trajectory::{StepOp, StepTicket, TrajectoryStep, UploadStart};
+pub use trajectory::{StepOp, StepTicket, StreamStart, TrajectoryStep, UploadStart};
 pub use replay::{Divergence, ReplayReport};

@@ -184,9 +184,19 @@ impl Edge {
             };
             let mut op = step.op.clone();
             match &mut op {
+                StepOp::Pty { .. } => {
+                    divergences.push(skip("not replayed: an interactive terminal"));
+                    continue;
+                }
                 StepOp::Exec { spec } => {
                     if let Some(s) = &mut spec.session {
                         *s = sessions.get(s).cloned().unwrap_or_else(|| s.clone());
+                    }
+                    // A streamed command's interactive stdin is not kept:
+                    // it replays with none (its output then shows whether
+                    // that mattered).
+                    if spec.stdin == dsec_agent_proto::Stdin::Stream {
+                        spec.stdin = dsec_agent_proto::Stdin::Null;
                     }
                 }
                 StepOp::CloseSession { session_id } => {

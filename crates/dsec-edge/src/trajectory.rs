@@ -1,5 +1,6 @@
 //! The trajectory log: every operation that changes a sandbox (exec,
-//! session open and close, file and archive uploads, mkdir, remove) is
+//! buffered or streamed, session open and close, interactive terminals,
+//! file and archive uploads, mkdir, remove) is
 //! appended, in order, to the sandbox's log in the node's [`Journal`], with
 //! its outcome and the files it changed. Reads (stat, list, download) are
 //! not logged: they change nothing.
@@ -22,7 +23,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dsec_agent_proto::client::ClientError;
-use dsec_agent_proto::{ChangedPath, ExecResult, ExecSpec, Op, Reply, SessionSpec, WriteFileSpec};
+use dsec_agent_proto::{ChangedPath, ExecResult, ExecSpec, Op, PtySpec, Reply, SessionSpec, WriteFileSpec};
 use dsec_api::ErrorCode;
 use serde::{Deserialize, Serialize};
 
@@ -53,6 +54,10 @@ pub enum StepOp {
     Remove { path: String, recursive: bool },
     /// A tar upload extracted into `path`.
     ExtractArchive { path: String, max_bytes: u64, digest: String, bytes: u64 },
+    /// An interactive terminal, from open to exit. Recorded with its exit
+    /// status and the files it changed; never fast-forwarded or replayed
+    /// (what was typed is not an operation the log can repeat).
+    Pty { spec: PtySpec },
 }
 
 impl StepOp {
@@ -65,6 +70,7 @@ impl StepOp {
             StepOp::Mkdir { .. } => "mkdir",
             StepOp::Remove { .. } => "remove",
             StepOp::ExtractArchive { .. } => "extract_archive",
+            StepOp::Pty { .. } => "pty",
         }
     }
 
@@ -85,7 +91,7 @@ impl StepOp {
             StepOp::CloseSession { session_id } => Op::CloseSession { session_id },
             StepOp::Mkdir { path, parents, mode } => Op::Mkdir { path, parents, mode },
             StepOp::Remove { path, recursive } => Op::Remove { path, recursive },
-            StepOp::WriteFile { .. } | StepOp::ExtractArchive { .. } => return None,
+            StepOp::WriteFile { .. } | StepOp::ExtractArchive { .. } | StepOp::Pty { .. } => return None,
         })
     }
 }
@@ -145,6 +151,25 @@ pub struct StepTicket {
 pub struct RecordedStep {
     sandbox: String,
     row: StepRow,
+}
+
+/// How a streamed exec or a terminal begins.
+pub enum StreamStart {
+    /// The step id is in the log: its recorded answer (an exec's output is
+    /// in it), and nothing runs.
+    Recorded(Result<Reply, EdgeError>),
+    /// Run it: relay the call, then [`Edge::finish_stream`].
+    Fresh { ticket: StepTicket, call: dsec_agent_proto::client::Call, activity: ActivityGuard },
+}
+
+/// The operation a streamed exec is logged as. `stream_output` is how the
+/// answer travels, not what ran, so it is left out; the stdin mode stays
+/// (a streamed command's stdin comes from its client while it runs, and
+/// that input is not kept).
+pub fn streamed_exec_op(spec: &ExecSpec) -> StepOp {
+    let mut spec = spec.clone();
+    spec.stream_output = false;
+    StepOp::Exec { spec }
 }
 
 /// How an upload begins.
@@ -210,14 +235,58 @@ impl Edge {
             StepOp::ExtractArchive { path, max_bytes, .. } => Op::TarExtract { path, max_bytes },
             other => return Err(EdgeError::Internal(format!("{} is not an upload", other.kind()))),
         };
+        let (ticket, call) = self.open_logged(ticket, &inst, agent_op).await?;
+        Ok(UploadStart::Fresh { ticket, call, activity })
+    }
+
+    /// Starts a streamed exec (`Op::Exec` with `stream_output`) or a
+    /// terminal (`Op::OpenPty`, which takes no step id) through the log.
+    pub async fn begin_stream(&self, caller: &Caller, id: &str, step_id: Option<&str>, agent_op: Op) -> Result<StreamStart, EdgeError> {
+        let op = match &agent_op {
+            Op::Exec(spec) => streamed_exec_op(spec),
+            Op::OpenPty(spec) if step_id.is_none() => StepOp::Pty { spec: spec.clone() },
+            Op::OpenPty(_) => {
+                return Err(EdgeError::Invalid("an interactive terminal cannot be fast-forwarded: open it without a step id".into()))
+            }
+            other => return Err(EdgeError::Internal(format!("{other:?} is not a streamed operation"))),
+        };
+        if let Some(recorded) = self.lookup_step(caller, id, step_id)? {
+            return Ok(StreamStart::Recorded(self.settle_recorded(recorded, &op).await));
+        }
+        let (entry, inst) = self.running(caller, id).await?;
+        let activity = entry.begin();
+        let ticket = match self.begin_step(&entry, &inst, id, step_id, &op, &op.fingerprint()).await? {
+            Ok(t) => t,
+            Err(recorded) => return Ok(StreamStart::Recorded(self.settle_recorded(recorded, &op).await)),
+        };
+        let (ticket, call) = self.open_logged(ticket, &inst, agent_op).await?;
+        Ok(StreamStart::Fresh { ticket, call, activity })
+    }
+
+    /// Opens a logged step's agent call; a call that cannot be opened ends
+    /// the step as interrupted.
+    async fn open_logged(
+        &self,
+        ticket: StepTicket,
+        inst: &Instance,
+        agent_op: Op,
+    ) -> Result<(StepTicket, dsec_agent_proto::client::Call), EdgeError> {
         match inst.agent.open(agent_op).await {
-            Ok(call) => Ok(UploadStart::Fresh { ticket, call, activity }),
+            Ok(call) => Ok((ticket, call)),
             Err(e) => {
                 let e = EdgeError::from(e);
                 self.finish_step(ticket, &Err(EdgeError::AgentUnavailable(e.to_string())), None).await;
                 Err(e)
             }
         }
+    }
+
+    /// Records how a streamed operation ended. An exec's `result` carries
+    /// the output its client was sent (bounded like a buffered exec's); a
+    /// call the client left before its end is `Err` (recorded as
+    /// interrupted: the command was cancelled part-way).
+    pub async fn finish_stream(&self, ticket: StepTicket, result: &Result<Reply, EdgeError>) {
+        self.finish_step(ticket, result, None).await;
     }
 
     /// Records an upload's end. `op` now carries the content's digest;

@@ -575,11 +575,13 @@ class ChangedFile:
 class TrajectoryStep:
     """One operation of a sandbox's trajectory log.
 
-    ``kind`` is ``exec``, ``open_session``, ``close_session``, ``write_file``,
-    ``mkdir``, ``remove`` or ``extract_archive``; ``status`` is ``done``,
-    ``running`` or ``interrupted`` (it was running when the edge lost it).
+    ``kind`` is ``exec`` (buffered or streamed), ``pty`` (an interactive
+    terminal, from open to exit), ``open_session``, ``close_session``,
+    ``write_file``, ``mkdir``, ``remove`` or ``extract_archive``; ``status``
+    is ``done``, ``running`` or ``interrupted`` (it was running when the edge
+    lost it, or its client left a streamed command before its end).
     ``result`` is what the operation's call returned (an :class:`ExecResult`
-    for ``exec``), ``error`` the error it raised, ``changed_files`` the
+    for ``exec`` and ``pty``), ``error`` the error it raised, ``changed_files`` the
     files changed while it ran (``None`` when unknown).
     """
 
@@ -612,7 +614,7 @@ class TrajectoryStep:
         kind = d.get("kind", "")
         raw = d.get("result")
         result: ExecResult | dict[str, Any] | None = raw
-        if kind == "exec" and isinstance(raw, dict):
+        if kind in ("exec", "pty") and isinstance(raw, dict):
             result = ExecResult.from_json(raw)
         changed = d.get("changed_files")
         return cls(

@@ -329,6 +329,8 @@ class Sandbox:
         session: str | None = None,
         stdin: str | bytes | None = None,
         max_output_bytes: int | None = None,
+        *,
+        step_id: str | None = None,
     ) -> Opening[ExecStream]:
         """Run a shell command line, its output streamed as it is written.
 
@@ -336,10 +338,14 @@ class Sandbox:
         ``async with``. ``stdin`` given here is sent whole at the start; use
         :meth:`ExecStream.write` to feed stdin while the command runs, and
         :meth:`ExecStream.close_stdin` to end it. ``max_output_bytes`` bounds
-        the output kept in the final result.
+        the output kept in the final result (the trajectory log keeps up to
+        1 MiB of each stream).
+        ``step_id`` works as for :meth:`run_shell`: a step already in the log
+        streams its recorded output instead of running again.
         """
         body = _exec_body(cmd, None, timeout, env, cwd, user, session, stdin, None)
-        return Opening(lambda: self._open_stream(body, max_output_bytes))
+        headers = _step_headers(step_id)
+        return Opening(lambda: self._open_stream(body, max_output_bytes, headers))
 
     def stream_exec(
         self,
@@ -351,19 +357,23 @@ class Sandbox:
         session: str | None = None,
         stdin: str | bytes | None = None,
         max_output_bytes: int | None = None,
+        *,
+        step_id: str | None = None,
     ) -> Opening[ExecStream]:
         """:meth:`stream_shell` for a program with arguments, without a shell."""
         if isinstance(argv, (str, bytes)):
             raise TypeError("stream_exec() takes a list of arguments; use stream_shell()")
         body = _exec_body(None, argv, timeout, env, cwd, user, session, stdin, None)
-        return Opening(lambda: self._open_stream(body, max_output_bytes))
+        headers = _step_headers(step_id)
+        return Opening(lambda: self._open_stream(body, max_output_bytes, headers))
 
-    async def _ws_connect(self, path: str, params: Mapping[str, str] | None = None
+    async def _ws_connect(self, path: str, params: Mapping[str, str] | None = None,
+                          headers: Mapping[str, str] | None = None
                           ) -> aiohttp.ClientWebSocketResponse:
         session = await self._t.ensure_open()
         try:
             return await session.ws_connect(
-                self._t.url(self._base + path), params=params,
+                self._t.url(self._base + path), params=params, headers=headers,
                 max_msg_size=64 << 20, autoping=True, compress=0,
             )
         except aiohttp.WSServerHandshakeError as e:
@@ -384,8 +394,9 @@ class Sandbox:
                                    b'"the sandbox is not running"}}')
         return error_from_body(e.status, f"websocket upgrade refused: {e.message}".encode())
 
-    async def _open_stream(self, body: dict[str, Any], collect: int | None) -> ExecStream:
-        ws = await self._ws_connect("/exec/stream")
+    async def _open_stream(self, body: dict[str, Any], collect: int | None,
+                           headers: Mapping[str, str] | None = None) -> ExecStream:
+        ws = await self._ws_connect("/exec/stream", headers=headers)
         try:
             await ws.send_str(Transport.dumps(body))
         except BaseException:

@@ -161,6 +161,46 @@ async def test_provenance_lists_each_operation_result_and_changed_files(
         await sb.delete()
 
 
+async def test_streamed_commands_and_terminals_are_logged_and_fast_forwarded(
+        client: DSecClient) -> None:
+    sb = await client.run_container(busybox(), timeout=120)
+    try:
+        async with sb.stream_shell(APPEND.format(n=1) + " && echo oops >&2", step_id="st") as stream:
+            first = await asyncio.wait_for(stream.wait(), 30)
+        assert (first.exit_code, first.stdout, first.stderr) == (0, "1\n", "oops\n")
+        # Re-issued (a client that came back): the recorded output streams
+        # again as frames, and the command does not run a second time.
+        chunks = []
+        async with sb.stream_shell(APPEND.format(n=1) + " && echo oops >&2", step_id="st") as stream:
+            async for item in stream:
+                chunks.append(item)
+        again = chunks[-1]
+        assert (again.exit_code, again.stdout, again.stderr) == (0, "1\n", "oops\n")
+        assert [c for c in chunks[:-1] if c.stream == "stdout"][0].data == b"1\n"
+        assert (await sb.read_text("/tmp/counter")) == "1\n"
+        # The same step id for another command is a conflict, as for run_shell.
+        with pytest.raises(StepConflict):
+            async with sb.stream_shell("echo other", step_id="st") as stream:
+                await asyncio.wait_for(stream.wait(), 30)
+
+        # A terminal is logged with its exit status and the files it changed.
+        async with sb.pty(cmd="/bin/sh") as term:
+            await term.send("echo typed > /tmp/from-pty; exit 4\n")
+            ended = await asyncio.wait_for(term.wait(), 30)
+        assert ended is not None and ended.exit_code == 4
+
+        steps = await sb.trajectory()
+        kinds = [(s.kind, s.step_id, s.status) for s in steps]
+        assert kinds == [("exec", "st", "done"), ("pty", None, "done")], kinds
+        streamed, pty = steps
+        assert (streamed.result.exit_code, streamed.result.stdout) == (0, "1\n")
+        assert {f.path for f in streamed.changed_files} == {"/tmp/counter"}
+        assert pty.result.exit_code == 4
+        assert {f.path for f in pty.changed_files} == {"/tmp/from-pty"}
+    finally:
+        await sb.delete()
+
+
 async def test_dsec_replay_reports_where_a_fresh_sandbox_diverges(
         client: DSecClient, server: Server, tenant: Tenant) -> None:
     sb = await client.run_container(busybox(env={"GREETING": "hello"}), timeout=120)
