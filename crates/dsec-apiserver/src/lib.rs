@@ -26,7 +26,7 @@ pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, stream, trajectory};
+use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, stream, trajectory};
 
 pub fn openapi_json() -> String {
     openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
@@ -37,6 +37,7 @@ pub fn router(state: AppState) -> Router {
     Router::new()
         .route("/healthz", get(admin::healthz))
         .route("/openapi.json", get(move || async move { ([("content-type", "application/json")], doc) }))
+        .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(admin::nodes))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
         .route("/v1/images", get(admin::list_images))

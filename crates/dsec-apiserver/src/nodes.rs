@@ -71,7 +71,7 @@ impl Nodes {
         Self { nodes, placement: Placement::new(PLACEMENT_K) }
     }
 
-    /// Local edges (for shutdown and tests).
+    /// Local edges (for shutdown, metrics and tests).
     pub fn local_edges(&self) -> impl Iterator<Item = &Edge> {
         self.nodes.values().filter_map(|n| match n {
             Node::Local(e) => Some(e),

@@ -4,13 +4,13 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, stream, trajectory};
+use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, stream, trajectory};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dsec API", description = "Sandboxes for agentic RL: create, exec, files, streaming. Errors use the codes in components.schemas.ErrorCode."),
     paths(
-        admin::healthz, admin::nodes, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
+        admin::healthz, metrics::metrics, admin::nodes, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::stop, sandboxes::delete,
         pause::pause, pause::resume, pause::set_timeout, pack::pack, events::sandbox, audit::list,
         jobs::pause, jobs::resume, events::job,

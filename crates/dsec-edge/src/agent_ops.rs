@@ -41,6 +41,7 @@ impl Edge {
     /// Runs a command on a running sandbox's agent, bounded by the command's
     /// own timeout plus slack.
     pub(crate) async fn exec_on(&self, inst: &Instance, spec: ExecSpec) -> Result<ExecResult, EdgeError> {
+        self.inner.counters.exec();
         let deadline = spec.timeout_ms.map(|t| Duration::from_millis(t + spec.kill_grace_ms) + EXEC_SLACK);
         let call = inst.agent.call(Op::Exec(spec));
         let reply = match deadline {

@@ -212,6 +212,7 @@ pub(crate) struct EdgeInner {
     pub(crate) events: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
     /// Trajectory logs and idempotency keys (`journal.db`).
     pub(crate) journal: crate::journal::Journal,
+    pub(crate) counters: crate::metrics::Counters,
 }
 
 /// Handle to a node's edge. Cheap to clone.
@@ -308,6 +309,7 @@ impl Edge {
             create_queue,
             events: crate::events::channel(),
             journal,
+            counters: Default::default(),
             config,
             _node_lock: node_lock,
             registry: RwLock::new(HashMap::new()),

@@ -32,6 +32,7 @@ pub mod journal;
 mod jobs;
 mod lease;
 mod lifecycle;
+pub mod metrics;
 pub mod microvm;
 pub mod model;
 mod pack;

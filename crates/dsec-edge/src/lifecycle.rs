@@ -26,9 +26,14 @@ impl Edge {
         // listed, and its idle TTL reclaims it if nobody comes back for it.
         let edge = self.clone();
         let caller = caller.clone();
-        tokio::spawn(async move { edge.create_to_completion(&caller, req).await })
+        let out = tokio::spawn(async move { edge.create_to_completion(&caller, req).await })
             .await
-            .map_err(|e| EdgeError::Internal(format!("creation task failed: {e}")))?
+            .map_err(|e| EdgeError::Internal(format!("creation task failed: {e}")))?;
+        match &out {
+            Ok(rec) => self.inner.counters.created(rec.create_ms.unwrap_or(0.0)),
+            Err(_) => self.inner.counters.creation_failed(),
+        }
+        out
     }
 
     async fn create_to_completion(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, EdgeError> {

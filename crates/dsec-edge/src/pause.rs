@@ -51,21 +51,29 @@ impl Edge {
     pub async fn pause(&self, caller: &Caller, id: &str) -> Result<PauseOutcome, EdgeError> {
         // Like stop: finish even if the caller goes away.
         let (edge, caller, id) = (self.clone(), caller.clone(), id.to_string());
-        tokio::spawn(async move { edge.pause_to_completion(&caller, &id).await })
+        let out = tokio::spawn(async move { edge.pause_to_completion(&caller, &id).await })
             .await
-            .map_err(|e| EdgeError::Internal(format!("pause task failed: {e}")))?
+            .map_err(|e| EdgeError::Internal(format!("pause task failed: {e}")))?;
+        if matches!(&out, Ok(o) if o.changed) {
+            self.inner.counters.paused();
+        }
+        out
     }
 
     /// Thaws a paused sandbox. Resuming a running one changes nothing.
     pub async fn resume(&self, caller: &Caller, id: &str) -> Result<ResumeOutcome, EdgeError> {
         let (edge, caller, id) = (self.clone(), caller.clone(), id.to_string());
-        tokio::spawn(async move {
+        let out = tokio::spawn(async move {
             let entry = edge.entry(&caller, &id)?;
             let _op = entry.op_lock.lock().await;
             edge.resume_locked(&entry).await
         })
         .await
-        .map_err(|e| EdgeError::Internal(format!("resume task failed: {e}")))?
+        .map_err(|e| EdgeError::Internal(format!("resume task failed: {e}")))?;
+        if matches!(&out, Ok(o) if o.changed) {
+            self.inner.counters.resumed();
+        }
+        out
     }
 
     async fn pause_to_completion(&self, caller: &Caller, id: &str) -> Result<PauseOutcome, EdgeError> {

@@ -384,6 +384,7 @@ impl Edge {
         match journal.begin(id, step_id, op.kind(), fingerprint, &op.json()).map_err(journal_err)? {
             Begin::Existing(row) => Ok(Err(RecordedStep { sandbox: id.to_string(), row })),
             Begin::New(seq) => {
+                self.inner.counters.step();
                 if seq == 1 {
                     let rec = entry.record();
                     let spec = serde_json::to_string(&rec.spec).unwrap_or_default();

@@ -4,6 +4,7 @@ pub mod events;
 pub mod files;
 pub mod fncall;
 pub mod jobs;
+pub mod metrics;
 pub mod pack;
 pub mod pause;
 pub mod sandboxes;
