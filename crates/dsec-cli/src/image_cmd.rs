@@ -83,7 +83,7 @@ impl StoreArgs {
         self.images_dir.clone().unwrap_or_else(|| crate::default_data_dir().join("images"))
     }
 
-    fn open(&self) -> anyhow::Result<ImageStore> {
+    pub(crate) fn open(&self) -> anyhow::Result<ImageStore> {
         let dir = self.dir();
         ImageStore::open(&dir).with_context(|| format!("opening the image store at {}", dir.display()))
     }
@@ -338,7 +338,7 @@ fn short_digest(d: &str) -> &str {
     &hex[..hex.len().min(12)]
 }
 
-fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     indicatif::HumanBytes(n).to_string()
 }
 

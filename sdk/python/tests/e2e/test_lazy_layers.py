@@ -192,3 +192,30 @@ def test_s3_requests_are_signed_and_bad_credentials_refused(
     r = _dsec_image("fetch", "nope:v1", "--from", f"s3://{BUCKET}/signed", *images, env=env,
                     check=False)
     assert r.returncode != 0 and "not found" in r.stderr, r.stderr
+
+
+def test_layer_commands_list_inspect_and_refuse_to_remove_used_layers(tmp_path: Path) -> None:
+    images = ["--images-dir", str(tmp_path / "images")]
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f").write_text("x\n")
+    _dsec_image("build", "tk:v1", "--from-dir", str(tree), "--kind", "toolkit", *images)
+    digest, _ = _blob_size(tmp_path / "images", "tk:v1")
+
+    def layer(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(DSEC), "layer", *args, *images], capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert not check or proc.returncode == 0, proc.stderr
+        return proc
+
+    lines = layer("ls").stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith(f"sha256:{digest[:12]}") and "toolkit" in lines[1]
+    shown = layer("inspect", digest[:10]).stdout
+    assert f"sha256:{digest}" in shown and "image:  tk:v1 (toolkit)" in shown
+    r = layer("rm", digest[:10], check=False)
+    assert r.returncode != 0 and "used by tk:v1" in r.stderr, r.stderr
+    r = layer("inspect", "zz", check=False)
+    assert r.returncode != 0 and "invalid layer digest" in r.stderr, r.stderr
+    _dsec_image("rm", "tk:v1", *images)
+    assert f"removed sha256:{digest}" in layer("rm", digest).stdout
+    assert len(layer("ls").stdout.splitlines()) == 1
