@@ -12,6 +12,7 @@ use dsec_api::ImageInfo;
 use dsec_image::build::{build_layer_debootstrap, build_layer_from_dir, build_layer_from_tar, DebootstrapRecipe};
 use dsec_image::oci::registry::{pull, PullOptions};
 use dsec_image::oci::{import_path, parse_platform, ImportOptions};
+use dsec_image::shared::{S3Options, SharedStore};
 use dsec_image::{build_default_image, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
 use indicatif::{ProgressBar, ProgressStyle};
 
@@ -35,12 +36,15 @@ pub enum ImageCmd {
     },
     /// Delete layer blobs no image names any more, and stale temp files.
     Gc(StoreArgs),
-    /// Copy an image into a store many nodes share (`dsec up --shared-store`).
+    /// Copy an image into a store many nodes share (`dsec up --shared-store`),
+    /// with the chunk tables nodes need to load its layers on demand.
     Push {
         name: String,
-        /// The shared store directory.
+        /// The shared store: a directory, or `s3://bucket[/prefix]`.
         #[arg(long)]
-        to: PathBuf,
+        to: String,
+        #[command(flatten)]
+        s3: S3Args,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -48,9 +52,11 @@ pub enum ImageCmd {
     /// (an edge with --shared-store also does it on first use).
     Fetch {
         name: String,
-        /// The shared store directory.
+        /// The shared store: a directory, or `s3://bucket[/prefix]`.
         #[arg(long)]
-        from: PathBuf,
+        from: String,
+        #[command(flatten)]
+        s3: S3Args,
         #[command(flatten)]
         store: StoreArgs,
     },
@@ -77,7 +83,7 @@ impl StoreArgs {
         self.images_dir.clone().unwrap_or_else(|| crate::default_data_dir().join("images"))
     }
 
-    fn open(&self) -> anyhow::Result<ImageStore> {
+    pub(crate) fn open(&self) -> anyhow::Result<ImageStore> {
         let dir = self.dir();
         ImageStore::open(&dir).with_context(|| format!("opening the image store at {}", dir.display()))
     }
@@ -279,15 +285,15 @@ fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
             println!("{}", serde_json::to_string_pretty(&out)?);
             Ok(0)
         }
-        ImageCmd::Push { name, to, store } => {
+        ImageCmd::Push { name, to, s3, store } => {
             let local = store.open()?;
-            let shared = ImageStore::open(&to).with_context(|| format!("opening the shared store at {}", to.display()))?;
-            copy_between(&local, &shared, &name)
+            let shared = SharedStore::open(&to, &s3.options()).with_context(|| format!("opening the shared store {to}"))?;
+            copy_between(Direction::Push(&local, &shared), &name)
         }
-        ImageCmd::Fetch { name, from, store } => {
+        ImageCmd::Fetch { name, from, s3, store } => {
             let local = store.open()?;
-            let shared = ImageStore::open(&from).with_context(|| format!("opening the shared store at {}", from.display()))?;
-            copy_between(&shared, &local, &name)
+            let shared = SharedStore::open(&from, &s3.options()).with_context(|| format!("opening the shared store {from}"))?;
+            copy_between(Direction::Fetch(&shared, &local), &name)
         }
         ImageCmd::Gc(s) => {
             let store = s.open()?;
@@ -332,7 +338,7 @@ fn short_digest(d: &str) -> &str {
     &hex[..hex.len().min(12)]
 }
 
-fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     indicatif::HumanBytes(n).to_string()
 }
 
@@ -380,11 +386,21 @@ fn build(a: BuildArgs) -> anyhow::Result<u8> {
     }
 }
 
+/// Which way an image goes between this node and a shared store.
+enum Direction<'a> {
+    Push(&'a ImageStore, &'a SharedStore),
+    Fetch(&'a SharedStore, &'a ImageStore),
+}
+
 /// Copies one image between stores under a progress bar.
-fn copy_between(from: &ImageStore, to: &ImageStore, name: &str) -> anyhow::Result<u8> {
+fn copy_between(direction: Direction<'_>, name: &str) -> anyhow::Result<u8> {
     let reference = parse_reference(name)?;
     let bars = Bars::new(name);
-    match dsec_image::shared::copy_image(from, to, &reference, &bars) {
+    let result = match direction {
+        Direction::Push(local, shared) => dsec_image::shared::push_image(local, shared, &reference, &bars),
+        Direction::Fetch(shared, local) => dsec_image::shared::fetch_image(shared, local, &reference, &bars),
+    };
+    match result {
         Ok(s) => {
             bars.finish(format!(
                 "{} layers copied ({}), {} already there",
@@ -532,5 +548,30 @@ impl dsec_apiserver::ImageCatalog for Catalog {
             Err(dsec_image::ImageError::ImageNotFound(_)) => Ok(false),
             Err(e) => Err(e.to_string()),
         }
+    }
+}
+
+/// Where an `s3://` shared store is served (credentials come from the
+/// usual `AWS_ACCESS_KEY_ID` / `AWS_SECRET_ACCESS_KEY` / `AWS_SESSION_TOKEN`).
+#[derive(Args, Debug, Clone, Default)]
+pub struct S3Args {
+    /// S3-compatible endpoint, `http(s)://host[:port]` (default: AWS's).
+    #[arg(long, env = "DSEC_S3_ENDPOINT")]
+    pub s3_endpoint: Option<String>,
+    /// Region the requests are signed for (default: $AWS_REGION, else us-east-1).
+    #[arg(long)]
+    pub s3_region: Option<String>,
+}
+
+impl S3Args {
+    pub fn options(&self) -> S3Options {
+        let mut o = S3Options::from_env();
+        if let Some(e) = &self.s3_endpoint {
+            o.endpoint = Some(e.clone());
+        }
+        if let Some(r) = &self.s3_region {
+            o.region = r.clone();
+        }
+        o
     }
 }

@@ -4,6 +4,7 @@ mod cluster;
 mod connect;
 mod fncall_cmd;
 mod image_cmd;
+mod layer_cmd;
 mod pack_cmd;
 mod sandbox_cmd;
 mod shell;
@@ -64,6 +65,9 @@ enum Cmd {
     /// Build, list and remove images.
     #[command(subcommand)]
     Image(image_cmd::ImageCmd),
+    /// List, inspect and remove the layers images are made of.
+    #[command(subcommand)]
+    Layer(layer_cmd::LayerCmd),
     /// Print the OpenAPI document of the HTTP API.
     Openapi,
 }
@@ -110,6 +114,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Trajectory(a) => trajectory_cmd::show(a).await,
             Cmd::Replay(a) => trajectory_cmd::replay(a).await,
             Cmd::Image(c) => image_cmd::run(c).await,
+            Cmd::Layer(c) => layer_cmd::run(c).await,
             Cmd::Openapi => {
                 println!("{}", dsec_apiserver::openapi_json());
                 Ok(0)

@@ -47,11 +47,19 @@ pub struct EdgeArgs {
     /// Image store directory. Default: DATA_DIR/images.
     #[arg(long)]
     pub images_dir: Option<PathBuf>,
-    /// An image store many nodes share (a directory on NFS, CephFS, a
-    /// FUSE-mounted 3FS...): images this node lacks are fetched from it
-    /// (`dsec image push` puts them there).
+    /// An image store many nodes share: a directory (on NFS, CephFS, a
+    /// FUSE-mounted 3FS...) or `s3://bucket[/prefix]` (see --s3-endpoint).
+    /// Images this node lacks are read from it (`dsec image push` puts
+    /// them there).
     #[arg(long, env = "DSEC_SHARED_STORE")]
-    pub shared_store: Option<PathBuf>,
+    pub shared_store: Option<String>,
+    /// With --shared-store: `lazy` starts a sandbox at once and fetches
+    /// file data in chunks when first read; `eager` copies whole layers
+    /// (verified) before the sandbox starts.
+    #[arg(long, default_value = "lazy", requires = "shared_store")]
+    pub layer_fetch: dsec_edge::LayerFetch,
+    #[command(flatten)]
+    pub s3: crate::image_cmd::S3Args,
     /// With --shared-store: bound on this node's layer blobs in MiB (least
     /// recently used layers not in use are evicted; they can be fetched again).
     #[arg(long, requires = "shared_store")]
@@ -205,7 +213,7 @@ impl EdgeArgs {
         };
         let mut layers = ImageLayers::open(&images_dir, &self.data_dir.join("layers").join(&node))?;
         if let Some(shared) = &self.shared_store {
-            layers = layers.with_shared_store(shared, self.image_cache_mb)?;
+            layers = layers.with_shared_store(shared, &self.s3.options(), self.image_cache_mb, self.layer_fetch)?;
         }
         let layers = Arc::new(layers);
         let state_dir = self.data_dir.join("edge").join(&node);

@@ -1,12 +1,19 @@
 //! The edge's `RootfsProvider` over the node's image store: resolves images
 //! and mounts their EROFS layers once per node (lower dirs shared by every
 //! sandbox's overlay, and page cache shared with them).
+//!
+//! With a shared store, an image the node lacks is either loaded on demand
+//! (`LayerFetch::Lazy`, the default: manifest and chunk tables now, file
+//! data chunk by chunk when read, through `dsec_image::lazy`'s FUSE files
+//! under the EROFS mounts) or copied whole first (`LayerFetch::Eager`).
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::path::Path;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
-use dsec_image::{Digest, ImageError, ImageStore, LayerMounts, NoProgress, ResolvedImage};
+use dsec_image::lazy::{resolve_lazily, LazyLayers};
+use dsec_image::shared::{S3Options, SharedStore};
+use dsec_image::{Digest, ImageError, ImageStore, LayerMounts, NoProgress, Reference, ResolvedImage};
 
 use crate::error::EdgeError;
 use crate::images::{PackInput, PackOutput, RootfsPlan, RootfsProvider};
@@ -14,12 +21,42 @@ use crate::images::{PackInput, PackOutput, RootfsPlan, RootfsProvider};
 pub struct ImageLayers {
     store: ImageStore,
     mounts: LayerMounts,
-    shared: Option<SharedStore>,
+    shared: Option<Shared>,
+}
+
+/// How layers of an image the node lacks are brought in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LayerFetch {
+    /// The sandbox starts at once; file data is fetched when first read.
+    Lazy,
+    /// Whole layers are copied and verified before the sandbox starts.
+    Eager,
+}
+
+impl std::str::FromStr for LayerFetch {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "lazy" => Ok(LayerFetch::Lazy),
+            "eager" => Ok(LayerFetch::Eager),
+            other => Err(format!("unknown layer fetch mode {other:?} (lazy or eager)")),
+        }
+    }
+}
+
+/// On-demand state: the FUSE files and the images resolved through them.
+struct OnDemand {
+    layers: LazyLayers,
+    /// A second handle on the node's store (blobs completed on demand are
+    /// promoted into it from FUSE threads).
+    local: Arc<ImageStore>,
+    images: Mutex<HashMap<Reference, Arc<ResolvedImage>>>,
 }
 
 /// The store many nodes share, and this node's store as its cache.
-struct SharedStore {
-    store: ImageStore,
+struct Shared {
+    store: Arc<SharedStore>,
+    on_demand: Option<OnDemand>,
     /// Bound on this node's layer blobs (None: unbounded).
     cache_limit_bytes: Option<u64>,
     /// Layers by last use, least recent first.
@@ -37,12 +74,32 @@ impl ImageLayers {
         Ok(Self { store, mounts, shared: None })
     }
 
-    /// Fetches images this node lacks from the store in `dir` (a directory
-    /// many nodes share), keeping this node's layers under `cache_limit_mb`.
-    pub fn with_shared_store(mut self, dir: &Path, cache_limit_mb: Option<u64>) -> Result<Self, EdgeError> {
-        let store = ImageStore::open(dir).map_err(|e| EdgeError::Internal(format!("shared image store: {e}")))?;
-        self.shared = Some(SharedStore {
-            store,
+    /// Reads images this node lacks from a store many nodes share (`location`:
+    /// a directory, or `s3://bucket/prefix` reached with `s3`), on demand
+    /// (`fetch`: lazy) or whole (eager), keeping this node's layers under
+    /// `cache_limit_mb`. On demand, blob files are served by a FUSE mount
+    /// at `<layers dir>/.on-demand`.
+    pub fn with_shared_store(
+        mut self,
+        location: &str,
+        s3: &S3Options,
+        cache_limit_mb: Option<u64>,
+        fetch: LayerFetch,
+    ) -> Result<Self, EdgeError> {
+        let store = SharedStore::open(location, s3).map_err(|e| EdgeError::Internal(format!("shared image store: {e}")))?;
+        let on_demand = match fetch {
+            LayerFetch::Eager => None,
+            LayerFetch::Lazy => {
+                let mountpoint = self.mounts.dir().join(".on-demand");
+                let layers = LazyLayers::mount(&mountpoint)
+                    .map_err(|e| EdgeError::Internal(format!("mounting the on-demand layer filesystem at {}: {e}", mountpoint.display())))?;
+                let local = ImageStore::open(self.store.root()).map_err(|e| EdgeError::Internal(format!("image store: {e}")))?;
+                Some(OnDemand { layers, local: Arc::new(local), images: Mutex::new(HashMap::new()) })
+            }
+        };
+        self.shared = Some(Shared {
+            store: Arc::new(store),
+            on_demand,
             cache_limit_bytes: cache_limit_mb.map(|m| m << 20),
             recent: Mutex::new(Vec::new()),
             fetching: Mutex::new(()),
@@ -50,17 +107,29 @@ impl ImageLayers {
         Ok(self)
     }
 
+    /// Per-layer counters of on-demand loading (digest, bytes fetched, blob
+    /// size, complete), for logs and benchmarks.
+    pub fn on_demand_stats(&self) -> Vec<(Digest, dsec_image::lazy::BlobStats)> {
+        match self.shared.as_ref().and_then(|s| s.on_demand.as_ref()) {
+            Some(od) => od.layers.stats(),
+            None => Vec::new(),
+        }
+    }
+
     pub fn store(&self) -> &ImageStore {
         &self.store
     }
 
-    pub(crate) fn resolve_image(&self, what: &str, reference: &str) -> Result<std::sync::Arc<ResolvedImage>, EdgeError> {
+    pub(crate) fn resolve_image(&self, what: &str, reference: &str) -> Result<Arc<ResolvedImage>, EdgeError> {
         let first = self.store.resolve(reference);
         let result = match (first, &self.shared) {
-            (Err(ImageError::ImageNotFound(_) | ImageError::MissingBlob { .. }), Some(shared)) => {
-                self.fetch(shared, reference)?;
-                self.store.resolve(reference)
-            }
+            (Err(ImageError::ImageNotFound(_) | ImageError::MissingBlob { .. }), Some(shared)) => match &shared.on_demand {
+                Some(od) => self.resolve_on_demand(shared, od, reference),
+                None => {
+                    self.fetch(shared, reference)?;
+                    self.store.resolve(reference)
+                }
+            },
             (r, _) => r,
         };
         result.map_err(|e| match e {
@@ -70,27 +139,61 @@ impl ImageLayers {
         })
     }
 
+    /// An image of the shared store whose layers are served on demand:
+    /// resolved once (manifest, chunk tables checked), then remembered.
+    fn resolve_on_demand(&self, shared: &Shared, od: &OnDemand, reference: &str) -> Result<Arc<ResolvedImage>, ImageError> {
+        let parsed: Reference = reference.parse()?;
+        let known = |od: &OnDemand| od.images.lock().unwrap_or_else(|p| p.into_inner()).get(&parsed).cloned();
+        if let Some(img) = known(od) {
+            return Ok(img);
+        }
+        let _one = shared.fetching.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(img) = known(od) {
+            return Ok(img); // resolved while we waited
+        }
+        let (image, stats) = resolve_lazily(&shared.store, &od.local, &od.layers, &parsed)?;
+        tracing::info!(
+            image = reference,
+            on_demand = stats.on_demand,
+            local = stats.local,
+            copied = stats.copied,
+            "image resolved from the shared store; layer data is fetched when read"
+        );
+        let image = Arc::new(image);
+        od.images.lock().unwrap_or_else(|p| p.into_inner()).insert(parsed, Arc::clone(&image));
+        self.evict_over_limit(shared, image.layers.iter().map(|l| l.digest));
+        Ok(image)
+    }
+
     /// Copies `reference` from the shared store (whole layers, each checked
     /// against its digest), then evicts least recently used layers beyond
     /// the cache bound.
-    fn fetch(&self, shared: &SharedStore, reference: &str) -> Result<(), EdgeError> {
+    fn fetch(&self, shared: &Shared, reference: &str) -> Result<(), EdgeError> {
         let _one = shared.fetching.lock().unwrap_or_else(|p| p.into_inner());
         let parsed: dsec_image::Reference =
             reference.parse().map_err(|e| EdgeError::Invalid(format!("image {reference:?}: {e}")))?;
         if self.store.resolve_ref(&parsed).is_ok() {
             return Ok(()); // fetched while we waited
         }
-        let stats = match dsec_image::shared::copy_image(&shared.store, &self.store, &parsed, &NoProgress) {
+        let stats = match dsec_image::shared::fetch_image(&shared.store, &self.store, &parsed, &NoProgress) {
             Ok(s) => s,
             Err(ImageError::ImageNotFound(_)) => return Ok(()), // the caller reports it
             Err(e) => return Err(EdgeError::Internal(format!("fetching image {reference:?} from the shared store: {e}"))),
         };
         tracing::info!(image = reference, layers = stats.layers_copied, bytes = stats.bytes_copied, "fetched from the shared store");
+        if let Ok(img) = self.store.resolve_ref(&parsed) {
+            self.evict_over_limit(shared, img.layers.iter().map(|l| l.digest));
+        }
+        Ok(())
+    }
+
+    /// Evicts least recently used layers beyond the cache bound, sparing
+    /// mounted layers and `keep`.
+    fn evict_over_limit(&self, shared: &Shared, keep: impl Iterator<Item = Digest>) {
         if let Some(limit) = shared.cache_limit_bytes {
-            let mut keep: HashSet<Digest> = self.mounts.mounted().unwrap_or_default().into_iter().collect();
-            if let Ok(img) = self.store.resolve_ref(&parsed) {
-                keep.extend(img.layers.iter().map(|l| l.digest));
-            }
+            let mut keep: HashSet<Digest> = keep.collect();
+            keep.extend(self.mounts.mounted().unwrap_or_default());
+            keep.extend(self.on_demand_layers());
             let order = shared.recent.lock().unwrap_or_else(|p| p.into_inner()).clone();
             match dsec_image::shared::evict(&self.store, &shared.store, limit, &order, &keep) {
                 Ok(0) => {}
@@ -98,7 +201,20 @@ impl ImageLayers {
                 Err(e) => tracing::warn!(error = %e, "layer cache eviction failed"),
             }
         }
-        Ok(())
+    }
+
+    /// Layers of images resolved on demand (kept mounted like local ones).
+    fn on_demand_layers(&self) -> Vec<Digest> {
+        match self.shared.as_ref().and_then(|s| s.on_demand.as_ref()) {
+            Some(od) => od
+                .images
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .values()
+                .flat_map(|i| i.layers.iter().map(|l| l.digest))
+                .collect(),
+            None => Vec::new(),
+        }
     }
 
     /// Marks layers as just used (for the cache's LRU order).
@@ -145,7 +261,11 @@ impl RootfsProvider for ImageLayers {
 
     fn reap(&self) -> usize {
         let keep: HashSet<_> = match self.store.list() {
-            Ok(images) => images.iter().flat_map(|i| i.manifest.layers.iter().map(|l| l.digest)).collect(),
+            Ok(images) => images
+                .iter()
+                .flat_map(|i| i.manifest.layers.iter().map(|l| l.digest))
+                .chain(self.on_demand_layers())
+                .collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "reaper cannot list images; leaving layer mounts alone");
                 return 0;
@@ -161,6 +281,20 @@ impl RootfsProvider for ImageLayers {
     }
 
     fn release(&self) {
+        // Layer mounts first: an EROFS mount of an on-demand blob holds its
+        // FUSE file, and the FUSE server ends only once none does.
+        if let Err(e) = self.mounts.unmount_all_except(&HashSet::new()) {
+            tracing::warn!(error = %e, "could not unmount the layer mounts");
+        }
+        if let Some(od) = self.shared.as_ref().and_then(|s| s.on_demand.as_ref()) {
+            for (digest, s) in od.layers.stats() {
+                tracing::info!(layer = %digest, fetched_bytes = s.fetched_bytes, size = s.size, complete = s.promoted, "on-demand layer released");
+            }
+            od.images.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            if let Err(e) = od.layers.unmount() {
+                tracing::warn!(error = %e, "could not unmount the on-demand layer filesystem");
+            }
+        }
         if let Err(e) = self.mounts.unmount_everything() {
             tracing::warn!(error = %e, "could not unmount the layer mounts");
         }

@@ -54,7 +54,7 @@ pub use lease::Lease;
 pub use pack::PackRequest;
 pub use pause::{PauseOutcome, ResumeOutcome};
 pub use images::{PackOutput, RootfsPlan, RootfsProvider};
-pub use layers::ImageLayers;
+pub use layers::{ImageLayers, LayerFetch};
 pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
 pub use spec::{SandboxRequest, SpecPolicy};
 pub use trajectory::{StepOp, StepTicket, StreamStart, TrajectoryStep, UploadStart};

@@ -42,7 +42,16 @@ impl Edge {
         let spec = resolve(req, &inner.config.policy)?;
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
-        let plan = inner.rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)?;
+        // On a blocking thread: resolving an image may fetch it from a
+        // shared store (seconds, behind a lock), which must not stall the
+        // runtime's few workers and every other sandbox's I/O with them.
+        let plan = {
+            let rootfs = inner.rootfs.clone();
+            let (image, workspace, toolkits) = (spec.image.clone(), spec.workspace.clone(), spec.toolkits.clone());
+            tokio::task::spawn_blocking(move || rootfs.plan(&image, workspace.as_deref(), &toolkits))
+                .await
+                .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))??
+        };
         inner.admission.reserve(&spec.limits)?;
 
         let now = now_ms();

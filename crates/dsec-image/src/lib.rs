@@ -12,6 +12,9 @@
 //!   layers, OCI whiteouts turned into overlayfs ones ([`oci`]);
 //! - mounts layers on the host once per node for every overlay to share
 //!   ([`LayerMounts`]);
+//! - shares images between nodes through a directory or an S3-compatible
+//!   store ([`shared`]) and loads their layers on demand, chunk by chunk,
+//!   through a FUSE file under the EROFS mount ([`lazy`]);
 //! - fetches the microVM guest kernel and builds its initramfs ([`vm`]).
 
 pub mod build;
@@ -19,6 +22,7 @@ mod defaults;
 mod digest;
 pub mod erofs;
 mod fsutil;
+pub mod lazy;
 mod manifest;
 mod mountinfo;
 mod mounts;

@@ -1,6 +1,8 @@
 //! Image manifests: an ordered list of layers (bottom first) plus the
 //! process defaults a sandbox starts with. Stored as versioned JSON.
 
+use std::collections::BTreeMap;
+
 use serde::{Deserialize, Serialize};
 
 use crate::digest::Digest;
@@ -82,6 +84,11 @@ pub struct Manifest {
     /// Who made the image from what, for images packed from a sandbox.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub provenance: Option<Provenance>,
+    /// Layer digest -> digest of its chunk table (`lazy::ChunkTable`),
+    /// written by a push to a shared store: the root of trust for the
+    /// chunks a node fetches on demand. Empty in a node's own store.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub chunk_tables: BTreeMap<Digest, Digest>,
 }
 
 /// Where a packed image came from (`pack_diff`): kept with the image so a
@@ -123,6 +130,7 @@ impl Manifest {
             created_at: crate::time::now_rfc3339(),
             provenance: None,
             size_bytes,
+            chunk_tables: BTreeMap::new(),
         }
     }
 

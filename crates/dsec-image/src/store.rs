@@ -64,6 +64,10 @@ pub enum ImageError {
         #[source]
         source: ManifestError,
     },
+    #[error(transparent)]
+    Chunk(#[from] crate::lazy::ChunkError),
+    #[error("shared store {store}: {message}")]
+    SharedStore { store: String, message: String },
     #[error("disk full while writing {path}")]
     DiskFull { path: PathBuf },
     #[error("{context} {path}: {source}")]
@@ -210,6 +214,23 @@ impl ImageStore {
     /// Where the blob of `digest` lives (whether or not it is present).
     pub fn blob_path(&self, digest: &Digest) -> PathBuf {
         self.blobs.join(format!("{}.erofs", digest.hex()))
+    }
+
+    /// Where the chunk table of `digest` lives in a shared store (written
+    /// by a push, read by nodes loading the layer on demand).
+    pub fn chunk_table_path(&self, digest: &Digest) -> PathBuf {
+        self.blobs.join(format!("{}.chunks", digest.hex()))
+    }
+
+    /// Writes the chunk table of a blob (atomically, like everything else).
+    pub fn put_chunk_table(&self, digest: &Digest, bytes: &[u8]) -> Result<(), ImageError> {
+        let path = self.chunk_table_path(digest);
+        let mut temp = self.temp_file()?;
+        temp.write_all(bytes).map_err(io_err("writing chunk table", temp.path()))?;
+        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o444))
+            .map_err(io_err("setting permissions of", temp.path()))?;
+        temp.persist(&path).map_err(|e| io_err("publishing chunk table", &path)(e.error))?;
+        Ok(())
     }
 
     pub fn has_blob(&self, digest: &Digest) -> bool {
@@ -587,12 +608,15 @@ impl ImageStore {
         for entry in dir {
             let entry = entry.map_err(io_err("listing", &self.blobs))?;
             let name = entry.file_name();
-            let Some(digest) = name
-                .to_str()
-                .and_then(|n| n.strip_suffix(".erofs"))
-                .and_then(|hex| Digest::from_hex(hex).ok())
-            else {
-                continue; // not ours: leave it alone
+            let name = name.to_str().unwrap_or_default();
+            // A chunk table goes with its blob.
+            let (hex, is_blob) = match (name.strip_suffix(".erofs"), name.strip_suffix(".chunks")) {
+                (Some(hex), _) => (hex, true),
+                (None, Some(hex)) => (hex, false),
+                (None, None) => continue, // not ours: leave it alone
+            };
+            let Ok(digest) = Digest::from_hex(hex) else {
+                continue;
             };
             if referenced.contains(&digest) {
                 continue;
@@ -600,6 +624,7 @@ impl ImageStore {
             let path = entry.path();
             let size = entry.metadata().map(|m| m.len()).unwrap_or(0);
             match fs::remove_file(&path) {
+                Ok(()) if !is_blob => {}
                 Ok(()) => {
                     stats.blobs_removed += 1;
                     stats.bytes_removed += size;

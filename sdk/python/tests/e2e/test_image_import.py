@@ -150,7 +150,8 @@ def shared_node(server: Server, tmp_path_factory: pytest.TempPathFactory) -> Ite
     old = os.environ.get("DSEC_TEST_IMAGES_DIR")
     os.environ["DSEC_TEST_IMAGES_DIR"] = str(own)
     try:
-        gen = serve_dsec(["--no-fncall", "--shared-store", str(shared), "--image-cache-mb", "64"])
+        gen = serve_dsec(["--no-fncall", "--shared-store", str(shared), "--image-cache-mb", "64",
+                          "--layer-fetch", "eager"])
         node = next(gen)
     finally:
         if old is None:

@@ -1,0 +1,221 @@
+"""On-demand layers: a second node whose own image store is empty starts a
+sandbox from a shared store before the layers are local, fetching only
+the chunks the sandbox reads; once for each flavour of shared store (a
+directory, and an S3-compatible object store: moto's server on loopback,
+which checks every request's SigV4 signature against an IAM user).
+
+After the node stops, nothing is left: no FUSE or layer mount, no partial
+cache file."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from dsec import DSecClient
+
+from .conftest import REPO, _free_port, _mounts_under, run_args, serve_dsec
+
+DSEC = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
+#: The workspace layer's unused data: the sandbox reads a few KiB of it.
+BIG_MB = 24
+BUCKET = "dsec-layers"
+
+
+def _dsec_image(*args: str, env: dict[str, str] | None = None,
+                check: bool = True) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run([str(DSEC), "image", *args], capture_output=True, text=True,
+                          timeout=300, stdin=subprocess.DEVNULL, env={**os.environ, **(env or {})})
+    if check and proc.returncode != 0:
+        raise AssertionError(f"dsec image {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
+    return proc
+
+
+@dataclass
+class Source:
+    """Where the images come from: a store holding busybox and ``lazyws:v1``
+    (a workspace: a small file, a script and BIG_MB MiB of random data)."""
+
+    images: Path
+    busybox: Path
+
+
+@pytest.fixture(scope="module")
+def source(request: pytest.FixtureRequest,
+           tmp_path_factory: pytest.TempPathFactory) -> Iterator[Source]:
+    work = tmp_path_factory.mktemp("lazy-src")
+    tree = work / "tree"
+    tree.mkdir()
+    (tree / "hello.txt").write_text("hello from a lazy layer\n")
+    with open(tree / "big.bin", "wb") as f:
+        f.write(os.urandom(BIG_MB << 20))
+    images = work / "images"
+    _dsec_image("build", "lazyws:v1", "--from-dir", str(tree), "--kind", "workspace",
+                "--images-dir", str(images))
+    given = os.environ.get("DSEC_TEST_IMAGES_DIR")
+    busybox = (Path(given) if given
+               else request.getfixturevalue("server").data_dir / "images")
+    try:
+        yield Source(images=images, busybox=busybox)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def s3_server() -> Iterator[tuple[str, dict[str, str]]]:
+    """moto's S3 server on a loopback port, with signature checking on: an
+    IAM user with an S3 policy is made first, then every request must be
+    signed with its key."""
+    import boto3  # a test dependency (sdk/python[test])
+    from moto import server as moto_server
+    port = _free_port()
+    srv = moto_server.ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    srv.start()
+    endpoint = f"http://127.0.0.1:{port}"
+    try:
+        setup = {"endpoint_url": endpoint, "region_name": "us-east-1",
+                 "aws_access_key_id": "setup", "aws_secret_access_key": "setup"}
+        iam = boto3.client("iam", **setup)
+        iam.create_user(UserName="dsec")
+        iam.put_user_policy(UserName="dsec", PolicyName="s3", PolicyDocument=json.dumps({
+            "Version": "2012-10-17",
+            "Statement": [{"Effect": "Allow", "Action": "s3:*", "Resource": "*"}]}))
+        key = iam.create_access_key(UserName="dsec")["AccessKey"]
+        boto3.client("s3", **setup).create_bucket(Bucket=BUCKET)
+        # From now on moto authenticates every request (SigV4, IAM policy).
+        req = urllib.request.Request(f"{endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                     headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(req, timeout=10).read()
+        env = {"AWS_ACCESS_KEY_ID": key["AccessKeyId"],
+               "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"],
+               "AWS_REGION": "us-east-1", "DSEC_S3_ENDPOINT": endpoint}
+        yield endpoint, env
+    finally:
+        srv.stop()
+
+
+def _partial_files(own: Path) -> list[Path]:
+    tmp = own / "tmp"
+    return sorted(tmp.glob("lazy-*.partial")) if tmp.is_dir() else []
+
+
+def _allocated(path: Path) -> int:
+    """Bytes the sparse cache file really holds on disk."""
+    return os.stat(path).st_blocks * 512
+
+
+def _blob_size(images: Path, name: str) -> tuple[str, int]:
+    manifest = json.loads((images / "manifests" / f"{name.replace(':', '@')}.json").read_text())
+    layer = manifest["layers"][0]
+    return layer["digest"].split(":", 1)[1], int(layer["size"])
+
+
+@pytest.fixture(params=["dir", "s3"])
+def shared_store(request: pytest.FixtureRequest, source: Source,
+                 tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
+    """The two images pushed to a shared store of each flavour."""
+    if request.param == "dir":
+        location, env = str(tmp_path / "shared"), {}
+    else:
+        _, env = request.getfixturevalue("s3_server")
+        location = f"s3://{BUCKET}/t-{tmp_path.name}"
+    _dsec_image("push", "busybox", "--to", location, "--images-dir", str(source.busybox), env=env)
+    _dsec_image("push", "lazyws:v1", "--to", location, "--images-dir", str(source.images), env=env)
+    yield location, env
+
+
+async def test_a_node_starts_sandboxes_before_their_layers_are_local(
+        source: Source, shared_store: tuple[str, dict[str, str]], tmp_path: Path) -> None:
+    location, env = shared_store
+    own = tmp_path / "own"
+    data = tmp_path / "data"
+    hexdigest, size = _blob_size(source.images, "lazyws:v1")
+    old = {k: os.environ.get(k) for k in [*env, "DSEC_TEST_IMAGES_DIR"]}
+    os.environ.update({**env, "DSEC_TEST_IMAGES_DIR": str(own)})
+    try:
+        gen = serve_dsec(["--no-fncall", "--shared-store", location, "--image-cache-mb", "256"],
+                         data_dir=data)
+        node = next(gen)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    try:
+        async with DSecClient(endpoint=node.url, token=node.admin_token) as c:
+            sb = await c.run_container(
+                run_args("busybox", memory_limit_mb=32, workspace="lazyws:v1"), timeout=60)
+            try:
+                r = await sb.run_shell("cat /hello.txt && head -c 100000 /big.bin | wc -c")
+                assert r.stdout == "hello from a lazy layer\n100000\n", r
+                # Running, and the workspace layer is not local: it is a
+                # sparse cache file holding a small fraction of the blob.
+                assert not (own / "blobs" / "sha256" / f"{hexdigest}.erofs").exists()
+                partial = [p for p in _partial_files(own) if p.name.startswith(f"lazy-{hexdigest[:16]}-")]
+                assert len(partial) == 1, _partial_files(own)
+                held = _allocated(partial[0])
+                assert 0 < held < size // 10, (held, size)
+                assert [m for m in _mounts_under(data) if m.endswith("/.on-demand")], _mounts_under(data)
+            finally:
+                await sb.stop()
+    finally:
+        gen.close()
+    try:
+        # Clean shutdown: no FUSE or layer mount, no partial cache file.
+        assert not [line for line in open("/proc/self/mountinfo") if str(data) in line]
+        assert not _mounts_under(data)
+        assert _partial_files(own) == []
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def test_s3_requests_are_signed_and_bad_credentials_refused(
+        source: Source, s3_server: tuple[str, dict[str, str]]) -> None:
+    _, env = s3_server
+    bad = {**env, "AWS_SECRET_ACCESS_KEY": "not-the-secret"}
+    images = ["--images-dir", str(source.images)]
+    r = _dsec_image("push", "lazyws:v1", "--to", f"s3://{BUCKET}/bad", *images, env=bad, check=False)
+    assert r.returncode != 0 and "HTTP 403 access denied" in r.stderr, r.stderr
+    _dsec_image("push", "lazyws:v1", "--to", f"s3://{BUCKET}/signed", *images, env=env)
+    r = _dsec_image("fetch", "lazyws:v1", "--from", f"s3://{BUCKET}/signed", *images, env=bad,
+                    check=False)
+    assert r.returncode != 0 and "SignatureDoesNotMatch" in r.stderr, r.stderr
+    r = _dsec_image("fetch", "nope:v1", "--from", f"s3://{BUCKET}/signed", *images, env=env,
+                    check=False)
+    assert r.returncode != 0 and "not found" in r.stderr, r.stderr
+
+
+def test_layer_commands_list_inspect_and_refuse_to_remove_used_layers(tmp_path: Path) -> None:
+    images = ["--images-dir", str(tmp_path / "images")]
+    tree = tmp_path / "tree"
+    tree.mkdir()
+    (tree / "f").write_text("x\n")
+    _dsec_image("build", "tk:v1", "--from-dir", str(tree), "--kind", "toolkit", *images)
+    digest, _ = _blob_size(tmp_path / "images", "tk:v1")
+
+    def layer(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+        proc = subprocess.run([str(DSEC), "layer", *args, *images], capture_output=True,
+                              text=True, timeout=60, stdin=subprocess.DEVNULL)
+        assert not check or proc.returncode == 0, proc.stderr
+        return proc
+
+    lines = layer("ls").stdout.splitlines()
+    assert len(lines) == 2 and lines[1].startswith(f"sha256:{digest[:12]}") and "toolkit" in lines[1]
+    shown = layer("inspect", digest[:10]).stdout
+    assert f"sha256:{digest}" in shown and "image:  tk:v1 (toolkit)" in shown
+    r = layer("rm", digest[:10], check=False)
+    assert r.returncode != 0 and "used by tk:v1" in r.stderr, r.stderr
+    r = layer("inspect", "zz", check=False)
+    assert r.returncode != 0 and "invalid layer digest" in r.stderr, r.stderr
+    _dsec_image("rm", "tk:v1", *images)
+    assert f"removed sha256:{digest}" in layer("rm", digest).stdout
+    assert len(layer("ls").stdout.splitlines()) == 1
