@@ -67,6 +67,9 @@ pub struct EdgeConfig {
     pub vm: Option<crate::microvm::VmConfig>,
     /// A microVM must boot to its agent and be set up within this.
     pub vm_boot_timeout: Duration,
+    /// Per-sandbox egress (veths, eBPF allowlists, the resolver); `None`:
+    /// every sandbox has loopback only.
+    pub network: Option<dsec_net::NetConfig>,
 }
 
 impl EdgeConfig {
@@ -97,6 +100,7 @@ impl EdgeConfig {
             syscall_filter: true,
             vm: None,
             vm_boot_timeout: Duration::from_secs(60),
+            network: None,
         }
     }
 }
@@ -212,6 +216,8 @@ pub(crate) struct EdgeInner {
     pub(crate) events: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
     /// Trajectory logs and idempotency keys (`journal.db`).
     pub(crate) journal: crate::journal::Journal,
+    /// Per-sandbox egress, when the node has a network configuration.
+    pub(crate) egress: Option<dsec_net::Egress>,
 }
 
 /// Handle to a node's edge. Cheap to clone.
@@ -251,6 +257,14 @@ impl Edge {
         if !config.syscall_filter {
             container = container.without_syscall_filter();
         }
+        let (egress, denials) = match &config.network {
+            Some(net) => {
+                let (e, rx) = start_egress(net, &config, &cgroups)?;
+                container = container.with_egress(e.clone());
+                (Some(e), Some(rx))
+            }
+            None => (None, None),
+        };
         let container = Arc::new(container);
         let microvm = match &config.vm {
             None => Err("the edge was started without microVM support".to_string()),
@@ -288,6 +302,7 @@ impl Edge {
             create_queue,
             events: crate::events::channel(),
             journal,
+            egress,
             config,
             _node_lock: node_lock,
             registry: RwLock::new(HashMap::new()),
@@ -299,6 +314,9 @@ impl Edge {
             shutdown: watch::channel(false).0,
         });
         let edge = Edge { inner };
+        if let Some(rx) = denials {
+            edge.spawn_denial_forwarder(rx);
+        }
         edge.recover(records).await;
         edge.reap_once().await;
         edge.spawn_background_loops();
@@ -418,4 +436,19 @@ fn raise_fd_limit() {
             libc::setrlimit(libc::RLIMIT_NOFILE, &lim);
         }
     }
+}
+
+/// Starts the node's egress machinery (dsec-net) over the edge's cgroups.
+fn start_egress(
+    net: &dsec_net::NetConfig,
+    config: &EdgeConfig,
+    cgroups: &Cgroups,
+) -> Result<(dsec_net::Egress, tokio::sync::mpsc::Receiver<dsec_net::Denial>), EdgeError> {
+    let mounts = crate::cgroup::find_cgroup_mounts(std::path::Path::new("/proc/self/mountinfo"))
+        .map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let v2_root = mounts
+        .v2
+        .ok_or_else(|| EdgeError::Internal("egress needs a cgroup2 mount (on cgroup v1 hosts: /sys/fs/cgroup/unified)".into()))?;
+    let layout = dsec_net::CgroupLayout { v2_root, parent: config.cgroup_parent.clone(), hybrid: cgroups.version() == 1 };
+    dsec_net::Egress::start(net.clone(), &config.node, layout, &config.state_dir).map_err(|e| EdgeError::Internal(format!("egress: {e}")))
 }

@@ -33,6 +33,7 @@ mod lease;
 mod lifecycle;
 pub mod microvm;
 pub mod model;
+mod network;
 mod pack;
 mod pause;
 mod prefetch;
@@ -57,3 +58,5 @@ pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
 pub use spec::{SandboxRequest, SpecPolicy};
 pub use trajectory::{StepOp, StepTicket, TrajectoryStep, UploadStart};
 pub use replay::{Divergence, ReplayReport};
+
+pub use dsec_net::NetConfig;
