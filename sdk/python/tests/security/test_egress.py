@@ -18,6 +18,7 @@ import json
 import os
 import random
 import shutil
+import signal
 import socket
 import socketserver
 import subprocess
@@ -187,13 +188,7 @@ def mirrors() -> Iterator[str]:
         sh("ip", "netns", "del", ns, check=False)
 
 
-@pytest.fixture(scope="module")
-def net_server(mirrors: str, dns_upstream: socketserver.UDPServer) -> Iterator[tuple[Server, str, str]]:
-    """`dsec up` with a network configuration; yields it, its node and its
-    sandbox subnet. Afterwards nothing of its network may be left."""
-    node = f"egress-{uuid.uuid4().hex[:8]}"
-    subnet = f"10.{random.randrange(200, 250)}.0.0/16"
-    cfg_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-"))
+def write_config(cfg_dir: Path, subnet: str, dns_upstream: socketserver.UDPServer) -> Path:
     cfg = cfg_dir / "network.json"
     cfg.write_text(json.dumps({
         "subnet": subnet, "pool_size": POOL, "forward": True,
@@ -204,6 +199,17 @@ def net_server(mirrors: str, dns_upstream: socketserver.UDPServer) -> Iterator[t
             "debian": [{"cidr": "198.18.8.0/24", "ports": "80,443"}],
         },
     }))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def net_server(mirrors: str, dns_upstream: socketserver.UDPServer) -> Iterator[tuple[Server, str, str]]:
+    """`dsec up` with a network configuration; yields it, its node and its
+    sandbox subnet. Afterwards nothing of its network may be left."""
+    node = f"egress-{uuid.uuid4().hex[:8]}"
+    subnet = f"10.{random.randrange(200, 250)}.0.0/16"
+    cfg_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-"))
+    cfg = write_config(cfg_dir, subnet, dns_upstream)
     gen = serve_dsec(["--no-fncall", "--network-config", str(cfg)], node=node)
     try:
         yield next(gen), node, subnet
@@ -418,3 +424,48 @@ async def test_nothing_is_left_after_stop(nclient: DSecClient, net_server: tuple
     if shutil.which("bpftool"):
         tree = sh("bpftool", "cgroup", "tree", str(cg), check=False)
         assert "dsec_" not in tree, tree
+
+
+async def test_allowlists_hold_across_an_edge_restart(mirrors: str, dns_upstream: socketserver.UDPServer,
+                                                      net_server: tuple[Server, str, str]) -> None:
+    """The programs belong to the cgroup and the maps are pinned: after the
+    edge crashes the programs stay attached (fail closed), and the next edge takes the sandbox
+    back (its rules, its slot) and can change them."""
+    node = f"egress-r{uuid.uuid4().hex[:7]}"
+    subnet = "10.199.0.0/16"
+    cfg_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-"))
+    data_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-data-"))
+    cfg = write_config(cfg_dir, subnet, dns_upstream)
+    args = ["--no-fncall", "--network-config", str(cfg)]
+    try:
+        first = serve_dsec(args, data_dir=data_dir, node=node, stop_sandboxes_on_exit=False)
+        srv = next(first)
+        tenant = _create_tenant(srv, "egress-r")
+        async with DSecClient(srv.url, tenant.token) as c:
+            sb = await networked(c, {"pypi": True})
+            sid = sb.id
+            assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok")
+        os.kill(srv.pid, signal.SIGKILL)  # the edge crashes; the sandbox runs on
+        first.close()
+        cg = Path(f"/sys/fs/cgroup/unified/dsec/{node}/{sid}")
+        if shutil.which("bpftool"):
+            attached = json.loads(sh("bpftool", "-j", "cgroup", "show", str(cg)))
+            assert len(attached) == 5, attached
+        second = serve_dsec(args, data_dir=data_dir, node=node)
+        srv = next(second)
+        try:
+            async with DSecClient(srv.url, tenant.token) as c:
+                sb = await c.connect(sid)
+                assert await probe(sb, "tcp", NPM, MIRROR_PORT) == "err EPERM"
+                assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok")
+                await sb.set_network_rules({"npm": True})
+                assert (await probe(sb, "tcp", NPM, MIRROR_PORT)).startswith("ok")
+                assert await probe(sb, "tcp", PYPI, MIRROR_PORT) == "err EPERM"
+                await sb.delete()
+        finally:
+            second.close()
+        assert not cg.exists()
+        assert not Path(f"/sys/fs/bpf/dsec/{node}").exists()
+    finally:
+        shutil.rmtree(cfg_dir, ignore_errors=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
