@@ -20,6 +20,9 @@ PACKAGES=(
   qemu-utils      # qemu-img, for VM disk images
   e2fsprogs       # mkfs.ext4: a microVM's writable disk template
   cpio            # tests check the initramfs the project writes
+  clang           # compiles the egress eBPF programs (-target bpf) at build time
+  libbpf-dev      # the headers those programs include (bpf_helpers.h)
+  bpftool         # egress tests check no eBPF program is left attached
 )
 
 missing=()

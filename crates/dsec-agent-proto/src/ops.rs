@@ -62,6 +62,11 @@ pub enum Op {
     /// deleted (the upper layer holds only changes, so the walk is short).
     /// At most `max_paths`. Reply: `Changed`.
     ChangedSince { since_sec: i64, since_nsec: u32, max_paths: u32 },
+    /// Refused attempts the edge saw from outside (the eBPF egress
+    /// allowlist, the node's resolver), kept in the same ring as the
+    /// agent's own (their `seq` is ignored; the ring numbers them).
+    /// Reply: `Done`.
+    RecordAudit { events: Vec<AuditEvent> },
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
@@ -85,7 +90,8 @@ pub struct AuditEvent {
     pub seq: u64,
     /// Milliseconds since the epoch.
     pub time_ms: u64,
-    /// What kind of attempt: `syscall` (a system call the policy refuses).
+    /// What kind of attempt: `syscall` (a system call the policy refuses),
+    /// `network` (a connection, packet or DNS query no rule allows).
     pub kind: String,
     /// The pid inside the sandbox that made the attempt.
     pub pid: u32,

@@ -43,6 +43,13 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
         Op::TarExtract { path, max_bytes } => tar::extract(agent, ctx, &path, max_bytes).await,
         Op::AuditEvents { after } => Ok(Reply::Audit(agent.audit.borrow().since(after))),
         Op::ChangedSince { since_sec, since_nsec, max_paths } => changes::changed_since(agent, since_sec, since_nsec, max_paths),
+        Op::RecordAudit { events } => {
+            let mut ring = agent.audit.borrow_mut();
+            for e in events {
+                ring.push(e.time_ms, &e.kind, e.pid, e.detail);
+            }
+            Ok(Reply::Done)
+        }
         Op::Shutdown => {
             agent.kill_everything();
             // tmpfs has nothing to flush; a VM's disk does. syncfs, not

@@ -21,14 +21,18 @@ pub fn run() -> Result<(), String> {
     rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).map_err(|e| format!("fd 3: {e}"))?;
     let mut buf = [0u8; 64];
     loop {
-        let (n, channel) = match protocol::recv(sock.as_fd(), &mut buf) {
+        let (n, mut fds) = match protocol::recv_fds(sock.as_fd(), &mut buf) {
             Ok((0, _)) => return Ok(()), // the edge is gone
             Ok(v) => v,
             Err(e) => return Err(format!("spawner socket: {e}")),
         };
+        // The channel, then optionally a network namespace to join.
+        let netns = if fds.len() == 2 { fds.pop() } else { None };
+        let channel = fds.pop();
         let answer = match (protocol::decode_request(&buf[..n]), channel) {
             (Some(flags), Some(channel)) => {
-                match dsec_spawn::spawn(&exe, "dsec-agent", &["container"], flags as libc::c_int | libc::CLONE_PARENT, channel.as_fd()) {
+                let flags = flags as libc::c_int | libc::CLONE_PARENT;
+                match dsec_spawn::spawn_in(&exe, "dsec-agent", &["container"], flags, channel.as_fd(), netns.as_ref().map(|n| n.as_fd())) {
                     Ok((pid, pidfd)) => protocol::send(sock.as_fd(), &protocol::encode_answer(pid, 0), Some(pidfd.as_fd())),
                     Err(e) => protocol::send(sock.as_fd(), &protocol::encode_answer(-1, e.raw_os_error().unwrap_or(libc::EIO)), None),
                 }

@@ -77,6 +77,9 @@ error_codes! {
     RunnerFailed = ("runner_failed", 503, "The FnCall runner serving the call failed (not the call's program); it is being replaced, retry."),
     Timeout = ("timeout", 504, "The operation did not finish within its deadline."),
     NoSpace = ("no_space", 507, "The sandbox's disk is full."),
+    InvalidNetworkRule = ("invalid_network_rule", 400, "A network rule is not a service name, an IPv4 prefix (with protocol and ports) or a domain, or it names the sandboxes' own subnet."),
+    UnknownNetworkService = ("unknown_network_service", 400, "A network rule names a service this node's network configuration does not define."),
+    NetworkNotEnabled = ("network_not_enabled", 409, "The sandbox was created without network rules, so it has loopback only and its rules cannot change; create it with rules (even all false)."),
 }
 
 impl std::fmt::Display for ErrorCode {

@@ -259,3 +259,12 @@ pub struct SandboxEvent {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub queue_position: Option<u64>,
 }
+
+/// `PUT /v1/sandboxes/{id}/network`: the sandbox's network rules, replaced
+/// whole (same keys as at creation: service names, IPv4 prefixes with
+/// optional protocol and ports, domains).
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct NetworkRules {
+    pub network_rules: BTreeMap<String, bool>,
+}

@@ -17,7 +17,7 @@ mod routes;
 mod sandboxfusion;
 pub mod state;
 
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use dsec_api::ErrorCode;
 use utoipa::OpenApi;
@@ -51,6 +51,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pack", post(pack::pack))
         .route("/v1/sandboxes/{id}/events", get(events::sandbox))
         .route("/v1/sandboxes/{id}/audit", get(audit::list))
+        .route("/v1/sandboxes/{id}/network", put(audit::set_network))
         .route("/v1/jobs/{job}/pause", post(jobs::pause))
         .route("/v1/jobs/{job}/resume", post(jobs::resume))
         .route("/v1/jobs/{job}/events", get(events::job))

@@ -5,6 +5,7 @@ mod connect;
 mod fncall_cmd;
 mod image_cmd;
 mod layer_cmd;
+mod network_cmd;
 mod pack_cmd;
 mod sandbox_cmd;
 mod shell;
@@ -43,6 +44,8 @@ enum Cmd {
     /// Show what a sandbox's processes tried and were refused (blocked
     /// system calls), one event per line.
     Audit(sandbox_cmd::IdsArgs),
+    /// Replace a running sandbox's network rules (KEY=true|false ...).
+    Network(network_cmd::NetworkArgs),
     /// Stop sandboxes (their records stay for inspection).
     Stop(sandbox_cmd::IdsArgs),
     /// Stop and remove sandboxes.
@@ -105,6 +108,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Fncall(a) => fncall_cmd::run(a).await,
             Cmd::Shell(a) => shell::run(a).await,
             Cmd::Audit(a) => sandbox_cmd::audit(a).await,
+            Cmd::Network(a) => network_cmd::run(a).await,
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,

@@ -36,6 +36,10 @@ pub struct RunArgs {
     /// Keep the sandbox after CMD finishes.
     #[arg(long)]
     pub keep: bool,
+    /// A network rule, KEY=true|false (repeatable): any rule gives the
+    /// sandbox a network (`dsec network` changes them later).
+    #[arg(long = "net", value_parser = crate::network_cmd::parse_rule)]
+    pub net: Vec<(String, bool)>,
     #[command(flatten)]
     pub conn: ConnectArgs,
     /// Command to run (after `--`).
@@ -60,7 +64,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         pids_limit: None,
         ttl_running_stop: a.ttl,
         max_lifetime_s: None,
-        network_rules: BTreeMap::new(),
+        network_rules: a.net.into_iter().collect(),
         init_user: a.user,
         env: BTreeMap::new(),
         workdir: None,

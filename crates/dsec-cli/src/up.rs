@@ -137,6 +137,11 @@ pub struct EdgeArgs {
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
+    /// The node's network configuration (JSON: sandbox subnet, warm pool,
+    /// DNS upstream, named services; docs/security.md, "Egress"). Without
+    /// it every sandbox has loopback only and allow rules are refused.
+    #[arg(long)]
+    pub network_config: Option<PathBuf>,
 }
 
 /// `python=2:8,cpp=0:4` -> pool configs.
@@ -236,6 +241,9 @@ impl EdgeArgs {
         vm.free_page_reporting = self.vm_free_page_reporting;
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
+        if let Some(path) = &self.network_config {
+            config.network = Some(dsec_edge::NetConfig::load(path)?);
+        }
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;
         let edge = Edge::start(config, layers).await?;
         let fncall = if self.no_fncall {

@@ -167,6 +167,10 @@ impl Client {
         self.json(Method::POST, &format!("/v1/sandboxes/{id}/timeout"), Some(req)).await
     }
 
+    pub async fn set_network_rules(&self, id: &str, req: &api::NetworkRules) -> Result<api::NetworkRules, ClientError> {
+        self.json(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(req)).await
+    }
+
     /// Pauses (`verb = "pause"`) or resumes (`"resume"`) every sandbox of a job.
     pub async fn job_action(&self, job: &str, verb: &str) -> Result<api::JobActionResult, ClientError> {
         let job: String = form_urlencoded::byte_serialize(job.as_bytes()).collect();

@@ -67,6 +67,9 @@ pub struct EdgeConfig {
     pub vm: Option<crate::microvm::VmConfig>,
     /// A microVM must boot to its agent and be set up within this.
     pub vm_boot_timeout: Duration,
+    /// Per-sandbox egress (veths, eBPF allowlists, the resolver); `None`:
+    /// every sandbox has loopback only.
+    pub network: Option<dsec_net::NetConfig>,
 }
 
 impl EdgeConfig {
@@ -97,6 +100,7 @@ impl EdgeConfig {
             syscall_filter: true,
             vm: None,
             vm_boot_timeout: Duration::from_secs(60),
+            network: None,
         }
     }
 }
@@ -213,6 +217,8 @@ pub(crate) struct EdgeInner {
     /// Trajectory logs and idempotency keys (`journal.db`).
     pub(crate) journal: crate::journal::Journal,
     pub(crate) counters: crate::metrics::Counters,
+    /// Per-sandbox egress, when the node has a network configuration.
+    pub(crate) egress: Option<dsec_net::Egress>,
 }
 
 /// Handle to a node's edge. Cheap to clone.
@@ -242,9 +248,12 @@ impl Edge {
     pub async fn start(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>) -> Result<Edge, EdgeError> {
         // A start that fails half-way must not leave the node's mounts
         // (layer mounts, the shared sysfs) behind.
-        let mut undo = StartUndo { rootfs: Some(rootfs.clone()), container: None };
-        let (edge, records) = Self::assemble(config, rootfs, &mut undo).await?;
+        let mut undo = StartUndo { rootfs: Some(rootfs.clone()), container: None, egress: None };
+        let Assembled { edge, records, denials } = Self::assemble(config, rootfs, &mut undo).await?;
         undo.disarm();
+        if let Some(rx) = denials {
+            edge.spawn_denial_forwarder(rx);
+        }
         edge.recover(records).await;
         edge.reap_once().await;
         edge.spawn_background_loops();
@@ -258,7 +267,7 @@ impl Edge {
         config: EdgeConfig,
         rootfs: Arc<dyn RootfsProvider>,
         undo: &mut StartUndo,
-    ) -> Result<(Edge, Vec<crate::model::SandboxRecord>), EdgeError> {
+    ) -> Result<Assembled, EdgeError> {
         crate::ids::validate_node_name(&config.node).map_err(EdgeError::Invalid)?;
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
@@ -267,9 +276,22 @@ impl Edge {
         let cgroups = Arc::new(
             Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?,
         );
+        let (egress, denials) = match &config.network {
+            Some(net) => {
+                let (e, rx) = start_egress(net, &config, &cgroups)?;
+                undo.egress = Some(e.clone());
+                (Some(e), Some(rx))
+            }
+            None => (None, None),
+        };
+        // Mounts the node's sysfs last: nothing between here and the undo
+        // registration below can fail.
         let mut container = ContainerBackend::new(cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout)?;
         if !config.syscall_filter {
             container = container.without_syscall_filter();
+        }
+        if let Some(e) = &egress {
+            container = container.with_egress(e.clone());
         }
         let container = Arc::new(container);
         undo.container = Some(container.clone());
@@ -310,6 +332,7 @@ impl Edge {
             events: crate::events::channel(),
             journal,
             counters: Default::default(),
+            egress,
             config,
             _node_lock: node_lock,
             registry: RwLock::new(HashMap::new()),
@@ -320,7 +343,7 @@ impl Edge {
             rootfs,
             shutdown: watch::channel(false).0,
         });
-        Ok((Edge { inner }, records))
+        Ok(Assembled { edge: Edge { inner }, records, denials })
     }
 
     pub fn node(&self) -> &str {
@@ -437,16 +460,25 @@ fn raise_fd_limit() {
     }
 }
 
+/// What [`Edge::assemble`] built, for `start` to bring to life.
+struct Assembled {
+    edge: Edge,
+    records: Vec<crate::model::SandboxRecord>,
+    denials: Option<tokio::sync::mpsc::Receiver<dsec_net::Denial>>,
+}
+
 /// What a failed [`Edge::start`] undoes: the node-wide mounts made so far.
 struct StartUndo {
     rootfs: Option<Arc<dyn RootfsProvider>>,
     container: Option<Arc<ContainerBackend>>,
+    egress: Option<dsec_net::Egress>,
 }
 
 impl StartUndo {
     fn disarm(&mut self) {
         self.rootfs = None;
         self.container = None;
+        self.egress = None;
     }
 }
 
@@ -455,8 +487,26 @@ impl Drop for StartUndo {
         if let Some(c) = self.container.take() {
             crate::backend::Backend::release(c.as_ref());
         }
+        if let Some(e) = self.egress.take() {
+            e.shutdown();
+        }
         if let Some(r) = self.rootfs.take() {
             r.release();
         }
     }
+}
+
+/// Starts the node's egress machinery (dsec-net) over the edge's cgroups.
+fn start_egress(
+    net: &dsec_net::NetConfig,
+    config: &EdgeConfig,
+    cgroups: &Cgroups,
+) -> Result<(dsec_net::Egress, tokio::sync::mpsc::Receiver<dsec_net::Denial>), EdgeError> {
+    let mounts = crate::cgroup::find_cgroup_mounts(std::path::Path::new("/proc/self/mountinfo"))
+        .map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let v2_root = mounts
+        .v2
+        .ok_or_else(|| EdgeError::Internal("egress needs a cgroup2 mount (on cgroup v1 hosts: /sys/fs/cgroup/unified)".into()))?;
+    let layout = dsec_net::CgroupLayout { v2_root, parent: config.cgroup_parent.clone(), hybrid: cgroups.version() == 1 };
+    dsec_net::Egress::start(net.clone(), &config.node, layout, &config.state_dir).map_err(|e| EdgeError::Internal(format!("egress: {e}")))
 }

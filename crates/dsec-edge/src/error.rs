@@ -49,6 +49,12 @@ pub enum EdgeError {
     TrajectoryNotFound(String),
     #[error("idempotency key {0:?} was used for a different request")]
     IdempotencyConflict(String),
+    #[error("{0}")]
+    NetworkRule(String),
+    #[error("{0}")]
+    UnknownNetworkService(String),
+    #[error("{0}")]
+    NetworkNotEnabled(String),
 }
 
 impl EdgeError {
@@ -74,6 +80,9 @@ impl EdgeError {
             EdgeError::Recorded { code, .. } => *code,
             EdgeError::TrajectoryNotFound(_) => ErrorCode::TrajectoryNotFound,
             EdgeError::IdempotencyConflict(_) => ErrorCode::IdempotencyConflict,
+            EdgeError::NetworkRule(_) => ErrorCode::InvalidNetworkRule,
+            EdgeError::UnknownNetworkService(_) => ErrorCode::UnknownNetworkService,
+            EdgeError::NetworkNotEnabled(_) => ErrorCode::NetworkNotEnabled,
         }
     }
 }

@@ -35,6 +35,7 @@ mod lifecycle;
 pub mod metrics;
 pub mod microvm;
 pub mod model;
+mod network;
 mod pack;
 mod pause;
 mod prefetch;
@@ -59,3 +60,5 @@ pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
 pub use spec::{SandboxRequest, SpecPolicy};
 pub use trajectory::{StepOp, StepTicket, StreamStart, TrajectoryStep, UploadStart};
 pub use replay::{Divergence, ReplayReport};
+
+pub use dsec_net::NetConfig;

@@ -39,7 +39,11 @@ impl Edge {
     async fn create_to_completion(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, EdgeError> {
         let t0 = Instant::now();
         let inner = &self.inner;
-        let spec = resolve(req, &inner.config.policy)?;
+        let (req, network_rules) = crate::network::take_rules(self, req)?;
+        let mut spec = resolve(req, &inner.config.policy)?;
+        if let Some(rules) = network_rules {
+            spec.network_rules = rules;
+        }
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
         // On a blocking thread: resolving an image may fetch it from a

@@ -23,6 +23,9 @@ struct ChildArgs {
     argv: *const *const libc::c_char,
     envp: *const *const libc::c_char,
     channel_fd: RawFd,
+    /// A network namespace to join before execve, or -1 (the agent of a
+    /// sandbox with network rules joins a pre-warmed one).
+    netns_fd: RawFd,
     /// /dev/null, for the agent's stdin and stdout: it must not hold the
     /// edge's own stdout (a pipe, a terminal) open for its whole life.
     null_fd: RawFd,
@@ -44,6 +47,10 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
             a.exec_errno = *libc::__errno_location();
             libc::_exit(127);
         }
+        if a.netns_fd >= 0 && libc::setns(a.netns_fd, libc::CLONE_NEWNET) != 0 {
+            a.exec_errno = *libc::__errno_location();
+            libc::_exit(127);
+        }
         libc::dup2(a.null_fd, 0);
         libc::dup2(a.null_fd, 1);
         libc::sigprocmask(libc::SIG_SETMASK, &a.old_mask, std::ptr::null_mut());
@@ -58,6 +65,19 @@ extern "C" fn child_main(arg: *mut libc::c_void) -> libc::c_int {
 /// the caller's stderr on 2, and an empty environment. Returns the child's
 /// pid and a pidfd for it.
 pub fn spawn(path: &CStr, argv0: &str, args: &[&str], flags: libc::c_int, channel: BorrowedFd<'_>) -> std::io::Result<(i32, OwnedFd)> {
+    spawn_in(path, argv0, args, flags, channel, None)
+}
+
+/// [`spawn`], with the child joining the network namespace `netns` (instead
+/// of making one: leave CLONE_NEWNET out of `flags`) before it execs.
+pub fn spawn_in(
+    path: &CStr,
+    argv0: &str,
+    args: &[&str],
+    flags: libc::c_int,
+    channel: BorrowedFd<'_>,
+    netns: Option<BorrowedFd<'_>>,
+) -> std::io::Result<(i32, OwnedFd)> {
     let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?; // CLOEXEC
     // The child dup2s onto 0, 1 and 3: its sources must not be among those
     // numbers (a process started with stdin closed hands out fd 0).
@@ -81,6 +101,7 @@ pub fn spawn(path: &CStr, argv0: &str, args: &[&str], flags: libc::c_int, channe
         argv: argv.as_ptr(),
         envp: envp.as_ptr(),
         channel_fd: theirs.as_raw_fd(),
+        netns_fd: netns.map_or(-1, |n| n.as_raw_fd()),
         null_fd: null.as_raw_fd(),
         // SAFETY: sigset_t is plain data; it is filled by pthread_sigmask.
         old_mask: unsafe { std::mem::zeroed() },

@@ -10,5 +10,5 @@ mod clone_exec;
 mod pidfd;
 pub mod protocol;
 
-pub use clone_exec::{spawn, AGENT_CHANNEL_FD};
+pub use clone_exec::{spawn, spawn_in, AGENT_CHANNEL_FD};
 pub use pidfd::{pidfd_getfd, pidfd_kill, pidfd_open, reap};

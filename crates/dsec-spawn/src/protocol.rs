@@ -7,7 +7,8 @@
 //! table) and asks it to start each agent. One SOCK_SEQPACKET datagram per
 //! request and per answer; descriptors travel as SCM_RIGHTS:
 //!
-//! - request: `ns_flags: u32` (little endian) + the agent's channel end;
+//! - request: `ns_flags: u32` (little endian) + the agent's channel end,
+//!   and optionally a network namespace for the agent to join;
 //! - answer: `pid: i32`, `errno: i32` + the agent's pidfd when errno is 0.
 //!
 //! The helper clones with CLONE_PARENT, so every agent is the edge's child
@@ -49,11 +50,18 @@ pub fn decode_answer(b: &[u8]) -> Option<(i32, i32)> {
 
 /// Sends one datagram, with `fd` attached if given.
 pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> std::io::Result<()> {
-    let fds = fd.map(|f| [f]);
-    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(1))];
+    match fd {
+        Some(f) => send_fds(sock, bytes, &[f]),
+        None => send_fds(sock, bytes, &[]),
+    }
+}
+
+/// Sends one datagram with up to two descriptors attached.
+pub fn send_fds(sock: BorrowedFd<'_>, bytes: &[u8], fds: &[BorrowedFd<'_>]) -> std::io::Result<()> {
+    let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut anc = SendAncillaryBuffer::new(&mut space);
-    if let Some(fds) = &fds {
-        anc.push(SendAncillaryMessage::ScmRights(fds));
+    if !fds.is_empty() && !anc.push(SendAncillaryMessage::ScmRights(fds)) {
+        return Err(std::io::Error::other("too many descriptors for one datagram"));
     }
     let n = sendmsg(sock, &[IoSlice::new(bytes)], &mut anc, SendFlags::NOSIGNAL)?;
     if n != bytes.len() {
@@ -65,21 +73,23 @@ pub fn send(sock: BorrowedFd<'_>, bytes: &[u8], fd: Option<BorrowedFd<'_>>) -> s
 /// Receives one datagram into `buf`; returns its length (0 when the peer
 /// is gone) and the descriptor it carried, if any (close-on-exec).
 pub fn recv(sock: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(usize, Option<OwnedFd>)> {
+    let (n, fds) = recv_fds(sock, buf)?;
+    Ok((n, fds.into_iter().next()))
+}
+
+/// Like [`recv`], with every descriptor the datagram carried (at most two).
+pub fn recv_fds(sock: BorrowedFd<'_>, buf: &mut [u8]) -> std::io::Result<(usize, Vec<OwnedFd>)> {
     let mut space = [MaybeUninit::uninit(); rustix::cmsg_space!(ScmRights(2))];
     let mut anc = RecvAncillaryBuffer::new(&mut space);
     let msg = recvmsg(sock, &mut [IoSliceMut::new(buf)], &mut anc, RecvFlags::CMSG_CLOEXEC)?;
-    let mut fd = None;
+    let mut out = Vec::new();
     for m in anc.drain() {
         if let RecvAncillaryMessage::ScmRights(fds) = m {
-            for f in fds {
-                // Keep the first; any extra descriptor closes on drop.
-                if fd.is_none() {
-                    fd = Some(f);
-                }
-            }
+            // Keep two; any extra descriptor closes on drop.
+            out.extend(fds.take(2 - out.len().min(2)));
         }
     }
-    Ok((msg.bytes, fd))
+    Ok((msg.bytes, out))
 }
 
 #[cfg(test)]
@@ -106,6 +116,10 @@ mod tests {
         let (n, fd) = recv(a.as_fd(), &mut buf).unwrap();
         assert_eq!(decode_answer(&buf[..n]), Some((42, 0)));
         assert!(fd.is_none());
+        let other = std::fs::File::open("/proc/self/stat").unwrap();
+        send_fds(a.as_fd(), &encode_request(1), &[file.as_fd(), other.as_fd()]).unwrap();
+        let (_, fds) = recv_fds(b.as_fd(), &mut buf).unwrap();
+        assert_eq!(fds.len(), 2, "the channel and a network namespace travel together");
         drop(b);
         assert_eq!(recv(a.as_fd(), &mut buf).unwrap().0, 0, "a closed peer reads as 0 bytes");
     }

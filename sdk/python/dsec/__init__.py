@@ -35,12 +35,14 @@ from .errors import (
     ImageNotFound,
     Internal,
     InvalidLimits,
+    InvalidNetworkRule,
     InvalidPath,
     InvalidRequest,
     IsADirectory,
     JobNotFound,
     MethodNotAllowed,
     NoCapacity,
+    NetworkNotEnabled,
     NoSpace,
     NotADirectory,
     NotFound,
@@ -55,6 +57,7 @@ from .errors import (
     SpawnFailed,
     Timeout,
     Unauthorized,
+    UnknownNetworkService,
     UnsupportedBackend,
     UnsupportedMediaType,
     UnsupportedNetworkPolicy,
@@ -168,6 +171,9 @@ __all__ = [
     "EdgeUnavailable",
     "Timeout",
     "NoSpace",
+    "InvalidNetworkRule",
+    "UnknownNetworkService",
+    "NetworkNotEnabled",
 ]
 
 # Codes newer than the explicit classes (generated from error_codes.json at

@@ -38,8 +38,11 @@ class BaseRunArgs:
             this long without any request (0 disables the idle timeout).
         max_lifetime_s: hard lifetime in seconds from creation (0 = the node's
             maximum).
-        network_rules: named egress services to allow, e.g.
-            ``{"pypi": True, "npm": False}``. Without a rule, no outside network.
+        network_rules: egress to allow, e.g. ``{"pypi": True, "npm": False}``:
+            named services of the node, IPv4 prefixes (``"tcp:198.18.0.0/24:443"``)
+            or domains (``"*.example.org"``). Without any rule the sandbox has
+            loopback only; with rules (even all ``False``) it has a network whose
+            rules :meth:`Sandbox.set_network_rules` can change later.
         init_user: default user for commands: ``"root"`` or a user of the image.
         env: environment variables for every command.
         workdir: default working directory for commands.

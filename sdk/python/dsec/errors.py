@@ -350,6 +350,24 @@ class NoSpace(DSecError):
     code = "no_space"
 
 
+class InvalidNetworkRule(DSecError):
+    """A network rule is not a service, an IPv4 prefix or a domain, or names the sandbox subnet."""
+
+    code = "invalid_network_rule"
+
+
+class UnknownNetworkService(DSecError):
+    """A network rule names a service this node's network configuration does not define."""
+
+    code = "unknown_network_service"
+
+
+class NetworkNotEnabled(DSecError):
+    """The sandbox was created without network rules: loopback only, its rules cannot change."""
+
+    code = "network_not_enabled"
+
+
 # --- Client-side failures. --------------------------------------------------
 
 

@@ -149,6 +149,16 @@ class Sandbox:
                                   params={"after": str(after)})
         return AuditEvents.from_json(d)
 
+    async def set_network_rules(self, network_rules: dict[str, bool]) -> dict[str, bool]:
+        """Replace the sandbox's network rules while it runs (same keys as
+        ``network_rules`` at creation: service names such as ``"pypi"``,
+        IPv4 prefixes like ``"tcp:198.18.0.0/24:443"``, domains like
+        ``"*.example.org"``). New connections follow them at once. The
+        sandbox must have been created with rules (even all ``False``)."""
+        d = await self._t.request("PUT", self._t.url(self._base + "/network"),
+                                  json_body={"network_rules": dict(network_rules)})
+        return dict(d["network_rules"])
+
     async def stop(self) -> SandboxInfo:
         """Stop the sandbox. The record stays for inspection until :meth:`delete`."""
         d = await self._t.request("POST", self._t.url(self._base + "/stop"))

@@ -287,6 +287,10 @@ class Sandbox:
         """Refused attempts of the sandbox's processes (see the async method)."""
         return self._run(self.aio.audit_events(after))
 
+    def set_network_rules(self, network_rules: dict[str, bool]) -> dict[str, bool]:
+        """See :meth:`dsec.Sandbox.set_network_rules`."""
+        return self._run(self.aio.set_network_rules(network_rules))
+
     def stop(self) -> SandboxInfo:
         """Stop the sandbox (the record stays until :meth:`delete`)."""
         return self._run(self.aio.stop())

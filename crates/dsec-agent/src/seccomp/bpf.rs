@@ -58,6 +58,12 @@ fn rule(when: When) -> Result<Option<SeccompRule>, BpfError> {
         When::IoctlCmd(cmd) => Some(SeccompRule::new(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(cmd))?])?),
         // True when every bit of `bits` is set: the caller passes one bit.
         When::FlagsAny(bits) => Some(SeccompRule::new(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(bits), bits)?])?),
+        When::ArgMaskedEq { arg, mask, value } => Some(SeccompRule::new(vec![cond(
+            arg,
+            SeccompCmpArgLen::Dword,
+            SeccompCmpOp::MaskedEq(u64::from(mask)),
+            u64::from(value),
+        )?])?),
     })
 }
 
@@ -75,7 +81,7 @@ pub fn audited() -> Result<BpfProgram, BpfError> {
                     entry.extend(rule(When::FlagsAny(bit))?);
                 }
             }
-            When::IoctlCmd(_) => entry.extend(rule(r.when)?),
+            When::IoctlCmd(_) | When::ArgMaskedEq { .. } => entry.extend(rule(r.when)?),
         }
     }
     let filter = SeccompFilter::new(rules, SeccompAction::Allow, SeccompAction::Trace(MARKER), arch()?)?;

@@ -28,6 +28,9 @@ pub enum When {
     /// ioctl with this request number (compared on the low 32 bits, as the
     /// kernel reads it).
     IoctlCmd(u32),
+    /// Calls whose argument `arg` (0-based, low 32 bits), masked with
+    /// `mask`, equals `value` (a socket family or type).
+    ArgMaskedEq { arg: u8, mask: u32, value: u32 },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -48,6 +51,10 @@ const fn always(name: &'static str, nr: libc::c_long, why: &'static str) -> Refu
 const fn ioctl(name: &'static str, cmd: u32, why: &'static str) -> Refused {
     Refused { name, nr: libc::SYS_ioctl, when: When::IoctlCmd(cmd), errno: libc::EPERM, why }
 }
+
+/// The obsolete socket type that the kernel turns into a packet socket
+/// (libc deprecates its constant, which is why it is spelled out here).
+const SOCK_PACKET: u32 = 10;
 
 /// Every namespace a process could create or join. A new user namespace
 /// hands its creator every capability inside it, which re-opens mount,
@@ -125,6 +132,24 @@ pub const REFUSED: &[Refused] = &[
     // another session reads.
     ioctl("TIOCSTI", libc::TIOCSTI as u32, "injects input into a terminal"),
     ioctl("TIOCLINUX", libc::TIOCLINUX as u32, "console control (selection paste injects input)"),
+    // Packet sockets send link-layer frames straight to the device, below
+    // the IP layer where the egress allowlist (cgroup eBPF) looks: with a
+    // veth to the host they would reach any address. SOCK_PACKET is the
+    // old spelling of the same thing (the kernel turns it into AF_PACKET).
+    Refused {
+        name: "socket AF_PACKET",
+        nr: libc::SYS_socket,
+        when: When::ArgMaskedEq { arg: 0, mask: u32::MAX, value: libc::AF_PACKET as u32 },
+        errno: libc::EPERM,
+        why: "link-layer frames bypass the egress allowlist",
+    },
+    Refused {
+        name: "socket SOCK_PACKET",
+        nr: libc::SYS_socket,
+        when: When::ArgMaskedEq { arg: 1, mask: 0xf, value: SOCK_PACKET },
+        errno: libc::EPERM,
+        why: "link-layer frames bypass the egress allowlist",
+    },
 ];
 
 /// x86-only calls.
@@ -159,6 +184,7 @@ pub fn lookup(nr: i32, args: &[u64; 6]) -> Option<&'static Refused> {
                 When::Always => true,
                 When::FlagsAny(bits) => args[0] & bits != 0,
                 When::IoctlCmd(cmd) => args[1] as u32 == cmd,
+                When::ArgMaskedEq { arg, mask, value } => args.get(arg as usize).is_some_and(|a| (*a as u32) & mask == value),
             }
     })
 }
@@ -174,6 +200,15 @@ mod tests {
             assert!(!r.why.is_empty(), "{} has no reason", r.name);
             assert!(seen.insert((r.nr, format!("{:?}", r.when))), "{} is listed twice", r.name);
         }
+    }
+
+    #[test]
+    fn packet_sockets_are_refused_and_ip_sockets_are_not() {
+        let socket = |family: i32, ty: i32| lookup(libc::SYS_socket as i32, &[family as u64, ty as u64, 0, 0, 0, 0]).map(|r| r.name);
+        assert_eq!(socket(libc::AF_PACKET, libc::SOCK_RAW), Some("socket AF_PACKET"));
+        assert_eq!(socket(libc::AF_INET, SOCK_PACKET as i32 | libc::SOCK_CLOEXEC), Some("socket SOCK_PACKET"));
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_STREAM | libc::SOCK_NONBLOCK), None);
+        assert_eq!(socket(libc::AF_INET, libc::SOCK_RAW), None, "raw IP is checked by the egress allowlist");
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! A sandbox's audit events (refused attempts), read from its agent.
+//! A sandbox's audit events (refused attempts), read from its agent, and
+//! its network rules, whose refusals become such events.
 
 use axum::extract::{Path, State};
 use axum::Json;
@@ -33,4 +34,19 @@ pub async fn list(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
         })),
         other => Err(ApiError::new(api::ErrorCode::Internal, format!("unexpected agent reply {other:?}"))),
     }
+}
+
+/// Replace a running sandbox's network rules (it must have been created
+/// with rules, even all false). New connections follow them at once.
+#[utoipa::path(put, path = "/v1/sandboxes/{id}/network", tag = "sandboxes",
+    params(("id" = String, Path)), request_body = api::NetworkRules,
+    responses((status = 200, body = api::NetworkRules), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+pub async fn set_network(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    crate::extract::ApiJson(req): crate::extract::ApiJson<api::NetworkRules>,
+) -> ApiResult<Json<api::NetworkRules>> {
+    let rules = st.nodes.owner(&id)?.set_network_rules(&caller, &id, req.network_rules)?;
+    Ok(Json(api::NetworkRules { network_rules: rules }))
 }

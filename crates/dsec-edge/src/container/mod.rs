@@ -41,6 +41,8 @@ pub struct ContainerBackend {
     setup_timeout: Duration,
     /// Sandboxes get the system-call filter (EdgeConfig::syscall_filter).
     syscall_filter: bool,
+    /// Per-sandbox egress (a sandbox created with network rules).
+    egress: Option<dsec_net::Egress>,
 }
 
 impl ContainerBackend {
@@ -57,12 +59,18 @@ impl ContainerBackend {
         let spawner = spawn::Spawner::new(agent_path)
             .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
-        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true })
+        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None })
     }
 
     /// Starts sandboxes without the system-call filter (to measure it).
     pub fn without_syscall_filter(mut self) -> Self {
         self.syscall_filter = false;
+        self
+    }
+
+    /// Gives sandboxes created with network rules a veth and an allowlist.
+    pub fn with_egress(mut self, egress: dsec_net::Egress) -> Self {
+        self.egress = Some(egress);
         self
     }
 
@@ -87,13 +95,36 @@ impl ContainerBackend {
             let _ = self.cgroups.remove(id);
             return Err(EdgeError::Internal(format!("edge database: {e}")));
         }
-        let spawned = match self.spawner.spawn(spawn::CONTAINER_NAMESPACES) {
+        // A sandbox with network rules joins a warm namespace with a veth;
+        // the others get a fresh loopback-only one from clone.
+        let egress = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty());
+        let warm = match egress.map(|e| e.take()).transpose() {
+            Ok(w) => w,
+            Err(e) => {
+                let _ = self.cgroups.remove(id);
+                return Err(e.into());
+            }
+        };
+        let spawned = match &warm {
+            None => self.spawner.spawn(spawn::CONTAINER_NAMESPACES),
+            Some(w) => {
+                use std::os::fd::AsFd;
+                self.spawner.spawn_in(spawn::CONTAINER_NAMESPACES & !libc::CLONE_NEWNET, Some(w.netns.as_fd()))
+            }
+        };
+        let slot = warm.as_ref().map(|w| w.slot);
+        let spawned = match spawned {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.cgroups.remove(id);
+                if let (Some(eg), Some(w)) = (egress, warm) {
+                    eg.give_back(w);
+                }
                 return Err(EdgeError::Internal(format!("starting the guest agent: {e}")));
             }
         };
+        // The agent holds the namespace now.
+        drop(warm);
         let pid = spawned.pid;
         let pidfd = spawned.pidfd;
         let undo = |pidfd: &OwnedFd| {
@@ -101,11 +132,21 @@ impl ContainerBackend {
             spawn::reap(pidfd);
             self.cgroups.kill_all(id);
             let _ = self.cgroups.remove(id);
+            if let Some(eg) = egress {
+                eg.release(id);
+            }
         };
         if let Err(e) = self.cgroups.attach(id, pid) {
             undo(&pidfd);
             return Err(EdgeError::Internal(e.to_string()));
         }
+        if let (Some(eg), Some(slot)) = (egress, slot) {
+            if let Err(e) = eg.attach(id, pid, slot, &spec.network_rules) {
+                undo(&pidfd);
+                return Err(e.into());
+            }
+        }
+        let resolv_conf = egress.map(|e| e.resolv_conf());
         let setup = ContainerSetup {
             sandbox_id: id.to_string(),
             hostname: crate::ids::short_id(id).to_string(),
@@ -126,9 +167,13 @@ impl ContainerBackend {
             let stream = tokio::net::UnixStream::from_std(channel).map_err(|e| EdgeError::Internal(e.to_string()))?;
             let (agent, _hello) = AgentClient::connect(stream).await?;
             match agent.call(Op::SetupContainer(setup)).await? {
-                Reply::Ready => Ok(agent),
-                other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
+                Reply::Ready => {}
+                other => return Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
             }
+            if let Some(conf) = resolv_conf {
+                write_resolv_conf(&agent, conf).await?;
+            }
+            Ok(agent)
         };
         match tokio::time::timeout(self.setup_timeout, handshake).await {
             Ok(Ok(agent)) => Ok(Instance::new(pid, pidfd, agent)),
@@ -178,7 +223,12 @@ impl ContainerBackend {
             .await
             .map_err(|_| EdgeError::Timeout("re-attaching to the agent".into()))??;
         match hello.state {
-            AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(Instance::new(pid, pidfd, agent)),
+            AgentState::Ready { sandbox_id } if sandbox_id == id => {
+                if let Some(eg) = &self.egress {
+                    eg.adopt(id)?;
+                }
+                Ok(Instance::new(pid, pidfd, agent))
+            }
             other => Err(EdgeError::Internal(format!("agent of {id} answered re-attach with {other:?}"))),
         }
     }
@@ -209,12 +259,24 @@ impl crate::backend::Backend for ContainerBackend {
     /// cgroup.
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
         self.cgroups.kill_all(id);
-        self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+        let removed = self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()));
+        if let Some(eg) = &self.egress {
+            eg.release(id);
+        }
+        removed
+    }
+
+    /// Network state (cgroup2 directories, slots) of sandboxes not in `live`.
+    fn reap_files(&self, live: &std::collections::HashSet<String>) -> usize {
+        self.egress.as_ref().map_or(0, |eg| eg.reap(live))
     }
 
     /// Unmounts the node's shared filesystems (edge shutdown).
     fn release(&self) {
         sysfs::release(&self.sysfs.dir);
+        if let Some(eg) = &self.egress {
+            eg.shutdown();
+        }
     }
 }
 
@@ -234,4 +296,26 @@ pub(crate) fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> 
     let mut env: Vec<(String, String)> = image_env.iter().filter(|(k, _)| !spec.env.contains_key(k)).cloned().collect();
     env.extend(spec.env.iter().map(|(k, v)| (k.clone(), v.clone())));
     env
+}
+
+/// Points the sandbox's resolver at the node's (the sandbox may change the
+/// file; its allowlist decides what any resolver could reach).
+async fn write_resolv_conf(agent: &AgentClient, conf: String) -> Result<(), EdgeError> {
+    let spec = dsec_agent_proto::WriteFileSpec {
+        path: "/etc/resolv.conf".into(),
+        mode: 0o644,
+        append: false,
+        create_parents: true,
+        max_bytes: 4096,
+        owner: None,
+    };
+    let call = agent.open(Op::WriteFile(spec)).await?;
+    call.send_data(conf.as_bytes()).await?;
+    call.send_eof()?;
+    let (_, reply) = call.collect().await?;
+    match reply {
+        Ok(Reply::Written { .. }) => Ok(()),
+        Err(e) => Err(EdgeError::SetupFailed(format!("writing /etc/resolv.conf: {}", e.message))),
+        other => Err(EdgeError::SetupFailed(format!("unexpected reply writing /etc/resolv.conf: {other:?}"))),
+    }
 }

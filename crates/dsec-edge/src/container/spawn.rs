@@ -66,6 +66,12 @@ impl Spawner {
 
     /// Starts `dsec-agent container` in new namespaces with a fresh channel.
     pub fn spawn(&self, ns_flags: libc::c_int) -> std::io::Result<SpawnedAgent> {
+        self.spawn_in(ns_flags, None)
+    }
+
+    /// Like `spawn`, the agent joining network namespace `netns` (leave
+    /// CLONE_NEWNET out of `ns_flags`).
+    pub fn spawn_in(&self, ns_flags: libc::c_int, netns: Option<std::os::fd::BorrowedFd<'_>>) -> std::io::Result<SpawnedAgent> {
         let (ours, theirs) = UnixStream::pair()?;
         let mut guard = self.helper.lock().unwrap_or_else(|p| p.into_inner());
         let mut last = None;
@@ -74,7 +80,7 @@ impl Spawner {
                 *guard = Some(start_helper(&self.agent_path)?);
             }
             let helper = guard.as_ref().expect("a helper was just started");
-            match ask(helper, ns_flags, &theirs) {
+            match ask(helper, ns_flags, &theirs, netns) {
                 Ok((pid, pidfd)) => return Ok(SpawnedAgent { pid, pidfd, channel: ours }),
                 Err(AskError::Spawn(e)) => return Err(e),
                 Err(AskError::Helper(e)) => {
@@ -99,9 +105,10 @@ fn start_helper(agent_path: &CString) -> std::io::Result<Helper> {
     Ok(Helper { sock: ours, pidfd })
 }
 
-fn ask(h: &Helper, ns_flags: libc::c_int, channel: &UnixStream) -> Result<(i32, OwnedFd), AskError> {
-    protocol::send(h.sock.as_fd(), &protocol::encode_request(ns_flags as u32), Some(channel.as_fd()))
-        .map_err(AskError::Helper)?;
+fn ask(h: &Helper, ns_flags: libc::c_int, channel: &UnixStream, netns: Option<std::os::fd::BorrowedFd<'_>>) -> Result<(i32, OwnedFd), AskError> {
+    let mut fds = vec![channel.as_fd()];
+    fds.extend(netns);
+    protocol::send_fds(h.sock.as_fd(), &protocol::encode_request(ns_flags as u32), &fds).map_err(AskError::Helper)?;
     let mut buf = [0u8; protocol::ANSWER_BYTES];
     let (n, pidfd) = protocol::recv(h.sock.as_fd(), &mut buf).map_err(AskError::Helper)?;
     let Some((pid, errno)) = protocol::decode_answer(&buf[..n]) else {

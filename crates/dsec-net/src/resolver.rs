@@ -1,0 +1,176 @@
+//! The node's tasks: the DNS resolver sandboxes ask (its address is a /32
+//! on the host's loopback device: a local address the sandboxes route to
+//! through their veth, owned by no interface a sandbox has; dummy
+//! interfaces are not available on every kernel), and the reader of the
+//! eBPF denials.
+
+use std::net::{Ipv4Addr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+use aya::maps::{MapData, RingBuf};
+use tokio::io::unix::AsyncFd;
+use tokio::net::UdpSocket;
+
+use crate::netlink::{link_index, Batch, Netlink};
+use crate::{dns, now_ms, Denial, Egress};
+
+const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
+/// Queries answered at once; more wait (a sandbox flooding its resolver
+/// slows only the resolver's answers, never the edge).
+const MAX_IN_FLIGHT: usize = 256;
+
+/// Puts the resolver's address on the host's loopback (kept if a crashed
+/// edge left it there).
+pub fn add_address(ip: Ipv4Addr) -> std::io::Result<()> {
+    let mut nl = Netlink::open()?;
+    let mut b = Batch::new();
+    b.add_addr(link_index("lo")?, ip, 32);
+    match nl.exchange(b) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Ok(()),
+        other => other,
+    }
+}
+
+pub fn remove_address(ip: Ipv4Addr) {
+    if let (Ok(mut nl), Ok(lo)) = (Netlink::open(), link_index("lo")) {
+        let mut b = Batch::new();
+        b.del_addr(lo, ip, 32);
+        let _ = nl.exchange(b);
+    }
+}
+
+pub fn spawn(egress: Egress) -> std::io::Result<()> {
+    let addr = SocketAddr::from((egress.config().resolver_ip(), 53));
+    let std_sock = std::net::UdpSocket::bind(addr)?;
+    std_sock.set_nonblocking(true)?;
+    let sock = Arc::new(UdpSocket::from_std(std_sock)?);
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT));
+    tokio::spawn(async move {
+        let mut buf = vec![0u8; 1500];
+        loop {
+            let (n, from) = match sock.recv_from(&mut buf).await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "resolver socket");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let Ok(permit) = limit.clone().acquire_owned().await else { return };
+            let query = buf[..n].to_vec();
+            let (egress, sock) = (egress.clone(), sock.clone());
+            tokio::spawn(async move {
+                let _permit = permit;
+                if let Some(answer) = answer(&egress, &query, from).await {
+                    let _ = sock.send_to(&answer, from).await;
+                }
+            });
+        }
+    });
+    Ok(())
+}
+
+async fn answer(egress: &Egress, query: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
+    let SocketAddr::V4(from4) = from else { return None };
+    let q = dns::parse_query(query)?;
+    let (sandbox, allowed) = egress.sandbox_by_ip(*from4.ip(), &q.name)?;
+    if !allowed {
+        egress.report(Denial {
+            sandbox_id: sandbox,
+            time_ms: now_ms(),
+            pid: 0,
+            detail: format!("DNS query for {} refused (no rule of the sandbox allows this domain)", q.name),
+        });
+        return Some(dns::refused(query));
+    }
+    let Some(reply) = ask_upstream(egress, query).await else { return Some(dns::servfail(query)) };
+    if q.qtype == dns::TYPE_A {
+        let addrs = dns::answer_addrs(&reply);
+        // Open the addresses before the sandbox sees them.
+        egress.learn(*from4.ip(), &q.name, &addrs);
+    }
+    Some(reply)
+}
+
+async fn ask_upstream(egress: &Egress, query: &[u8]) -> Option<Vec<u8>> {
+    for up in &egress.config().dns_upstream {
+        let bind: SocketAddr = if up.is_ipv4() { "0.0.0.0:0".parse().ok()? } else { "[::]:0".parse().ok()? };
+        let Ok(s) = UdpSocket::bind(bind).await else { continue };
+        if s.connect(up).await.is_err() || s.send(query).await.is_err() {
+            continue;
+        }
+        let mut buf = vec![0u8; 4096];
+        if let Ok(Ok(n)) = tokio::time::timeout(UPSTREAM_TIMEOUT, s.recv(&mut buf)).await {
+            // The answer must be to our question (same id).
+            if n >= 12 && buf[..2] == query[..2] {
+                buf.truncate(n);
+                return Some(buf);
+            }
+        }
+    }
+    None
+}
+
+fn proto_name(p: u8) -> &'static str {
+    match p {
+        6 => "tcp",
+        17 => "udp",
+        1 => "icmp",
+        58 => "icmpv6",
+        255 => "raw",
+        _ => "ip",
+    }
+}
+
+/// Turns eBPF denials into events for the edge.
+pub fn spawn_denial_reader(egress: Egress, ring: RingBuf<MapData>) -> std::io::Result<()> {
+    // SAFETY: the ring owns its map's descriptor for its whole life and
+    // its as_raw_fd always returns that descriptor; the AsyncFd owns the
+    // ring.
+    let mut afd = unsafe { AsyncFd::register(ring) }.map_err(|e| std::io::Error::other(e.to_string()))?;
+    tokio::spawn(async move {
+        loop {
+            let Ok(mut guard) = afd.readable_mut().await else { return };
+            let ring = guard.get_inner_mut();
+            let mut batch = Vec::new();
+            while let Some(item) = ring.next() {
+                if let Some(d) = crate::bpf::decode(&item) {
+                    batch.push(d);
+                }
+            }
+            guard.clear_ready();
+            for d in batch {
+                let Some(id) = egress.sandbox_by_cgid(d.cgid) else { continue };
+                let what = match d.kind {
+                    1 | 3 => "connect",
+                    2 | 4 => "send",
+                    _ => "packet",
+                };
+                let target = match d.daddr {
+                    std::net::IpAddr::V4(a) if d.dport != 0 => format!("{a}:{}", d.dport),
+                    std::net::IpAddr::V6(a) if d.dport != 0 => format!("[{a}]:{}", d.dport),
+                    a => a.to_string(),
+                };
+                egress.report(Denial {
+                    sandbox_id: id,
+                    time_ms: now_ms(),
+                    pid: pid_in_sandbox(d.pid),
+                    detail: format!("{what} to {target}/{} refused (no rule of the sandbox allows it)", proto_name(d.proto)),
+                });
+            }
+        }
+    });
+    Ok(())
+}
+
+/// A host pid as the sandbox sees it (the last NSpid), 0 if gone.
+fn pid_in_sandbox(host_pid: u32) -> u32 {
+    if host_pid == 0 {
+        return 0;
+    }
+    std::fs::read_to_string(format!("/proc/{host_pid}/status"))
+        .ok()
+        .and_then(|s| s.lines().find(|l| l.starts_with("NSpid:")).and_then(|l| l.split_whitespace().last()?.parse().ok()))
+        .unwrap_or(0)
+}

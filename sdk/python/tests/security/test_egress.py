@@ -1,0 +1,474 @@
+"""Per-sandbox egress, red-team cases (issue 7, "Egress policy").
+
+A ``dsec up`` of this module's own runs with a network configuration whose
+named services point at stand-in mirrors: servers in a network namespace
+this module makes (addresses in 198.18.0.0/15, the benchmarking range),
+reached through the host. The node's resolver asks a DNS server this
+module runs on the host's loopback. No traffic leaves the machine.
+
+Each case checks what a sandbox reaches, what it is refused, and that the
+refusal is an audit event; the last ones check that nothing is left
+behind (veths, cgroup2 directories, eBPF programs, pinned maps).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import random
+import shutil
+import signal
+import socket
+import socketserver
+import subprocess
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import pytest
+
+from dsec import DSecClient
+from dsec import errors as E
+from dsec.sandbox import Sandbox
+
+from ..e2e.conftest import IMAGE, Server, _create_tenant, run_args, serve_dsec
+
+PYPI, NPM, MIRROR_DOMAIN_IP, OTHER_DOMAIN_IP = "198.18.7.1", "198.18.7.2", "198.18.7.3", "198.18.7.4"
+MIRROR_PORT = 8080
+NAMES = {"mirror.dsec.test": MIRROR_DOMAIN_IP, "other.dsec.test": OTHER_DOMAIN_IP}
+POOL = 2
+
+# Runs inside sandboxes: one probe, one line of output ("ok ..." / "err CODE").
+PROBE = r'''
+import errno, socket, sys
+kind, host, port = sys.argv[1], sys.argv[2], int(sys.argv[3])
+try:
+    if kind == "tcp":
+        s = socket.create_connection((host, port), timeout=3)
+        print("ok", s.recv(100).decode())
+    elif kind == "udp":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.sendto(b"exfil", (host, port))
+        print("ok sent")
+    elif kind == "icmp":
+        s = socket.socket(socket.AF_INET, socket.SOCK_RAW, socket.IPPROTO_ICMP)
+        s.settimeout(2)
+        s.sendto(b"\x08\x00\xf7\xff\x00\x00\x00\x00", (host, 0))
+        s.recv(100)
+        print("ok reply")
+    elif kind == "packet":
+        socket.socket(socket.AF_PACKET, socket.SOCK_RAW)
+        print("ok opened")
+    elif kind == "dns":
+        print("ok", socket.gethostbyname(host))
+    elif kind == "scan":
+        found = []
+        for p in range(1, port + 1):
+            s = socket.socket()
+            s.settimeout(0.3)
+            if s.connect_ex((host, p)) == 0:
+                found.append(p)
+            s.close()
+        print("ok", found)
+    elif kind == "self":
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.connect((host, 53))
+        print("ok", s.getsockname()[0])
+except socket.gaierror:
+    print("err gaierror")
+except OSError as e:
+    print("err", errno.errorcode.get(e.errno, str(e.errno)) if e.errno else type(e).__name__)
+'''
+
+
+def sh(*cmd: str, check: bool = True) -> str:
+    return subprocess.run(cmd, check=check, capture_output=True, text=True).stdout
+
+
+def node_tag(node: str) -> str:
+    """The edge's four hex characters of a node name (dsec_net::node_tag)."""
+    h = 0x811C9DC5
+    for b in node.encode():
+        h = ((h ^ b) * 0x01000193) & 0xFFFFFFFF
+    return f"{h & 0xffff:04x}"
+
+
+def links(prefix: str) -> list[str]:
+    return [l.split("@")[0] for l in sh("ip", "-o", "-br", "link").split("\n") if l.startswith(prefix)]
+
+
+class _Dns(socketserver.BaseRequestHandler):
+    """A tiny upstream: A records for NAMES, NXDOMAIN for the rest."""
+
+    def handle(self) -> None:
+        data, sock = self.request
+        self.server.queries.append(data)  # type: ignore[attr-defined]
+        off, labels = 12, []
+        while data[off]:
+            labels.append(data[off + 1:off + 1 + data[off]].decode())
+            off += 1 + data[off]
+        qend = off + 5
+        name, qtype = ".".join(labels).lower(), int.from_bytes(data[off + 1:off + 3], "big")
+        ip = NAMES.get(name)
+        answers = b""
+        if ip and qtype == 1:
+            answers = b"\xc0\x0c\x00\x01\x00\x01\x00\x00\x00\x3c\x00\x04" + socket.inet_aton(ip)
+        rcode = 0 if ip else 3
+        head = data[:2] + bytes([0x81, 0x80 | rcode]) + b"\x00\x01" + (b"\x00\x01" if answers else b"\x00\x00") + b"\x00\x00\x00\x00"
+        sock.sendto(head + data[12:qend] + answers, self.client_address)
+
+
+@pytest.fixture(scope="module")
+def dns_upstream() -> Iterator[socketserver.UDPServer]:
+    srv = socketserver.ThreadingUDPServer(("127.0.0.1", 0), _Dns)
+    srv.queries = []  # type: ignore[attr-defined]
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield srv
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+MIRROR_SERVER = r'''
+import socket, socketserver
+class H(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.sendall(("mirror " + self.request.getsockname()[0]).encode())
+socketserver.ThreadingTCPServer.allow_reuse_address = True
+socketserver.ThreadingTCPServer(("0.0.0.0", %d), H).serve_forever()
+''' % MIRROR_PORT
+
+
+@pytest.fixture(scope="module")
+def mirrors() -> Iterator[str]:
+    """A network namespace holding the stand-in mirrors, routed from the
+    host through a veth of its own; removed afterwards."""
+    tag = uuid.uuid4().hex[:6]
+    ns, host_if = f"dsec-egm-{tag}", f"egm{tag}"
+    made_route = False
+    proc = None
+    try:
+        sh("ip", "netns", "add", ns)
+        sh("ip", "link", "add", host_if, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        sh("ip", "addr", "add", "198.18.9.1/30", "dev", host_if)
+        sh("ip", "link", "set", host_if, "up")
+        Path(f"/proc/sys/net/ipv4/conf/{host_if}/forwarding").write_text("1")
+        for cmd in (["addr", "add", "198.18.9.2/30", "dev", "eth0"], ["link", "set", "lo", "up"],
+                    ["link", "set", "eth0", "up"], ["route", "add", "default", "via", "198.18.9.1"]):
+            sh("ip", "-n", ns, *cmd)
+        for ip in (PYPI, NPM, MIRROR_DOMAIN_IP, OTHER_DOMAIN_IP):
+            sh("ip", "-n", ns, "addr", "add", f"{ip}/32", "dev", "lo")
+        sh("ip", "route", "add", "198.18.7.0/29", "via", "198.18.9.2")
+        made_route = True
+        proc = subprocess.Popen(["ip", "netns", "exec", ns, "python3", "-c", MIRROR_SERVER],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                with socket.create_connection((PYPI, MIRROR_PORT), timeout=1) as s:
+                    assert s.recv(100) == f"mirror {PYPI}".encode()
+                    break
+            except OSError:
+                time.sleep(0.1)
+        else:
+            pytest.fail("the stand-in mirror did not come up")
+        yield ns
+    finally:
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        if made_route:
+            sh("ip", "route", "del", "198.18.7.0/29", check=False)
+        sh("ip", "netns", "del", ns, check=False)
+
+
+def write_config(cfg_dir: Path, subnet: str, dns_upstream: socketserver.UDPServer) -> Path:
+    cfg = cfg_dir / "network.json"
+    cfg.write_text(json.dumps({
+        "subnet": subnet, "pool_size": POOL, "forward": True,
+        "dns_upstream": [f"127.0.0.1:{dns_upstream.server_address[1]}"],
+        "services": {
+            "pypi": [{"cidr": f"{PYPI}/32", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
+            "npm": [{"cidr": f"{NPM}/32", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
+            "debian": [{"cidr": "198.18.8.0/24", "ports": "80,443"}],
+        },
+    }))
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def net_server(mirrors: str, dns_upstream: socketserver.UDPServer) -> Iterator[tuple[Server, str, str]]:
+    """`dsec up` with a network configuration; yields it, its node and its
+    sandbox subnet. Afterwards nothing of its network may be left."""
+    node = f"egress-{uuid.uuid4().hex[:8]}"
+    subnet = f"10.{random.randrange(200, 250)}.0.0/16"
+    cfg_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-"))
+    cfg = write_config(cfg_dir, subnet, dns_upstream)
+    gen = serve_dsec(["--no-fncall", "--network-config", str(cfg)], node=node)
+    try:
+        yield next(gen), node, subnet
+    finally:
+        gen.close()
+        shutil.rmtree(cfg_dir, ignore_errors=True)
+    # After the edge is gone: no veth of its node, no resolver address, no
+    # pinned maps, no cgroup2 directory, no eBPF program of ours loaded.
+    prefix = "dsv" + node_tag(node)
+    deadline = time.monotonic() + 10
+    while links(prefix) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert links(prefix) == [], "veths left after the edge stopped"
+    assert f" {resolver_of(subnet)}/32" not in sh("ip", "-4", "-o", "addr", "show", "dev", "lo"), "resolver address left on lo"
+    assert not Path(f"/sys/fs/bpf/dsec/{node}").exists(), "pinned maps left"
+    assert not Path(f"/sys/fs/cgroup/unified/dsec/{node}").exists(), "cgroup2 directory left"
+    if shutil.which("bpftool"):
+        progs = json.loads(sh("bpftool", "-j", "cgroup", "tree"))
+        assert not any(p.get("name", "").startswith("dsec_") for c in progs for p in c.get("programs", [])), progs
+
+
+@pytest.fixture
+async def nclient(net_server: tuple[Server, str, str]) -> AsyncIterator[DSecClient]:
+    server = net_server[0]
+    tenant = _create_tenant(server, "egress")
+    async with DSecClient(server.url, tenant.token) as c:
+        yield c
+
+
+async def networked(client: DSecClient, rules: dict[str, bool]) -> Sandbox:
+    return await client.run_container(run_args(IMAGE, memory_limit_mb=256, network_rules=rules), timeout=120)
+
+
+async def probe(sb: Sandbox, kind: str, host: str, port: int = 0) -> str:
+    r = await sb.run_shell(f"python3 -c '{PROBE}' {kind} {host} {port}", timeout=120)
+    assert r.exit_code == 0, r
+    return r.stdout.strip()
+
+
+def resolver_of(subnet: str) -> str:
+    return subnet.split("/")[0].rsplit(".", 1)[0] + ".1"
+
+
+async def own_address(sb: Sandbox, subnet: str) -> str:
+    """The sandbox's address (a UDP connect to the resolver picks it)."""
+    out = await probe(sb, "self", resolver_of(subnet))
+    assert out.startswith("ok "), out
+    return out.split()[1]
+
+
+def host_side(ip: str) -> str:
+    """The host end of a sandbox's /31."""
+    head, last = ip.rsplit(".", 1)
+    return f"{head}.{int(last) - 1}"
+
+
+async def network_events(sb: Sandbox) -> list[str]:
+    return [e.detail for e in (await sb.audit_events()).events if e.kind == "network"]
+
+
+async def wait_event(sb: Sandbox, needle: str) -> list[str]:
+    deadline = time.monotonic() + 5
+    while True:
+        evs = await network_events(sb)
+        if any(needle in e for e in evs) or time.monotonic() > deadline:
+            return evs
+        await asyncio.sleep(0.05)
+
+
+async def test_the_papers_rules_reach_pypi_and_refuse_npm(nclient: DSecClient) -> None:
+    sb = await networked(nclient, {"npm": False, "pypi": True})
+    try:
+        assert await probe(sb, "tcp", PYPI, MIRROR_PORT) == f"ok mirror {PYPI}"
+        assert await probe(sb, "tcp", NPM, MIRROR_PORT) == "err EPERM"
+        assert await probe(sb, "tcp", PYPI, 22) == "err EPERM", "only the service's ports"
+        evs = await wait_event(sb, f"connect to {NPM}:{MIRROR_PORT}/tcp refused")
+        assert any(f"connect to {NPM}:{MIRROR_PORT}/tcp refused" in e for e in evs), evs
+        assert "nameserver" in (await sb.run_shell("cat /etc/resolv.conf")).stdout
+    finally:
+        await sb.delete()
+
+
+async def test_rules_changed_at_runtime_take_effect_at_once(nclient: DSecClient) -> None:
+    sb = await networked(nclient, {"pypi": True})
+    try:
+        assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok")
+        assert await sb.set_network_rules({"npm": True, "pypi": False}) == {"npm": True, "pypi": False}
+        assert await probe(sb, "tcp", NPM, MIRROR_PORT) == f"ok mirror {NPM}"
+        assert await probe(sb, "tcp", PYPI, MIRROR_PORT) == "err EPERM"
+        await sb.set_network_rules({f"tcp:{PYPI}:{MIRROR_PORT}": True})
+        assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok"), "a CIDR rule"
+        assert await probe(sb, "tcp", NPM, MIRROR_PORT) == "err EPERM"
+    finally:
+        await sb.delete()
+
+
+async def test_bad_rules_are_clear_client_errors(nclient: DSecClient) -> None:
+    with pytest.raises(E.UnknownNetworkService, match="pipy"):
+        await networked(nclient, {"pipy": True})
+    with pytest.raises(E.InvalidNetworkRule):
+        await networked(nclient, {"10.0.0.1/8": True})
+    with pytest.raises(E.InvalidNetworkRule):
+        await networked(nclient, {"tcp:198.18.7.1:99999": True})
+    plain = await nclient.run_container(run_args(IMAGE, memory_limit_mb=128), timeout=120)
+    try:
+        with pytest.raises(E.NetworkNotEnabled):
+            await plain.set_network_rules({"pypi": True})
+        # Without rules the sandbox keeps its loopback-only namespace.
+        r = await plain.run_shell("cat /proc/net/dev | tail -n +3 | cut -d: -f1 | tr -d ' '")
+        assert r.stdout.split() == ["lo"], r
+    finally:
+        await plain.delete()
+    sb = await networked(nclient, {"pypi": True})
+    try:
+        with pytest.raises(E.UnknownNetworkService):
+            await sb.set_network_rules({"pypy": True})
+        assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok"), "a refused change keeps the rules"
+    finally:
+        await sb.delete()
+
+
+async def test_dns_opens_allowed_domains_only(nclient: DSecClient, dns_upstream: socketserver.UDPServer) -> None:
+    sb = await networked(nclient, {"mirror.dsec.test": True})
+    try:
+        assert await probe(sb, "tcp", MIRROR_DOMAIN_IP, MIRROR_PORT) == "err EPERM", "closed before the lookup"
+        assert await probe(sb, "dns", "mirror.dsec.test") == f"ok {MIRROR_DOMAIN_IP}"
+        assert await probe(sb, "tcp", MIRROR_DOMAIN_IP, MIRROR_PORT) == f"ok mirror {MIRROR_DOMAIN_IP}"
+        asked = len(dns_upstream.queries)  # type: ignore[attr-defined]
+        # DNS tunnelling: a lookup of a name no rule allows never leaves
+        # the node, and the address of another domain stays closed.
+        assert await probe(sb, "dns", "c2VjcmV0.other.dsec.test") == "err gaierror"
+        assert len(dns_upstream.queries) == asked, "a refused query reached upstream"  # type: ignore[attr-defined]
+        assert await probe(sb, "tcp", OTHER_DOMAIN_IP, MIRROR_PORT) == "err EPERM"
+        evs = await wait_event(sb, "DNS query for c2vjcmv0.other.dsec.test refused")
+        assert any("DNS query for c2vjcmv0.other.dsec.test refused" in e for e in evs), evs
+        # A resolver of the sandbox's own choosing is just another address.
+        assert await probe(sb, "udp", "198.18.7.4", 53) == "err EPERM"
+    finally:
+        await sb.delete()
+
+
+async def test_port_scans_of_the_host_find_nothing(nclient: DSecClient, net_server: tuple[Server, str, str]) -> None:
+    sb = await networked(nclient, {"pypi": True})
+    try:
+        gateway = host_side(await own_address(sb, net_server[2]))
+        host_addrs = [a.split()[3].split("/")[0] for a in sh("ip", "-4", "-o", "addr").splitlines()
+                      if not a.split()[3].startswith(("127.", "198.18.", net_server[2].split(".")[0] + "." + net_server[2].split(".")[1]))]
+        edge_port = int(net_server[0].url.rsplit(":", 1)[1])
+        for target in [gateway, *host_addrs]:
+            assert await probe(sb, "scan", target, 1024) == "ok []", target
+            assert await probe(sb, "tcp", target, edge_port) == "err EPERM", "the edge's port"
+            # Checked per target: the audit ring is bounded, and a later
+            # target's thousand refusals push out an earlier one's.
+            needle = f"connect to {target}:{edge_port}/tcp"
+            evs = await wait_event(sb, needle)
+            assert any(needle in e for e in evs), (target, evs[-3:])
+    finally:
+        await sb.delete()
+
+
+async def test_sandboxes_never_reach_each_other(nclient: DSecClient, net_server: tuple[Server, str, str]) -> None:
+    a = await networked(nclient, {"pypi": True})
+    b = await networked(nclient, {"pypi": True})
+    try:
+        await b.run_shell(f"nohup python3 -c '{MIRROR_SERVER.replace(str(MIRROR_PORT), '9000')}' >/dev/null 2>&1 &")
+        b_ip = await own_address(b, net_server[2])
+        for _ in range(50):
+            if (await probe(b, "tcp", "127.0.0.1", 9000)).startswith("ok"):
+                break
+        assert (await probe(b, "tcp", b_ip, 9000)).startswith("ok"), "b reaches its own address"
+        assert await probe(a, "tcp", b_ip, 9000) == "err EPERM"
+        assert await probe(a, "tcp", host_side(b_ip), 22) == "err EPERM", "b's veth on the host"
+        assert await probe(a, "scan", b_ip, 100) == "ok []"
+    finally:
+        await a.delete()
+        await b.delete()
+
+
+async def test_raw_icmp_udp_and_packet_sockets_are_contained(nclient: DSecClient) -> None:
+    sb = await networked(nclient, {"pypi": True})
+    try:
+        assert (await probe(sb, "icmp", NPM)).startswith("err"), "ICMP to a closed address"
+        assert (await probe(sb, "icmp", PYPI)).startswith("err"), "the rule opens TCP 8080, not ICMP"
+        assert await probe(sb, "udp", NPM, 9999) == "err EPERM", "UDP exfiltration"
+        assert await probe(sb, "packet", "0", 0) == "err EPERM", "link-layer frames would bypass the allowlist"
+        evs = await wait_event(sb, f"packet to {NPM}/icmp refused")
+        assert any(f"packet to {NPM}/icmp refused" in e for e in evs), evs
+        assert any(f"send to {NPM}:9999/udp refused" in e for e in evs), evs
+        sys_evs = [e.detail for e in (await sb.audit_events()).events if e.kind == "syscall"]
+        assert any("AF_PACKET" in e for e in sys_evs), sys_evs
+    finally:
+        await sb.delete()
+
+
+async def test_nothing_is_left_after_stop(nclient: DSecClient, net_server: tuple[Server, str, str]) -> None:
+    node = net_server[1]
+    prefix = "dsv" + node_tag(node)
+    ids = []
+    for _ in range(3):
+        sb = await networked(nclient, {"pypi": True})
+        ids.append(sb.id)
+        assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok")
+        await sb.stop()
+        await sb.delete()
+    cg = Path(f"/sys/fs/cgroup/unified/dsec/{node}")
+    state = net_server[0].data_dir / "edge" / node / "net"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if len(links(prefix)) <= POOL and not any((cg / i).exists() for i in ids):
+            break
+        time.sleep(0.2)
+    assert len(links(prefix)) <= POOL, links(prefix)
+    assert not any((cg / i).exists() for i in ids), "cgroup2 directories left"
+    assert not any((state / f"{i}.json").exists() for i in ids), "network state left"
+    if shutil.which("bpftool"):
+        tree = sh("bpftool", "cgroup", "tree", str(cg), check=False)
+        assert "dsec_" not in tree, tree
+
+
+async def test_allowlists_hold_across_an_edge_restart(mirrors: str, dns_upstream: socketserver.UDPServer,
+                                                      net_server: tuple[Server, str, str]) -> None:
+    """The programs belong to the cgroup and the maps are pinned: after the
+    edge crashes the programs stay attached (fail closed), and the next edge takes the sandbox
+    back (its rules, its slot) and can change them."""
+    node = f"egress-r{uuid.uuid4().hex[:7]}"
+    subnet = "10.199.0.0/16"
+    cfg_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-"))
+    data_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-data-"))
+    cfg = write_config(cfg_dir, subnet, dns_upstream)
+    args = ["--no-fncall", "--network-config", str(cfg)]
+    try:
+        first = serve_dsec(args, data_dir=data_dir, node=node, stop_sandboxes_on_exit=False)
+        srv = next(first)
+        tenant = _create_tenant(srv, "egress-r")
+        async with DSecClient(srv.url, tenant.token) as c:
+            sb = await networked(c, {"pypi": True})
+            sid = sb.id
+            assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok")
+        os.kill(srv.pid, signal.SIGKILL)  # the edge crashes; the sandbox runs on
+        first.close()
+        cg = Path(f"/sys/fs/cgroup/unified/dsec/{node}/{sid}")
+        if shutil.which("bpftool"):
+            attached = json.loads(sh("bpftool", "-j", "cgroup", "show", str(cg)))
+            assert len(attached) == 5, attached
+        second = serve_dsec(args, data_dir=data_dir, node=node)
+        srv = next(second)
+        try:
+            async with DSecClient(srv.url, tenant.token) as c:
+                sb = await c.connect(sid)
+                assert await probe(sb, "tcp", NPM, MIRROR_PORT) == "err EPERM"
+                assert (await probe(sb, "tcp", PYPI, MIRROR_PORT)).startswith("ok")
+                await sb.set_network_rules({"npm": True})
+                assert (await probe(sb, "tcp", NPM, MIRROR_PORT)).startswith("ok")
+                assert await probe(sb, "tcp", PYPI, MIRROR_PORT) == "err EPERM"
+                await sb.delete()
+        finally:
+            second.close()
+        assert not cg.exists()
+        assert not Path(f"/sys/fs/bpf/dsec/{node}").exists()
+    finally:
+        shutil.rmtree(cfg_dir, ignore_errors=True)
+        shutil.rmtree(data_dir, ignore_errors=True)
