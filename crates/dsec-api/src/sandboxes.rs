@@ -178,6 +178,10 @@ pub struct Sandbox {
     /// Resident memory the last pause pushed out of RAM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_freed_bytes: Option<u64>,
+    /// While paused: suspended to disk (no process runs; resume restores
+    /// it in a new one) rather than frozen.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
 }
 
 /// `GET /v1/sandboxes`.
@@ -197,6 +201,12 @@ pub struct PauseResult {
     pub memory_after_bytes: u64,
     pub memory_freed_bytes: u64,
     pub duration_ms: f64,
+    /// Suspended to disk (a microVM's process ended) rather than frozen.
+    #[serde(default)]
+    pub suspended: bool,
+    /// Bytes the suspend image occupies on disk (0 for a freeze).
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 /// `POST /v1/sandboxes/{id}/resume`.

@@ -135,6 +135,7 @@ pub fn sandbox_out(r: SandboxRecord) -> api::Sandbox {
         queue_position: r.queue_position,
         paused_at: r.paused_at_ms.map(rfc3339),
         memory_freed_bytes: r.memory_freed_bytes,
+        suspended: r.suspended && r.state.is_paused(),
     }
 }
 

@@ -46,8 +46,9 @@ enum Cmd {
     Stop(sandbox_cmd::IdsArgs),
     /// Stop and remove sandboxes.
     Rm(sandbox_cmd::IdsArgs),
-    /// Pause sandboxes: freeze them and push their memory out of RAM.
-    Pause(sandbox_cmd::IdsArgs),
+    /// Pause sandboxes: suspend microVMs to disk, freeze containers and
+    /// push their memory out of RAM (`--mode`).
+    Pause(sandbox_cmd::PauseArgs),
     /// Resume paused sandboxes.
     Resume(sandbox_cmd::IdsArgs),
     /// Pack what a sandbox changed into a new image (pack_diff).

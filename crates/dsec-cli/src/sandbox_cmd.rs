@@ -226,18 +226,33 @@ pub async fn rm(a: IdsArgs) -> anyhow::Result<u8> {
     each_id(a, |c, id| async move { c.delete(&id).await.map(|()| id) }).await
 }
 
-pub async fn pause(a: IdsArgs) -> anyhow::Result<u8> {
-    each_id(a, |c, id| async move {
-        c.pause(&id).await.map(|p| {
-            format!(
-                "{} {} freed {:.1} MiB in {:.1} ms{}",
-                p.sandbox.id,
-                p.sandbox.state.as_str(),
-                p.memory_freed_bytes as f64 / (1u64 << 20) as f64,
-                p.duration_ms,
-                if p.changed { "" } else { " (already paused)" }
-            )
-        })
+#[derive(clap::Args)]
+pub struct PauseArgs {
+    /// `auto` (microVMs suspend to disk, containers freeze), `freeze` or
+    /// `suspend`.
+    #[arg(long, default_value = "auto")]
+    pub mode: String,
+    #[command(flatten)]
+    pub ids: IdsArgs,
+}
+
+pub async fn pause(a: PauseArgs) -> anyhow::Result<u8> {
+    let mode = a.mode;
+    each_id(a.ids, |c, id| {
+        let mode = mode.clone();
+        async move {
+            c.pause_mode(&id, &mode).await.map(|p| {
+                let how = if p.suspended { format!(" suspended, {:.1} MiB on disk,", p.disk_bytes as f64 / (1u64 << 20) as f64) } else { String::new() };
+                format!(
+                    "{} {}{how} freed {:.1} MiB in {:.1} ms{}",
+                    p.sandbox.id,
+                    p.sandbox.state.as_str(),
+                    p.memory_freed_bytes as f64 / (1u64 << 20) as f64,
+                    p.duration_ms,
+                    if p.changed { "" } else { " (already paused)" }
+                )
+            })
+        }
     })
     .await
 }

@@ -126,6 +126,11 @@ pub struct EdgeArgs {
     /// balloon free page reporting); `false` keeps them resident.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub vm_free_page_reporting: bool,
+    /// microVM guest RAM as a file under the state directory (shared
+    /// mapping), so a suspend saves device state only; `false`: anonymous
+    /// guest RAM, and a suspend writes all of it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub vm_ram_file: bool,
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
@@ -226,6 +231,7 @@ impl EdgeArgs {
         vm.accel = self.vm_accel;
         vm.qemu = self.qemu.clone();
         vm.free_page_reporting = self.vm_free_page_reporting;
+        vm.ram_file = self.vm_ram_file;
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;

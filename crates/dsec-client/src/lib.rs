@@ -155,6 +155,12 @@ impl Client {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None).await
     }
 
+    /// Pauses in `mode` (`auto`, `freeze` or `suspend`).
+    pub async fn pause_mode(&self, id: &str, mode: &str) -> Result<api::PauseResult, ClientError> {
+        let mode: String = form_urlencoded::byte_serialize(mode.as_bytes()).collect();
+        self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/pause?mode={mode}"), None).await
+    }
+
     pub async fn resume(&self, id: &str) -> Result<api::ResumeResult, ClientError> {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None).await
     }

@@ -57,6 +57,7 @@ impl Edge {
             pid: None,
             paused_at_ms: None,
             memory_freed_bytes: None,
+            suspended: false,
             queue_position: None,
         };
         let entry = Entry::new(rec.clone(), true);
@@ -173,6 +174,13 @@ impl Edge {
                     tracing::error!(error = %e, "cannot poll pidfd; falling back to the channel");
                     instance.agent.closed().await;
                 }
+            }
+            if !entry.instance().is_some_and(|current| Arc::ptr_eq(&current, &instance)) {
+                // Detached before it ended (a suspend to disk ended it on
+                // purpose): the sandbox lives on without this process.
+                let inst = instance.clone();
+                let _ = tokio::task::spawn_blocking(move || crate::container::spawn::reap(&inst.pidfd)).await;
+                return;
             }
             let (id, kind) = {
                 let r = lock(&entry.record);

@@ -147,6 +147,10 @@ pub struct SandboxRecord {
     /// Resident memory the last pause pushed out of RAM.
     #[serde(default)]
     pub memory_freed_bytes: Option<u64>,
+    /// Paused by a suspend to disk: no process runs; resume starts a new
+    /// one from the saved image.
+    #[serde(default)]
+    pub suspended: bool,
     /// Place in the creation queue while `Queued` (0 = next); filled in
     /// when the record is read, never stored.
     #[serde(default, skip_serializing)]

@@ -227,6 +227,7 @@ mod tests {
             pid: Some(10),
             paused_at_ms: None,
             memory_freed_bytes: None,
+            suspended: false,
             queue_position: None,
         }
     }

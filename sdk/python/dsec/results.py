@@ -146,6 +146,8 @@ class SandboxInfo:
         queue_position: while ``queued``, creations served before this one.
         paused_at: while paused, when the pause began (RFC 3339).
         memory_freed_bytes: resident memory the last pause pushed out of RAM.
+        suspended: while paused, True if suspended to disk (no process runs;
+            a microVM) rather than frozen.
         raw: the record as received, including fields this SDK does not know.
     """
 
@@ -170,6 +172,7 @@ class SandboxInfo:
     queue_position: int | None = None
     paused_at: str | None = None
     memory_freed_bytes: int | None = None
+    suspended: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -212,6 +215,7 @@ class SandboxInfo:
             queue_position=d.get("queue_position"),
             paused_at=d.get("paused_at"),
             memory_freed_bytes=d.get("memory_freed_bytes"),
+            suspended=bool(d.get("suspended", False)),
             raw=d,
         )
 
@@ -427,6 +431,9 @@ class PauseResult:
             before and after its memory was pushed out of RAM.
         memory_freed_bytes: the difference.
         duration_ms: time the pause took on the server.
+        suspended: True if the sandbox was suspended to disk (a microVM: its
+            memory and device state saved, its process ended).
+        disk_bytes: bytes the suspend image occupies on disk.
     """
 
     sandbox: SandboxInfo
@@ -435,6 +442,8 @@ class PauseResult:
     memory_after_bytes: int = 0
     memory_freed_bytes: int = 0
     duration_ms: float = 0.0
+    suspended: bool = False
+    disk_bytes: int = 0
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PauseResult:
@@ -443,7 +452,9 @@ class PauseResult:
                    memory_before_bytes=d.get("memory_before_bytes", 0),
                    memory_after_bytes=d.get("memory_after_bytes", 0),
                    memory_freed_bytes=d.get("memory_freed_bytes", 0),
-                   duration_ms=d.get("duration_ms", 0.0))
+                   duration_ms=d.get("duration_ms", 0.0),
+                   suspended=bool(d.get("suspended", False)),
+                   disk_bytes=d.get("disk_bytes", 0))
 
 
 @dataclass(slots=True)

@@ -156,17 +156,27 @@ class Sandbox:
             self.info = SandboxInfo.from_json(d)
         return self.info
 
-    async def pause(self, timeout: float | None = 120) -> PauseResult:
-        """Freeze the sandbox and push its memory out of RAM; it keeps every
-        process and file. A paused sandbox does not count against the running
-        quota. Any later request resumes it first, transparently; so does
-        :meth:`resume`. Pausing a paused sandbox changes nothing
-        (``changed`` is False)."""
+    async def pause(self, timeout: float | None = 120, *, mode: str = "auto") -> PauseResult:
+        """Pause the sandbox; it keeps every process and file. ``mode``:
+        ``auto`` (default) suspends a microVM to disk and freezes a
+        container; ``freeze`` freezes its processes and pushes their memory
+        out of RAM; ``suspend`` saves a microVM's memory and device state to
+        disk and ends its process (no host memory held). A paused sandbox
+        does not count against the running quota. Any later request resumes
+        it first, transparently; so does :meth:`resume`. Pausing a paused
+        sandbox changes nothing (``changed`` is False)."""
+        if mode not in ("auto", "freeze", "suspend"):
+            raise ValueError(f"mode must be auto, freeze or suspend, not {mode!r}")
         d = await self._t.request("POST", self._t.url(self._base + "/pause"),
+                                  params={"mode": mode},
                                   timeout=self._t.timeout_for(timeout))
         r = PauseResult.from_json(d)
         self.info = r.sandbox
         return r
+
+    async def suspend(self, timeout: float | None = 120) -> PauseResult:
+        """Suspend a microVM to disk: ``pause(mode="suspend")``."""
+        return await self.pause(timeout, mode="suspend")
 
     async def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
                         timeout: float | None = 600) -> PackResult:

@@ -295,9 +295,13 @@ class Sandbox:
         """Stop the sandbox if needed and forget it."""
         self._run(self.aio.delete())
 
-    def pause(self, timeout: float | None = 120) -> PauseResult:
-        """Freeze the sandbox and push its memory out of RAM."""
-        return self._run(self.aio.pause(timeout=timeout))
+    def pause(self, timeout: float | None = 120, *, mode: str = "auto") -> PauseResult:
+        """Pause the sandbox (a microVM suspends to disk, a container freezes)."""
+        return self._run(self.aio.pause(timeout=timeout, mode=mode))
+
+    def suspend(self, timeout: float | None = 120) -> PauseResult:
+        """Suspend a microVM to disk."""
+        return self._run(self.aio.suspend(timeout=timeout))
 
     def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
                   timeout: float | None = 600) -> PackResult:
