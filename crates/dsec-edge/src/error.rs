@@ -49,12 +49,18 @@ pub enum EdgeError {
     TrajectoryNotFound(String),
     #[error("idempotency key {0:?} was used for a different request")]
     IdempotencyConflict(String),
+    #[error("no snapshot named {0:?} is visible here")]
+    SnapshotNotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
 }
 
 impl EdgeError {
     pub fn code(&self) -> ErrorCode {
         match self {
             EdgeError::Invalid(_) => ErrorCode::InvalidRequest,
+            EdgeError::SnapshotNotFound(_) => ErrorCode::SnapshotNotFound,
+            EdgeError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             EdgeError::InvalidLimits(_) => ErrorCode::InvalidLimits,
             EdgeError::UnsupportedBackend(_) => ErrorCode::UnsupportedBackend,
             EdgeError::UnsupportedNetwork(_) => ErrorCode::UnsupportedNetworkPolicy,

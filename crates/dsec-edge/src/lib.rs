@@ -43,6 +43,7 @@ mod suspend;
 pub mod swap;
 pub mod trajectory;
 mod replay;
+mod vm_snapshot;
 
 pub use background::ReapReport;
 pub use edge::{host_resources, ActivityGuard, Edge, EdgeConfig, NodeStats};
@@ -53,6 +54,8 @@ pub use lease::Lease;
 pub use pack::PackRequest;
 pub use pause::{PauseOutcome, ResumeOutcome};
 pub use suspend::PauseMode;
+pub use vm_snapshot::SnapshotOutcome;
+pub use microvm::snapshot::SnapshotMeta;
 pub use images::{PackOutput, RootfsPlan, RootfsProvider};
 pub use layers::ImageLayers;
 pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};

@@ -34,7 +34,10 @@ impl Edge {
     async fn create_to_completion(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, EdgeError> {
         let t0 = Instant::now();
         let inner = &self.inner;
-        let spec = resolve(req, &inner.config.policy)?;
+        let mut req = req;
+        let snapshot = self.apply_snapshot(caller, &mut req)?;
+        let mut spec = resolve(req, &inner.config.policy)?;
+        spec.snapshot = snapshot;
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
         let plan = inner.rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)?;

@@ -40,6 +40,9 @@ pub struct SandboxSpec {
     pub labels: BTreeMap<String, String>,
     pub job: Option<String>,
     pub network_rules: BTreeMap<String, bool>,
+    /// A microVM whose writable disk starts from this snapshot (its id).
+    #[serde(default)]
+    pub snapshot: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]

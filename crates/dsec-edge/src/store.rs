@@ -217,6 +217,7 @@ mod tests {
                 labels: Default::default(),
                 job: None,
                 network_rules: Default::default(),
+                snapshot: None,
             },
             state: State::Running,
             reason: None,

@@ -72,6 +72,11 @@ impl Edge {
         let Some(inst) = entry.instance() else {
             return Err(EdgeError::NotRunning { id, state: rec.state.as_str() });
         };
+        // The guest's dirty pages reach its disk first, so a snapshot of
+        // the suspended sandbox's disk holds everything it wrote.
+        if let Err(e) = self.guest_sync(entry).await {
+            tracing::warn!(%id, error = %e, "guest sync before suspend failed");
+        }
         self.set_state(entry, State::Pausing, None);
         if let Err(e) = self.inner.store.sync().await {
             self.set_state(entry, State::Running, None);

@@ -382,6 +382,46 @@ class Health:
 
 
 @dataclass(slots=True)
+class SnapshotInfo:
+    """A microVM disk snapshot (:meth:`Sandbox.snapshot`); start microVMs
+    from it with ``DSecRunArgs(snapshot=name)`` or :meth:`DSecClient.fork`.
+
+    Attributes:
+        name, id: its name (unique per tenant) and the node's id for it.
+        source: the sandbox it was taken from.
+        image, workspace, toolkits: the image stack it runs on.
+        disk_limit_mb: the size of its disk.
+        parent: the snapshot it chains onto (None: the empty disk).
+        bytes: bytes its own layer takes (what the source changed).
+        created: False if an earlier call with the same idempotency key made it.
+        frozen_ms: how long the source's vCPUs were stopped for the copy.
+    """
+
+    name: str
+    id: str = ""
+    source: str = ""
+    image: str = ""
+    workspace: str | None = None
+    toolkits: list[str] = field(default_factory=list)
+    disk_limit_mb: int = 0
+    parent: str | None = None
+    bytes: int = 0
+    created_at: str = ""
+    created: bool = True
+    frozen_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SnapshotInfo:
+        """Parse a ``Snapshot``."""
+        return cls(name=d["name"], id=d.get("id", ""), source=d.get("source", ""),
+                   image=d.get("image", ""), workspace=d.get("workspace"),
+                   toolkits=list(d.get("toolkits", ())), disk_limit_mb=d.get("disk_limit_mb", 0),
+                   parent=d.get("parent"), bytes=d.get("bytes", 0),
+                   created_at=d.get("created_at", ""), created=bool(d.get("created", True)),
+                   frozen_ms=d.get("frozen_ms", 0.0))
+
+
+@dataclass(slots=True)
 class PackResult:
     """What :meth:`Sandbox.pack_diff` did.
 

@@ -6,6 +6,7 @@ pub mod fncall;
 pub mod jobs;
 pub mod pack;
 pub mod pause;
+pub mod snapshots;
 pub mod sandboxes;
 pub mod stream;
 pub mod trajectory;

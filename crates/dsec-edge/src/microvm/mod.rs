@@ -19,6 +19,7 @@ mod accel;
 pub mod cmdline;
 pub mod disk;
 pub mod qmp;
+pub mod snapshot;
 mod suspend;
 
 use std::collections::HashSet;
@@ -97,6 +98,8 @@ pub struct MicroVmBackend {
     ram_file: bool,
     /// Where suspend images live.
     suspend_dir: PathBuf,
+    /// The node's disk snapshots.
+    pub snapshots: snapshot::SnapshotDir,
 }
 
 impl MicroVmBackend {
@@ -138,6 +141,7 @@ impl MicroVmBackend {
             ram_dir,
             ram_file: cfg.ram_file,
             suspend_dir,
+            snapshots: snapshot::SnapshotDir::open(vm_state.join("snapshots"))?,
         })
     }
 
@@ -170,7 +174,7 @@ impl MicroVmBackend {
     }
 
     fn files(&self, id: &str) -> VmFiles {
-        VmFiles { run_dir: self.run_root.join(id), disk: self.disk_dir.join(format!("{id}.ext4")) }
+        VmFiles { run_dir: self.run_root.join(id), disk: self.disk_dir.join(format!("{id}.qcow2")) }
     }
 
     /// The accelerator: forced, or probed once by booting the guest kernel
@@ -199,10 +203,16 @@ impl MicroVmBackend {
         }
         let files = self.files(id);
         let (tdir, disk_mb, f2) = (self.template_dir.clone(), spec.limits.disk_mb.max(16), files.clone());
+        // A fork's disk chains onto its snapshot, a fresh one onto the
+        // empty template of its size.
+        let from_snapshot = spec.snapshot.as_ref().map(|s| self.snapshots.layer(s));
         let prepared = tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
             std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
-            let template = disk::template(&tdir, disk_mb)?;
-            disk::sparse_copy(&template, &f2.disk).map_err(|e| EdgeError::Internal(format!("copying the disk template: {e}")))
+            let backing = match from_snapshot {
+                Some(layer) => layer,
+                None => disk::template(&tdir, disk_mb)?,
+            };
+            snapshot::create_overlay(&backing, &f2.disk)
         })
         .await
         .map_err(|e| EdgeError::Internal(e.to_string()))
@@ -360,6 +370,31 @@ impl MicroVmBackend {
             .map_err(|_| EdgeError::Timeout(format!("re-attaching to the microVM {id}")))?
     }
 
+    /// Copies the writable disk of `id` into a new snapshot. `running`:
+    /// its vCPUs are stopped for the copy (the caller synced the guest);
+    /// otherwise it is suspended and its disk quiet.
+    pub async fn snapshot(&self, id: &str, running: bool, mut meta: snapshot::SnapshotMeta) -> Result<(snapshot::SnapshotMeta, f64), EdgeError> {
+        let files = self.files(id);
+        meta.parent = snapshot::backing_file(&files.disk)
+            .filter(|b| b.starts_with(self.snapshots.layer("x").parent().unwrap_or(Path::new("/"))))
+            .and_then(|b| b.file_stem().map(|s| s.to_string_lossy().into_owned()));
+        let qmp = files.qmp_socket();
+        if running {
+            qmp::execute(&qmp, "stop").await?;
+        }
+        let t0 = Instant::now();
+        let snaps = self.snapshots.clone();
+        let copied = tokio::task::spawn_blocking(move || snaps.write(&files.disk, meta))
+            .await
+            .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))
+            .and_then(|r| r);
+        let frozen_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        if running {
+            qmp::execute(&qmp, "cont").await?;
+        }
+        copied.map(|m| (m, frozen_ms))
+    }
+
     async fn suspend_vm(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<crate::backend::SuspendOutcome, EdgeError> {
         let before = self.cgroups.memory_usage(id).unwrap_or(0);
         let (qmp, image, ram) = (self.files(id).qmp_socket(), self.image_path(id), self.ram_path(id));
@@ -511,7 +546,7 @@ impl Backend for MicroVmBackend {
                 }
             }
         }
-        for (dir, suffix) in [(&self.disk_dir, ".ext4"), (&self.ram_dir, ".ram"), (&self.suspend_dir, ".vmstate")] {
+        for (dir, suffix) in [(&self.disk_dir, ".qcow2"), (&self.disk_dir, ".ext4"), (&self.ram_dir, ".ram"), (&self.suspend_dir, ".vmstate")] {
             let Ok(dir) = std::fs::read_dir(dir) else { continue };
             for e in dir.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
