@@ -131,6 +131,10 @@ pub struct EdgeArgs {
     /// guest RAM, and a suspend writes all of it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub vm_ram_file: bool,
+    /// TCG translation cache per microVM, MiB (each VM's QEMU keeps up to
+    /// this much translated code resident; unused under KVM).
+    #[arg(long, default_value_t = 64)]
+    pub vm_tb_size_mb: u32,
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
@@ -232,6 +236,7 @@ impl EdgeArgs {
         vm.qemu = self.qemu.clone();
         vm.free_page_reporting = self.vm_free_page_reporting;
         vm.ram_file = self.vm_ram_file;
+        vm.tb_size_mb = self.vm_tb_size_mb;
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;

@@ -36,6 +36,7 @@ pub async fn probe_kvm(qemu: &Path, kernel: &Path, initramfs: &Path, run_root: &
         free_page_reporting: false,
         ram_file: None,
         incoming_fd: None,
+        tb_size_mb: 64,
     };
     let child = tokio::process::Command::new(qemu)
         .args(qemu_args(&launch))

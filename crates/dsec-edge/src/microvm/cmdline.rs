@@ -98,6 +98,9 @@ pub struct VmLaunch<'a> {
     /// memory). A suspend then saves only device state: the RAM is
     /// already in the file (`x-ignore-shared`).
     pub ram_file: Option<&'a Path>,
+    /// TCG's translation cache in MiB (ignored under KVM): each VM's QEMU
+    /// keeps up to this much translated code resident.
+    pub tb_size_mb: u32,
     /// Start from a suspend image read from this inherited descriptor
     /// instead of booting: QEMU waits (`-incoming defer`) for the edge to
     /// set the migration capabilities and name the descriptor over QMP.
@@ -151,7 +154,7 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
         // A bounded translation cache: the default (1 GiB) would let one
         // VM's QEMU grow far past its guest's memory.
-        Accel::Tcg => push(&["-accel", "tcg,tb-size=64"]),
+        Accel::Tcg => push(&["-accel", &format!("tcg,tb-size={}", l.tb_size_mb.max(1))]),
     }
     let (mem, smp) = (format!("{}M", l.memory_mb), l.vcpus.max(1).to_string());
     push(&["-m", &mem, "-smp", &smp]);
@@ -237,6 +240,7 @@ mod tests {
             free_page_reporting: true,
             ram_file: None,
             incoming_fd: None,
+            tb_size_mb: 64,
         }
     }
 

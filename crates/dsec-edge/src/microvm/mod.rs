@@ -63,6 +63,8 @@ pub struct VmConfig {
     /// directory, so a suspend saves device state only (the fast path);
     /// otherwise anonymous memory, and a suspend writes all of it.
     pub ram_file: bool,
+    /// TCG translation cache per VM, MiB.
+    pub tb_size_mb: u32,
 }
 
 impl VmConfig {
@@ -74,6 +76,7 @@ impl VmConfig {
             run_root: "/run/dsec/vm".into(),
             free_page_reporting: true,
             ram_file: true,
+            tb_size_mb: 64,
         }
     }
 }
@@ -96,6 +99,7 @@ pub struct MicroVmBackend {
     ram_dir: PathBuf,
     /// Guest RAM is file-backed (else anonymous).
     ram_file: bool,
+    tb_size_mb: u32,
     /// Where suspend images live.
     suspend_dir: PathBuf,
     /// The node's disk snapshots.
@@ -140,6 +144,7 @@ impl MicroVmBackend {
             free_page_reporting: cfg.free_page_reporting,
             ram_dir,
             ram_file: cfg.ram_file,
+            tb_size_mb: cfg.tb_size_mb,
             suspend_dir,
             snapshots: snapshot::SnapshotDir::open(vm_state.join("snapshots"))?,
         })
@@ -170,6 +175,7 @@ impl MicroVmBackend {
             free_page_reporting: self.free_page_reporting,
             ram_file: ram,
             incoming_fd: None,
+            tb_size_mb: self.tb_size_mb,
         }
     }
 
