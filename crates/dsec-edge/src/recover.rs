@@ -149,8 +149,11 @@ impl Edge {
         if alive || !backend.has_suspend_image(&rec.id) {
             return false;
         }
-        // A half-started restore's process, if any.
+        // A half-started restore's process, if any. kill_all leaves the
+        // freezer FROZEN (it expects a removal next): thaw, or the restore's
+        // QEMU would freeze as it joins.
         self.inner.cgroups.kill_all(&rec.id);
+        let _ = self.inner.cgroups.thaw(&rec.id);
         rec.state = State::Paused;
         rec.suspended = true;
         rec.pid = None;

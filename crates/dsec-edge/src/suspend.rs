@@ -126,6 +126,9 @@ impl Edge {
     pub(crate) async fn restore_locked(&self, entry: &Arc<Entry>, rec: &SandboxRecord, t0: Instant) -> Result<ResumeOutcome, EdgeError> {
         let restored = async {
             let backend = self.inner.backends.get(rec.spec.backend)?;
+            // No process is in its cgroup: a thaw is harmless, and a
+            // freezer left FROZEN would stop the new QEMU as it joins.
+            self.inner.cgroups.thaw(&rec.id)?;
             let plan = self.inner.rootfs.plan(&rec.spec.image, rec.spec.workspace.as_deref(), &rec.spec.toolkits)?;
             backend.restore(&rec.id, &rec.spec, &plan).await
         };
