@@ -269,6 +269,9 @@ fn dev(root: &str, devdir: &str, shmdir: &str) -> Result<()> {
     bind(&cstr(devdir)?, &d("")?, libc::MS_NOSUID)?;
     for (name, major, minor) in [("null", 1, 3), ("zero", 1, 5), ("full", 1, 7), ("random", 1, 8), ("urandom", 1, 9), ("tty", 5, 0)] {
         let p = d(&format!("/{name}"))?;
+        // A VM started from a snapshot finds the nodes of the previous
+        // boot on its writable disk: make them anew.
+        let _ = rustix::fs::unlink(p.as_c_str());
         // SAFETY: NUL-terminated path; the agent's umask is 0 so the mode is
         // exactly 0666.
         if unsafe { libc::mknod(p.as_ptr(), libc::S_IFCHR | 0o666, libc::makedev(major, minor)) } != 0 {
@@ -293,7 +296,9 @@ fn dev(root: &str, devdir: &str, shmdir: &str) -> Result<()> {
         ("/stdout", "/proc/self/fd/1"),
         ("/stderr", "/proc/self/fd/2"),
     ] {
-        rustix::fs::symlink(target, d(link)?.as_c_str()).map_err(fail(format!("symlink /dev{link}")))?;
+        let path = d(link)?;
+        let _ = rustix::fs::unlink(path.as_c_str());
+        rustix::fs::symlink(target, path.as_c_str()).map_err(fail(format!("symlink /dev{link}")))?;
     }
     Ok(())
 }

@@ -55,6 +55,7 @@ error_codes! {
     FileNotFound = ("file_not_found", 404, "No file or directory at this path in the sandbox."),
     SessionNotFound = ("session_not_found", 404, "No terminal session with this id in the sandbox."),
     JobNotFound = ("job_not_found", 404, "No sandbox of this job is visible to this tenant."),
+    SnapshotNotFound = ("snapshot_not_found", 404, "No microVM snapshot with this name is visible to this tenant on the node."),
     TrajectoryNotFound = ("trajectory_not_found", 404, "The sandbox has no trajectory log (no operation was recorded in it)."),
     MethodNotAllowed = ("method_not_allowed", 405, "The route exists but not for this HTTP method."),
     SandboxNotRunning = ("sandbox_not_running", 409, "The sandbox is not running (stopped, failed or still starting)."),

@@ -77,6 +77,51 @@ pub struct CreateSandboxRequest {
     /// The training job this sandbox belongs to.
     #[serde(default)]
     pub job: Option<String>,
+    /// Start a microVM (`backend: "microvm"`) from this snapshot of the
+    /// caller's (`POST /v1/sandboxes/{id}/snapshot`): its writable disk
+    /// chains onto the snapshot's; image, layers and disk size are the
+    /// snapshot's.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub snapshot: Option<String>,
+}
+
+/// `POST /v1/sandboxes/{id}/snapshot`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotRequest {
+    /// The snapshot's name, unique per tenant: letters, digits, `._:-`.
+    pub name: String,
+}
+
+/// A microVM disk snapshot.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct Snapshot {
+    pub name: String,
+    pub id: String,
+    /// The sandbox it was taken from.
+    pub source: String,
+    pub image: String,
+    pub workspace: Option<String>,
+    pub toolkits: Vec<String>,
+    pub disk_limit_mb: u64,
+    /// The snapshot this one chains onto (`None`: the empty disk).
+    pub parent: Option<String>,
+    /// Bytes its own layer occupies on disk (what the source changed).
+    pub bytes: u64,
+    /// RFC 3339.
+    pub created_at: String,
+    /// False if an earlier request with the same idempotency key made it.
+    #[serde(default)]
+    pub created: bool,
+    /// How long the source's vCPUs were stopped for the copy.
+    #[serde(default)]
+    pub frozen_ms: f64,
+}
+
+/// `GET /v1/snapshots`.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct SnapshotList {
+    pub snapshots: Vec<Snapshot>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema)]
@@ -178,6 +223,10 @@ pub struct Sandbox {
     /// Resident memory the last pause pushed out of RAM.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub memory_freed_bytes: Option<u64>,
+    /// While paused: suspended to disk (no process runs; resume restores
+    /// it in a new one) rather than frozen.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub suspended: bool,
 }
 
 /// `GET /v1/sandboxes`.
@@ -197,6 +246,12 @@ pub struct PauseResult {
     pub memory_after_bytes: u64,
     pub memory_freed_bytes: u64,
     pub duration_ms: f64,
+    /// Suspended to disk (a microVM's process ended) rather than frozen.
+    #[serde(default)]
+    pub suspended: bool,
+    /// Bytes the suspend image occupies on disk (0 for a freeze).
+    #[serde(default)]
+    pub disk_bytes: u64,
 }
 
 /// `POST /v1/sandboxes/{id}/resume`.

@@ -52,6 +52,24 @@ pub fn create_request(r: api::CreateSandboxRequest) -> SandboxRequest {
         labels: r.labels,
         job: r.job,
         network_rules: r.network_rules,
+        snapshot: r.snapshot,
+    }
+}
+
+pub fn snapshot_out(m: dsec_edge::SnapshotMeta, created: bool, frozen_ms: f64) -> api::Snapshot {
+    api::Snapshot {
+        name: m.name,
+        id: m.id,
+        source: m.source,
+        image: m.image,
+        workspace: m.workspace,
+        toolkits: m.toolkits,
+        disk_limit_mb: m.disk_mb,
+        parent: m.parent,
+        bytes: m.bytes,
+        created_at: rfc3339(m.created_at_ms),
+        created,
+        frozen_ms,
     }
 }
 
@@ -135,6 +153,7 @@ pub fn sandbox_out(r: SandboxRecord) -> api::Sandbox {
         queue_position: r.queue_position,
         paused_at: r.paused_at_ms.map(rfc3339),
         memory_freed_bytes: r.memory_freed_bytes,
+        suspended: r.suspended && r.state.is_paused(),
     }
 }
 

@@ -26,7 +26,7 @@ pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, stream, trajectory};
+use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, snapshots, stream, trajectory};
 
 pub fn openapi_json() -> String {
     openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
@@ -49,6 +49,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/resume", post(pause::resume))
         .route("/v1/sandboxes/{id}/timeout", post(pause::set_timeout))
         .route("/v1/sandboxes/{id}/pack", post(pack::pack))
+        .route("/v1/sandboxes/{id}/snapshot", post(snapshots::take))
+        .route("/v1/snapshots", get(snapshots::list))
         .route("/v1/sandboxes/{id}/events", get(events::sandbox))
         .route("/v1/sandboxes/{id}/audit", get(audit::list))
         .route("/v1/sandboxes/{id}/network", put(audit::set_network))

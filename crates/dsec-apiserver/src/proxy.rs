@@ -60,5 +60,6 @@ fn unknown(id: &str, node: &str, reason: String) -> dsec_api::Sandbox {
         queue_position: None,
         paused_at: None,
         memory_freed_bytes: None,
+        suspended: false,
     }
 }

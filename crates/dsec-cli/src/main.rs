@@ -50,8 +50,11 @@ enum Cmd {
     Stop(sandbox_cmd::IdsArgs),
     /// Stop and remove sandboxes.
     Rm(sandbox_cmd::IdsArgs),
-    /// Pause sandboxes: freeze them and push their memory out of RAM.
-    Pause(sandbox_cmd::IdsArgs),
+    /// Pause sandboxes: suspend microVMs to disk, freeze containers and
+    /// push their memory out of RAM (`--mode`).
+    Pause(sandbox_cmd::PauseArgs),
+    /// Snapshot a microVM's disk; start microVMs from it with `run --snapshot`.
+    Snapshot(sandbox_cmd::SnapshotArgs),
     /// Resume paused sandboxes.
     Resume(sandbox_cmd::IdsArgs),
     /// Pack what a sandbox changed into a new image (pack_diff).
@@ -112,6 +115,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,
+            Cmd::Snapshot(a) => sandbox_cmd::snapshot(a).await,
             Cmd::Resume(a) => sandbox_cmd::resume(a).await,
             Cmd::Pack(a) => pack_cmd::run(a).await,
             Cmd::Job(c) => sandbox_cmd::job(c).await,

@@ -33,6 +33,12 @@ pub struct RunArgs {
     /// The training job the sandbox belongs to (for `dsec job pause|resume`).
     #[arg(long)]
     pub job: Option<String>,
+    /// `container` or `microvm`.
+    #[arg(long, default_value = "container")]
+    pub backend: String,
+    /// Start a microVM from this snapshot (`dsec snapshot`).
+    #[arg(long)]
+    pub snapshot: Option<String>,
     /// Keep the sandbox after CMD finishes.
     #[arg(long)]
     pub keep: bool,
@@ -53,8 +59,13 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 
 pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
     let client = a.conn.client()?;
+    let backend = match (a.backend.as_str(), &a.snapshot) {
+        (_, Some(_)) | ("microvm", _) => api::Backend::Microvm,
+        ("container", _) => api::Backend::Container,
+        (other, _) => anyhow::bail!("--backend must be container or microvm, not {other:?}"),
+    };
     let req = api::CreateSandboxRequest {
-        backend: api::Backend::Container,
+        backend,
         image: a.image,
         workspace: a.workspace,
         toolkits: a.toolkits,
@@ -70,6 +81,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         workdir: None,
         labels: a.labels.into_iter().collect(),
         job: a.job,
+        snapshot: a.snapshot,
     };
     let sb = client.create(&req).await?;
     if a.cmd.is_empty() {
@@ -230,20 +242,63 @@ pub async fn rm(a: IdsArgs) -> anyhow::Result<u8> {
     each_id(a, |c, id| async move { c.delete(&id).await.map(|()| id) }).await
 }
 
-pub async fn pause(a: IdsArgs) -> anyhow::Result<u8> {
-    each_id(a, |c, id| async move {
-        c.pause(&id).await.map(|p| {
-            format!(
-                "{} {} freed {:.1} MiB in {:.1} ms{}",
-                p.sandbox.id,
-                p.sandbox.state.as_str(),
-                p.memory_freed_bytes as f64 / (1u64 << 20) as f64,
-                p.duration_ms,
-                if p.changed { "" } else { " (already paused)" }
-            )
-        })
+#[derive(clap::Args)]
+pub struct PauseArgs {
+    /// `auto` (microVMs suspend to disk, containers freeze), `freeze` or
+    /// `suspend`.
+    #[arg(long, default_value = "auto")]
+    pub mode: String,
+    #[command(flatten)]
+    pub ids: IdsArgs,
+}
+
+pub async fn pause(a: PauseArgs) -> anyhow::Result<u8> {
+    let mode = a.mode;
+    each_id(a.ids, |c, id| {
+        let mode = mode.clone();
+        async move {
+            c.pause_mode(&id, &mode).await.map(|p| {
+                let how = if p.suspended { format!(" suspended, {:.1} MiB on disk,", p.disk_bytes as f64 / (1u64 << 20) as f64) } else { String::new() };
+                format!(
+                    "{} {}{how} freed {:.1} MiB in {:.1} ms{}",
+                    p.sandbox.id,
+                    p.sandbox.state.as_str(),
+                    p.memory_freed_bytes as f64 / (1u64 << 20) as f64,
+                    p.duration_ms,
+                    if p.changed { "" } else { " (already paused)" }
+                )
+            })
+        }
     })
     .await
+}
+
+#[derive(clap::Args)]
+pub struct SnapshotArgs {
+    /// The microVM.
+    pub id: String,
+    /// The snapshot's name.
+    pub name: String,
+    /// A retry with the same key returns the first snapshot.
+    #[arg(long)]
+    pub idempotency_key: Option<String>,
+    #[command(flatten)]
+    pub conn: ConnectArgs,
+}
+
+pub async fn snapshot(a: SnapshotArgs) -> anyhow::Result<u8> {
+    let client = a.conn.client()?;
+    let s = client.snapshot(&a.id, &a.name, a.idempotency_key.as_deref()).await?;
+    println!(
+        "{} {} from {} ({:.1} MiB, vCPUs stopped {:.1} ms){}",
+        s.name,
+        s.id,
+        s.source,
+        s.bytes as f64 / (1u64 << 20) as f64,
+        s.frozen_ms,
+        if s.created { "" } else { " (existing, same idempotency key)" }
+    );
+    Ok(0)
 }
 
 pub async fn resume(a: IdsArgs) -> anyhow::Result<u8> {

@@ -134,6 +134,15 @@ pub struct EdgeArgs {
     /// balloon free page reporting); `false` keeps them resident.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub vm_free_page_reporting: bool,
+    /// microVM guest RAM as a file under the state directory (shared
+    /// mapping), so a suspend saves device state only; `false`: anonymous
+    /// guest RAM, and a suspend writes all of it.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub vm_ram_file: bool,
+    /// TCG translation cache per microVM, MiB (each VM's QEMU keeps up to
+    /// this much translated code resident; unused under KVM).
+    #[arg(long, default_value_t = 64)]
+    pub vm_tb_size_mb: u32,
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
@@ -239,6 +248,8 @@ impl EdgeArgs {
         vm.accel = self.vm_accel;
         vm.qemu = self.qemu.clone();
         vm.free_page_reporting = self.vm_free_page_reporting;
+        vm.ram_file = self.vm_ram_file;
+        vm.tb_size_mb = self.vm_tb_size_mb;
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
         if let Some(path) = &self.network_config {

@@ -155,6 +155,19 @@ impl Client {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/pause"), None).await
     }
 
+    /// Pauses in `mode` (`auto`, `freeze` or `suspend`).
+    pub async fn pause_mode(&self, id: &str, mode: &str) -> Result<api::PauseResult, ClientError> {
+        let mode: String = form_urlencoded::byte_serialize(mode.as_bytes()).collect();
+        self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/pause?mode={mode}"), None).await
+    }
+
+    /// Snapshots a microVM's disk as `name`.
+    pub async fn snapshot(&self, id: &str, name: &str, idempotency_key: Option<&str>) -> Result<api::Snapshot, ClientError> {
+        let req = api::SnapshotRequest { name: name.to_string() };
+        let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
+        self.json_with(Method::POST, &format!("/v1/sandboxes/{id}/snapshot"), Some(&req), &headers).await
+    }
+
     pub async fn resume(&self, id: &str) -> Result<api::ResumeResult, ClientError> {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None).await
     }

@@ -53,6 +53,32 @@ pub trait Backend: Send + Sync + 'static {
         Box::pin(async { Ok(()) })
     }
 
+    /// Whether this backend can suspend a sandbox to disk (save its memory
+    /// and device state, end its process, and later restore it in a new
+    /// one).
+    fn can_suspend(&self) -> bool {
+        false
+    }
+
+    /// Saves a running sandbox (whose process is `pidfd`) to disk and
+    /// ends that process. On failure the sandbox keeps running as before.
+    fn suspend<'a>(&'a self, id: &'a str, _pidfd: &'a std::os::fd::OwnedFd) -> BoxFuture<'a, Result<SuspendOutcome, EdgeError>> {
+        Box::pin(async move { Err(EdgeError::Invalid(format!("sandbox {id}: this backend cannot suspend to disk"))) })
+    }
+
+    /// Starts a new process from a sandbox's suspend image; the image is
+    /// consumed once the sandbox runs again. On failure the image is kept
+    /// (the sandbox stays suspended) and no process is left.
+    fn restore<'a>(&'a self, id: &'a str, _spec: &'a SandboxSpec, _plan: &'a RootfsPlan) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(async move { Err(EdgeError::Invalid(format!("sandbox {id}: this backend cannot restore a suspend image"))) })
+    }
+
+    /// Whether a complete suspend image of `id` is on disk (recovery after
+    /// an edge restart trusts it over a record saved before it was done).
+    fn has_suspend_image(&self, _id: &str) -> bool {
+        false
+    }
+
     /// Removes host files of sandboxes not in `live` (the reaper's pass
     /// over what has no cgroup to find it by). Returns how many. Blocking.
     fn reap_files(&self, _live: &HashSet<String>) -> usize {
@@ -61,6 +87,22 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Releases node-wide resources at edge shutdown.
     fn release(&self) {}
+}
+
+/// What one suspend to disk did.
+#[derive(Debug, Clone, Default)]
+pub struct SuspendOutcome {
+    /// Host memory the sandbox's cgroup held before, and after the process
+    /// ended and its saved pages left the page cache.
+    pub memory_before_bytes: u64,
+    pub memory_after_bytes: u64,
+    /// Bytes the suspend image occupies on disk (allocated blocks: guest
+    /// RAM file + device state).
+    pub disk_bytes: u64,
+    /// Time to save the device (and, without a RAM file, memory) state.
+    pub save_ms: f64,
+    /// Time to flush the guest RAM file to disk and drop it from memory.
+    pub flush_ms: f64,
 }
 
 /// The memory limit of a sandbox's cgroup: a VM's QEMU needs room beyond

@@ -55,12 +55,18 @@ pub enum EdgeError {
     UnknownNetworkService(String),
     #[error("{0}")]
     NetworkNotEnabled(String),
+    #[error("no snapshot named {0:?} is visible here")]
+    SnapshotNotFound(String),
+    #[error("{0}")]
+    AlreadyExists(String),
 }
 
 impl EdgeError {
     pub fn code(&self) -> ErrorCode {
         match self {
             EdgeError::Invalid(_) => ErrorCode::InvalidRequest,
+            EdgeError::SnapshotNotFound(_) => ErrorCode::SnapshotNotFound,
+            EdgeError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             EdgeError::InvalidLimits(_) => ErrorCode::InvalidLimits,
             EdgeError::UnsupportedBackend(_) => ErrorCode::UnsupportedBackend,
             EdgeError::UnsupportedNetwork(_) => ErrorCode::UnsupportedNetworkPolicy,

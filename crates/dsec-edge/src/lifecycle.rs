@@ -40,7 +40,10 @@ impl Edge {
         let t0 = Instant::now();
         let inner = &self.inner;
         let (req, network_rules) = crate::network::take_rules(self, req)?;
+        let mut req = req;
+        let snapshot = self.apply_snapshot(caller, &mut req)?;
         let mut spec = resolve(req, &inner.config.policy)?;
+        spec.snapshot = snapshot;
         if let Some(rules) = network_rules {
             spec.network_rules = rules;
         }
@@ -75,6 +78,7 @@ impl Edge {
             pid: None,
             paused_at_ms: None,
             memory_freed_bytes: None,
+            suspended: false,
             queue_position: None,
         };
         let entry = Entry::new(rec.clone(), true);
@@ -191,6 +195,13 @@ impl Edge {
                     tracing::error!(error = %e, "cannot poll pidfd; falling back to the channel");
                     instance.agent.closed().await;
                 }
+            }
+            if !entry.instance().is_some_and(|current| Arc::ptr_eq(&current, &instance)) {
+                // Detached before it ended (a suspend to disk ended it on
+                // purpose): the sandbox lives on without this process.
+                let inst = instance.clone();
+                let _ = tokio::task::spawn_blocking(move || crate::container::spawn::reap(&inst.pidfd)).await;
+                return;
             }
             let (id, kind) = {
                 let r = lock(&entry.record);

@@ -40,6 +40,9 @@ pub struct SandboxSpec {
     pub labels: BTreeMap<String, String>,
     pub job: Option<String>,
     pub network_rules: BTreeMap<String, bool>,
+    /// A microVM whose writable disk starts from this snapshot (its id).
+    #[serde(default)]
+    pub snapshot: Option<String>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -147,6 +150,10 @@ pub struct SandboxRecord {
     /// Resident memory the last pause pushed out of RAM.
     #[serde(default)]
     pub memory_freed_bytes: Option<u64>,
+    /// Paused by a suspend to disk: no process runs; resume starts a new
+    /// one from the saved image.
+    #[serde(default)]
+    pub suspended: bool,
     /// Place in the creation queue while `Queued` (0 = next); filled in
     /// when the record is read, never stored.
     #[serde(default, skip_serializing)]

@@ -22,6 +22,7 @@ use crate::cgroup::PushOut;
 use crate::edge::{lock, Edge, Entry};
 use crate::error::EdgeError;
 use crate::model::{now_ms, Caller, SandboxRecord, State};
+pub use crate::suspend::PauseMode;
 
 /// What one pause did.
 #[derive(Debug, Clone)]
@@ -31,6 +32,10 @@ pub struct PauseOutcome {
     pub changed: bool,
     pub memory: PushOut,
     pub duration_ms: f64,
+    /// Suspended to disk (the VM's process ended) rather than frozen.
+    pub suspended: bool,
+    /// Bytes the suspend image occupies on disk (0 for a freeze).
+    pub disk_bytes: u64,
 }
 
 /// What one resume did.
@@ -46,12 +51,19 @@ pub struct ResumeOutcome {
 const REATTACH_RETRY: Duration = Duration::from_millis(5);
 
 impl Edge {
-    /// Freezes a running sandbox and pushes its memory out. Pausing a paused
-    /// sandbox changes nothing and says so (`changed: false`).
+    /// Pauses a running sandbox the default way for its backend (a
+    /// microVM is suspended to disk, a container frozen with its memory
+    /// pushed out). Pausing a paused sandbox changes nothing and says so
+    /// (`changed: false`).
     pub async fn pause(&self, caller: &Caller, id: &str) -> Result<PauseOutcome, EdgeError> {
+        self.pause_with(caller, id, PauseMode::Auto).await
+    }
+
+    /// Pauses a running sandbox in `mode`.
+    pub async fn pause_with(&self, caller: &Caller, id: &str, mode: PauseMode) -> Result<PauseOutcome, EdgeError> {
         // Like stop: finish even if the caller goes away.
         let (edge, caller, id) = (self.clone(), caller.clone(), id.to_string());
-        let out = tokio::spawn(async move { edge.pause_to_completion(&caller, &id).await })
+        let out = tokio::spawn(async move { edge.pause_to_completion(&caller, &id, mode).await })
             .await
             .map_err(|e| EdgeError::Internal(format!("pause task failed: {e}")))?;
         if matches!(&out, Ok(o) if o.changed) {
@@ -76,17 +88,22 @@ impl Edge {
         out
     }
 
-    async fn pause_to_completion(&self, caller: &Caller, id: &str) -> Result<PauseOutcome, EdgeError> {
+    async fn pause_to_completion(&self, caller: &Caller, id: &str, mode: PauseMode) -> Result<PauseOutcome, EdgeError> {
         let entry = self.entry(caller, id)?;
         let _op = entry.op_lock.lock().await;
         let t0 = Instant::now();
         match entry.state() {
             State::Running => {}
             State::Paused => {
-                return Ok(PauseOutcome { record: entry.record(), changed: false, memory: PushOut::default(), duration_ms: 0.0 })
+                let record = entry.record();
+                let suspended = record.suspended;
+                return Ok(PauseOutcome { record, changed: false, memory: PushOut::default(), duration_ms: 0.0, suspended, disk_bytes: 0 });
             }
             s if s.is_terminal() => return Err(EdgeError::Ended { id: id.to_string(), state: s.as_str() }),
             s => return Err(EdgeError::NotRunning { id: id.to_string(), state: s.as_str() }),
+        }
+        if self.suspends(&entry, mode)? {
+            return self.suspend_locked(&entry, t0).await;
         }
         self.set_state(&entry, State::Pausing, None);
         // Durable before the freeze: a restarted edge then looks at the
@@ -125,7 +142,7 @@ impl Edge {
                 self.release(&entry, &rec);
                 self.save(&rec);
                 tracing::debug!(%id, freed = memory.freed_bytes(), "paused");
-                Ok(PauseOutcome { record: entry.record(), changed: true, memory, duration_ms: ms(t0) })
+                Ok(PauseOutcome { record: entry.record(), changed: true, memory, duration_ms: ms(t0), suspended: false, disk_bytes: 0 })
             }
             Err(e) => {
                 // Undo: the sandbox keeps running as if nothing happened.
@@ -158,6 +175,9 @@ impl Edge {
         // Not committed before the thaw: recovery decides from the freezer,
         // and the resume path must stay fast.
         self.set_state(entry, State::Resuming, None);
+        if rec.suspended {
+            return self.restore_locked(entry, &rec, t0).await;
+        }
         let limit = crate::backend::cgroup_memory_bytes(&rec.spec);
         let cgroups = &self.inner.cgroups;
         let thawed = cgroups.restore_memory_limit(&id, limit).and_then(|_| cgroups.thaw(&id));
@@ -248,6 +268,6 @@ pub(crate) fn push_budget(timeout: Duration) -> Duration {
     }
 }
 
-fn ms(t0: Instant) -> f64 {
+pub(crate) fn ms(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1000.0
 }

@@ -27,6 +27,9 @@ impl Edge {
                 }
                 continue;
             }
+            if rec.state.is_paused() && self.keep_suspended(&mut rec) {
+                continue;
+            }
             if rec.state.is_paused() {
                 if self.recover_paused(&mut rec).await && rec.state == State::Resuming {
                     resuming.push(rec.id.clone());
@@ -134,6 +137,31 @@ impl Edge {
                 false
             }
         }
+    }
+
+    /// A paused sandbox with a complete suspend image and no live process
+    /// (suspended, or cut by the crash between image and record, or in a
+    /// restore the crash interrupted) stays suspended. False if it is not
+    /// that case.
+    fn keep_suspended(&self, rec: &mut SandboxRecord) -> bool {
+        let backend = self.inner.backends.for_cleanup(rec.spec.backend);
+        let alive = rec.pid.is_some_and(|pid| self.inner.cgroups.contains(&rec.id, pid));
+        if alive || !backend.has_suspend_image(&rec.id) {
+            return false;
+        }
+        // A half-started restore's process, if any. kill_all leaves the
+        // freezer FROZEN (it expects a removal next): thaw, or the restore's
+        // QEMU would freeze as it joins.
+        self.inner.cgroups.kill_all(&rec.id);
+        let _ = self.inner.cgroups.thaw(&rec.id);
+        rec.state = State::Paused;
+        rec.suspended = true;
+        rec.pid = None;
+        rec.paused_at_ms.get_or_insert(now_ms());
+        tracing::info!(id = %rec.id, "kept suspended sandbox");
+        self.save(rec);
+        self.insert(Entry::new(rec.clone(), false));
+        true
     }
 
     /// Cleans up a sandbox that cannot be re-adopted and marks it failed.

@@ -68,6 +68,8 @@ fn request_from(spec: &SandboxSpec, source: &str) -> SandboxRequest {
         // Not part of the job: pausing the job must not pause its replays.
         job: None,
         network_rules: spec.network_rules.clone(),
+        // A replay starts from the image alone: it re-runs the log.
+        snapshot: None,
     }
 }
 

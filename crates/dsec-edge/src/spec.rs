@@ -24,6 +24,9 @@ pub struct SandboxRequest {
     pub labels: BTreeMap<String, String>,
     pub job: Option<String>,
     pub network_rules: BTreeMap<String, bool>,
+    /// Start a microVM's writable disk from this snapshot (by name; the
+    /// edge fills in the image it was taken from).
+    pub snapshot: Option<String>,
 }
 
 /// Defaults and bounds of one edge.
@@ -160,6 +163,8 @@ pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeE
         labels: req.labels,
         job: req.job,
         network_rules: req.network_rules,
+        // The edge resolves a snapshot's name to its id (`vm_snapshot`).
+        snapshot: None,
     })
 }
 

@@ -217,6 +217,7 @@ mod tests {
                 labels: Default::default(),
                 job: None,
                 network_rules: Default::default(),
+                snapshot: None,
             },
             state: State::Running,
             reason: None,
@@ -227,6 +228,7 @@ mod tests {
             pid: Some(10),
             paused_at_ms: None,
             memory_freed_bytes: None,
+            suspended: false,
             queue_position: None,
         }
     }

@@ -113,10 +113,14 @@ class DSecRunArgs(BaseRunArgs):
         backend: ``"container"`` (default), ``"microvm"``, ``"vm"`` or
             ``"fncall"``; switching backend is this one field.
         image: the base image (``name`` or ``name:tag``), e.g. ``"python"``.
+        snapshot: start a microVM from this snapshot of yours
+            (:meth:`Sandbox.snapshot`); its image, layers and disk size are
+            the snapshot's.
     """
 
     backend: Backend | str = "container"
     image: str
+    snapshot: str | None = None
 
     @property
     def backend_name(self) -> str:

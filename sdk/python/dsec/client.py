@@ -15,7 +15,8 @@ from ._http import Transport, resolve_endpoint, resolve_token
 from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
-from .results import Health, ImageInfo, JobActionResult, SandboxEvent, SandboxInfo, TenantInfo
+from .results import (Health, ImageInfo, JobActionResult, SandboxEvent, SandboxInfo, SnapshotInfo,
+                      TenantInfo)
 from .sandbox import Sandbox
 
 __all__ = ["DSecClient"]
@@ -212,30 +213,44 @@ class DSecClient:
 
     # --- forks -----------------------------------------------------------------
 
-    async def fork(self, source: Sandbox | str, count: int,
+    async def fork(self, source: Sandbox | SnapshotInfo | str, count: int,
                    args: DSecContainerRunArgs | DSecRunArgs | None = None, *,
                    name: str | None = None, timeout: float | None = 120) -> builtins.list[Sandbox]:
-        """Start ``count`` sandboxes from a sandbox's current state or from an
-        image, at once.
+        """Start ``count`` sandboxes from a sandbox's current state, a
+        microVM snapshot, or an image, at once.
 
-        A :class:`Sandbox` source is packed first (:meth:`Sandbox.pack_diff`
-        into ``name``, default ``fork-<id>:<random>``); the children start
-        from that image and do not depend on the parent, which may be
-        stopped right after. ``args`` are the children's run arguments (their
-        image is replaced by the source's); by default the parent's backend,
-        limits, user, job and labels, or plain defaults for an image source.
-        All or nothing: if one child cannot start, the others are stopped
-        and the error is raised."""
+        A container :class:`Sandbox` source is packed first
+        (:meth:`Sandbox.pack_diff` into ``name``, default
+        ``fork-<id>:<random>``); a microVM source is snapshotted
+        (:meth:`Sandbox.snapshot`, default name ``fork-<id>-<random>``; a
+        suspended microVM stays suspended). The children start from that
+        image or snapshot and do not depend on the parent, which may be
+        stopped right after. ``args`` are the children's run arguments
+        (their image is replaced by the source's); by default the parent's
+        backend, limits, user, job and labels, or plain defaults for an
+        image source. All or nothing: if one child cannot start, the others
+        are stopped and the error is raised."""
         if count < 1:
             raise ValueError("count must be at least 1")
+        snapshot: SnapshotInfo | None = source if isinstance(source, SnapshotInfo) else None
         if isinstance(source, Sandbox):
+            if not source.info.backend:
+                await source.refresh()
             tag = secrets.token_hex(4)
             stem = "".join(c if c.isalnum() or c in "-." else "-" for c in source.id.lower())
-            packed = await source.pack_diff(name or f"fork-{stem}:{tag}")
-            image = packed.image
+            if source.info.backend == "microvm":
+                snapshot = await source.snapshot(name or f"fork-{stem}-{tag}")
+                image = snapshot.image
+            else:
+                packed = await source.pack_diff(name or f"fork-{stem}:{tag}")
+                image = packed.image
+        elif snapshot is not None:
+            image = snapshot.image
         else:
             image = source
         child = self._fork_args(source, image, args)
+        if snapshot is not None:
+            child = dataclasses.replace(child, backend="microvm", snapshot=snapshot.name)
         results = await asyncio.gather(*(self.run(child, timeout=timeout) for _ in range(count)),
                                        return_exceptions=True)
         started = [r for r in results if isinstance(r, Sandbox)]
@@ -245,8 +260,13 @@ class DSecClient:
             raise failure
         return started
 
+    async def snapshots(self) -> builtins.list[SnapshotInfo]:
+        """Your microVM snapshots."""
+        d = await self._transport.request("GET", self._transport.url("/v1/snapshots"))
+        return [SnapshotInfo.from_json(s) for s in d.get("snapshots", ())]
+
     @staticmethod
-    def _fork_args(source: Sandbox | str, image: str,
+    def _fork_args(source: Sandbox | SnapshotInfo | str, image: str,
                    args: DSecContainerRunArgs | DSecRunArgs | None) -> DSecRunArgs:
         if isinstance(args, DSecContainerRunArgs):
             fields = {f.name: getattr(args, f.name) for f in dataclasses.fields(args)

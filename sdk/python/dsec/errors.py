@@ -44,6 +44,7 @@ __all__ = [
     "PermissionDenied",
     "NotFound",
     "SandboxNotFound",
+    "SnapshotNotFound",
     "ImageNotFound",
     "FileNotFound",
     "SessionNotFound",
@@ -204,6 +205,12 @@ class SandboxNotFound(DSecError):
     """No sandbox with this id is visible to this tenant."""
 
     code = "sandbox_not_found"
+
+
+class SnapshotNotFound(DSecError):
+    """No microVM snapshot with this name is visible to this tenant on the node."""
+
+    code = "snapshot_not_found"
 
 
 class ImageNotFound(DSecError):

@@ -146,6 +146,8 @@ class SandboxInfo:
         queue_position: while ``queued``, creations served before this one.
         paused_at: while paused, when the pause began (RFC 3339).
         memory_freed_bytes: resident memory the last pause pushed out of RAM.
+        suspended: while paused, True if suspended to disk (no process runs;
+            a microVM) rather than frozen.
         raw: the record as received, including fields this SDK does not know.
     """
 
@@ -170,6 +172,7 @@ class SandboxInfo:
     queue_position: int | None = None
     paused_at: str | None = None
     memory_freed_bytes: int | None = None
+    suspended: bool = False
     raw: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
@@ -212,6 +215,7 @@ class SandboxInfo:
             queue_position=d.get("queue_position"),
             paused_at=d.get("paused_at"),
             memory_freed_bytes=d.get("memory_freed_bytes"),
+            suspended=bool(d.get("suspended", False)),
             raw=d,
         )
 
@@ -378,6 +382,46 @@ class Health:
 
 
 @dataclass(slots=True)
+class SnapshotInfo:
+    """A microVM disk snapshot (:meth:`Sandbox.snapshot`); start microVMs
+    from it with ``DSecRunArgs(snapshot=name)`` or :meth:`DSecClient.fork`.
+
+    Attributes:
+        name, id: its name (unique per tenant) and the node's id for it.
+        source: the sandbox it was taken from.
+        image, workspace, toolkits: the image stack it runs on.
+        disk_limit_mb: the size of its disk.
+        parent: the snapshot it chains onto (None: the empty disk).
+        bytes: bytes its own layer takes (what the source changed).
+        created: False if an earlier call with the same idempotency key made it.
+        frozen_ms: how long the source's vCPUs were stopped for the copy.
+    """
+
+    name: str
+    id: str = ""
+    source: str = ""
+    image: str = ""
+    workspace: str | None = None
+    toolkits: list[str] = field(default_factory=list)
+    disk_limit_mb: int = 0
+    parent: str | None = None
+    bytes: int = 0
+    created_at: str = ""
+    created: bool = True
+    frozen_ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SnapshotInfo:
+        """Parse a ``Snapshot``."""
+        return cls(name=d["name"], id=d.get("id", ""), source=d.get("source", ""),
+                   image=d.get("image", ""), workspace=d.get("workspace"),
+                   toolkits=list(d.get("toolkits", ())), disk_limit_mb=d.get("disk_limit_mb", 0),
+                   parent=d.get("parent"), bytes=d.get("bytes", 0),
+                   created_at=d.get("created_at", ""), created=bool(d.get("created", True)),
+                   frozen_ms=d.get("frozen_ms", 0.0))
+
+
+@dataclass(slots=True)
 class PackResult:
     """What :meth:`Sandbox.pack_diff` did.
 
@@ -427,6 +471,9 @@ class PauseResult:
             before and after its memory was pushed out of RAM.
         memory_freed_bytes: the difference.
         duration_ms: time the pause took on the server.
+        suspended: True if the sandbox was suspended to disk (a microVM: its
+            memory and device state saved, its process ended).
+        disk_bytes: bytes the suspend image occupies on disk.
     """
 
     sandbox: SandboxInfo
@@ -435,6 +482,8 @@ class PauseResult:
     memory_after_bytes: int = 0
     memory_freed_bytes: int = 0
     duration_ms: float = 0.0
+    suspended: bool = False
+    disk_bytes: int = 0
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PauseResult:
@@ -443,7 +492,9 @@ class PauseResult:
                    memory_before_bytes=d.get("memory_before_bytes", 0),
                    memory_after_bytes=d.get("memory_after_bytes", 0),
                    memory_freed_bytes=d.get("memory_freed_bytes", 0),
-                   duration_ms=d.get("duration_ms", 0.0))
+                   duration_ms=d.get("duration_ms", 0.0),
+                   suspended=bool(d.get("suspended", False)),
+                   disk_bytes=d.get("disk_bytes", 0))
 
 
 @dataclass(slots=True)

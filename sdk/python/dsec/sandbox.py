@@ -32,6 +32,7 @@ from .results import (
     ResumeResult,
     SandboxEvent,
     SandboxInfo,
+    SnapshotInfo,
     TrajectoryStep,
     WriteResult,
 )
@@ -166,17 +167,43 @@ class Sandbox:
             self.info = SandboxInfo.from_json(d)
         return self.info
 
-    async def pause(self, timeout: float | None = 120) -> PauseResult:
-        """Freeze the sandbox and push its memory out of RAM; it keeps every
-        process and file. A paused sandbox does not count against the running
-        quota. Any later request resumes it first, transparently; so does
-        :meth:`resume`. Pausing a paused sandbox changes nothing
-        (``changed`` is False)."""
+    async def pause(self, timeout: float | None = 120, *, mode: str = "auto") -> PauseResult:
+        """Pause the sandbox; it keeps every process and file. ``mode``:
+        ``auto`` (default) suspends a microVM to disk and freezes a
+        container; ``freeze`` freezes its processes and pushes their memory
+        out of RAM; ``suspend`` saves a microVM's memory and device state to
+        disk and ends its process (no host memory held). A paused sandbox
+        does not count against the running quota. Any later request resumes
+        it first, transparently; so does :meth:`resume`. Pausing a paused
+        sandbox changes nothing (``changed`` is False)."""
+        if mode not in ("auto", "freeze", "suspend"):
+            raise ValueError(f"mode must be auto, freeze or suspend, not {mode!r}")
         d = await self._t.request("POST", self._t.url(self._base + "/pause"),
+                                  params={"mode": mode},
                                   timeout=self._t.timeout_for(timeout))
         r = PauseResult.from_json(d)
         self.info = r.sandbox
         return r
+
+    async def suspend(self, timeout: float | None = 120) -> PauseResult:
+        """Suspend a microVM to disk: ``pause(mode="suspend")``."""
+        return await self.pause(timeout, mode="suspend")
+
+    async def snapshot(self, name: str, *, idempotency_key: str | None = None,
+                       timeout: float | None = 600) -> SnapshotInfo:
+        """Snapshot a microVM's writable disk as ``name`` (unique among your
+        snapshots). A running microVM's guest syncs and its vCPUs stop for
+        the copy; a suspended one is snapshotted without being resumed. The
+        snapshot holds what this sandbox wrote and chains onto the snapshot
+        it started from. Start microVMs from it with
+        ``DSecRunArgs(backend="microvm", image=..., snapshot=name)`` or
+        :meth:`DSecClient.fork`. Retrying with the same ``idempotency_key``
+        returns the first snapshot (``created`` False)."""
+        headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}
+        d = await self._t.request("POST", self._t.url(self._base + "/snapshot"),
+                                  json_body={"name": name}, headers=headers,
+                                  timeout=self._t.timeout_for(timeout))
+        return SnapshotInfo.from_json(d)
 
     async def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
                         timeout: float | None = 600) -> PackResult:

@@ -43,6 +43,7 @@ from .results import (
     JobActionResult,
     OutputChunk,
     PackResult,
+    SnapshotInfo,
     PauseResult,
     ReplayReport,
     ResumeResult,
@@ -175,10 +176,11 @@ class DSecClient:
         return self._wrap(self._run(self.aio.run_container(args, timeout=timeout,
                                                            idempotency_key=idempotency_key)))
 
-    def fork(self, source: Sandbox | str, count: int,
+    def fork(self, source: Sandbox | SnapshotInfo | str, count: int,
              args: DSecContainerRunArgs | DSecRunArgs | None = None, *,
              name: str | None = None, timeout: float | None = 120) -> builtins.list[Sandbox]:
-        """Start ``count`` sandboxes from a sandbox's current state or an image."""
+        """Start ``count`` sandboxes from a sandbox's current state, a
+        microVM snapshot or an image."""
         src = source.aio if isinstance(source, Sandbox) else source
         return [self._wrap(sb) for sb in
                 self._run(self.aio.fork(src, count, args, name=name, timeout=timeout))]
@@ -299,9 +301,18 @@ class Sandbox:
         """Stop the sandbox if needed and forget it."""
         self._run(self.aio.delete())
 
-    def pause(self, timeout: float | None = 120) -> PauseResult:
-        """Freeze the sandbox and push its memory out of RAM."""
-        return self._run(self.aio.pause(timeout=timeout))
+    def pause(self, timeout: float | None = 120, *, mode: str = "auto") -> PauseResult:
+        """Pause the sandbox (a microVM suspends to disk, a container freezes)."""
+        return self._run(self.aio.pause(timeout=timeout, mode=mode))
+
+    def suspend(self, timeout: float | None = 120) -> PauseResult:
+        """Suspend a microVM to disk."""
+        return self._run(self.aio.suspend(timeout=timeout))
+
+    def snapshot(self, name: str, *, idempotency_key: str | None = None,
+                 timeout: float | None = 600) -> SnapshotInfo:
+        """Snapshot a microVM's disk as ``name``."""
+        return self._run(self.aio.snapshot(name, idempotency_key=idempotency_key, timeout=timeout))
 
     def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
                   timeout: float | None = 600) -> PackResult:

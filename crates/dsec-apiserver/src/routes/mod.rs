@@ -7,6 +7,7 @@ pub mod jobs;
 pub mod metrics;
 pub mod pack;
 pub mod pause;
+pub mod snapshots;
 pub mod sandboxes;
 pub mod stream;
 pub mod trajectory;

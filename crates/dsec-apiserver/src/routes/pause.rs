@@ -1,24 +1,32 @@
 //! Pause, resume and lease extension of one sandbox.
 
-use axum::extract::{Path, State};
+use axum::extract::{Path, Query, State};
 use axum::Json;
 use dsec_api as api;
-use dsec_edge::Lease;
+use dsec_edge::{Lease, PauseMode};
 
 use crate::auth::Auth;
 use crate::convert;
-use crate::error::ApiResult;
+use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
 use crate::state::AppState;
 
-/// Pause a sandbox: freeze its processes and push its memory out of RAM.
-/// Idempotent (`changed: false` if already paused). A paused sandbox does
-/// not count against the node's running quota; any request to it resumes it.
+/// Pause a sandbox: a microVM is suspended to disk (memory and device
+/// state saved, its QEMU ended), a container frozen with its memory pushed
+/// out of RAM (`mode` chooses). Idempotent (`changed: false` if already
+/// paused). A paused sandbox does not count against the node's running
+/// quota; any request to it resumes it.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pause", tag = "lifecycle",
-    params(("id" = String, Path)),
-    responses((status = 200, body = api::PauseResult), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
-pub async fn pause(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<Json<api::PauseResult>> {
-    let o = st.nodes.owner(&id)?.pause(&caller, &id).await?;
+    params(("id" = String, Path), PauseParams),
+    responses((status = 200, body = api::PauseResult), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+pub async fn pause(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    Query(params): Query<PauseParams>,
+) -> ApiResult<Json<api::PauseResult>> {
+    let mode: PauseMode = params.mode.as_deref().unwrap_or("auto").parse().map_err(ApiError::invalid)?;
+    let o = st.nodes.owner(&id)?.pause_with(&caller, &id, mode).await?;
     Ok(Json(api::PauseResult {
         sandbox: convert::sandbox_out(o.record),
         changed: o.changed,
@@ -26,7 +34,19 @@ pub async fn pause(State(st): State<AppState>, Auth(caller): Auth, Path(id): Pat
         memory_after_bytes: o.memory.after_bytes,
         memory_freed_bytes: o.memory.freed_bytes(),
         duration_ms: o.duration_ms,
+        suspended: o.suspended,
+        disk_bytes: o.disk_bytes,
     }))
+}
+
+/// Query of `POST /v1/sandboxes/{id}/pause`.
+#[derive(Debug, Default, serde::Deserialize, utoipa::IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PauseParams {
+    /// `auto` (default: microVMs suspend to disk, containers freeze),
+    /// `freeze` (keep the process, frozen, memory pushed out) or `suspend`
+    /// (save memory and device state to disk and end the process).
+    pub mode: Option<String>,
 }
 
 /// Resume a paused sandbox. Idempotent (`changed: false` if running); a

@@ -44,6 +44,7 @@ pub fn create_request(c: &Common) -> api::CreateSandboxRequest {
         workdir: None,
         labels: BTreeMap::from([("bench".to_string(), "dsec-bench".to_string())]),
         job: Some("dsec-bench".into()),
+        snapshot: None,
     }
 }
 

@@ -34,6 +34,9 @@ pub async fn probe_kvm(qemu: &Path, kernel: &Path, initramfs: &Path, run_root: &
         tsc_khz: None,
         extra_append: "dsec.probe",
         free_page_reporting: false,
+        ram_file: None,
+        incoming_fd: None,
+        tb_size_mb: 64,
     };
     let child = tokio::process::Command::new(qemu)
         .args(qemu_args(&launch))

@@ -94,6 +94,17 @@ pub struct VmLaunch<'a> {
     /// frees back to the host (QEMU discards them), so an idle guest's
     /// footprint shrinks to what it uses.
     pub free_page_reporting: bool,
+    /// Guest RAM as a shared mapping of this file (`None`: anonymous
+    /// memory). A suspend then saves only device state: the RAM is
+    /// already in the file (`x-ignore-shared`).
+    pub ram_file: Option<&'a Path>,
+    /// TCG's translation cache in MiB (ignored under KVM): each VM's QEMU
+    /// keeps up to this much translated code resident.
+    pub tb_size_mb: u32,
+    /// Start from a suspend image read from this inherited descriptor
+    /// instead of booting: QEMU waits (`-incoming defer`) for the edge to
+    /// set the migration capabilities and name the descriptor over QMP.
+    pub incoming_fd: Option<i32>,
 }
 
 /// Kernel parameters. Under TCG the calibrations and self-tests cost
@@ -131,12 +142,19 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
     let path = |p: &Path| p.display().to_string();
     let mut a: Vec<String> = Vec::with_capacity(64);
     let mut push = |items: &[&str]| a.extend(items.iter().map(|s| s.to_string()));
-    push(&["-M", "microvm,x-option-roms=off,isa-serial=on"]);
+    match l.ram_file {
+        None => push(&["-M", "microvm,x-option-roms=off,isa-serial=on"]),
+        Some(file) => {
+            push(&["-M", "microvm,x-option-roms=off,isa-serial=on,memory-backend=ram"]);
+            let ram = format!("memory-backend-file,id=ram,size={}M,mem-path={},share=on", l.memory_mb, drive_path(file));
+            push(&["-object", &ram]);
+        }
+    }
     match l.accel {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
         // A bounded translation cache: the default (1 GiB) would let one
         // VM's QEMU grow far past its guest's memory.
-        Accel::Tcg => push(&["-accel", "tcg,tb-size=64"]),
+        Accel::Tcg => push(&["-accel", &format!("tcg,tb-size={}", l.tb_size_mb.max(1))]),
     }
     let (mem, smp) = (format!("{}M", l.memory_mb), l.vcpus.max(1).to_string());
     push(&["-m", &mem, "-smp", &smp]);
@@ -161,12 +179,25 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
     if l.free_page_reporting {
         push(&["-device", "virtio-balloon-device,free-page-reporting=on"]);
     }
-    let wr = format!("id=wr,file={},format=raw,if=none,discard=unmap", drive_path(&l.files.disk));
+    let wr = format!("id=wr,file={},format={},if=none,discard=unmap", drive_path(&l.files.disk), disk_format(&l.files.disk));
     let wr_dev = format!("virtio-blk-device,drive=wr,serial={WRITABLE_SERIAL}");
     push(&["-drive", &wr, "-device", &wr_dev]);
     let qmp = format!("unix:{},server=on,wait=off", path(&l.files.qmp_socket()));
     push(&["-qmp", &qmp]);
+    if l.incoming_fd.is_some() {
+        push(&["-incoming", "defer"]);
+    }
     a
+}
+
+/// A disk's format by its name: `.qcow2` files are qcow2 overlays, the
+/// rest raw.
+pub fn disk_format(p: &Path) -> &'static str {
+    if p.extension().is_some_and(|e| e == "qcow2") {
+        "qcow2"
+    } else {
+        "raw"
+    }
 }
 
 /// QEMU option values separate with `,`; a literal comma is doubled.
@@ -207,6 +238,9 @@ mod tests {
             tsc_khz: Some(2_100_000),
             extra_append: "",
             free_page_reporting: true,
+            ram_file: None,
+            incoming_fd: None,
+            tb_size_mb: 64,
         }
     }
 
@@ -268,6 +302,30 @@ mod tests {
         let args = qemu_args(&l);
         assert!(value_after(&args, "-append")[0].ends_with("dsec.probe"));
         assert!(value_after(&args, "-drive").is_empty() && value_after(&args, "-qmp").is_empty());
+    }
+
+    #[test]
+    fn file_backed_ram_and_an_incoming_image() {
+        let f = files();
+        let layers = [PathBuf::from("/b")];
+        let mut l = launch(&f, &layers, Accel::Tcg);
+        let ram = PathBuf::from("/state/vm/ram/n.abc.ram");
+        l.ram_file = Some(&ram);
+        l.incoming_fd = Some(3);
+        let args = qemu_args(&l);
+        assert_eq!(value_after(&args, "-M"), ["microvm,x-option-roms=off,isa-serial=on,memory-backend=ram"]);
+        assert_eq!(value_after(&args, "-object"), ["memory-backend-file,id=ram,size=256M,mem-path=/state/vm/ram/n.abc.ram,share=on"]);
+        assert_eq!(value_after(&args, "-incoming"), ["defer"]);
+        let plain = qemu_args(&launch(&f, &layers, Accel::Tcg));
+        assert!(value_after(&plain, "-object").is_empty() && value_after(&plain, "-incoming").is_empty());
+    }
+
+    #[test]
+    fn qcow2_disks_are_named_as_such() {
+        let mut f = files();
+        f.disk = "/d/n.abc-0.qcow2".into();
+        let args = qemu_args(&launch(&f, &[], Accel::Tcg));
+        assert!(value_after(&args, "-drive").iter().any(|d| d.starts_with("id=wr,file=/d/n.abc-0.qcow2,format=qcow2,")));
     }
 
     #[test]

@@ -18,7 +18,9 @@
 mod accel;
 pub mod cmdline;
 pub mod disk;
-mod qmp;
+pub mod qmp;
+pub mod snapshot;
+mod suspend;
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -57,6 +59,12 @@ pub struct VmConfig {
     pub run_root: PathBuf,
     /// Guests report freed pages to the host (virtio-balloon).
     pub free_page_reporting: bool,
+    /// Guest RAM is a shared mapping of a file under the edge's state
+    /// directory, so a suspend saves device state only (the fast path);
+    /// otherwise anonymous memory, and a suspend writes all of it.
+    pub ram_file: bool,
+    /// TCG translation cache per VM, MiB.
+    pub tb_size_mb: u32,
 }
 
 impl VmConfig {
@@ -67,6 +75,8 @@ impl VmConfig {
             accel: AccelChoice::Auto,
             run_root: "/run/dsec/vm".into(),
             free_page_reporting: true,
+            ram_file: true,
+            tb_size_mb: 64,
         }
     }
 }
@@ -85,6 +95,15 @@ pub struct MicroVmBackend {
     boot_timeout: Duration,
     tsc_khz: Option<u64>,
     free_page_reporting: bool,
+    /// Where guest RAM files live.
+    ram_dir: PathBuf,
+    /// Guest RAM is file-backed (else anonymous).
+    ram_file: bool,
+    tb_size_mb: u32,
+    /// Where suspend images live.
+    suspend_dir: PathBuf,
+    /// The node's disk snapshots.
+    pub snapshots: snapshot::SnapshotDir,
 }
 
 impl MicroVmBackend {
@@ -104,7 +123,10 @@ impl MicroVmBackend {
         let vm_state = state_dir.join("vm");
         let initramfs = dsec_image::vm::build_initramfs(&kernel, agent, &vm_state).map_err(|e| format!("building the initramfs: {e}"))?;
         let disk_dir = vm_state.join("disks");
-        std::fs::create_dir_all(&disk_dir).map_err(|e| format!("creating {}: {e}", disk_dir.display()))?;
+        let (ram_dir, suspend_dir) = (vm_state.join("ram"), vm_state.join("suspend"));
+        for d in [&disk_dir, &ram_dir, &suspend_dir] {
+            std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+        }
         std::fs::create_dir_all(&cfg.run_root).map_err(|e| format!("creating {}: {e}", cfg.run_root.display()))?;
         Ok(Self {
             cgroups,
@@ -120,11 +142,45 @@ impl MicroVmBackend {
             boot_timeout,
             tsc_khz: cmdline::host_tsc_khz(),
             free_page_reporting: cfg.free_page_reporting,
+            ram_dir,
+            ram_file: cfg.ram_file,
+            tb_size_mb: cfg.tb_size_mb,
+            suspend_dir,
+            snapshots: snapshot::SnapshotDir::open(vm_state.join("snapshots"))?,
         })
     }
 
+    /// The guest RAM file of `id` (when guest RAM is file-backed).
+    fn ram_path(&self, id: &str) -> Option<PathBuf> {
+        self.ram_file.then(|| self.ram_dir.join(format!("{id}.ram")))
+    }
+
+    /// The suspend image of `id` (device state, and RAM without a RAM file).
+    fn image_path(&self, id: &str) -> PathBuf {
+        self.suspend_dir.join(format!("{id}.vmstate"))
+    }
+
+    /// The command line's inputs for `id`.
+    fn launch<'a>(&'a self, accel: Accel, spec: &SandboxSpec, plan: &'a RootfsPlan, files: &'a VmFiles, ram: Option<&'a Path>) -> VmLaunch<'a> {
+        VmLaunch {
+            accel,
+            kernel: &self.kernel.vmlinuz,
+            initramfs: &self.initramfs,
+            memory_mb: spec.limits.memory_mb,
+            vcpus: cmdline::vcpus_for(spec.limits.cpu_cores),
+            layers: &plan.layer_files,
+            files,
+            tsc_khz: self.tsc_khz,
+            extra_append: "",
+            free_page_reporting: self.free_page_reporting,
+            ram_file: ram,
+            incoming_fd: None,
+            tb_size_mb: self.tb_size_mb,
+        }
+    }
+
     fn files(&self, id: &str) -> VmFiles {
-        VmFiles { run_dir: self.run_root.join(id), disk: self.disk_dir.join(format!("{id}.ext4")) }
+        VmFiles { run_dir: self.run_root.join(id), disk: self.disk_dir.join(format!("{id}.qcow2")) }
     }
 
     /// The accelerator: forced, or probed once by booting the guest kernel
@@ -153,10 +209,16 @@ impl MicroVmBackend {
         }
         let files = self.files(id);
         let (tdir, disk_mb, f2) = (self.template_dir.clone(), spec.limits.disk_mb.max(16), files.clone());
+        // A fork's disk chains onto its snapshot, a fresh one onto the
+        // empty template of its size.
+        let from_snapshot = spec.snapshot.as_ref().map(|s| self.snapshots.layer(s));
         let prepared = tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
             std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
-            let template = disk::template(&tdir, disk_mb)?;
-            disk::sparse_copy(&template, &f2.disk).map_err(|e| EdgeError::Internal(format!("copying the disk template: {e}")))
+            let backing = match from_snapshot {
+                Some(layer) => layer,
+                None => disk::template(&tdir, disk_mb)?,
+            };
+            snapshot::create_overlay(&backing, &f2.disk)
         })
         .await
         .map_err(|e| EdgeError::Internal(e.to_string()))
@@ -166,19 +228,9 @@ impl MicroVmBackend {
             return Err(e);
         }
         let accel = self.accel().await;
-        let launch = VmLaunch {
-            accel,
-            kernel: &self.kernel.vmlinuz,
-            initramfs: &self.initramfs,
-            memory_mb: spec.limits.memory_mb,
-            vcpus: cmdline::vcpus_for(spec.limits.cpu_cores),
-            layers: &plan.layer_files,
-            files: &files,
-            tsc_khz: self.tsc_khz,
-            extra_append: "",
-            free_page_reporting: self.free_page_reporting,
-        };
-        let (pid, pidfd) = match self.spawn_qemu(id, &launch) {
+        let ram = self.ram_path(id);
+        let launch = self.launch(accel, spec, plan, &files, ram.as_deref());
+        let (pid, pidfd) = match self.spawn_qemu(id, &launch, None) {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.cleanup(id);
@@ -246,7 +298,10 @@ impl MicroVmBackend {
     /// Starts QEMU inside the sandbox's cgroup, in a session of its own
     /// (a terminal's Ctrl-C to the edge must not reach the VMs it leaves
     /// for re-adoption).
-    fn spawn_qemu(&self, id: &str, launch: &VmLaunch<'_>) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
+    /// `incoming`, if given, becomes QEMU's fd `INCOMING_FD`.
+    fn spawn_qemu(&self, id: &str, launch: &VmLaunch<'_>, incoming: Option<&std::os::fd::OwnedFd>) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
+        use std::os::fd::AsRawFd;
+        let incoming = incoming.map(|f| f.as_raw_fd());
         let procs: Vec<CString> = self
             .cgroups
             .procs_files(id)
@@ -259,12 +314,18 @@ impl MicroVmBackend {
         let mut cmd = std::process::Command::new(&self.qemu);
         cmd.args(cmdline::qemu_args(launch)).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
         // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe calls (setsid, open, write, close) on data
+        // async-signal-safe calls (setsid, dup2, open, write, close) on data
         // prepared before the fork.
         unsafe {
             cmd.pre_exec(move || {
                 if libc::setsid() < 0 {
                     return Err(std::io::Error::last_os_error());
+                }
+                // dup2 clears close-on-exec on the copy.
+                if let Some(fd) = incoming {
+                    if libc::dup2(fd, suspend::INCOMING_FD) < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
                 }
                 for p in &procs {
                     let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
@@ -294,19 +355,100 @@ impl MicroVmBackend {
             return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
         }
         let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+        let agent = self.attach_ready(id, &pidfd).await?;
+        Ok(Instance::new(pid, pidfd, agent))
+    }
+
+    /// Connects to the agent of a VM that was set up before (re-adoption,
+    /// restore): it greets as ready, with its sandbox id.
+    async fn attach_ready(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<AgentClient, EdgeError> {
         let files = self.files(id);
         let attach = async {
-            let stream = connect_agent(&files.agent_socket(), &pidfd).await?;
+            let stream = connect_agent(&files.agent_socket(), pidfd).await?;
             let (agent, hello) = AgentClient::connect(stream).await?;
             match hello.state {
                 AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
                 other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
             }
         };
-        let agent = tokio::time::timeout(REATTACH_WAIT, attach)
+        tokio::time::timeout(REATTACH_WAIT, attach)
             .await
-            .map_err(|_| EdgeError::Timeout(format!("re-attaching to the microVM {id}")))??;
-        Ok(Instance::new(pid, pidfd, agent))
+            .map_err(|_| EdgeError::Timeout(format!("re-attaching to the microVM {id}")))?
+    }
+
+    /// Copies the writable disk of `id` into a new snapshot. `running`:
+    /// its vCPUs are stopped for the copy (the caller synced the guest);
+    /// otherwise it is suspended and its disk quiet.
+    pub async fn snapshot(&self, id: &str, running: bool, mut meta: snapshot::SnapshotMeta) -> Result<(snapshot::SnapshotMeta, f64), EdgeError> {
+        let files = self.files(id);
+        meta.parent = snapshot::backing_file(&files.disk)
+            .filter(|b| b.starts_with(self.snapshots.layer("x").parent().unwrap_or(Path::new("/"))))
+            .and_then(|b| b.file_stem().map(|s| s.to_string_lossy().into_owned()));
+        let qmp = files.qmp_socket();
+        if running {
+            qmp::execute(&qmp, "stop").await?;
+        }
+        let t0 = Instant::now();
+        let snaps = self.snapshots.clone();
+        let copied = tokio::task::spawn_blocking(move || snaps.write(&files.disk, meta))
+            .await
+            .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))
+            .and_then(|r| r);
+        let frozen_ms = t0.elapsed().as_secs_f64() * 1000.0;
+        if running {
+            qmp::execute(&qmp, "cont").await?;
+        }
+        copied.map(|m| (m, frozen_ms))
+    }
+
+    async fn suspend_vm(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<crate::backend::SuspendOutcome, EdgeError> {
+        let before = self.cgroups.memory_usage(id).unwrap_or(0);
+        let (qmp, image, ram) = (self.files(id).qmp_socket(), self.image_path(id), self.ram_path(id));
+        let pidfd = pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let mut out = tokio::task::spawn_blocking(move || suspend::save(&qmp, &image, ram.as_deref(), &pidfd))
+            .await
+            .map_err(|e| EdgeError::Internal(format!("suspend task failed: {e}")))??;
+        out.memory_before_bytes = before;
+        out.memory_after_bytes = self.cgroups.memory_usage(id).unwrap_or(0);
+        Ok(out)
+    }
+
+    async fn restore_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
+        let image = self.image_path(id);
+        let state = std::fs::File::open(&image)
+            .map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
+        let files = self.files(id);
+        // Sockets of the previous QEMU: the new one makes its own.
+        for stale in [files.agent_socket(), files.qmp_socket()] {
+            let _ = std::fs::remove_file(stale);
+        }
+        let accel = self.accel().await;
+        let ram = self.ram_path(id);
+        let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
+        launch.incoming_fd = Some(suspend::INCOMING_FD);
+        let state = std::os::fd::OwnedFd::from(state);
+        let (pid, pidfd) = self.spawn_qemu(id, &launch, Some(&state))?;
+        drop(state);
+        let restored = async {
+            let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
+            let ram_file = ram.is_some();
+            tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ram_file))
+                .await
+                .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))??;
+            self.attach_ready(id, &pidfd).await
+        };
+        match restored.await {
+            Ok(agent) => {
+                // The image is spent: the RAM file is live memory again.
+                let _ = std::fs::remove_file(&image);
+                Ok(Instance::new(pid, pidfd, agent))
+            }
+            Err(e) => {
+                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+                reap(&pidfd);
+                Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", self.console_tail(&files))))
+            }
+        }
     }
 }
 
@@ -334,12 +476,9 @@ async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio
     }
 }
 
-/// A pidfd polls readable once its process has exited.
-fn process_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
-    use std::os::fd::AsRawFd;
-    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    // SAFETY: poll on one valid pollfd with zero timeout.
-    unsafe { libc::poll(&mut p, 1, 0) > 0 }
+/// True once the process behind `pidfd` has exited.
+pub fn process_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
+    suspend::wait_exit(pidfd, Duration::ZERO)
 }
 
 fn find_program(p: &Path) -> Option<PathBuf> {
@@ -366,12 +505,32 @@ impl Backend for MicroVmBackend {
         self.cgroups.kill_all(id);
         let files = self.files(id);
         let _ = std::fs::remove_dir_all(&files.run_dir);
-        match std::fs::remove_file(&files.disk) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", files.disk.display()))),
+        // The RAM file whatever the node's setting now (it may have
+        // changed across a restart).
+        for f in [files.disk, self.ram_dir.join(format!("{id}.ram")), self.image_path(id)] {
+            match std::fs::remove_file(&f) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", f.display()))),
+            }
         }
         self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+    }
+
+    fn can_suspend(&self) -> bool {
+        true
+    }
+
+    fn suspend<'a>(&'a self, id: &'a str, pidfd: &'a std::os::fd::OwnedFd) -> BoxFuture<'a, Result<crate::backend::SuspendOutcome, EdgeError>> {
+        Box::pin(self.suspend_vm(id, pidfd))
+    }
+
+    fn restore<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(self.restore_vm(id, spec, plan))
+    }
+
+    fn has_suspend_image(&self, id: &str) -> bool {
+        self.image_path(id).is_file()
     }
 
     fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
@@ -393,10 +552,11 @@ impl Backend for MicroVmBackend {
                 }
             }
         }
-        if let Ok(dir) = std::fs::read_dir(&self.disk_dir) {
+        for (dir, suffix) in [(&self.disk_dir, ".qcow2"), (&self.disk_dir, ".ext4"), (&self.ram_dir, ".ram"), (&self.suspend_dir, ".vmstate")] {
+            let Ok(dir) = std::fs::read_dir(dir) else { continue };
             for e in dir.flatten() {
                 let name = e.file_name().to_string_lossy().into_owned();
-                if name.strip_suffix(".ext4").is_some_and(&mut ours) && std::fs::remove_file(e.path()).is_ok() {
+                if name.strip_suffix(suffix).is_some_and(&mut ours) && std::fs::remove_file(e.path()).is_ok() {
                     gone += 1;
                 }
             }

@@ -2,9 +2,10 @@
 QEMU ``microvm`` booting the guest kernel (under TCG where KVM cannot run
 it, about 3 s per boot). Boots are slow, so one busybox microVM is shared by
 the tests of this file in order (exec, files, sessions, a PTY, the disk
-limit, pause and transparent resume), and the last of them stops it and
-checks that nothing of it is left on the host; one more boots the python
-image."""
+limit, pause and transparent resume, suspend to disk and transparent
+resume, a snapshot of the suspended VM), and the last of them stops it and
+checks that nothing of it is left on the host; two more boot as forks of
+the snapshot, one more boots the python image."""
 
 from __future__ import annotations
 
@@ -106,17 +107,96 @@ async def test_the_writable_disk_is_limited(client: DSecClient, vm_id: str) -> N
 async def test_pause_stops_the_vm_and_a_request_resumes_it(client: DSecClient, vm_id: str) -> None:
     sb = client.sandbox(vm_id)
     await sb.run_shell("date +%s > /tmp/t0")
-    p = await sb.pause()
-    assert p.changed and p.sandbox.state == "paused"
+    p = await sb.pause(mode="freeze")
+    assert p.changed and p.sandbox.state == "paused" and not p.suspended
     assert (await sb.refresh()).state == "paused"
     # Any request resumes it transparently; memory and files are intact.
     r = await sb.run_shell("cat /tmp/t0 /tmp/hello.txt")
     assert r.exit_code == 0 and "hello from the host" in r.stdout
     assert (await sb.refresh()).state == "running"
-    p = await sb.pause()
+    p = await sb.pause(mode="freeze")
     res = await sb.resume()
     assert res.changed and res.sandbox.state == "running"
     assert (await sb.run_shell("echo back")).stdout == "back\n"
+
+
+def _qemu_of(sid: str) -> list[int]:
+    """QEMU processes of the sandbox (their command line names its files)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if pid.isdigit():
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            if argv and argv[0].endswith(b"qemu-system-x86_64") and any(sid.encode() in a for a in argv):
+                found.append(int(pid))
+    return found
+
+
+async def test_suspend_ends_qemu_and_a_request_restores_it(server: Server, client: DSecClient,
+                                                           vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    # A file and a process that must survive: the process's pid is kept.
+    await sb.run_shell("echo kept > /root/kept.txt; sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
+    before = _qemu_of(vm_id)
+    assert len(before) == 1
+    p = await sb.pause()  # the default for a microVM: suspend to disk
+    assert p.changed and p.suspended and p.sandbox.state == "paused" and p.sandbox.suspended
+    assert p.disk_bytes > 0 and p.memory_after_bytes < p.memory_before_bytes
+    # No QEMU process is left; the image and the RAM file are on disk.
+    assert _qemu_of(vm_id) == []
+    assert list(server.data_dir.glob(f"edge/*/vm/suspend/{vm_id}.vmstate"))
+    info = await sb.refresh()
+    assert info.state == "paused" and info.suspended
+    # Pausing again changes nothing; a request resumes it transparently.
+    assert not (await sb.pause()).changed
+    r = await sb.run_shell("cat /root/kept.txt; kill -0 $(cat /tmp/sleeper) && echo alive")
+    assert r.stdout == "kept\nalive\n", r
+    after = _qemu_of(vm_id)
+    assert len(after) == 1 and after != before, "resume starts a new QEMU"
+    info = await sb.refresh()
+    assert info.state == "running" and not info.suspended
+    assert not list(server.data_dir.glob(f"edge/*/vm/suspend/{vm_id}.vmstate")), "the image is spent"
+    # An explicit suspend and resume; an unknown mode is refused.
+    assert (await sb.suspend()).suspended
+    assert (await sb.resume()).changed
+    with pytest.raises(ValueError):
+        await sb.pause(mode="hibernate")
+
+
+async def test_a_snapshot_of_a_suspended_vm_forks_children(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    await sb.run_shell("echo from-parent > /root/forked.txt")
+    await sb.suspend()
+    key = f"snap-{vm_id}"
+    snap = await sb.snapshot(f"e2e-{vm_id.split('.')[1]}", idempotency_key=key)
+    assert snap.created and snap.source == vm_id and snap.bytes > 0 and snap.parent is None
+    # The parent stayed suspended; a retry with the key returns the same one.
+    assert (await sb.refresh()).suspended
+    again = await sb.snapshot(snap.name, idempotency_key=key)
+    assert not again.created and again.id == snap.id
+    with pytest.raises(dsec.AlreadyExists):
+        await sb.snapshot(snap.name)
+    kids = await client.fork(snap, 2, vm_args("busybox"))
+    try:
+        assert len(kids) == 2
+        for kid in kids:
+            r = await kid.run_shell("cat /root/forked.txt /root/kept.txt; echo $$ > /root/mine")
+            assert r.stdout == "from-parent\nkept\n", r
+        # Children are independent: one's write is not the other's.
+        assert not await kids[1].exists("/root/nope")
+        await kids[0].write_file("/root/only-in-0", "x")
+        assert not await kids[1].exists("/root/only-in-0")
+        # A snapshot of a child chains onto the parent's.
+        child_snap = await kids[0].snapshot(f"{snap.name}-child")
+        assert child_snap.parent == snap.id
+        assert any(s.id == child_snap.id for s in await client.snapshots())
+    finally:
+        for kid in kids:
+            await kid.delete()
+    with pytest.raises(dsec.SnapshotNotFound):
+        await client.run(vm_args("busybox", snapshot="no-such-snapshot"))
 
 
 def _host_traces(sid: str) -> list[str]:
@@ -147,8 +227,9 @@ async def test_stop_leaves_nothing_behind(server: Server, client: DSecClient, vm
     info = await sb.stop()
     assert info.state == "stopped"
     assert _host_traces(vm_id) == []
-    disks = list(server.data_dir.glob(f"edge/*/vm/disks/{vm_id}*"))
-    assert disks == []
+    for kind in ("disks", "ram", "suspend"):
+        left = list(server.data_dir.glob(f"edge/*/vm/{kind}/{vm_id}*"))
+        assert left == [], left
     with pytest.raises(dsec.SandboxNotRunning):
         await sb.run_shell("true")
 

@@ -103,10 +103,11 @@ def test_field_names_match_the_api() -> None:
     # The Rust CreateSandboxRequest fields (crates/dsec-api/src/sandboxes.rs).
     api = {"backend", "image", "workspace", "toolkits", "memory_limit_mb", "cpu_cores_limit",
            "disk_limit_mb", "pids_limit", "ttl_running_stop", "max_lifetime_s",
-           "network_rules", "init_user", "env", "workdir", "labels", "job"}
+           "network_rules", "init_user", "env", "workdir", "labels", "job", "snapshot"}
     assert {f.name for f in dataclasses.fields(DSecRunArgs)} == api
     container = {f.name for f in dataclasses.fields(DSecContainerRunArgs)}
-    assert container == (api - {"backend", "image"}) | {"container_image"}
+    # A snapshot starts a microVM: not a container argument.
+    assert container == (api - {"backend", "image", "snapshot"}) | {"container_image"}
 
 
 def test_unknown_backend_string_passes_through() -> None:

@@ -1,0 +1,39 @@
+//! MicroVM disk snapshots: take one, list them. Sandboxes start from one
+//! with `snapshot` in their creation request.
+
+use axum::extract::{Path, State};
+use axum::Json;
+use dsec_api as api;
+
+use crate::auth::Auth;
+use crate::convert;
+use crate::error::ApiResult;
+use crate::extract::{ApiJson, IdempotencyKey};
+use crate::state::AppState;
+
+/// Snapshot a microVM's writable disk as `name` (running: its guest syncs
+/// and its vCPUs stop for the copy; suspended: as it lies, without
+/// resuming it). The snapshot holds only what this sandbox wrote and
+/// chains onto the snapshot it started from. With an `Idempotency-Key`
+/// header, a retry returns the first snapshot (`created: false`).
+#[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", tag = "images",
+    params(("id" = String, Path), ("idempotency-key" = Option<String>, Header)), request_body = api::SnapshotRequest,
+    responses((status = 200, body = api::Snapshot), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+pub async fn take(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    IdempotencyKey(key): IdempotencyKey,
+    ApiJson(req): ApiJson<api::SnapshotRequest>,
+) -> ApiResult<Json<api::Snapshot>> {
+    let o = st.nodes.owner(&id)?.snapshot(&caller, &id, &req.name, key.as_deref()).await?;
+    Ok(Json(convert::snapshot_out(o.snapshot, o.created, o.frozen_ms)))
+}
+
+/// The snapshots this token sees (on this server's local nodes).
+#[utoipa::path(get, path = "/v1/snapshots", tag = "images",
+    responses((status = 200, body = api::SnapshotList)))]
+pub async fn list(State(st): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<api::SnapshotList>> {
+    let snapshots = st.nodes.local_edges().flat_map(|e| e.snapshots(&caller)).map(|m| convert::snapshot_out(m, true, 0.0)).collect();
+    Ok(Json(api::SnapshotList { snapshots }))
+}

@@ -1,0 +1,183 @@
+//! Snapshots of microVM disks (`Edge::snapshot`) and sandboxes started
+//! from them (`create` with a snapshot name): the edge's side of
+//! `microvm::snapshot`. A snapshot may be taken of a running microVM (its
+//! guest syncs, its vCPUs stop for the copy) or of a suspended one (no
+//! process needed), so a parent need not be kept running to fork from it.
+//! Idempotency keys (scope `snapshot`) make a retried snapshot return the
+//! first one.
+
+use std::time::Duration;
+
+use dsec_agent_proto::{Command, ExecSpec, Stdin};
+
+use crate::edge::Edge;
+use crate::error::EdgeError;
+use crate::journal::Claim;
+use crate::microvm::snapshot::{validate_name, SnapshotMeta};
+use crate::microvm::MicroVmBackend;
+use crate::model::{now_ms, BackendKind, Caller, State};
+use crate::spec::SandboxRequest;
+
+/// Scope of snapshot keys in the journal.
+pub const SCOPE_SNAPSHOT: &str = "snapshot";
+/// A guest `sync` before a snapshot or suspend may take this long.
+const SYNC_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What one snapshot did.
+#[derive(Debug, Clone)]
+pub struct SnapshotOutcome {
+    pub snapshot: SnapshotMeta,
+    /// False if an earlier request with the same idempotency key made it.
+    pub created: bool,
+    /// How long the VM's vCPUs were stopped for the copy (0 if suspended).
+    pub frozen_ms: f64,
+}
+
+impl Edge {
+    fn vm_backend(&self) -> Result<&MicroVmBackend, EdgeError> {
+        self.inner
+            .backends
+            .microvm
+            .as_deref()
+            .map_err(|why| EdgeError::UnsupportedBackend(format!("microVMs are not available on this node: {why}")))
+    }
+
+    /// Snapshots the writable disk of microVM `id` as `name` (unique per
+    /// tenant). With `key`, a retry returns the first request's snapshot.
+    pub async fn snapshot(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>) -> Result<SnapshotOutcome, EdgeError> {
+        validate_name(name)?;
+        let (edge, caller, id, name, key) = (self.clone(), caller.clone(), id.to_string(), name.to_string(), key.map(str::to_string));
+        // Finish even if the caller goes away (a retry must find it).
+        tokio::spawn(async move { edge.snapshot_keyed(&caller, &id, &name, key.as_deref()).await })
+            .await
+            .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))?
+    }
+
+    async fn snapshot_keyed(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>) -> Result<SnapshotOutcome, EdgeError> {
+        let Some(key) = key else { return self.snapshot_now(caller, id, name).await };
+        if key.is_empty() || key.len() > 256 {
+            return Err(EdgeError::Invalid("an idempotency key must have 1 to 256 characters".into()));
+        }
+        let journal = &self.inner.journal;
+        let journal_err = |e: crate::journal::JournalError| EdgeError::Internal(e.to_string());
+        let fingerprint = format!("{id}\n{name}");
+        let deadline = tokio::time::Instant::now() + self.inner.config.create_timeout * 4;
+        loop {
+            match journal.claim(&caller.tenant, SCOPE_SNAPSHOT, key, &fingerprint).map_err(journal_err)? {
+                Claim::New => {
+                    return match self.snapshot_now(caller, id, name).await {
+                        Ok(out) => {
+                            journal.settle(&caller.tenant, SCOPE_SNAPSHOT, key, &out.snapshot.id).map_err(journal_err)?;
+                            Ok(out)
+                        }
+                        Err(e) => {
+                            let _ = journal.release(&caller.tenant, SCOPE_SNAPSHOT, key);
+                            Err(e)
+                        }
+                    };
+                }
+                Claim::Existing { fingerprint: first, .. } if first != fingerprint => {
+                    return Err(EdgeError::IdempotencyConflict(key.to_string()));
+                }
+                Claim::Existing { target: Some(snap), .. } => {
+                    let snapshot = self.vm_backend()?.snapshots.get(&snap).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
+                    return Ok(SnapshotOutcome { snapshot, created: false, frozen_ms: 0.0 });
+                }
+                Claim::Existing { target: None, .. } => {
+                    if tokio::time::Instant::now() > deadline {
+                        return Err(EdgeError::Timeout(format!("the first request with idempotency key {key:?} is still in progress")));
+                    }
+                    tokio::time::sleep(Duration::from_millis(25)).await;
+                }
+            }
+        }
+    }
+
+    async fn snapshot_now(&self, caller: &Caller, id: &str, name: &str) -> Result<SnapshotOutcome, EdgeError> {
+        let vm = self.vm_backend()?;
+        let entry = self.entry(caller, id)?;
+        let rec = entry.record();
+        if rec.spec.backend != BackendKind::Microvm {
+            return Err(EdgeError::Invalid(format!("sandbox {id}: snapshots are of microVMs; capture a container with pack_diff")));
+        }
+        // A frozen (not suspended) VM is resumed first: its guest must
+        // sync. A suspended one is snapshotted as it lies.
+        if rec.state.is_paused() && !rec.suspended {
+            self.running(caller, id).await?;
+        }
+        let _op = entry.op_lock.lock().await;
+        let rec = entry.record();
+        if vm.snapshots.find(&rec.tenant, name).is_some() {
+            return Err(EdgeError::AlreadyExists(format!("a snapshot named {name:?} exists already")));
+        }
+        let running = match rec.state {
+            State::Running => true,
+            State::Paused if rec.suspended => false,
+            s if s.is_terminal() => return Err(EdgeError::Ended { id: id.to_string(), state: s.as_str() }),
+            s => return Err(EdgeError::NotRunning { id: id.to_string(), state: s.as_str() }),
+        };
+        if running {
+            let _activity = entry.begin();
+            self.guest_sync(&entry).await?;
+        }
+        let meta = SnapshotMeta {
+            id: format!("snap-{}", crate::ids::short_id(&crate::ids::new_sandbox_id("x"))),
+            name: name.to_string(),
+            tenant: rec.tenant.clone(),
+            source: id.to_string(),
+            image: rec.spec.image.clone(),
+            workspace: rec.spec.workspace.clone(),
+            toolkits: rec.spec.toolkits.clone(),
+            disk_mb: rec.spec.limits.disk_mb.max(16),
+            parent: None,
+            created_at_ms: now_ms(),
+            bytes: 0,
+        };
+        let (snapshot, frozen_ms) = vm.snapshot(id, running, meta).await?;
+        Ok(SnapshotOutcome { snapshot, created: true, frozen_ms })
+    }
+
+    /// Flushes the guest's dirty pages to its disks (`sync` in the guest).
+    pub(crate) async fn guest_sync(&self, entry: &crate::edge::Entry) -> Result<(), EdgeError> {
+        let Some(inst) = entry.instance() else { return Ok(()) };
+        let spec = ExecSpec {
+            command: Command::Argv(vec!["sync".into()]),
+            env: vec![],
+            cwd: None,
+            user: Some("root".into()),
+            stdin: Stdin::Null,
+            stream_output: false,
+            timeout_ms: Some(SYNC_TIMEOUT.as_millis() as u64),
+            kill_grace_ms: 1000,
+            max_output_bytes: 4096,
+            session: None,
+        };
+        let r = self.exec_on(&inst, spec).await?;
+        match r.exit_code {
+            Some(0) => Ok(()),
+            _ => Err(EdgeError::Internal(format!("sync in the guest failed: {}", String::from_utf8_lossy(&r.stderr)))),
+        }
+    }
+
+    /// Snapshots of this node visible to `caller`.
+    pub fn snapshots(&self, caller: &Caller) -> Vec<SnapshotMeta> {
+        let Ok(vm) = self.vm_backend() else { return vec![] };
+        vm.snapshots.list().into_iter().filter(|m| caller.may_see(&m.tenant)).collect()
+    }
+
+    /// A creation from a snapshot: the request takes the snapshot's image
+    /// stack and disk size; returns the snapshot's id for the spec.
+    pub(crate) fn apply_snapshot(&self, caller: &Caller, req: &mut SandboxRequest) -> Result<Option<String>, EdgeError> {
+        let Some(name) = req.snapshot.clone() else { return Ok(None) };
+        if req.backend.is_some_and(|b| b != BackendKind::Microvm) {
+            return Err(EdgeError::Invalid("a sandbox started from a snapshot is a microVM (backend \"microvm\")".into()));
+        }
+        let snap = self.vm_backend()?.snapshots.find(&caller.tenant, &name).ok_or_else(|| EdgeError::SnapshotNotFound(name.clone()))?;
+        req.backend = Some(BackendKind::Microvm);
+        req.image = snap.image;
+        req.workspace = snap.workspace;
+        req.toolkits = snap.toolkits;
+        req.disk_mb = Some(snap.disk_mb);
+        Ok(Some(snap.id))
+    }
+}
