@@ -20,6 +20,12 @@ PACKAGES=(
   qemu-utils      # qemu-img, for VM disk images
   e2fsprogs       # mkfs.ext4: a microVM's writable disk template
   cpio            # tests check the initramfs the project writes
+  syslinux        # full VM image (debian-vm): the BIOS boot loader, installed on FAT without a mount
+  syslinux-common # its MBR boot code and UEFI modules
+  syslinux-efi    # the UEFI boot loader of the same image (booted by OVMF)
+  mtools          # writes the image's FAT boot partition in place (no loop device)
+  dosfstools      # mkfs.fat for that partition
+  ovmf            # UEFI firmware, for full VMs started with --vm-firmware ovmf
 )
 
 missing=()

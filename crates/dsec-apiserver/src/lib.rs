@@ -26,7 +26,7 @@ pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, stream, trajectory};
+use crate::routes::{admin, audit, events, files, fncall, jobs, pack, pause, sandboxes, screen, stream, trajectory};
 
 pub fn openapi_json() -> String {
     openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
@@ -50,6 +50,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pack", post(pack::pack))
         .route("/v1/sandboxes/{id}/events", get(events::sandbox))
         .route("/v1/sandboxes/{id}/audit", get(audit::list))
+        .route("/v1/sandboxes/{id}/screenshot", get(screen::screenshot))
+        .route("/v1/sandboxes/{id}/screen/keys", post(screen::keys))
+        .route("/v1/sandboxes/{id}/screen/type", post(screen::type_text))
+        .route("/v1/sandboxes/{id}/screen/move", post(screen::move_to))
+        .route("/v1/sandboxes/{id}/screen/click", post(screen::click))
         .route("/v1/jobs/{job}/pause", post(jobs::pause))
         .route("/v1/jobs/{job}/resume", post(jobs::resume))
         .route("/v1/jobs/{job}/events", get(events::job))

@@ -129,6 +129,18 @@ pub struct EdgeArgs {
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
+    /// Where full VM (backend "vm") base images are, as `<name>.qcow2`
+    /// (default: `<images-dir>/vm/images`, where `dsec image setup` puts
+    /// `debian-vm`).
+    #[arg(long)]
+    pub vm_images_dir: Option<PathBuf>,
+    /// Firmware of full VMs: seabios (BIOS) or ovmf (UEFI, Debian package
+    /// ovmf).
+    #[arg(long, default_value = "seabios")]
+    pub vm_firmware: dsec_edge::fullvm::cmdline::Firmware,
+    /// Seconds a full VM may take to boot its OS to the agent.
+    #[arg(long, default_value_t = 300)]
+    pub full_vm_boot_timeout_s: u64,
 }
 
 /// `python=2:8,cpp=0:4` -> pool configs.
@@ -226,6 +238,16 @@ impl EdgeArgs {
         vm.accel = self.vm_accel;
         vm.qemu = self.qemu.clone();
         vm.free_page_reporting = self.vm_free_page_reporting;
+        let mut fullvm = dsec_edge::fullvm::FullVmConfig::new(
+            self.vm_images_dir.clone().unwrap_or_else(|| dsec_image::vm::base_image::images_dir(&dsec_image::vm::vm_dir(&images_dir))),
+        );
+        fullvm.firmware = self.vm_firmware;
+        fullvm.qemu = self.qemu.clone();
+        fullvm.accel = self.vm_accel;
+        fullvm.run_root = vm.run_root.clone();
+        fullvm.free_page_reporting = self.vm_free_page_reporting;
+        fullvm.boot_timeout = Duration::from_secs(self.full_vm_boot_timeout_s);
+        config.fullvm = Some(fullvm);
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;

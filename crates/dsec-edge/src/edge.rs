@@ -67,6 +67,8 @@ pub struct EdgeConfig {
     pub vm: Option<crate::microvm::VmConfig>,
     /// A microVM must boot to its agent and be set up within this.
     pub vm_boot_timeout: Duration,
+    /// The full VM backend's settings; `None`: this node runs no full VMs.
+    pub fullvm: Option<crate::fullvm::FullVmConfig>,
 }
 
 impl EdgeConfig {
@@ -97,6 +99,7 @@ impl EdgeConfig {
             syscall_filter: true,
             vm: None,
             vm_boot_timeout: Duration::from_secs(60),
+            fullvm: None,
         }
     }
 }
@@ -267,7 +270,15 @@ impl Edge {
         if let Err(why) = &microvm {
             tracing::info!(%why, "microVMs unavailable on this node");
         }
-        let backends = Backends { container, microvm };
+        let fullvm = match &config.fullvm {
+            None => Err("the edge was started without full VM support".to_string()),
+            Some(cfg) => crate::fullvm::FullVmBackend::new(cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
+                .map(Arc::new),
+        };
+        if let Err(why) = &fullvm {
+            tracing::info!(%why, "full VMs unavailable on this node");
+        }
+        let backends = Backends { container, microvm, fullvm };
         let (store, records) =
             Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let journal = crate::journal::Journal::open(&config.state_dir.join("journal.db"))

@@ -49,6 +49,8 @@ pub enum EdgeError {
     TrajectoryNotFound(String),
     #[error("idempotency key {0:?} was used for a different request")]
     IdempotencyConflict(String),
+    #[error("{0}")]
+    NoScreen(String),
 }
 
 impl EdgeError {
@@ -74,6 +76,7 @@ impl EdgeError {
             EdgeError::Recorded { code, .. } => *code,
             EdgeError::TrajectoryNotFound(_) => ErrorCode::TrajectoryNotFound,
             EdgeError::IdempotencyConflict(_) => ErrorCode::IdempotencyConflict,
+            EdgeError::NoScreen(_) => ErrorCode::NoScreen,
         }
     }
 }

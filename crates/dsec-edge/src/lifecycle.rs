@@ -12,7 +12,8 @@ use crate::edge::{lock, Edge, Entry};
 use crate::error::EdgeError;
 use crate::ids::new_sandbox_id;
 use crate::instance::Instance;
-use crate::model::{now_ms, Caller, ListFilter, SandboxRecord, State};
+use crate::images::RootfsPlan;
+use crate::model::{now_ms, BackendKind, Caller, ListFilter, SandboxRecord, State};
 use crate::create_queue::Ticket;
 use crate::spec::{resolve, SandboxRequest};
 
@@ -37,7 +38,14 @@ impl Edge {
         let spec = resolve(req, &inner.config.policy)?;
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
-        let plan = inner.rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)?;
+        let plan = match &inner.backends.fullvm {
+            // A full VM boots its own disk image: no layers to mount.
+            Ok(vm) if spec.backend == BackendKind::Vm => {
+                vm.base_image(&spec.image)?;
+                RootfsPlan::default()
+            }
+            _ => inner.rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)?,
+        };
         inner.admission.reserve(&spec.limits)?;
 
         let now = now_ms();

@@ -18,7 +18,7 @@
 mod accel;
 pub mod cmdline;
 pub mod disk;
-mod qmp;
+pub mod qmp;
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -197,27 +197,16 @@ impl MicroVmBackend {
             workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
             default_user: spec.init_user.clone(),
         };
-        let boot = async {
-            let stream = connect_agent(&files.agent_socket(), &pidfd).await?;
-            let (agent, hello) = AgentClient::connect(stream).await?;
-            if hello.state != AgentState::Fresh {
-                return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
-            }
-            match agent.call(Op::SetupVm(setup)).await? {
-                Reply::Ready => Ok(agent),
-                other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
-            }
-        };
-        let outcome = tokio::time::timeout(self.boot_timeout, boot).await;
+        let outcome = tokio::time::timeout(self.boot_timeout, boot_agent(&files.agent_socket(), &pidfd, setup)).await;
         let failure = match outcome {
             Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
             Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
-            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", self.console_tail(&files))),
+            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", console_tail(&files))),
             Err(_) => EdgeError::Timeout(format!(
                 "the microVM did not boot to its agent within {:?} ({} acceleration){}",
                 self.boot_timeout,
                 accel.as_str(),
-                self.console_tail(&files)
+                console_tail(&files)
             )),
         };
         let _ = pidfd_kill(&pidfd, libc::SIGKILL);
@@ -226,88 +215,128 @@ impl MicroVmBackend {
         Err(failure)
     }
 
-    /// The last lines QEMU and the guest printed, for an error message.
-    fn console_tail(&self, files: &VmFiles) -> String {
-        let mut out = String::new();
-        for (what, path) in [("console", files.console_log()), ("qemu", files.run_dir.join("qemu.log"))] {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            // The agent's own words first (why it gave up), else the end
-            // (a kernel's last messages).
-            let agent: Vec<&str> = text.lines().filter(|l| l.contains("dsec-agent")).collect();
-            let lines: Vec<&str> = if agent.is_empty() { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { agent };
-            let tail = &lines[lines.len().saturating_sub(6)..];
-            if !tail.is_empty() {
-                out.push_str(&format!("; {what}: {}", tail.join(" | ")));
-            }
-        }
-        out
-    }
-
     /// Starts QEMU inside the sandbox's cgroup, in a session of its own
     /// (a terminal's Ctrl-C to the edge must not reach the VMs it leaves
     /// for re-adoption).
     fn spawn_qemu(&self, id: &str, launch: &VmLaunch<'_>) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
-        let procs: Vec<CString> = self
-            .cgroups
-            .procs_files(id)
-            .iter()
-            .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
-            .collect();
-        let log_path = launch.files.run_dir.join("qemu.log");
-        let log = std::fs::File::create(&log_path).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", log_path.display())))?;
-        let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let mut cmd = std::process::Command::new(&self.qemu);
-        cmd.args(cmdline::qemu_args(launch)).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
-        // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe calls (setsid, open, write, close) on data
-        // prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
+        spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(launch), &launch.files.run_dir)
+    }
+}
+
+/// The last lines QEMU and the guest printed, for an error message.
+pub(crate) fn console_tail(files: &VmFiles) -> String {
+    let mut out = String::new();
+    for (what, path) in [("console", files.console_log()), ("qemu", files.run_dir.join("qemu.log"))] {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        // The agent's own words first (why it gave up), else the end
+        // (a kernel's last messages).
+        let agent: Vec<&str> = text.lines().filter(|l| l.contains("dsec-agent")).collect();
+        let lines: Vec<&str> = if agent.is_empty() { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { agent };
+        let tail = &lines[lines.len().saturating_sub(6)..];
+        if !tail.is_empty() {
+            out.push_str(&format!("; {what}: {}", tail.join(" | ")));
+        }
+    }
+    out
+}
+
+/// Starts `qemu args` inside the cgroup of sandbox `id`, in a session of
+/// its own, its output to `run_dir/qemu.log` (shared by both VM backends).
+pub(crate) fn spawn_qemu(cgroups: &Cgroups, qemu: &Path, id: &str, args: Vec<String>, run_dir: &Path) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
+    let procs: Vec<CString> = cgroups
+        .procs_files(id)
+        .iter()
+        .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
+        .collect();
+    let log_path = run_dir.join("qemu.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", log_path.display())))?;
+    let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let mut cmd = std::process::Command::new(qemu);
+    cmd.args(args).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (setsid, open, write, close) on data
+    // prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            for p in &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
-                for p in &procs {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                    libc::close(fd);
-                    if !ok {
-                        return Err(std::io::Error::last_os_error());
-                    }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if !ok {
+                    return Err(std::io::Error::last_os_error());
                 }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(|e| EdgeError::Internal(format!("starting {}: {e}", self.qemu.display())))?;
-        let pid = child.id() as i32;
-        // Dropping the Child neither kills nor reaps: the exit watcher
-        // reaps through the pidfd.
-        drop(child);
-        let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open(QEMU {pid}): {e}")))?;
-        Ok((pid, pidfd))
-    }
-
-    async fn adopt_vm(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
-        if !self.cgroups.contains(id, pid) {
-            return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
-        }
-        let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
-        let files = self.files(id);
-        let attach = async {
-            let stream = connect_agent(&files.agent_socket(), &pidfd).await?;
-            let (agent, hello) = AgentClient::connect(stream).await?;
-            match hello.state {
-                AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
-                other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
             }
-        };
-        let agent = tokio::time::timeout(REATTACH_WAIT, attach)
-            .await
-            .map_err(|_| EdgeError::Timeout(format!("re-attaching to the microVM {id}")))??;
-        Ok(Instance::new(pid, pidfd, agent))
+            Ok(())
+        });
     }
+    let child = cmd.spawn().map_err(|e| EdgeError::Internal(format!("starting {}: {e}", qemu.display())))?;
+    let pid = child.id() as i32;
+    // Dropping the Child neither kills nor reaps: the exit watcher
+    // reaps through the pidfd.
+    drop(child);
+    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open(QEMU {pid}): {e}")))?;
+    Ok((pid, pidfd))
+}
+
+impl MicroVmBackend {
+    async fn adopt_vm(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
+        reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await
+    }
+}
+
+/// What is left of VM `id` once its QEMU is gone: stray processes of its
+/// cgroup, its run directory, its disk, the cgroup (shared by both VM
+/// backends).
+pub(crate) fn cleanup_vm(cgroups: &Cgroups, id: &str, files: &VmFiles) -> Result<(), EdgeError> {
+    cgroups.kill_all(id);
+    let _ = std::fs::remove_dir_all(&files.run_dir);
+    match std::fs::remove_file(&files.disk) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", files.disk.display()))),
+    }
+    cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+}
+
+/// Connects to a fresh guest agent and has it set the sandbox up (shared
+/// by both VM backends).
+pub(crate) async fn boot_agent(socket: &Path, qemu: &std::os::fd::OwnedFd, setup: VmSetup) -> Result<AgentClient, EdgeError> {
+    let stream = connect_agent(socket, qemu).await?;
+    let (agent, hello) = AgentClient::connect(stream).await?;
+    if hello.state != AgentState::Fresh {
+        return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
+    }
+    match agent.call(Op::SetupVm(setup)).await? {
+        Reply::Ready => Ok(agent),
+        other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
+    }
+}
+
+/// Re-attaches to the running VM `id` whose QEMU is `pid` (after an edge
+/// restart; shared by both VM backends).
+pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Path) -> Result<Instance, EdgeError> {
+    if !cgroups.contains(id, pid) {
+        return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
+    }
+    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+    let attach = async {
+        let stream = connect_agent(socket, &pidfd).await?;
+        let (agent, hello) = AgentClient::connect(stream).await?;
+        match hello.state {
+            AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
+            other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
+        }
+    };
+    let agent = tokio::time::timeout(REATTACH_WAIT, attach)
+        .await
+        .map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))??;
+    Ok(Instance::new(pid, pidfd, agent))
 }
 
 /// How long re-adoption waits for a guest agent to greet.
@@ -315,7 +344,7 @@ const REATTACH_WAIT: Duration = Duration::from_secs(10);
 
 /// Connects to the agent's socket, which QEMU creates while it starts;
 /// gives up if QEMU exits first.
-async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
+pub(crate) async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
     let t0 = Instant::now();
     loop {
         match tokio::net::UnixStream::connect(path).await {
@@ -342,7 +371,7 @@ fn process_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) > 0 }
 }
 
-fn find_program(p: &Path) -> Option<PathBuf> {
+pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
     if p.components().count() > 1 {
         return p.is_file().then(|| p.to_path_buf());
     }
@@ -363,15 +392,7 @@ impl Backend for MicroVmBackend {
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
-        self.cgroups.kill_all(id);
-        let files = self.files(id);
-        let _ = std::fs::remove_dir_all(&files.run_dir);
-        match std::fs::remove_file(&files.disk) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", files.disk.display()))),
-        }
-        self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+        cleanup_vm(&self.cgroups, id, &self.files(id))
     }
 
     fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
