@@ -6,7 +6,13 @@
         same base image (its own qcow2 overlay, the same devices) until the
         guest agent, started by the guest's systemd, greets on its
         virtio-serial socket
-    vm_bench.py report FILE
+    vm_bench.py layers --n N --label L --toolkit IMAGE --out F
+        N full VMs started together with IMAGE's layers as a toolkit (the
+        edge's --vm-layers decides pmem+DAX or virtio-blk), each reading
+        every file of the layer; then the host memory they hold: the sum of
+        their cgroups' memory usage (guest RAM, QEMU, the page cache they
+        brought in) and of their QEMUs' PSS
+    vm_bench.py report FILE...
 
 The server is the one in DSEC_ENDPOINT / DSEC_TOKEN (bench/lib.sh starts it).
 """
@@ -26,6 +32,9 @@ import time
 from pathlib import Path
 
 from dsec import DSecClient, DSecRunArgs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from microvm_bench import qemu_pss_kb  # noqa: E402  (a sibling script)
 
 
 def client() -> DSecClient:
@@ -82,6 +91,56 @@ async def boot(a: argparse.Namespace) -> None:
     Path(a.out).write_text(json.dumps({"kind": "boot", "ms": out}))
 
 
+def cgroup_bytes(sandbox_id: str) -> int:
+    node = sandbox_id.split(".")[0]
+    for f in (f"/sys/fs/cgroup/memory/dsec/{node}/{sandbox_id}/memory.usage_in_bytes",
+              f"/sys/fs/cgroup/dsec/{node}/{sandbox_id}/memory.current"):
+        if Path(f).exists():
+            return int(Path(f).read_text())
+    raise SystemExit(f"no memory cgroup for {sandbox_id}")
+
+
+async def layers(a: argparse.Namespace) -> None:
+    # Start from a cold page cache for the layer files, so both runs count
+    # the same reads.
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("1")
+    async with client() as c:
+        run = DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=a.memory_mb, cpu_cores_limit=1,
+                          toolkits=[a.toolkit], labels={"suite": "bench-vm"})
+        sbs = await asyncio.gather(*[c.run(run, timeout=900) for _ in range(a.n)])
+        try:
+            base = [cgroup_bytes(sb.id) for sb in sbs]
+            reads = await asyncio.gather(*[sb.run_shell(
+                "mount | grep -c /opt/dsec/layers/0; tar cf - /opt/dsec/layers/0 2>/dev/null | wc -c", timeout=900)
+                for sb in sbs])
+            for r in reads:
+                mounts, size = r.stdout.split()
+                assert mounts == "1" and int(size) > 1 << 20, r
+            await asyncio.sleep(a.settle)
+            used = [cgroup_bytes(sb.id) for sb in sbs]
+            pss = [qemu_pss_kb(sb.id) * 1024 for sb in sbs]
+        finally:
+            await asyncio.gather(*[sb.delete() for sb in sbs])
+    Path(a.out).write_text(json.dumps({"kind": "layers", "label": a.label, "n": a.n, "read_bytes": int(size),
+                                       "before_read": base, "cgroup": used, "pss": pss}))
+
+
+def report_layers(files: list[str]) -> None:
+    mib = 1 << 20
+    rows = []
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        rows.append(d)
+        print(f"{d['n']} full VMs reading a {d['read_bytes'] / mib:.0f} MiB layer, {d['label']}: "
+              f"cgroups {sum(d['cgroup']) / mib:.0f} MiB (grew {(sum(d['cgroup']) - sum(d['before_read'])) / mib:.0f} MiB "
+              f"while reading), QEMU PSS {sum(d['pss']) / mib:.0f} MiB")
+    if len(rows) == 2:
+        a, b = rows
+        print(f"  {a['label']} / {b['label']}: cgroups {sum(a['cgroup']) / sum(b['cgroup']):.2f}x, "
+              f"PSS {sum(a['pss']) / sum(b['pss']):.2f}x")
+
+
 def report(f: str) -> None:
     ms = json.loads(Path(f).read_text())["ms"]
     med = {k: statistics.median(v) for k, v in ms.items()}
@@ -98,13 +157,24 @@ def main() -> None:
     b.add_argument("--reps", type=int, default=3)
     b.add_argument("--image", required=True)
     b.add_argument("--out", required=True)
+    ly = sub.add_parser("layers")
+    ly.add_argument("--n", type=int, default=4)
+    ly.add_argument("--label", required=True)
+    ly.add_argument("--toolkit", default="python")
+    ly.add_argument("--memory-mb", type=int, default=768)
+    ly.add_argument("--settle", type=float, default=5.0)
+    ly.add_argument("--out", required=True)
     r = sub.add_parser("report")
-    r.add_argument("file")
+    r.add_argument("files", nargs="+")
     a = p.parse_args()
     if a.cmd == "boot":
         asyncio.run(boot(a))
+    elif a.cmd == "layers":
+        asyncio.run(layers(a))
+    elif json.loads(Path(a.files[0]).read_text())["kind"] == "layers":
+        report_layers(a.files)
     else:
-        report(a.file)
+        report(a.files[0])
 
 
 if __name__ == "__main__":

@@ -154,7 +154,7 @@ fn wait_host_connected_blocking(fd: std::os::fd::BorrowedFd<'_>) {
 }
 
 /// The block device whose virtio-blk serial is `serial`.
-fn disk_by_serial(serial: &str) -> Result<String> {
+pub(crate) fn disk_by_serial(serial: &str) -> Result<String> {
     let deadline = Instant::now() + DEVICE_WAIT;
     loop {
         if let Ok(dir) = std::fs::read_dir("/sys/block") {

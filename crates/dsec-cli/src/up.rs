@@ -141,6 +141,11 @@ pub struct EdgeArgs {
     /// Seconds a full VM may take to boot its OS to the agent.
     #[arg(long, default_value_t = 300)]
     pub full_vm_boot_timeout_s: u64,
+    /// How full VMs get their toolkit layers: pmem (virtio-pmem, mapped
+    /// with DAX: one copy in the host's page cache for every VM) or blk
+    /// (read-only virtio-blk disks).
+    #[arg(long, default_value = "pmem")]
+    pub vm_layers: dsec_edge::fullvm::cmdline::LayerBus,
 }
 
 /// `python=2:8,cpp=0:4` -> pool configs.
@@ -247,6 +252,7 @@ impl EdgeArgs {
         fullvm.run_root = vm.run_root.clone();
         fullvm.free_page_reporting = self.vm_free_page_reporting;
         fullvm.boot_timeout = Duration::from_secs(self.full_vm_boot_timeout_s);
+        fullvm.layer_bus = self.vm_layers;
         config.fullvm = Some(fullvm);
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);

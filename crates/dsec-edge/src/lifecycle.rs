@@ -12,7 +12,6 @@ use crate::edge::{lock, Edge, Entry};
 use crate::error::EdgeError;
 use crate::ids::new_sandbox_id;
 use crate::instance::Instance;
-use crate::images::RootfsPlan;
 use crate::model::{now_ms, BackendKind, Caller, ListFilter, SandboxRecord, State};
 use crate::create_queue::Ticket;
 use crate::spec::{resolve, SandboxRequest};
@@ -40,10 +39,7 @@ impl Edge {
         inner.backends.get(spec.backend)?;
         let plan = match &inner.backends.fullvm {
             // A full VM boots its own disk image: no layers to mount.
-            Ok(vm) if spec.backend == BackendKind::Vm => {
-                vm.base_image(&spec.image)?;
-                RootfsPlan::default()
-            }
+            Ok(vm) if spec.backend == BackendKind::Vm => vm.plan(inner.rootfs.as_ref(), &spec)?,
             _ => inner.rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)?,
         };
         inner.admission.reserve(&spec.limits)?;

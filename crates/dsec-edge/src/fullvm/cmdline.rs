@@ -30,6 +30,36 @@ impl std::str::FromStr for Firmware {
     }
 }
 
+/// How read-only layers reach a full VM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LayerBus {
+    /// virtio-pmem, mapped with DAX by the guest: every VM reads the one
+    /// copy in the host's page cache, none keeps its own.
+    #[default]
+    Pmem,
+    /// Read-only virtio-blk disks (each guest caches what it reads).
+    Blk,
+}
+
+impl std::str::FromStr for LayerBus {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "pmem" => Ok(LayerBus::Pmem),
+            "blk" => Ok(LayerBus::Blk),
+            other => Err(format!("VM layers go by pmem or blk, not {other:?}")),
+        }
+    }
+}
+
+/// What the guest agent is told to mount for layer `i` (`VmSetup::layer_disks`).
+pub fn layer_name(bus: LayerBus, i: usize) -> String {
+    match bus {
+        LayerBus::Pmem => format!("pmem{i}"),
+        LayerBus::Blk => crate::microvm::cmdline::layer_serial(i),
+    }
+}
+
 /// OVMF's code (read-only, shared) and the template of its variable store
 /// (copied per VM: the firmware writes to it).
 pub const OVMF_CODE: &str = "/usr/share/OVMF/OVMF_CODE_4M.fd";
@@ -51,9 +81,10 @@ pub struct FullVmLaunch<'a> {
     pub files: &'a VmFiles,
     /// Guests report freed pages to the host (virtio-balloon).
     pub free_page_reporting: bool,
-    /// Read-only EROFS layer files shared as virtio-pmem devices (mapped
-    /// with DAX in the guest), topmost first.
-    pub pmem_layers: &'a [PathBuf],
+    /// Read-only EROFS layer files, topmost first, and how they are
+    /// attached.
+    pub layers: &'a [PathBuf],
+    pub layer_bus: LayerBus,
 }
 
 /// The argv of `qemu-system-x86_64` (without the program).
@@ -66,7 +97,8 @@ pub fn qemu_args(l: &FullVmLaunch<'_>) -> Vec<String> {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
         Accel::Tcg => push(&["-accel", "tcg,tb-size=64"]),
     }
-    let (smp, mem) = (l.vcpus.max(1).to_string(), memory_arg(l.memory_mb, l.pmem_layers));
+    let pmem: &[PathBuf] = if l.layer_bus == LayerBus::Pmem { l.layers } else { &[] };
+    let (smp, mem) = (l.vcpus.max(1).to_string(), memory_arg(l.memory_mb, pmem));
     push(&["-m", &mem, "-smp", &smp]);
     push(&["-nodefaults", "-no-user-config", "-no-reboot", "-display", "none"]);
     push(&["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
@@ -82,10 +114,22 @@ pub fn qemu_args(l: &FullVmLaunch<'_>) -> Vec<String> {
     let agent = format!("socket,id=agent,path={},server=on,wait=off", path(&l.files.agent_socket()));
     let port = format!("virtserialport,chardev=agent,name={AGENT_PORT}");
     push(&["-device", "virtio-serial-pci,max_ports=2", "-chardev", &agent, "-device", &port]);
-    for (i, layer) in l.pmem_layers.iter().enumerate() {
-        let obj = format!("memory-backend-file,id=pm{i},share=on,readonly=on,mem-path={}", path(layer));
-        let dev = format!("virtio-pmem-pci,memdev=pm{i},id=pmem{i}");
-        push(&["-object", &obj, "-device", &dev]);
+    for (i, layer) in l.layers.iter().enumerate() {
+        match l.layer_bus {
+            LayerBus::Pmem => {
+                // The region is the whole file (an EROFS image is a
+                // whole number of 4 KiB blocks); QEMU needs its size said.
+                let size = std::fs::metadata(layer).map_or(0, |m| m.len());
+                let obj = format!("memory-backend-file,id=pm{i},share=on,readonly=on,size={size},mem-path={}", path(layer));
+                let dev = format!("virtio-pmem-pci,memdev=pm{i},id=pmem{i}");
+                push(&["-object", &obj, "-device", &dev]);
+            }
+            LayerBus::Blk => {
+                let drive = format!("id=l{i},file={},format=raw,if=none,readonly=on", path(layer));
+                let dev = format!("virtio-blk-pci,drive=l{i},serial={}", layer_name(LayerBus::Blk, i));
+                push(&["-drive", &drive, "-device", &dev]);
+            }
+        }
     }
     if l.free_page_reporting {
         push(&["-device", "virtio-balloon-pci,free-page-reporting=on"]);
@@ -117,7 +161,7 @@ mod tests {
     }
 
     fn launch(f: &VmFiles) -> FullVmLaunch<'_> {
-        FullVmLaunch { accel: Accel::Tcg, firmware: Firmware::Seabios, memory_mb: 512, vcpus: 2, files: f, free_page_reporting: true, pmem_layers: &[] }
+        FullVmLaunch { accel: Accel::Tcg, firmware: Firmware::Seabios, memory_mb: 512, vcpus: 2, files: f, free_page_reporting: true, layers: &[], layer_bus: LayerBus::Pmem }
     }
 
     fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
@@ -181,11 +225,21 @@ mod tests {
         let f = files();
         let layers = [layer.clone()];
         let mut l = launch(&f);
-        l.pmem_layers = &layers;
+        l.layers = &layers;
         let args = qemu_args(&l);
         let obj = values(&args, "-object");
-        assert_eq!(obj, [format!("memory-backend-file,id=pm0,share=on,readonly=on,mem-path={}", layer.display())]);
+        assert_eq!(obj, [format!("memory-backend-file,id=pm0,share=on,readonly=on,size={},mem-path={}", 3 << 20, layer.display())]);
         assert!(values(&args, "-device").contains(&"virtio-pmem-pci,memdev=pm0,id=pmem0"));
         assert_eq!(values(&args, "-m"), ["512M,slots=2,maxmem=518M"]);
+        assert_eq!(layer_name(LayerBus::Pmem, 0), "pmem0");
+        // The same layer as a read-only disk instead.
+        l.layer_bus = LayerBus::Blk;
+        let args = qemu_args(&l);
+        assert!(values(&args, "-object").is_empty());
+        assert_eq!(values(&args, "-m"), ["512M"]);
+        assert!(values(&args, "-drive").contains(&format!("id=l0,file={},format=raw,if=none,readonly=on", layer.display()).as_str()));
+        assert!(values(&args, "-device").contains(&"virtio-blk-pci,drive=l0,serial=dsec-l0"));
+        assert_eq!("blk".parse::<LayerBus>(), Ok(LayerBus::Blk));
+        assert!("nfs".parse::<LayerBus>().is_err());
     }
 }

@@ -18,6 +18,7 @@
 
 pub mod cmdline;
 pub mod input;
+pub mod pmem;
 pub mod screen;
 
 use std::collections::HashSet;
@@ -31,12 +32,12 @@ use crate::backend::{Backend, BoxFuture, Durable};
 use crate::cgroup::Cgroups;
 use crate::container::spawn::{pidfd_kill, reap};
 use crate::error::EdgeError;
-use crate::images::RootfsPlan;
+use crate::images::{RootfsPlan, RootfsProvider};
 use crate::instance::Instance;
 use crate::microvm::cmdline::{Accel, AccelChoice, VmFiles};
 use crate::microvm::{self, MicroVmBackend};
 use crate::model::{BackendKind, SandboxSpec};
-use cmdline::{FullVmLaunch, Firmware};
+use cmdline::{Firmware, FullVmLaunch, LayerBus};
 
 /// Host memory a full VM's QEMU needs beyond its guest's RAM: the microVM
 /// allowance plus the VGA memory (16 MiB) and the firmware's.
@@ -58,6 +59,8 @@ pub struct FullVmConfig {
     pub free_page_reporting: bool,
     /// A whole OS boots slower than a microVM's agent-as-init.
     pub boot_timeout: Duration,
+    /// How toolkit layers reach the guest.
+    pub layer_bus: LayerBus,
 }
 
 impl FullVmConfig {
@@ -70,6 +73,7 @@ impl FullVmConfig {
             run_root: "/run/dsec/vm".into(),
             free_page_reporting: true,
             boot_timeout: Duration::from_secs(300),
+            layer_bus: LayerBus::Pmem,
         }
     }
 }
@@ -80,6 +84,8 @@ pub struct FullVmBackend {
     cfg: FullVmConfig,
     qemu: PathBuf,
     overlay_dir: PathBuf,
+    /// 2 MiB-aligned copies of layer files for virtio-pmem.
+    pmem_dir: PathBuf,
     /// The microVM backend's KVM probe, when that backend runs here (it
     /// boots a kernel once; a full VM has no kernel of the edge's to probe
     /// with). Without it, `auto` means TCG.
@@ -95,9 +101,10 @@ impl FullVmBackend {
             return Err(format!("{} not found (Debian package ovmf)", cmdline::OVMF_CODE));
         }
         let overlay_dir = state_dir.join("vm").join("overlays");
+        let pmem_dir = state_dir.join("vm").join("pmem");
         std::fs::create_dir_all(&overlay_dir).map_err(|e| format!("creating {}: {e}", overlay_dir.display()))?;
         std::fs::create_dir_all(&cfg.run_root).map_err(|e| format!("creating {}: {e}", cfg.run_root.display()))?;
-        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, probe })
+        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, pmem_dir, probe })
     }
 
     pub fn files(&self, id: &str) -> VmFiles {
@@ -109,6 +116,24 @@ impl FullVmBackend {
         dsec_image::vm::base_image::image_path(&self.cfg.images_dir, name).map_err(|e| EdgeError::ImageNotFound(e.to_string()))
     }
 
+    /// A full VM's read-only layers: those of each toolkit image (the
+    /// request's `toolkits`, last = topmost), mounted in the guest at
+    /// `/opt/dsec/layers/<i>`. The base image is the VM image itself.
+    pub fn plan(&self, rootfs: &dyn RootfsProvider, spec: &SandboxSpec) -> Result<RootfsPlan, EdgeError> {
+        self.base_image(&spec.image)?;
+        if spec.workspace.is_some() {
+            return Err(EdgeError::Invalid("a full VM has no workspace layer: give the layers it needs as toolkits".into()));
+        }
+        let mut plan = RootfsPlan::default();
+        for toolkit in spec.toolkits.iter().rev() {
+            plan.layer_files.extend(rootfs.plan(toolkit, None, &[])?.layer_files);
+        }
+        if self.cfg.layer_bus == LayerBus::Pmem {
+            plan.layer_files = plan.layer_files.iter().map(|f| pmem::aligned(&self.pmem_dir, f)).collect::<Result<_, _>>()?;
+        }
+        Ok(plan)
+    }
+
     async fn accel(&self) -> Accel {
         match (self.cfg.accel, &self.probe) {
             (AccelChoice::Kvm, _) => Accel::Kvm,
@@ -117,7 +142,7 @@ impl FullVmBackend {
         }
     }
 
-    async fn start_vm(&self, id: &str, spec: &SandboxSpec, durable: Durable) -> Result<Instance, EdgeError> {
+    async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
         let base = self.base_image(&spec.image)?;
         self.cgroups.create(id, &crate::backend::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
         if let Err(e) = durable.await {
@@ -142,7 +167,8 @@ impl FullVmBackend {
             vcpus: microvm::cmdline::vcpus_for(spec.limits.cpu_cores),
             files: &files,
             free_page_reporting: self.cfg.free_page_reporting,
-            pmem_layers: &[],
+            layers: &plan.layer_files,
+            layer_bus: self.cfg.layer_bus,
         };
         let (pid, pidfd) = match microvm::spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(&launch), &files.run_dir) {
             Ok(p) => p,
@@ -154,8 +180,9 @@ impl FullVmBackend {
         let setup = VmSetup {
             sandbox_id: id.to_string(),
             hostname: crate::ids::short_id(id).to_string(),
-            // The guest's own disk is its root: nothing to mount.
-            layer_disks: Vec::new(),
+            // The guest's own disk is its root; only toolkit layers are
+            // mounted (read-only, at /opt/dsec/layers/<i>).
+            layer_disks: (0..plan.layer_files.len()).map(|i| cmdline::layer_name(self.cfg.layer_bus, i)).collect(),
             writable_disk: String::new(),
             now_ms: crate::model::now_ms(),
             masked_paths: Vec::new(),
@@ -225,8 +252,8 @@ impl Backend for FullVmBackend {
         BackendKind::Vm
     }
 
-    fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, _plan: &'a RootfsPlan, durable: Durable) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(self.start_vm(id, spec, durable))
+    fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan, durable: Durable) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(self.start_vm(id, spec, plan, durable))
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
