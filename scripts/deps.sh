@@ -23,6 +23,12 @@ PACKAGES=(
   clang           # compiles the egress eBPF programs (-target bpf) at build time
   libbpf-dev      # the headers those programs include (bpf_helpers.h)
   bpftool         # egress tests check no eBPF program is left attached
+  syslinux        # full VM image (debian-vm): the BIOS boot loader, installed on FAT without a mount
+  syslinux-common # its MBR boot code and UEFI modules
+  syslinux-efi    # the UEFI boot loader of the same image (booted by OVMF)
+  mtools          # writes the image's FAT boot partition in place (no loop device)
+  dosfstools      # mkfs.fat for that partition
+  ovmf            # UEFI firmware, for full VMs started with --vm-firmware ovmf
 )
 
 missing=()

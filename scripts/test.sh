@@ -9,9 +9,11 @@ echo "==> building (release)"
 cargo build --release --workspace --quiet
 python3 -m pip install --quiet --disable-pip-version-check -e 'sdk/python[test]'
 
-# The default images, shared with `dsec up`'s data dir (cached).
+# The default images, shared with `dsec up`'s data dir (cached). The full
+# VM image (debian-vm) carries the static guest agent: build it first.
+scripts/build-agent.sh
 IMAGES=${DSEC_TEST_IMAGES_DIR:-${DSEC_DATA_DIR:-/var/lib/dsec}/images}
-target/release/dsec image setup --images-dir "$IMAGES"
+DSEC_AGENT="$PWD/target/release/dsec-agent" target/release/dsec image setup --images-dir "$IMAGES"
 
 export DSEC_BIN="$PWD/target/release/dsec"
 export DSEC_AGENT="$PWD/target/release/dsec-agent"

@@ -161,7 +161,9 @@ pub struct ContainerSetup {
 
 /// What a microVM's agent needs to build the sandbox inside the guest.
 /// Disks are named by their virtio-blk serial (the guest finds them in
-/// `/sys/block/*/serial`), never by probe order.
+/// `/sys/block/*/serial`), never by probe order. A full VM's agent (a
+/// service of the guest's own OS) gets no disks at all: the guest's root
+/// is the sandbox's, and the setup only sets its clock and hostname.
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub struct VmSetup {
     pub sandbox_id: String,

@@ -19,6 +19,9 @@ pub enum Mode {
     Container,
     /// The init of a microVM (PID 1 of the guest kernel).
     Vm,
+    /// A service of a full VM's own operating system (its init is the
+    /// guest's, e.g. systemd): the guest's root is the sandbox's.
+    Guest,
     /// No namespaces of its own; file operations confined to a directory.
     Plain,
 }
@@ -132,8 +135,9 @@ impl Agent {
                 // SAFETY: kill(2) with integer arguments.
                 unsafe { libc::kill(-1, libc::SIGKILL) };
             }
-            // Never kill(-1) outside our own pid namespace.
-            Mode::Plain => {
+            // Never kill(-1) outside our own pid namespace; in a full VM
+            // it would also end the guest's own services.
+            Mode::Plain | Mode::Guest => {
                 for &pg in self.groups.borrow().iter() {
                     signal_group(pg, libc::SIGKILL);
                 }

@@ -3,6 +3,7 @@
 //! ```text
 //! dsec-agent container                       # PID 1 of fresh namespaces
 //! dsec-agent plain --root DIR [--sandbox-id ID]
+//! dsec-agent guest                           # a service of a full VM's OS
 //! ```
 //! Either way it speaks dsec-agent-proto on fd 3. The handshake and (in
 //! container mode) the setup run with blocking I/O before the event loop
@@ -19,6 +20,7 @@ mod envs;
 mod errors;
 mod exec;
 mod files;
+mod guest;
 mod input;
 mod launch;
 mod ops;
@@ -52,10 +54,12 @@ use agent::{Agent, Identity, Mode};
 use paths::Root;
 use spawn::ChildPolicy;
 
-const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent spawner";
+const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner";
 
 enum Cli {
     Container,
+    /// A full VM's service (its channel is the virtio-serial port).
+    Guest,
     /// The edge's spawn helper (socket on fd 3).
     Spawner,
     Plain { root: String, sandbox_id: String },
@@ -65,6 +69,7 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
     match args.first().map(String::as_str) {
         Some("container") if args.len() == 1 => Ok(Cli::Container),
         Some("spawner") if args.len() == 1 => Ok(Cli::Spawner),
+        Some("guest") if args.len() == 1 => Ok(Cli::Guest),
         Some("plain") => {
             let mut root = None;
             let mut sandbox_id = "plain".to_string();
@@ -110,6 +115,13 @@ fn main() -> ExitCode {
             }
         };
     }
+    if let Cli::Guest = cli {
+        // The port becomes fd 3 before the process hygiene that expects it.
+        if let Err(e) = guest::attach() {
+            eprintln!("dsec-agent guest: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
     let chan = match startup::prepare_process() {
         Ok(c) => c,
         Err(e) => {
@@ -119,6 +131,7 @@ fn main() -> ExitCode {
     };
     let r = match cli {
         Cli::Container => container(chan),
+        Cli::Guest => full_vm(chan),
         Cli::Plain { root, sandbox_id } => plain(chan, &root, sandbox_id),
         Cli::Spawner => unreachable!("handled above"),
     };
@@ -198,9 +211,23 @@ fn container(chan: OwnedFd) -> Result<(), String> {
 fn vm(chan: OwnedFd) -> Result<(), String> {
     serve_sandbox(chan, Mode::Vm, |op| match op {
         Op::SetupVm(cfg) => {
-            let ident = Identity { sandbox_id: cfg.sandbox_id.clone(), image_env: cfg.env.clone(), workdir: cfg.workdir.clone(), default_user: cfg.default_user.clone() };
+            let ident = vm_identity(&cfg);
             // The guest kernel is the boundary of a VM: no filter inside it.
             Some(Box::new(move || vm_init::setup(&cfg).map_err(|e| e.to_string()).map(|()| SetupDone { ident, upper: None, syscall_filter: false })))
+        }
+        _ => None,
+    })
+}
+
+fn vm_identity(cfg: &dsec_agent_proto::VmSetup) -> Identity {
+    Identity { sandbox_id: cfg.sandbox_id.clone(), image_env: cfg.env.clone(), workdir: cfg.workdir.clone(), default_user: cfg.default_user.clone() }
+}
+
+fn full_vm(chan: OwnedFd) -> Result<(), String> {
+    serve_sandbox(chan, Mode::Guest, |op| match op {
+        Op::SetupVm(cfg) => {
+            let ident = vm_identity(&cfg);
+            Some(Box::new(move || guest::setup(&cfg).map(|()| SetupDone { ident, upper: None, syscall_filter: false })))
         }
         _ => None,
     })
@@ -307,6 +334,8 @@ mod tests {
     #[test]
     fn command_line() {
         assert!(matches!(parse_args(&args(&["container"])), Ok(Cli::Container)));
+        assert!(matches!(parse_args(&args(&["guest"])), Ok(Cli::Guest)));
+        assert!(parse_args(&args(&["guest", "extra"])).is_err());
         match parse_args(&args(&["plain", "--root", "/r", "--sandbox-id", "x"])) {
             Ok(Cli::Plain { root, sandbox_id }) => assert_eq!((root.as_str(), sandbox_id.as_str()), ("/r", "x")),
             _ => panic!("plain mode not parsed"),

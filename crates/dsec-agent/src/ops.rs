@@ -26,7 +26,7 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
     match op {
         Op::Ping => Ok(Reply::Pong),
         Op::SetupContainer(_) | Op::SetupVm(_) => Err(match agent.mode {
-            Mode::Container | Mode::Vm => protocol("the sandbox is already set up"),
+            Mode::Container | Mode::Vm | Mode::Guest => protocol("the sandbox is already set up"),
             Mode::Plain => AgentError::new(ErrorKind::Unsupported, "plain mode has no container to set up"),
         }),
         Op::Exec(spec) => exec::exec(agent, ctx, spec).await,

@@ -32,7 +32,7 @@ pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
     // A VM's channel is its virtio-serial port, which outlives any one
     // edge: keep a copy to serve the next edge on.
     let port = match agent.mode {
-        Mode::Vm => match fd.try_clone() {
+        Mode::Vm | Mode::Guest => match fd.try_clone() {
             Ok(p) => Some(p),
             Err(e) => {
                 eprintln!("dsec-agent: cannot keep the port: {e}");
@@ -144,7 +144,7 @@ async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, start: Start) -> bool {
     }
     loop {
         match reader.next(conn).await {
-            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if agent.mode == Mode::Vm && h.protocol_version == PROTOCOL_VERSION => {
+            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if matches!(agent.mode, Mode::Vm | Mode::Guest) && h.protocol_version == PROTOCOL_VERSION => {
                 return true;
             }
             Ok(Some(Incoming::Frame(msg))) => dispatch(agent, conn, msg),

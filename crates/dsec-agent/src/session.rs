@@ -140,7 +140,7 @@ pub async fn exec(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: ExecSpec) -> Result
 /// (anything outside it cannot be named and keeps the previous cwd).
 fn sandbox_cwd(agent: &Agent, pwd: &str) -> Option<String> {
     match agent.mode {
-        Mode::Container | Mode::Vm => Some(pwd.to_string()),
+        Mode::Container | Mode::Vm | Mode::Guest => Some(pwd.to_string()),
         Mode::Plain => {
             let root = agent.root_path.as_deref()?.trim_end_matches('/');
             if pwd == root {

@@ -58,6 +58,12 @@ pub fn boot() -> std::result::Result<(), String> {
         // SAFETY: reboot(2) with a valid command; nothing to flush.
         unsafe { libc::reboot(libc::RB_AUTOBOOT) };
     }
+    port_to_channel()
+}
+
+/// Finds the agent's port, puts it on fd 3 (where the rest of the agent
+/// expects its channel) and waits until the host side has a client.
+pub fn port_to_channel() -> std::result::Result<(), String> {
     let port = find_port()?;
     if port.as_raw_fd() == crate::reattach::CHANNEL_FD {
         // Already where the channel belongs: keep it open.
@@ -148,7 +154,7 @@ fn wait_host_connected_blocking(fd: std::os::fd::BorrowedFd<'_>) {
 }
 
 /// The block device whose virtio-blk serial is `serial`.
-fn disk_by_serial(serial: &str) -> Result<String> {
+pub(crate) fn disk_by_serial(serial: &str) -> Result<String> {
     let deadline = Instant::now() + DEVICE_WAIT;
     loop {
         if let Ok(dir) = std::fs::read_dir("/sys/block") {
@@ -214,7 +220,7 @@ fn switch_root(root: &CStr) -> Result<()> {
     Ok(())
 }
 
-fn set_clock(now_ms: u64) {
+pub fn set_clock(now_ms: u64) {
     if now_ms == 0 {
         return;
     }

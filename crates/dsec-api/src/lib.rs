@@ -13,6 +13,7 @@ mod fncall;
 mod images;
 mod pack;
 mod sandboxes;
+mod screen;
 mod tenants;
 mod trajectory;
 
@@ -24,6 +25,7 @@ pub use fncall::*;
 pub use images::*;
 pub use pack::*;
 pub use sandboxes::*;
+pub use screen::*;
 pub use tenants::*;
 pub use trajectory::*;
 

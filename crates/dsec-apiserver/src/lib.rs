@@ -26,7 +26,7 @@ pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, snapshots, stream, trajectory};
+use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory};
 
 pub fn openapi_json() -> String {
     openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
@@ -54,6 +54,11 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/events", get(events::sandbox))
         .route("/v1/sandboxes/{id}/audit", get(audit::list))
         .route("/v1/sandboxes/{id}/network", put(audit::set_network))
+        .route("/v1/sandboxes/{id}/screenshot", get(screen::screenshot))
+        .route("/v1/sandboxes/{id}/screen/keys", post(screen::keys))
+        .route("/v1/sandboxes/{id}/screen/type", post(screen::type_text))
+        .route("/v1/sandboxes/{id}/screen/move", post(screen::move_to))
+        .route("/v1/sandboxes/{id}/screen/click", post(screen::click))
         .route("/v1/jobs/{job}/pause", post(jobs::pause))
         .route("/v1/jobs/{job}/resume", post(jobs::resume))
         .route("/v1/jobs/{job}/events", get(events::job))

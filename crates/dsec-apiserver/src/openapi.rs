@@ -4,7 +4,7 @@
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, snapshots, stream, trajectory};
+use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -19,6 +19,7 @@ use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pa
         files::read, files::write, files::remove, files::stat, files::list, files::mkdir,
         files::archive_get, files::archive_put,
         trajectory::get, trajectory::replay,
+        screen::screenshot, screen::keys, screen::type_text, screen::move_to, screen::click,
         fncall::call, fncall::batch, fncall::pools, fncall::sandboxfusion_run_code, fncall::open_run_code,
     ),
     components(schemas(dsec_api::ErrorCode, dsec_api::StreamMessage)),

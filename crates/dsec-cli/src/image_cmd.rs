@@ -28,6 +28,15 @@ pub enum ImageCmd {
     /// Pull an image from an OCI registry (`[registry/]repo[:tag|@digest]`;
     /// plain HTTP for registries on loopback, HTTPS otherwise).
     Pull(PullArgs),
+    /// Add a full VM disk image (any format qemu-img reads: qcow2, raw,
+    /// vmdk, ...) as `NAME` for `backend="vm"`. The guest must start
+    /// `dsec-agent guest` at boot (see docs/vm.md).
+    ImportVm {
+        name: String,
+        disk: PathBuf,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Print an image's manifest (layers, kinds, sizes, config) as JSON.
     Inspect {
         name: String,
@@ -126,8 +135,8 @@ pub struct BuildArgs {
 pub struct SetupArgs {
     #[arg(long, env = "DSEC_DEBIAN_MIRROR", default_value = "http://deb.debian.org/debian")]
     pub mirror: String,
-    /// Only these default images (busybox, python, judge) or the microVM
-    /// guest kernel (vm-kernel).
+    /// Only these default images (busybox, python, judge), the microVM
+    /// guest kernel (vm-kernel) or the full VM's base image (debian-vm).
     #[arg(long = "only")]
     pub only: Vec<String>,
     #[command(flatten)]
@@ -258,6 +267,7 @@ fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
     match cmd {
         ImageCmd::Build(a) => build(a),
         ImageCmd::Setup(a) => setup(a),
+        ImageCmd::ImportVm { name, disk, store } => import_vm(&name, &disk, &store),
         ImageCmd::Import(a) => {
             let store = a.store.open()?;
             let options = a.oci.options(a.select.clone())?;
@@ -473,7 +483,50 @@ fn setup(a: SetupArgs) -> anyhow::Result<u8> {
     if a.only.is_empty() || a.only.iter().any(|o| o == VM_KERNEL) {
         setup_vm_kernel(&a.store.dir())?;
     }
+    if a.only.is_empty() || a.only.iter().any(|o| o == dsec_image::vm::base_image::BASE_IMAGE) {
+        setup_base_vm_image(&a.store.dir(), &a.mirror)?;
+    }
     Ok(0)
+}
+
+/// The guest agent setup puts into VM images: `DSEC_AGENT`, else the one
+/// next to this binary.
+fn agent_path() -> Option<PathBuf> {
+    std::env::var_os("DSEC_AGENT").map(PathBuf::from).or_else(|| std::env::current_exe().ok().map(|e| e.with_file_name("dsec-agent")))
+}
+
+/// Builds the full VM's base image `debian-vm` (cached: the debootstrap
+/// tree once, the disk again only when the agent changed).
+fn setup_base_vm_image(images_dir: &Path, mirror: &str) -> anyhow::Result<()> {
+    use dsec_image::vm::base_image::{ensure_base_image, BASE_IMAGE};
+    let bars = Bars::new(BASE_IMAGE);
+    let started = std::time::Instant::now();
+    let agent = agent_path().filter(|a| a.is_file()).ok_or_else(|| anyhow::anyhow!("building {BASE_IMAGE}: no guest agent (set DSEC_AGENT or run scripts/build-agent.sh)"))?;
+    match ensure_base_image(&dsec_image::vm::vm_dir(images_dir), &agent, mirror, &bars) {
+        Ok(path) => {
+            bars.finish(format!("{} ready in {:.1?}", path.display(), started.elapsed()));
+            Ok(())
+        }
+        Err(e) => {
+            bars.bar.abandon_with_message("failed");
+            Err(anyhow::anyhow!("building the VM image {BASE_IMAGE}: {e}"))
+        }
+    }
+}
+
+fn import_vm(name: &str, disk: &Path, store: &StoreArgs) -> anyhow::Result<u8> {
+    let bars = Bars::new(name);
+    let dir = dsec_image::vm::base_image::images_dir(&dsec_image::vm::vm_dir(&store.dir()));
+    match dsec_image::vm::base_image::import_image(&dir, name, disk, &bars) {
+        Ok(path) => {
+            bars.finish(format!("{}", path.display()));
+            Ok(0)
+        }
+        Err(e) => {
+            bars.bar.abandon_with_message("failed");
+            Err(e.into())
+        }
+    }
 }
 
 /// `--only` name of the microVM guest kernel.
@@ -492,9 +545,7 @@ fn setup_vm_kernel(images_dir: &Path) -> anyhow::Result<()> {
             return Err(anyhow::anyhow!("fetching the microVM kernel: {e}"));
         }
     };
-    let agent = std::env::var_os("DSEC_AGENT").map(std::path::PathBuf::from).or_else(|| {
-        std::env::current_exe().ok().map(|e| e.with_file_name("dsec-agent"))
-    });
+    let agent = agent_path();
     // The initramfs is a convenience here (the edge builds its own for the
     // agent it runs): a missing or dynamically linked agent is only noted.
     let initrd = agent

@@ -151,6 +151,23 @@ pub struct EdgeArgs {
     /// it every sandbox has loopback only and allow rules are refused.
     #[arg(long)]
     pub network_config: Option<PathBuf>,
+    /// Where full VM (backend "vm") base images are, as `<name>.qcow2`
+    /// (default: `<images-dir>/vm/images`, where `dsec image setup` puts
+    /// `debian-vm`).
+    #[arg(long)]
+    pub vm_images_dir: Option<PathBuf>,
+    /// Firmware of full VMs: seabios (BIOS) or ovmf (UEFI, Debian package
+    /// ovmf).
+    #[arg(long, default_value = "seabios")]
+    pub vm_firmware: dsec_edge::fullvm::cmdline::Firmware,
+    /// Seconds a full VM may take to boot its OS to the agent.
+    #[arg(long, default_value_t = 300)]
+    pub full_vm_boot_timeout_s: u64,
+    /// How full VMs get their toolkit layers: pmem (virtio-pmem, mapped
+    /// with DAX: one copy in the host's page cache for every VM) or blk
+    /// (read-only virtio-blk disks).
+    #[arg(long, default_value = "pmem")]
+    pub vm_layers: dsec_edge::fullvm::cmdline::LayerBus,
 }
 
 /// `python=2:8,cpp=0:4` -> pool configs.
@@ -250,6 +267,17 @@ impl EdgeArgs {
         vm.free_page_reporting = self.vm_free_page_reporting;
         vm.ram_file = self.vm_ram_file;
         vm.tb_size_mb = self.vm_tb_size_mb;
+        let mut fullvm = dsec_edge::fullvm::FullVmConfig::new(
+            self.vm_images_dir.clone().unwrap_or_else(|| dsec_image::vm::base_image::images_dir(&dsec_image::vm::vm_dir(&images_dir))),
+        );
+        fullvm.firmware = self.vm_firmware;
+        fullvm.qemu = self.qemu.clone();
+        fullvm.accel = self.vm_accel;
+        fullvm.run_root = vm.run_root.clone();
+        fullvm.free_page_reporting = self.vm_free_page_reporting;
+        fullvm.boot_timeout = Duration::from_secs(self.full_vm_boot_timeout_s);
+        fullvm.layer_bus = self.vm_layers;
+        config.fullvm = Some(fullvm);
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
         if let Some(path) = &self.network_config {

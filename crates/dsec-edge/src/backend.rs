@@ -110,6 +110,7 @@ pub struct SuspendOutcome {
 pub fn cgroup_memory_bytes(spec: &SandboxSpec) -> u64 {
     match spec.backend {
         BackendKind::Microvm => (spec.limits.memory_mb + crate::microvm::QEMU_OVERHEAD_MB) << 20,
+        BackendKind::Vm => (spec.limits.memory_mb + crate::fullvm::QEMU_OVERHEAD_MB) << 20,
         _ => spec.limits.memory_mb << 20,
     }
 }
@@ -129,6 +130,8 @@ pub struct Backends {
     /// `None` when the node cannot run microVMs (no QEMU, no kernel): the
     /// reason is kept for the error a request gets.
     pub microvm: Result<std::sync::Arc<crate::microvm::MicroVmBackend>, String>,
+    /// Likewise for full VMs (no QEMU, no qemu-img, no OVMF when asked).
+    pub fullvm: Result<std::sync::Arc<crate::fullvm::FullVmBackend>, String>,
 }
 
 impl Backends {
@@ -138,6 +141,10 @@ impl Backends {
             BackendKind::Microvm => match &self.microvm {
                 Ok(vm) => Ok(vm.as_ref()),
                 Err(why) => Err(EdgeError::UnsupportedBackend(format!("microVMs are not available on this node: {why}"))),
+            },
+            BackendKind::Vm => match &self.fullvm {
+                Ok(vm) => Ok(vm.as_ref()),
+                Err(why) => Err(EdgeError::UnsupportedBackend(format!("full VMs are not available on this node: {why}"))),
             },
             other => Err(EdgeError::UnsupportedBackend(format!("backend {other:?} is not available on this node"))),
         }
@@ -155,6 +162,9 @@ impl Backends {
     pub fn all(&self) -> Vec<&dyn Backend> {
         let mut v: Vec<&dyn Backend> = vec![self.container.as_ref()];
         if let Ok(vm) = &self.microvm {
+            v.push(vm.as_ref());
+        }
+        if let Ok(vm) = &self.fullvm {
             v.push(vm.as_ref());
         }
         v

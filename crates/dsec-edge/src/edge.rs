@@ -70,6 +70,8 @@ pub struct EdgeConfig {
     /// Per-sandbox egress (veths, eBPF allowlists, the resolver); `None`:
     /// every sandbox has loopback only.
     pub network: Option<dsec_net::NetConfig>,
+    /// The full VM backend's settings; `None`: this node runs no full VMs.
+    pub fullvm: Option<crate::fullvm::FullVmConfig>,
 }
 
 impl EdgeConfig {
@@ -101,6 +103,7 @@ impl EdgeConfig {
             vm: None,
             vm_boot_timeout: Duration::from_secs(60),
             network: None,
+            fullvm: None,
         }
     }
 }
@@ -310,7 +313,15 @@ impl Edge {
         if let Err(why) = &microvm {
             tracing::info!(%why, "microVMs unavailable on this node");
         }
-        let backends = Backends { container, microvm };
+        let fullvm = match &config.fullvm {
+            None => Err("the edge was started without full VM support".to_string()),
+            Some(cfg) => crate::fullvm::FullVmBackend::new(cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
+                .map(Arc::new),
+        };
+        if let Err(why) = &fullvm {
+            tracing::info!(%why, "full VMs unavailable on this node");
+        }
+        let backends = Backends { container, microvm, fullvm };
         let (store, records) =
             Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let journal = crate::journal::Journal::open(&config.state_dir.join("journal.db"))

@@ -59,6 +59,8 @@ pub enum EdgeError {
     SnapshotNotFound(String),
     #[error("{0}")]
     AlreadyExists(String),
+    #[error("{0}")]
+    NoScreen(String),
 }
 
 impl EdgeError {
@@ -89,6 +91,7 @@ impl EdgeError {
             EdgeError::NetworkRule(_) => ErrorCode::InvalidNetworkRule,
             EdgeError::UnknownNetworkService(_) => ErrorCode::UnknownNetworkService,
             EdgeError::NetworkNotEnabled(_) => ErrorCode::NetworkNotEnabled,
+            EdgeError::NoScreen(_) => ErrorCode::NoScreen,
         }
     }
 }

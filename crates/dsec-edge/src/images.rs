@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 use crate::error::EdgeError;
 
 /// The read-only part of a sandbox's root filesystem, ready to mount.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct RootfsPlan {
     /// Mounted layer directories, topmost first (overlayfs lowerdir order).
     pub lower_dirs: Vec<PathBuf>,

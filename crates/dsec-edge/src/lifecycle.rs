@@ -12,7 +12,7 @@ use crate::edge::{lock, Edge, Entry};
 use crate::error::EdgeError;
 use crate::ids::new_sandbox_id;
 use crate::instance::Instance;
-use crate::model::{now_ms, Caller, ListFilter, SandboxRecord, State};
+use crate::model::{now_ms, BackendKind, Caller, ListFilter, SandboxRecord, State};
 use crate::create_queue::Ticket;
 use crate::spec::{resolve, SandboxRequest};
 
@@ -54,10 +54,18 @@ impl Edge {
         // runtime's few workers and every other sandbox's I/O with them.
         let plan = {
             let rootfs = inner.rootfs.clone();
-            let (image, workspace, toolkits) = (spec.image.clone(), spec.workspace.clone(), spec.toolkits.clone());
-            tokio::task::spawn_blocking(move || rootfs.plan(&image, workspace.as_deref(), &toolkits))
-                .await
-                .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))??
+            let fullvm = match &inner.backends.fullvm {
+                // A full VM boots its own disk image: no layers to mount.
+                Ok(vm) if spec.backend == BackendKind::Vm => Some(vm.clone()),
+                _ => None,
+            };
+            let spec_c = spec.clone();
+            tokio::task::spawn_blocking(move || match fullvm {
+                Some(vm) => vm.plan(rootfs.as_ref(), &spec_c),
+                None => rootfs.plan(&spec_c.image, spec_c.workspace.as_deref(), &spec_c.toolkits),
+            })
+            .await
+            .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))??
         };
         inner.admission.reserve(&spec.limits)?;
 

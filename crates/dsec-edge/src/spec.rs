@@ -73,10 +73,14 @@ const MAX_LABEL_BYTES: usize = 256;
 
 pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeError> {
     let backend = req.backend.unwrap_or(BackendKind::Container);
-    if !matches!(backend, BackendKind::Container | BackendKind::Microvm) {
+    if !matches!(backend, BackendKind::Container | BackendKind::Microvm | BackendKind::Vm) {
         return Err(EdgeError::UnsupportedBackend(format!(
-            "backend {backend:?} is not available on this node; use \"container\" or \"microvm\""
+            "backend {backend:?} is not available on this node; use \"container\", \"microvm\" or \"vm\""
         )));
+    }
+    let min_vm = crate::fullvm::MIN_MEMORY_MB;
+    if backend == BackendKind::Vm && req.memory_mb.is_some_and(|m| m < min_vm) {
+        return Err(EdgeError::Invalid(format!("a full VM needs memory_limit_mb of at least {min_vm} (its operating system)")));
     }
     if backend == BackendKind::Microvm && req.memory_mb.is_some_and(|m| m < MIN_VM_MEMORY_MB) {
         return Err(EdgeError::Invalid(format!("a microVM needs memory_limit_mb of at least {MIN_VM_MEMORY_MB} (its guest kernel)")));
@@ -214,10 +218,14 @@ mod tests {
     }
 
     #[test]
-    fn full_vms_are_refused_and_microvms_need_room_for_a_kernel() {
+    fn vms_need_room_for_their_kernel_and_fncall_is_not_a_sandbox_backend() {
         let p = SpecPolicy::for_node(2.0, 1000);
-        let r = SandboxRequest { backend: Some(BackendKind::Vm), ..req() };
+        let r = SandboxRequest { backend: Some(BackendKind::Fncall), ..req() };
         assert!(matches!(resolve(r, &p), Err(EdgeError::UnsupportedBackend(_))));
+        let r = SandboxRequest { backend: Some(BackendKind::Vm), memory_mb: Some(128), ..req() };
+        assert!(matches!(resolve(r, &p), Err(EdgeError::Invalid(_))));
+        let r = SandboxRequest { backend: Some(BackendKind::Vm), memory_mb: Some(512), ..req() };
+        assert_eq!(resolve(r, &p).unwrap().backend, BackendKind::Vm);
         let r = SandboxRequest { backend: Some(BackendKind::Microvm), memory_mb: Some(32), ..req() };
         assert!(matches!(resolve(r, &p), Err(EdgeError::Invalid(_))));
         let r = SandboxRequest { backend: Some(BackendKind::Microvm), memory_mb: Some(128), ..req() };

@@ -59,6 +59,7 @@ __all__ = [
     "StepConflict",
     "StepInterrupted",
     "IdempotencyConflict",
+    "NoScreen",
     "PayloadTooLarge",
     "UnsupportedMediaType",
     "RateLimited",
@@ -295,6 +296,12 @@ class IdempotencyConflict(DSecError):
     """The idempotency key was already used by this tenant for a different request."""
 
     code = "idempotency_conflict"
+
+
+class NoScreen(DSecError):
+    """The sandbox has no screen: screenshots and keyboard and mouse input need a full VM (backend "vm")."""
+
+    code = "no_screen"
 
 
 class PayloadTooLarge(DSecError):

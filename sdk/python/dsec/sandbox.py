@@ -481,6 +481,46 @@ class Sandbox:
 
         return Opening(open_pty)
 
+    # --- screen (full VMs, backend="vm") ------------------------------------------
+
+    async def screenshot(self) -> bytes:
+        """The VM's screen as PNG bytes. A sandbox without a screen (a
+        container, a microVM) raises the ``no_screen`` error."""
+        async with self._t.stream("GET", self._t.url(self._base + "/screenshot"),
+                                  timeout=self._t.timeout_for(60)) as resp:
+            try:
+                return await resp.read()
+            except aiohttp.ClientError as e:
+                raise self._t.connection_error(e) from e
+
+    async def send_keys(self, keys: str | Sequence[str]) -> None:
+        """Press key combos one after the other: ``"ctrl-alt-delete"``, or
+        ``["h", "i", "ret"]``. Names are QEMU key codes (``a``, ``ret``,
+        ``esc``, ``f1``, ``bracket_left``...) or aliases (``enter``,
+        ``escape``, ``control``, ``super``), joined by ``-`` or ``+``."""
+        body = {"keys": [keys] if isinstance(keys, str) else list(keys)}
+        await self._t.request("POST", self._t.url(self._base + "/screen/keys"), json_body=body)
+
+    async def type_text(self, text: str) -> None:
+        """Type ``text`` on the VM's keyboard (US layout: printable ASCII,
+        newline, tab)."""
+        await self._t.request("POST", self._t.url(self._base + "/screen/type"),
+                              json_body={"text": text})
+
+    async def move(self, x: int, y: int) -> None:
+        """Move the pointer to pixel (``x``, ``y``) of the screen."""
+        await self._t.request("POST", self._t.url(self._base + "/screen/move"),
+                              json_body={"x": x, "y": y})
+
+    async def click(self, x: int | None = None, y: int | None = None, button: str = "left",
+                    double: bool = False) -> None:
+        """Click ``button`` (left, right, middle) at (``x``, ``y``), or where
+        the pointer is when both are None."""
+        body: dict[str, Any] = {"button": button, "double": double}
+        if x is not None or y is not None:
+            body.update(x=x, y=y)
+        await self._t.request("POST", self._t.url(self._base + "/screen/click"), json_body=body)
+
     # --- files -----------------------------------------------------------------
 
     async def read_file(self, path: str) -> bytes:

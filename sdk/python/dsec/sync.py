@@ -293,6 +293,27 @@ class Sandbox:
         """See :meth:`dsec.Sandbox.set_network_rules`."""
         return self._run(self.aio.set_network_rules(network_rules))
 
+    def screenshot(self) -> bytes:
+        """See :meth:`dsec.Sandbox.screenshot`."""
+        return self._run(self.aio.screenshot())
+
+    def send_keys(self, keys: str | Sequence[str]) -> None:
+        """See :meth:`dsec.Sandbox.send_keys`."""
+        self._run(self.aio.send_keys(keys))
+
+    def type_text(self, text: str) -> None:
+        """See :meth:`dsec.Sandbox.type_text`."""
+        self._run(self.aio.type_text(text))
+
+    def move(self, x: int, y: int) -> None:
+        """See :meth:`dsec.Sandbox.move`."""
+        self._run(self.aio.move(x, y))
+
+    def click(self, x: int | None = None, y: int | None = None, button: str = "left",
+              double: bool = False) -> None:
+        """See :meth:`dsec.Sandbox.click`."""
+        self._run(self.aio.click(x, y, button, double))
+
     def stop(self) -> SandboxInfo:
         """Stop the sandbox (the record stays until :meth:`delete`)."""
         return self._run(self.aio.stop())

@@ -249,27 +249,16 @@ impl MicroVmBackend {
             workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
             default_user: spec.init_user.clone(),
         };
-        let boot = async {
-            let stream = connect_agent(&files.agent_socket(), &pidfd).await?;
-            let (agent, hello) = AgentClient::connect(stream).await?;
-            if hello.state != AgentState::Fresh {
-                return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
-            }
-            match agent.call(Op::SetupVm(setup)).await? {
-                Reply::Ready => Ok(agent),
-                other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
-            }
-        };
-        let outcome = tokio::time::timeout(self.boot_timeout, boot).await;
+        let outcome = tokio::time::timeout(self.boot_timeout, boot_agent(&files.agent_socket(), &pidfd, setup)).await;
         let failure = match outcome {
             Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
             Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
-            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", self.console_tail(&files))),
+            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", console_tail(&files))),
             Err(_) => EdgeError::Timeout(format!(
                 "the microVM did not boot to its agent within {:?} ({} acceleration){}",
                 self.boot_timeout,
                 accel.as_str(),
-                self.console_tail(&files)
+                console_tail(&files)
             )),
         };
         let _ = pidfd_kill(&pidfd, libc::SIGKILL);
@@ -278,76 +267,12 @@ impl MicroVmBackend {
         Err(failure)
     }
 
-    /// The last lines QEMU and the guest printed, for an error message.
-    fn console_tail(&self, files: &VmFiles) -> String {
-        let mut out = String::new();
-        for (what, path) in [("console", files.console_log()), ("qemu", files.run_dir.join("qemu.log"))] {
-            let text = std::fs::read_to_string(&path).unwrap_or_default();
-            // The agent's own words first (why it gave up), else the end
-            // (a kernel's last messages).
-            let agent: Vec<&str> = text.lines().filter(|l| l.contains("dsec-agent")).collect();
-            let lines: Vec<&str> = if agent.is_empty() { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { agent };
-            let tail = &lines[lines.len().saturating_sub(6)..];
-            if !tail.is_empty() {
-                out.push_str(&format!("; {what}: {}", tail.join(" | ")));
-            }
-        }
-        out
-    }
-
     /// Starts QEMU inside the sandbox's cgroup, in a session of its own
     /// (a terminal's Ctrl-C to the edge must not reach the VMs it leaves
     /// for re-adoption).
     /// `incoming`, if given, becomes QEMU's fd `INCOMING_FD`.
     fn spawn_qemu(&self, id: &str, launch: &VmLaunch<'_>, incoming: Option<&std::os::fd::OwnedFd>) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
-        use std::os::fd::AsRawFd;
-        let incoming = incoming.map(|f| f.as_raw_fd());
-        let procs: Vec<CString> = self
-            .cgroups
-            .procs_files(id)
-            .iter()
-            .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
-            .collect();
-        let log_path = launch.files.run_dir.join("qemu.log");
-        let log = std::fs::File::create(&log_path).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", log_path.display())))?;
-        let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let mut cmd = std::process::Command::new(&self.qemu);
-        cmd.args(cmdline::qemu_args(launch)).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
-        // SAFETY: the closure runs between fork and exec and only makes
-        // async-signal-safe calls (setsid, dup2, open, write, close) on data
-        // prepared before the fork.
-        unsafe {
-            cmd.pre_exec(move || {
-                if libc::setsid() < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                // dup2 clears close-on-exec on the copy.
-                if let Some(fd) = incoming {
-                    if libc::dup2(fd, suspend::INCOMING_FD) < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                for p in &procs {
-                    let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                    if fd < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                    let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                    libc::close(fd);
-                    if !ok {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-                Ok(())
-            });
-        }
-        let child = cmd.spawn().map_err(|e| EdgeError::Internal(format!("starting {}: {e}", self.qemu.display())))?;
-        let pid = child.id() as i32;
-        // Dropping the Child neither kills nor reaps: the exit watcher
-        // reaps through the pidfd.
-        drop(child);
-        let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open(QEMU {pid}): {e}")))?;
-        Ok((pid, pidfd))
+        spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(launch), &launch.files.run_dir, incoming)
     }
 
     async fn adopt_vm(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
@@ -446,10 +371,137 @@ impl MicroVmBackend {
             Err(e) => {
                 let _ = pidfd_kill(&pidfd, libc::SIGKILL);
                 reap(&pidfd);
-                Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", self.console_tail(&files))))
+                Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(&files))))
             }
         }
     }
+}
+
+/// The last lines QEMU and the guest printed, for an error message.
+pub(crate) fn console_tail(files: &VmFiles) -> String {
+    let mut out = String::new();
+    for (what, path) in [("console", files.console_log()), ("qemu", files.run_dir.join("qemu.log"))] {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        // The agent's own words first (why it gave up), else the end
+        // (a kernel's last messages).
+        let agent: Vec<&str> = text.lines().filter(|l| l.contains("dsec-agent")).collect();
+        let lines: Vec<&str> = if agent.is_empty() { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { agent };
+        let tail = &lines[lines.len().saturating_sub(6)..];
+        if !tail.is_empty() {
+            out.push_str(&format!("; {what}: {}", tail.join(" | ")));
+        }
+    }
+    out
+}
+
+/// Starts `qemu args` inside the cgroup of sandbox `id`, in a session of
+/// its own, its output to `run_dir/qemu.log` (shared by both VM backends).
+/// `incoming`, if given, becomes QEMU's fd `suspend::INCOMING_FD` (a
+/// restore's saved state).
+pub(crate) fn spawn_qemu(
+    cgroups: &Cgroups,
+    qemu: &Path,
+    id: &str,
+    args: Vec<String>,
+    run_dir: &Path,
+    incoming: Option<&std::os::fd::OwnedFd>,
+) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
+    use std::os::fd::AsRawFd;
+    let incoming = incoming.map(|f| f.as_raw_fd());
+    let procs: Vec<CString> = cgroups
+        .procs_files(id)
+        .iter()
+        .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
+        .collect();
+    let log_path = run_dir.join("qemu.log");
+    let log = std::fs::File::create(&log_path).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", log_path.display())))?;
+    let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let mut cmd = std::process::Command::new(qemu);
+    cmd.args(args).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
+    // SAFETY: the closure runs between fork and exec and only makes
+    // async-signal-safe calls (setsid, dup2, open, write, close) on data
+    // prepared before the fork.
+    unsafe {
+        cmd.pre_exec(move || {
+            if libc::setsid() < 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // dup2 clears close-on-exec on the copy.
+            if let Some(fd) = incoming {
+                if libc::dup2(fd, suspend::INCOMING_FD) < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            for p in &procs {
+                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
+                if fd < 0 {
+                    return Err(std::io::Error::last_os_error());
+                }
+                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
+                libc::close(fd);
+                if !ok {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            Ok(())
+        });
+    }
+    let child = cmd.spawn().map_err(|e| EdgeError::Internal(format!("starting {}: {e}", qemu.display())))?;
+    let pid = child.id() as i32;
+    // Dropping the Child neither kills nor reaps: the exit watcher
+    // reaps through the pidfd.
+    drop(child);
+    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open(QEMU {pid}): {e}")))?;
+    Ok((pid, pidfd))
+}
+
+/// What is left of VM `id` once its QEMU is gone: stray processes of its
+/// cgroup, its run directory, its disk, the cgroup (shared by both VM
+/// backends).
+pub(crate) fn cleanup_vm(cgroups: &Cgroups, id: &str, files: &VmFiles) -> Result<(), EdgeError> {
+    cgroups.kill_all(id);
+    let _ = std::fs::remove_dir_all(&files.run_dir);
+    match std::fs::remove_file(&files.disk) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", files.disk.display()))),
+    }
+    cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+}
+
+/// Connects to a fresh guest agent and has it set the sandbox up (shared
+/// by both VM backends).
+pub(crate) async fn boot_agent(socket: &Path, qemu: &std::os::fd::OwnedFd, setup: VmSetup) -> Result<AgentClient, EdgeError> {
+    let stream = connect_agent(socket, qemu).await?;
+    let (agent, hello) = AgentClient::connect(stream).await?;
+    if hello.state != AgentState::Fresh {
+        return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
+    }
+    match agent.call(Op::SetupVm(setup)).await? {
+        Reply::Ready => Ok(agent),
+        other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
+    }
+}
+
+/// Re-attaches to the running VM `id` whose QEMU is `pid` (after an edge
+/// restart; shared by both VM backends).
+pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Path) -> Result<Instance, EdgeError> {
+    if !cgroups.contains(id, pid) {
+        return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
+    }
+    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+    let attach = async {
+        let stream = connect_agent(socket, &pidfd).await?;
+        let (agent, hello) = AgentClient::connect(stream).await?;
+        match hello.state {
+            AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
+            other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
+        }
+    };
+    let agent = tokio::time::timeout(REATTACH_WAIT, attach)
+        .await
+        .map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))??;
+    Ok(Instance::new(pid, pidfd, agent))
 }
 
 /// How long re-adoption waits for a guest agent to greet.
@@ -457,7 +509,7 @@ const REATTACH_WAIT: Duration = Duration::from_secs(10);
 
 /// Connects to the agent's socket, which QEMU creates while it starts;
 /// gives up if QEMU exits first.
-async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
+pub(crate) async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
     let t0 = Instant::now();
     loop {
         match tokio::net::UnixStream::connect(path).await {
@@ -481,7 +533,7 @@ pub fn process_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
     suspend::wait_exit(pidfd, Duration::ZERO)
 }
 
-fn find_program(p: &Path) -> Option<PathBuf> {
+pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
     if p.components().count() > 1 {
         return p.is_file().then(|| p.to_path_buf());
     }

@@ -14,12 +14,17 @@ const QMP_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// Runs `command` (e.g. `stop`, `cont`) and returns its `return` value.
 pub async fn execute(socket: &Path, command: &str) -> Result<serde_json::Value, EdgeError> {
-    tokio::time::timeout(QMP_TIMEOUT, exchange(socket, command))
+    execute_with(socket, command, serde_json::Value::Null).await
+}
+
+/// Runs `command` with `arguments` (an object; `Null` for none).
+pub async fn execute_with(socket: &Path, command: &str, arguments: serde_json::Value) -> Result<serde_json::Value, EdgeError> {
+    tokio::time::timeout(QMP_TIMEOUT, exchange(socket, command, arguments))
         .await
         .map_err(|_| EdgeError::Timeout(format!("QMP {command} on {}", socket.display())))?
 }
 
-async fn exchange(socket: &Path, command: &str) -> Result<serde_json::Value, EdgeError> {
+async fn exchange(socket: &Path, command: &str, arguments: serde_json::Value) -> Result<serde_json::Value, EdgeError> {
     let err = |what: &str, e: &dyn std::fmt::Display| EdgeError::Internal(format!("QMP {command}: {what}: {e}"));
     let stream = UnixStream::connect(socket).await.map_err(|e| err("connect", &e))?;
     let (rd, mut wr) = stream.into_split();
@@ -28,7 +33,11 @@ async fn exchange(socket: &Path, command: &str) -> Result<serde_json::Value, Edg
     next_reply(&mut lines, command).await?;
     wr.write_all(b"{\"execute\":\"qmp_capabilities\"}\n").await.map_err(|e| err("write", &e))?;
     next_reply(&mut lines, command).await?;
-    let msg = serde_json::json!({ "execute": command });
+    let msg = if arguments.is_null() {
+        serde_json::json!({ "execute": command })
+    } else {
+        serde_json::json!({ "execute": command, "arguments": arguments })
+    };
     wr.write_all(format!("{msg}\n").as_bytes()).await.map_err(|e| err("write", &e))?;
     next_reply(&mut lines, command).await
 }

@@ -70,9 +70,17 @@ pub fn build_layer_debootstrap(
     options: &BuildOptions,
     progress: &dyn Progress,
 ) -> Result<StoredLayer, BuildError> {
-    recipe.validate()?;
     let build = BuildDir::new(store, "debootstrap")?;
     let root = build.path().join("root");
+    debootstrap_tree(recipe, &root, progress)?;
+    mkfs_into_store(store, &root, options, progress)
+}
+
+/// The tree of a build at `root` (made by debootstrap): the system, cleaned
+/// of caches and logs, with the user added. Also the start of the full
+/// VM's base image (`vm::base_image`).
+pub(crate) fn debootstrap_tree(recipe: &DebootstrapRecipe, root: &Path, progress: &dyn Progress) -> Result<(), BuildError> {
+    recipe.validate()?;
     progress.stage(&format!(
         "debootstrap {} from {}",
         recipe.suite, recipe.mirror
@@ -82,7 +90,7 @@ pub fn build_layer_debootstrap(
     if !recipe.include.is_empty() {
         cmd.arg(format!("--include={}", recipe.include.join(",")));
     }
-    cmd.arg(&recipe.suite).arg(&root).arg(&recipe.mirror);
+    cmd.arg(&recipe.suite).arg(root).arg(&recipe.mirror);
     // A fixed, predictable environment: no host locale or proxy surprises
     // inside the chroot's maintainer scripts.
     cmd.env("DEBIAN_FRONTEND", "noninteractive")
@@ -90,13 +98,12 @@ pub fn build_layer_debootstrap(
     tool::run(&DEBOOTSTRAP, cmd, Some(progress))?;
 
     progress.stage("removing apt caches, package lists and logs");
-    clean(&root)?;
+    clean(root)?;
     if recipe.add_user {
         progress.stage("adding user `user` (1000)");
-        add_user(&root, &sandbox_user("/bin/bash"))?;
+        add_user(root, &sandbox_user("/bin/bash"))?;
     }
-    super::set_mode(&root, 0o755)?;
-    mkfs_into_store(store, &root, options, progress)
+    super::set_mode(root, 0o755)
 }
 
 /// What the image does not need at run time: downloaded .debs, apt's binary

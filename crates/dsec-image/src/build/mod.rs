@@ -23,6 +23,7 @@ mod users;
 
 pub use busybox::{build_layer_busybox, BusyboxRecipe};
 pub use debootstrap::{build_layer_debootstrap, DebootstrapRecipe, DEFAULT_MIRROR};
+pub(crate) use debootstrap::debootstrap_tree;
 pub use dir::build_layer_from_dir;
 pub use tar::build_layer_from_tar;
 pub(crate) use tar::{unpack_entry_in, UnpackError};

@@ -39,6 +39,26 @@ pub(crate) const BUSYBOX: Tool = Tool {
     name: "busybox",
     package: "busybox-static",
 };
+pub(crate) const MKFS_FAT: Tool = Tool {
+    name: "mkfs.fat",
+    package: "dosfstools",
+};
+pub(crate) const SYSLINUX: Tool = Tool {
+    name: "syslinux",
+    package: "syslinux",
+};
+pub(crate) const MTOOLS: Tool = Tool {
+    name: "mcopy",
+    package: "mtools",
+};
+pub(crate) const MKFS_EXT4: Tool = Tool {
+    name: "mkfs.ext4",
+    package: "e2fsprogs",
+};
+pub(crate) const QEMU_IMG: Tool = Tool {
+    name: "qemu-img",
+    package: "qemu-utils",
+};
 
 /// Runs `cmd` to completion. stdout and stderr share one pipe so lines keep
 /// their order; each non-empty line goes to `progress` (if any) as stage

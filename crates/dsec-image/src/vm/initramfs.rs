@@ -81,7 +81,7 @@ pub fn build_initramfs(kernel: &VmKernel, agent: &Path, out_dir: &Path) -> Resul
 }
 
 /// A 64-bit ELF executable without a program interpreter (PT_INTERP).
-fn is_static_elf(b: &[u8]) -> bool {
+pub(crate) fn is_static_elf(b: &[u8]) -> bool {
     let u16_at = |o: usize| b.get(o..o + 2).map(|s| u16::from_le_bytes([s[0], s[1]]) as usize);
     let u64_at = |o: usize| b.get(o..o + 8).map(|s| u64::from_le_bytes(s.try_into().unwrap_or([0; 8])) as usize);
     if !b.starts_with(b"\x7fELF\x02") {

@@ -9,7 +9,9 @@
 //! `/init`; it is cheap to build (a few MB of cpio), so whoever starts VMs
 //! builds it for the agent it runs, cached by content.
 
+pub mod base_image;
 mod initramfs;
+pub mod mbr;
 
 use std::path::{Path, PathBuf};
 use std::process::Command;

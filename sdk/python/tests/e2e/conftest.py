@@ -186,6 +186,9 @@ def serve_dsec(extra_args: list[str], data_dir: Path | None = None, node: str | 
     images_dir = os.environ.get("DSEC_TEST_IMAGES_DIR")
     if images_dir:
         cmd += ["--images-dir", images_dir]
+    vm_images_dir = os.environ.get("DSEC_TEST_VM_IMAGES_DIR")
+    if vm_images_dir:
+        cmd += ["--vm-images-dir", vm_images_dir]
     with open(log, "wb") as log_file:
         proc = subprocess.Popen(
             cmd,

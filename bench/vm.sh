@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Full VM benchmarks (issue 4), in one run:
+#   1. boot to first exec of a `debian-vm` full VM (q35, SeaBIOS) through
+#      dsec vs the peer, a plain `qemu-system-x86_64 -M q35` boot of the
+#      same base image (its own overlay, the same devices) until the guest
+#      agent greets on its port; alternated, one at a time
+#   2. host memory of LAYER_VMS full VMs that all read one read-only layer
+#      (the `python` image's, as a toolkit): shared by virtio-pmem with DAX
+#      vs attached as virtio-blk disks
+# Accelerator: TCG where KVM cannot run the guest (the edge's probe).
+# Usage: bench/vm.sh [REPS] [LAYER_VMS]   (REPS 0 skips part 1; ~1.5 min
+# per rep and ~2 min per layer round under TCG)
+# DSEC_VM_IMAGES_DIR: where debian-vm.qcow2 is (default <images>/vm/images).
+source "$(dirname "$0")/lib.sh"
+REPS=${1:-3}
+LAYER_VMS=${2:-4}
+bench_init vm
+bench_build
+VM_IMAGES=${DSEC_VM_IMAGES_DIR:-$IMAGES_DIR/vm/images}
+[ -f "$VM_IMAGES/debian-vm.qcow2" ] || { echo "no $VM_IMAGES/debian-vm.qcow2: run dsec image setup" >&2; exit 1; }
+GEN="$PY $BENCH_DIR/vm_bench.py"
+
+if [ "$REPS" -gt 0 ]; then
+    bench_start_dsec --vm-images-dir "$VM_IMAGES"
+    bench_log "1. boot to first exec, $REPS each"
+    $GEN boot --reps "$REPS" --image "$VM_IMAGES/debian-vm.qcow2" --out "$RESULTS/vm_boot.json"
+    bench_stop_dsec >/dev/null
+    $GEN report "$RESULTS/vm_boot.json"
+fi
+if [ "$LAYER_VMS" -gt 0 ]; then
+    for bus in pmem blk; do
+        bench_start_dsec --vm-images-dir "$VM_IMAGES" --vm-layers "$bus"
+        bench_log "2. $LAYER_VMS VMs reading one layer by $bus"
+        $GEN layers --n "$LAYER_VMS" --label "$bus" --out "$RESULTS/vm_layers_$bus.json"
+        bench_stop_dsec >/dev/null
+    done
+    $GEN report "$RESULTS/vm_layers_pmem.json" "$RESULTS/vm_layers_blk.json"
+fi

@@ -1,0 +1,181 @@
+"""Load generator of bench/vm.sh, over the Python SDK.
+
+    vm_bench.py boot --reps N --image QCOW2 --out F
+        boot to first exec, one at a time: a `debian-vm` full VM through
+        dsec, and the peer: a plain `qemu-system-x86_64 -M q35` boot of the
+        same base image (its own qcow2 overlay, the same devices) until the
+        guest agent, started by the guest's systemd, greets on its
+        virtio-serial socket
+    vm_bench.py layers --n N --label L --toolkit IMAGE --out F
+        N full VMs started together with IMAGE's layers as a toolkit (the
+        edge's --vm-layers decides pmem+DAX or virtio-blk), each reading
+        every file of the layer; then the host memory they hold: the sum of
+        their cgroups' memory usage (guest RAM, QEMU, the page cache they
+        brought in) and of their QEMUs' PSS
+    vm_bench.py report FILE...
+
+The server is the one in DSEC_ENDPOINT / DSEC_TOKEN (bench/lib.sh starts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from dsec import DSecClient, DSecRunArgs
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from microvm_bench import qemu_pss_kb  # noqa: E402  (a sibling script)
+
+
+def client() -> DSecClient:
+    return DSecClient(os.environ["DSEC_ENDPOINT"], os.environ["DSEC_TOKEN"])
+
+
+async def first_exec_ms(c: DSecClient) -> float:
+    t0 = time.perf_counter()
+    sb = await c.run(DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=512, cpu_cores_limit=1,
+                                 labels={"suite": "bench-vm"}), timeout=600)
+    r = await sb.run_shell("echo ready")
+    dt = (time.perf_counter() - t0) * 1000
+    assert r.stdout == "ready\n", r
+    await sb.delete()
+    return dt
+
+
+def plain_qemu_ms(image: str) -> float:
+    """The peer: the same image booted by hand, timed to the agent's Hello."""
+    with tempfile.TemporaryDirectory() as d:
+        overlay, sock = Path(d) / "overlay.qcow2", Path(d) / "agent.sock"
+        t0 = time.perf_counter()
+        subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", image, str(overlay)],
+                       check=True)
+        cmd = ["qemu-system-x86_64", "-M", "q35", "-accel", "tcg,tb-size=64", "-m", "512M", "-smp", "1",
+               "-nodefaults", "-no-user-config", "-display", "none", "-no-reboot", "-device", "VGA",
+               "-drive", f"id=disk,file={overlay},format=qcow2,if=none",
+               "-device", "virtio-blk-pci,drive=disk,bootindex=0",
+               "-device", "virtio-serial-pci", "-chardev", f"socket,id=agent,path={sock},server=on,wait=off",
+               "-device", "virtserialport,chardev=agent,name=dsec.agent", "-serial", "none"]
+        qemu = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
+        try:
+            while not sock.exists():
+                time.sleep(0.005)
+            s = socket.socket(socket.AF_UNIX)
+            s.connect(str(sock))
+            s.settimeout(600)
+            assert s.recv(64), "the agent closed its port"
+            dt = (time.perf_counter() - t0) * 1000
+            s.close()
+        finally:
+            qemu.kill()
+            qemu.wait()
+    return dt
+
+
+async def boot(a: argparse.Namespace) -> None:
+    out: dict[str, list[float]] = {"dsec_vm": [], "plain_qemu": []}
+    async with client() as c:
+        for i in range(a.reps):
+            out["dsec_vm"].append(await first_exec_ms(c))
+            out["plain_qemu"].append(plain_qemu_ms(a.image))
+            print(f"rep {i + 1}: " + ", ".join(f"{k} {v[-1]:.0f} ms" for k, v in out.items()), file=sys.stderr)
+    Path(a.out).write_text(json.dumps({"kind": "boot", "ms": out}))
+
+
+def cgroup_bytes(sandbox_id: str) -> int:
+    node = sandbox_id.split(".")[0]
+    for f in (f"/sys/fs/cgroup/memory/dsec/{node}/{sandbox_id}/memory.usage_in_bytes",
+              f"/sys/fs/cgroup/dsec/{node}/{sandbox_id}/memory.current"):
+        if Path(f).exists():
+            return int(Path(f).read_text())
+    raise SystemExit(f"no memory cgroup for {sandbox_id}")
+
+
+async def layers(a: argparse.Namespace) -> None:
+    # Start from a cold page cache for the layer files, so both runs count
+    # the same reads.
+    subprocess.run(["sync"], check=True)
+    Path("/proc/sys/vm/drop_caches").write_text("1")
+    async with client() as c:
+        run = DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=a.memory_mb, cpu_cores_limit=1,
+                          toolkits=[a.toolkit], labels={"suite": "bench-vm"})
+        sbs = await asyncio.gather(*[c.run(run, timeout=900) for _ in range(a.n)])
+        try:
+            base = [cgroup_bytes(sb.id) for sb in sbs]
+            reads = await asyncio.gather(*[sb.run_shell(
+                "mount | grep -c /opt/dsec/layers/0; tar cf - /opt/dsec/layers/0 2>/dev/null | wc -c", timeout=900)
+                for sb in sbs])
+            for r in reads:
+                mounts, size = r.stdout.split()
+                assert mounts == "1" and int(size) > 1 << 20, r
+            await asyncio.sleep(a.settle)
+            used = [cgroup_bytes(sb.id) for sb in sbs]
+            pss = [qemu_pss_kb(sb.id) * 1024 for sb in sbs]
+        finally:
+            await asyncio.gather(*[sb.delete() for sb in sbs])
+    Path(a.out).write_text(json.dumps({"kind": "layers", "label": a.label, "n": a.n, "read_bytes": int(size),
+                                       "before_read": base, "cgroup": used, "pss": pss}))
+
+
+def report_layers(files: list[str]) -> None:
+    mib = 1 << 20
+    rows = []
+    for f in files:
+        d = json.loads(Path(f).read_text())
+        rows.append(d)
+        print(f"{d['n']} full VMs reading a {d['read_bytes'] / mib:.0f} MiB layer, {d['label']}: "
+              f"cgroups {sum(d['cgroup']) / mib:.0f} MiB (grew {(sum(d['cgroup']) - sum(d['before_read'])) / mib:.0f} MiB "
+              f"while reading), QEMU PSS {sum(d['pss']) / mib:.0f} MiB")
+    if len(rows) == 2:
+        a, b = rows
+        print(f"  {a['label']} / {b['label']}: cgroups {sum(a['cgroup']) / sum(b['cgroup']):.2f}x, "
+              f"PSS {sum(a['pss']) / sum(b['pss']):.2f}x")
+
+
+def report(f: str) -> None:
+    ms = json.loads(Path(f).read_text())["ms"]
+    med = {k: statistics.median(v) for k, v in ms.items()}
+    print(f"full VM (q35, SeaBIOS, debian-vm, TCG), boot to first exec, median of {len(ms['dsec_vm'])}:")
+    print(f"  dsec backend=vm        {med['dsec_vm']:8.0f} ms   (min {min(ms['dsec_vm']):.0f}, max {max(ms['dsec_vm']):.0f})")
+    print(f"  plain qemu to agent    {med['plain_qemu']:8.0f} ms   (min {min(ms['plain_qemu']):.0f}, max {max(ms['plain_qemu']):.0f})")
+    print(f"  dsec / plain qemu: {med['dsec_vm'] / med['plain_qemu']:.2f}x")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    sub = p.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("boot")
+    b.add_argument("--reps", type=int, default=3)
+    b.add_argument("--image", required=True)
+    b.add_argument("--out", required=True)
+    ly = sub.add_parser("layers")
+    ly.add_argument("--n", type=int, default=4)
+    ly.add_argument("--label", required=True)
+    ly.add_argument("--toolkit", default="python")
+    ly.add_argument("--memory-mb", type=int, default=768)
+    ly.add_argument("--settle", type=float, default=5.0)
+    ly.add_argument("--out", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("files", nargs="+")
+    a = p.parse_args()
+    if a.cmd == "boot":
+        asyncio.run(boot(a))
+    elif a.cmd == "layers":
+        asyncio.run(layers(a))
+    elif json.loads(Path(a.files[0]).read_text())["kind"] == "layers":
+        report_layers(a.files)
+    else:
+        report(a.files[0])
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+//! The agent as a service of a full VM's own operating system
+//! (`dsec-agent guest`, started at boot by the guest's init, e.g. the
+//! `dsec-agent.service` unit of the `debian-vm` image).
+//!
+//! Unlike a microVM's agent it builds no root: the guest booted from its
+//! own disk, and that disk's root is the sandbox's. It finds its
+//! virtio-serial port by name exactly as a microVM's agent does (the
+//! guest's udev loads `virtio_console`; the port is polled for until it
+//! appears), then speaks the same protocol; the setup request carries no
+//! disks and only sets the clock and the hostname. It is not PID 1, so it
+//! becomes a child subreaper (orphans of its commands come back to it) and
+//! kills by process group, never `kill(-1)`, which would end the guest's
+//! own services too.
+//!
+//! Read-only layers the edge attaches (`layer_disks`) are mounted as EROFS
+//! at `/opt/dsec/layers/<i>`: `pmemN` names a virtio-pmem device, mounted
+//! with DAX (the guest reads the host's page cache of the layer file
+//! directly, no copy in its own memory); anything else is a virtio-blk
+//! serial, as for microVMs.
+
+use dsec_agent_proto::VmSetup;
+use rustix::io::Errno;
+
+use crate::container_setup::{cstr, fail, mount, SetupError};
+
+/// Where a full VM's read-only layers appear in the guest.
+pub const LAYERS_DIR: &str = "/opt/dsec/layers";
+
+/// Finds the port and puts it on fd 3 (before `prepare_process`).
+pub fn attach() -> Result<(), String> {
+    crate::vm_init::port_to_channel()
+}
+
+/// The setup of a full VM: no disks, only the guest's clock and hostname.
+pub fn setup(cfg: &VmSetup) -> Result<(), String> {
+    if !cfg.writable_disk.is_empty() {
+        return Err("a full VM's agent serves the guest's own root: the setup must name no writable disk".into());
+    }
+    for (i, name) in cfg.layer_disks.iter().enumerate() {
+        mount_layer(i, name).map_err(|e| e.to_string())?;
+    }
+    crate::vm_init::set_clock(cfg.now_ms);
+    rustix::system::sethostname(cfg.hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
+    // SAFETY: prctl with integer arguments.
+    if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
+        return Err(format!("becoming a child subreaper: {}", std::io::Error::last_os_error()));
+    }
+    Ok(())
+}
+
+fn mount_layer(i: usize, name: &str) -> Result<(), SetupError> {
+    let dir = format!("{LAYERS_DIR}/{i}");
+    std::fs::create_dir_all(&dir).map_err(|e| SetupError { step: format!("mkdir {dir}"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) })?;
+    let flags = libc::MS_RDONLY | libc::MS_NODEV | libc::MS_NOSUID;
+    if name.strip_prefix("pmem").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
+        let dev = format!("/dev/{name}");
+        wait_for(&dev)?;
+        mount(Some(&cstr(&dev)?), &cstr(&dir)?, Some(c"erofs"), flags, Some(c"dax=always")).map_err(fail(format!("mount layer {dev} with DAX")))
+    } else {
+        let dev = crate::vm_init::disk_by_serial(name)?;
+        mount(Some(&cstr(&dev)?), &cstr(&dir)?, Some(c"erofs"), flags, None).map_err(fail(format!("mount layer {name} ({dev})")))
+    }
+}
+
+/// The guest's udev loads the pmem drivers from the device's modalias; the
+/// node appears a moment after boot.
+fn wait_for(dev: &str) -> Result<(), SetupError> {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while !std::path::Path::new(dev).exists() {
+        if std::time::Instant::now() >= deadline {
+            return Err(SetupError { step: format!("wait for {dev}"), errno: Errno::NODEV });
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    Ok(())
+}

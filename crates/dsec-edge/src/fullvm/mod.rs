@@ -1,0 +1,289 @@
+//! The full VM backend (`backend="vm"`): QEMU's `q35` machine booting a
+//! whole operating system from its own disk, with firmware (SeaBIOS, or
+//! OVMF for UEFI), a VGA screen, a PS/2 keyboard and a virtio tablet.
+//!
+//! Host side, per VM: the sandbox's cgroup (QEMU joins it before it
+//! execs), a run directory under the same root as microVMs' (agent socket,
+//! QMP socket, console log, OVMF's variable store), and a qcow2 overlay on
+//! the image's base disk (`<images>/vm/images/<name>.qcow2`), so every VM
+//! starts from the same base and writes only its own blocks. The image
+//! starts the same guest agent at boot (`dsec-agent guest`), which finds
+//! its virtio-serial port by name; the edge then talks to it exactly as
+//! to a microVM's (the QEMU spawn, the agent handshake and re-attachment
+//! are the microVM backend's functions).
+//!
+//! The screen (`screen`, `input`): QMP `screendump` and `input-send-event`.
+//! Stop is a SIGKILL to QEMU; the exit watcher's cleanup removes the run
+//! directory, the overlay and the cgroup.
+
+pub mod cmdline;
+pub mod input;
+pub mod pmem;
+pub mod screen;
+
+use std::collections::HashSet;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use dsec_agent_proto::VmSetup;
+
+use crate::backend::{Backend, BoxFuture, Durable};
+use crate::cgroup::Cgroups;
+use crate::container::spawn::{pidfd_kill, reap};
+use crate::error::EdgeError;
+use crate::images::{RootfsPlan, RootfsProvider};
+use crate::instance::Instance;
+use crate::microvm::cmdline::{Accel, AccelChoice, VmFiles};
+use crate::microvm::{self, MicroVmBackend};
+use crate::model::{BackendKind, SandboxSpec};
+use cmdline::{Firmware, FullVmLaunch, LayerBus};
+
+/// Host memory a full VM's QEMU needs beyond its guest's RAM: the microVM
+/// allowance plus the VGA memory (16 MiB) and the firmware's.
+pub const QEMU_OVERHEAD_MB: u64 = 200;
+/// A full VM's guest boots a whole distribution: less than this and its
+/// initramfs does not fit.
+pub const MIN_MEMORY_MB: u64 = 256;
+
+/// The node's full VM settings.
+#[derive(Debug, Clone)]
+pub struct FullVmConfig {
+    /// Where the base images are (`<images>/vm/images`).
+    pub images_dir: PathBuf,
+    pub firmware: Firmware,
+    pub qemu: PathBuf,
+    pub accel: AccelChoice,
+    /// Root of the VMs' run directories (shared with microVMs).
+    pub run_root: PathBuf,
+    pub free_page_reporting: bool,
+    /// A whole OS boots slower than a microVM's agent-as-init.
+    pub boot_timeout: Duration,
+    /// How toolkit layers reach the guest.
+    pub layer_bus: LayerBus,
+}
+
+impl FullVmConfig {
+    pub fn new(images_dir: PathBuf) -> Self {
+        Self {
+            images_dir,
+            firmware: Firmware::Seabios,
+            qemu: "qemu-system-x86_64".into(),
+            accel: AccelChoice::Auto,
+            run_root: "/run/dsec/vm".into(),
+            free_page_reporting: true,
+            boot_timeout: Duration::from_secs(300),
+            layer_bus: LayerBus::Pmem,
+        }
+    }
+}
+
+pub struct FullVmBackend {
+    cgroups: Arc<Cgroups>,
+    node: String,
+    cfg: FullVmConfig,
+    qemu: PathBuf,
+    overlay_dir: PathBuf,
+    /// 2 MiB-aligned copies of layer files for virtio-pmem.
+    pmem_dir: PathBuf,
+    /// The microVM backend's KVM probe, when that backend runs here (it
+    /// boots a kernel once; a full VM has no kernel of the edge's to probe
+    /// with). Without it, `auto` means TCG.
+    probe: Option<Arc<MicroVmBackend>>,
+}
+
+impl FullVmBackend {
+    /// Finds QEMU and qemu-img; an error names what is missing.
+    pub fn new(cgroups: Arc<Cgroups>, cfg: &FullVmConfig, node: &str, state_dir: &Path, probe: Option<Arc<MicroVmBackend>>) -> Result<Self, String> {
+        let qemu = microvm::find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
+        microvm::find_program(Path::new("qemu-img")).ok_or("qemu-img not found (Debian package qemu-utils)")?;
+        if cfg.firmware == Firmware::Ovmf && !Path::new(cmdline::OVMF_CODE).is_file() {
+            return Err(format!("{} not found (Debian package ovmf)", cmdline::OVMF_CODE));
+        }
+        let overlay_dir = state_dir.join("vm").join("overlays");
+        let pmem_dir = state_dir.join("vm").join("pmem");
+        std::fs::create_dir_all(&overlay_dir).map_err(|e| format!("creating {}: {e}", overlay_dir.display()))?;
+        std::fs::create_dir_all(&cfg.run_root).map_err(|e| format!("creating {}: {e}", cfg.run_root.display()))?;
+        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, pmem_dir, probe })
+    }
+
+    pub fn files(&self, id: &str) -> VmFiles {
+        VmFiles { run_dir: self.cfg.run_root.join(id), disk: self.overlay_dir.join(format!("{id}.qcow2")) }
+    }
+
+    /// The base disk of image `name`, or why there is none.
+    pub fn base_image(&self, name: &str) -> Result<PathBuf, EdgeError> {
+        dsec_image::vm::base_image::image_path(&self.cfg.images_dir, name).map_err(|e| EdgeError::ImageNotFound(e.to_string()))
+    }
+
+    /// A full VM's read-only layers: those of each toolkit image (the
+    /// request's `toolkits`, last = topmost), mounted in the guest at
+    /// `/opt/dsec/layers/<i>`. The base image is the VM image itself.
+    pub fn plan(&self, rootfs: &dyn RootfsProvider, spec: &SandboxSpec) -> Result<RootfsPlan, EdgeError> {
+        self.base_image(&spec.image)?;
+        if spec.workspace.is_some() {
+            return Err(EdgeError::Invalid("a full VM has no workspace layer: give the layers it needs as toolkits".into()));
+        }
+        let mut plan = RootfsPlan::default();
+        for toolkit in spec.toolkits.iter().rev() {
+            plan.layer_files.extend(rootfs.plan(toolkit, None, &[])?.layer_files);
+        }
+        if self.cfg.layer_bus == LayerBus::Pmem {
+            plan.layer_files = plan.layer_files.iter().map(|f| pmem::aligned(&self.pmem_dir, f)).collect::<Result<_, _>>()?;
+        }
+        Ok(plan)
+    }
+
+    async fn accel(&self) -> Accel {
+        match (self.cfg.accel, &self.probe) {
+            (AccelChoice::Kvm, _) => Accel::Kvm,
+            (AccelChoice::Tcg, _) | (AccelChoice::Auto, None) => Accel::Tcg,
+            (AccelChoice::Auto, Some(m)) => m.accel().await,
+        }
+    }
+
+    async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
+        let base = self.base_image(&spec.image)?;
+        self.cgroups.create(id, &crate::backend::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        if let Err(e) = durable.await {
+            let _ = self.cgroups.remove(id);
+            return Err(EdgeError::Internal(format!("edge database: {e}")));
+        }
+        let files = self.files(id);
+        let (f2, firmware) = (files.clone(), self.cfg.firmware);
+        let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, &base, firmware))
+            .await
+            .map_err(|e| EdgeError::Internal(e.to_string()))
+            .and_then(|r| r);
+        if let Err(e) = prepared {
+            let _ = self.cleanup(id);
+            return Err(e);
+        }
+        let accel = self.accel().await;
+        let launch = FullVmLaunch {
+            accel,
+            firmware: self.cfg.firmware,
+            memory_mb: spec.limits.memory_mb,
+            vcpus: microvm::cmdline::vcpus_for(spec.limits.cpu_cores),
+            files: &files,
+            free_page_reporting: self.cfg.free_page_reporting,
+            layers: &plan.layer_files,
+            layer_bus: self.cfg.layer_bus,
+        };
+        let (pid, pidfd) = match microvm::spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(&launch), &files.run_dir, None) {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.cleanup(id);
+                return Err(e);
+            }
+        };
+        let setup = VmSetup {
+            sandbox_id: id.to_string(),
+            hostname: crate::ids::short_id(id).to_string(),
+            // The guest's own disk is its root; only toolkit layers are
+            // mounted (read-only, at /opt/dsec/layers/<i>).
+            layer_disks: (0..plan.layer_files.len()).map(|i| cmdline::layer_name(self.cfg.layer_bus, i)).collect(),
+            writable_disk: String::new(),
+            now_ms: crate::model::now_ms(),
+            masked_paths: Vec::new(),
+            readonly_paths: Vec::new(),
+            env: crate::container::merged_env(&[], spec),
+            workdir: spec.workdir.clone().unwrap_or_else(|| "/root".into()),
+            default_user: spec.init_user.clone(),
+        };
+        let outcome = tokio::time::timeout(self.cfg.boot_timeout, microvm::boot_agent(&files.agent_socket(), &pidfd, setup)).await;
+        let failure = match outcome {
+            Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
+            Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
+            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", microvm::console_tail(&files))),
+            Err(_) => EdgeError::Timeout(format!(
+                "the VM did not boot to its agent within {:?} ({} acceleration; does the image start `dsec-agent guest`?){}",
+                self.cfg.boot_timeout,
+                accel.as_str(),
+                microvm::console_tail(&files)
+            )),
+        };
+        let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+        reap(&pidfd);
+        let _ = self.cleanup(id);
+        Err(failure)
+    }
+
+    /// The screen of running VM `id`.
+    pub async fn screenshot(&self, id: &str) -> Result<screen::Screenshot, EdgeError> {
+        let files = self.files(id);
+        screen::capture(&files.qmp_socket(), &files.run_dir).await
+    }
+
+    /// Sends input events (`input::*`) to VM `id`'s keyboard and tablet.
+    pub async fn send_input(&self, id: &str, events: Vec<serde_json::Value>) -> Result<(), EdgeError> {
+        let socket = self.files(id).qmp_socket();
+        // QEMU takes a batch as one command; very long texts go in slices
+        // so no single command holds QMP long.
+        for chunk in events.chunks(512) {
+            microvm::qmp::execute_with(&socket, "input-send-event", serde_json::json!({ "events": chunk })).await?;
+        }
+        Ok(())
+    }
+}
+
+/// The run directory, the overlay on `base` (`qemu-img create`: a few
+/// KiB, the base's size) and, for OVMF, a private copy of its variables.
+fn prepare_files(files: &VmFiles, base: &Path, firmware: Firmware) -> Result<(), EdgeError> {
+    std::fs::create_dir_all(&files.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", files.run_dir.display())))?;
+    let out = std::process::Command::new("qemu-img")
+        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
+        .arg(base)
+        .arg(&files.disk)
+        .output()
+        .map_err(|e| EdgeError::Internal(format!("running qemu-img: {e}")))?;
+    if !out.status.success() {
+        return Err(EdgeError::Internal(format!("qemu-img create: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    }
+    if firmware == Firmware::Ovmf {
+        let vars = cmdline::ovmf_vars(files);
+        std::fs::copy(cmdline::OVMF_VARS, &vars).map_err(|e| EdgeError::Internal(format!("copying {}: {e}", cmdline::OVMF_VARS)))?;
+    }
+    Ok(())
+}
+
+impl Backend for FullVmBackend {
+    fn kind(&self) -> BackendKind {
+        BackendKind::Vm
+    }
+
+    fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan, durable: Durable) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(self.start_vm(id, spec, plan, durable))
+    }
+
+    fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(async move { microvm::reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await })
+    }
+
+    fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
+        microvm::cleanup_vm(&self.cgroups, id, &self.files(id))
+    }
+
+    fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
+        Box::pin(async move { microvm::qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop) })
+    }
+
+    fn after_thaw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
+        Box::pin(async move { microvm::qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
+    }
+
+    fn reap_files(&self, live: &HashSet<String>) -> usize {
+        let prefix = format!("{}.", self.node);
+        let mut gone = 0;
+        if let Ok(dir) = std::fs::read_dir(&self.overlay_dir) {
+            for e in dir.flatten() {
+                let name = e.file_name().to_string_lossy().into_owned();
+                let ours = name.strip_suffix(".qcow2").is_some_and(|id| id.starts_with(&prefix) && !live.contains(id));
+                if ours && std::fs::remove_file(e.path()).is_ok() {
+                    gone += 1;
+                }
+            }
+        }
+        gone
+    }
+}

@@ -1,0 +1,181 @@
+"""Full VMs end to end: QEMU ``q35`` booting the ``debian-vm`` image from a
+qcow2 overlay under SeaBIOS (a whole Debian with systemd: tens of seconds
+under TCG). One VM is booted for the whole file and shared by the tests in
+order (exec and files through the guest agent, the screen, input, bad
+input); the last test stops it and checks that nothing of it is left on the
+host. The image comes from ``dsec image setup`` (``DSEC_TEST_IMAGES_DIR``)
+or ``DSEC_TEST_VM_IMAGES_DIR``."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import time
+import zlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import dsec
+from dsec import DSecClient, DSecRunArgs
+
+from .conftest import Server, Tenant, _http
+from .test_microvm import _host_traces
+
+pytestmark = pytest.mark.e2e
+
+MEMORY_MB = 512
+
+
+def vm_args(image: str = "debian-vm", **kw: object) -> DSecRunArgs:
+    base: dict[str, object] = dict(backend="vm", image=image, memory_limit_mb=MEMORY_MB,
+                                   cpu_cores_limit=1, ttl_running_stop=900, init_user="root",
+                                   labels={"suite": "sdk-e2e-vm"})
+    base.update(kw)
+    return DSecRunArgs(**base)  # type: ignore[arg-type]
+
+
+def _vm_image() -> Path:
+    given = os.environ.get("DSEC_TEST_VM_IMAGES_DIR")
+    images = os.environ.get("DSEC_TEST_IMAGES_DIR")
+    d = Path(given) if given else Path(images or "/var/lib/dsec/images") / "vm" / "images"
+    return d / "debian-vm.qcow2"
+
+
+@pytest.fixture(scope="module")
+def vm_id(server: Server, tenant: Tenant) -> Iterator[str]:
+    """One booted full VM for the whole file (over plain HTTP so it outlives
+    each test's event loop)."""
+    if not _vm_image().is_file():
+        pytest.fail(f"no VM image at {_vm_image()}: run `dsec image setup` (it builds debian-vm) "
+                    "or set DSEC_TEST_VM_IMAGES_DIR", pytrace=False)
+    t0 = time.monotonic()
+    status, raw = _http("POST", server.url + "/v1/sandboxes", tenant.token,
+                        vm_args().to_json(), timeout=400)
+    assert status == 201, f"creating a VM answered {status}: {raw[:800]!r}\n{server.log_tail()}"
+    print(f"full VM booted to its agent in {time.monotonic() - t0:.1f} s")
+    sid = json.loads(raw)["id"]
+    try:
+        yield sid
+    finally:
+        _http("DELETE", f"{server.url}/v1/sandboxes/{sid}", tenant.token, timeout=60)
+
+
+def png_info(data: bytes) -> tuple[int, int, bytes]:
+    """Width, height and the decompressed scanlines of a PNG (checks the
+    signature and every chunk's CRC on the way)."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", data[:16]
+    pos, width, height, idat = 8, 0, 0, b""
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos:pos + 4])
+        kind, body = data[pos + 4:pos + 8], data[pos + 8:pos + 8 + length]
+        (crc,) = struct.unpack(">I", data[pos + 8 + length:pos + 12 + length])
+        assert zlib.crc32(kind + body) == crc, f"bad CRC in {kind!r}"
+        if kind == b"IHDR":
+            width, height = struct.unpack(">II", body[:8])
+        elif kind == b"IDAT":
+            idat += body
+        elif kind == b"IEND":
+            break
+        pos += 12 + length
+    return width, height, zlib.decompress(idat)
+
+
+async def test_commands_and_files_run_in_the_guest_os(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    info = await sb.refresh()
+    assert info.state == "running" and info.backend == "vm"
+    r = await sb.run_shell("uname -r; hostname; nproc; awk '/MemTotal/ {print $2}' /proc/meminfo; "
+                           "cat /proc/1/comm; cat /etc/debian_version; echo err >&2; exit 3")
+    release, hostname, cpus, mem_kb, init, debian = r.stdout.split()
+    assert release.endswith("-cloud-amd64") and release != os.uname().release
+    assert vm_id.endswith(hostname)
+    assert int(cpus) == 1
+    assert 350 * 1024 < int(mem_kb) <= MEMORY_MB * 1024
+    # A whole OS: its own init, booted from the image's disk.
+    assert init == "systemd" and debian.startswith("12")
+    assert r.stderr == "err\n" and r.exit_code == 3
+    blob = os.urandom(2 << 20)
+    await sb.write_file("/root/blob.bin", blob)
+    assert await sb.read_file("/root/blob.bin") == blob
+    r = await sb.run_shell("sha256sum /root/blob.bin | cut -c1-16")
+    assert r.stdout.strip() == hashlib.sha256(blob).hexdigest()[:16]
+    async with await sb.create_session() as session:
+        await session.run("cd /tmp && export X=42")
+        assert (await session.run('pwd; echo "$X"')).stdout == "/tmp\n42\n"
+
+
+async def test_the_screen_shows_the_console_and_changes_after_typing(client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    before = await sb.screenshot()
+    width, height, pixels = png_info(before)
+    # VGA text mode: 80x25 cells of 9x16 pixels.
+    assert (width, height) == (720, 400)
+    assert len(set(pixels)) > 2, "the console shows something (a login prompt), not a blank screen"
+    await sb.type_text("dsec-was-here")
+    deadline = time.monotonic() + 30
+    while True:
+        after = await sb.screenshot()
+        if png_info(after)[2] != pixels:
+            break
+        assert time.monotonic() < deadline, "the screen did not change after typing"
+        await _sleep(0.5)
+    # Keys, the pointer and clicks are accepted (the tablet and the PS/2
+    # keyboard take them).
+    await sb.send_keys(["ctrl-u", "ret"])
+    await sb.move(100, 200)
+    await sb.click(10, 10, button="right")
+    await sb.click(double=True)
+
+
+async def _sleep(s: float) -> None:
+    import asyncio
+    await asyncio.sleep(s)
+
+
+async def test_bad_screen_input_is_refused(client: DSecClient, vm_id: str, image: str) -> None:
+    sb = client.sandbox(vm_id)
+    for call, needle in [
+        (sb.send_keys(["ctrl-hyper"]), "unknown key"),
+        (sb.send_keys([]), "1 to"),
+        (sb.type_text("héllo"), "cannot be typed"),
+        (sb.move(5000, 5), "outside"),
+        (sb.click(button="wheel"), "mouse button"),
+    ]:
+        with pytest.raises(dsec.InvalidRequest) as e:
+            await call
+        assert e.value.status == 400 and needle in e.value.message, e.value.message
+    with pytest.raises(dsec.InvalidRequest):
+        await sb._t.request("POST", sb._t.url(sb._base + "/screen/click"), json_body={"x": 3})
+    # A container has no screen.
+    async with await client.run(DSecRunArgs(backend="container", image=image, memory_limit_mb=64)) as box:
+        with pytest.raises(dsec.NoScreen) as e:
+            await box.screenshot()
+        assert e.value.status == 409 and "no screen" in e.value.message
+        with pytest.raises(dsec.NoScreen):
+            await box.type_text("x")
+
+
+async def test_a_missing_vm_image_or_too_little_memory_is_refused(client: DSecClient) -> None:
+    with pytest.raises(dsec.ImageNotFound) as e:
+        await client.run(vm_args("no-such-os"))
+    assert "dsec image setup" in e.value.message
+    with pytest.raises(dsec.DSecError) as e2:
+        await client.run(vm_args(memory_limit_mb=128))
+    assert e2.value.status == 400 and "at least" in e2.value.message
+
+
+async def test_stop_leaves_nothing_behind(server: Server, client: DSecClient, vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    assert _host_traces(vm_id), "a running VM must be visible (its QEMU names it)"
+    overlays = list(server.data_dir.glob(f"edge/*/vm/overlays/{vm_id}.qcow2"))
+    assert len(overlays) == 1
+    info = await sb.stop()
+    assert info.state == "stopped"
+    assert _host_traces(vm_id) == []
+    assert not overlays[0].exists()
+    with pytest.raises(dsec.SandboxNotRunning):
+        await sb.screenshot()
