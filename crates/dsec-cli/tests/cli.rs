@@ -339,18 +339,20 @@ fn shell_refuses_a_stopped_sandbox_with_the_usual_message() {
 }
 
 /// A `dsec up` that fails half-way through starting (here: no guest agent
-/// binary) says why and leaves none of the node's mounts behind (the layer
-/// mount point and the node's shared sysfs are made before the failure).
+/// binary) says why and leaves none of the node's mounts or cgroups behind
+/// (the layer mount point and the node's cgroup levels are made before the
+/// failure).
 #[test]
 fn a_failed_start_leaves_no_mount() {
     let dir = tempfile::Builder::new().prefix("dsec-cli-test-").tempdir().unwrap();
+    let node = format!("cli{}", hex_id());
     let mut cmd = std::process::Command::new(DSEC);
     cmd.arg("up")
         .arg("--data-dir")
         .arg(dir.path().join("data"))
         .arg("--images-dir")
         .arg(dir.path().join("images"))
-        .args(["--listen", "127.0.0.1:0", "--node", &format!("cli{}", hex_id()), "--no-fncall"])
+        .args(["--listen", "127.0.0.1:0", "--node", &node, "--no-fncall"])
         .arg("--agent")
         .arg(dir.path().join("no-such-agent"));
     run_bounded(cmd, Duration::from_secs(30)).fails_with("guest agent binary not found");
@@ -358,4 +360,7 @@ fn a_failed_start_leaves_no_mount() {
     let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(root.as_str())).collect();
     assert!(left.is_empty(), "a failed start left mounts: {left:#?}");
+    let cgroups = std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten().map(|h| h.path().join("dsec").join(&node));
+    let left: Vec<_> = cgroups.chain([std::path::PathBuf::from("/sys/fs/cgroup/unified/dsec").join(&node)]).filter(|p| p.exists()).collect();
+    assert!(left.is_empty(), "a failed start left cgroups: {left:#?}");
 }

@@ -251,7 +251,7 @@ impl Edge {
     pub async fn start(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>) -> Result<Edge, EdgeError> {
         // A start that fails half-way must not leave the node's mounts
         // (layer mounts, the shared sysfs) behind.
-        let mut undo = StartUndo { rootfs: Some(rootfs.clone()), container: None, egress: None };
+        let mut undo = StartUndo { rootfs: Some(rootfs.clone()), cgroups: None, container: None, egress: None };
         let Assembled { edge, records, denials } = Self::assemble(config, rootfs, &mut undo).await?;
         undo.disarm();
         if let Some(rx) = denials {
@@ -279,6 +279,7 @@ impl Edge {
         let cgroups = Arc::new(
             Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?,
         );
+        undo.cgroups = Some(cgroups.clone());
         let (egress, denials) = match &config.network {
             Some(net) => {
                 let (e, rx) = start_egress(net, &config, &cgroups)?;
@@ -481,6 +482,8 @@ struct Assembled {
 /// What a failed [`Edge::start`] undoes: the node-wide mounts made so far.
 struct StartUndo {
     rootfs: Option<Arc<dyn RootfsProvider>>,
+    /// The node's cgroup levels (removed where empty).
+    cgroups: Option<Arc<Cgroups>>,
     container: Option<Arc<ContainerBackend>>,
     egress: Option<dsec_net::Egress>,
 }
@@ -488,6 +491,7 @@ struct StartUndo {
 impl StartUndo {
     fn disarm(&mut self) {
         self.rootfs = None;
+        self.cgroups = None;
         self.container = None;
         self.egress = None;
     }
@@ -503,6 +507,9 @@ impl Drop for StartUndo {
         }
         if let Some(r) = self.rootfs.take() {
             r.release();
+        }
+        if let Some(c) = self.cgroups.take() {
+            c.remove_parent();
         }
     }
 }
