@@ -9,18 +9,13 @@
 //! `max_output_bytes`; uploaded file contents are kept (for replay) only up
 //! to [`MAX_KEPT_CONTENT`].
 //!
-//! Writes go through [`GroupCommit`]: each is atomic and committed before
-//! its call returns, and writes that arrive together share one commit (a
-//! busy node journals two or three writes per exec). Reads use a second
-//! connection, so they never wait behind a commit. WAL with
-//! `synchronous=NORMAL` commits without an fsync, and a commit survives a
-//! crash of the edge process (not a power loss, like the edge's own
-//! records).
+//! Each call is one short statement or transaction on one connection behind
+//! a mutex: WAL with `synchronous=NORMAL` commits without an fsync, so a
+//! step costs tens of microseconds, and a commit survives a crash of the
+//! edge process (not a power loss, like the edge's own records).
 
 use std::path::Path;
 use std::sync::Mutex;
-
-use crate::group_commit::GroupCommit;
 
 use rusqlite::{params, Connection, OptionalExtension};
 use sha2::{Digest, Sha256};
@@ -106,8 +101,7 @@ pub enum Claim {
 }
 
 pub struct Journal {
-    writer: GroupCommit,
-    reader: Mutex<Connection>,
+    conn: Mutex<Connection>,
     /// Folds the WAL back on a thread of its own (see `Store`): a
     /// checkpoint fsyncs, and must not land inside a step.
     _checkpointer: std::sync::mpsc::Sender<()>,
@@ -142,31 +136,20 @@ impl Journal {
             crate::store::StoreError::Sqlite(e) => JournalError::Sqlite(e),
             other => JournalError::Sqlite(rusqlite::Error::ToSqlConversionFailure(Box::new(std::io::Error::other(other.to_string())))),
         })?;
-        let reader = Connection::open(path)?;
-        reader.busy_timeout(std::time::Duration::from_secs(5))?;
-        Ok(Journal { writer: GroupCommit::new(conn), reader: Mutex::new(reader), _checkpointer: checkpointer })
+        Ok(Journal { conn: Mutex::new(conn), _checkpointer: checkpointer })
     }
 
-    /// The read connection: sees every write whose call has returned.
     fn conn(&self) -> std::sync::MutexGuard<'_, Connection> {
-        self.reader.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn write<R: Send + 'static>(
-        &self,
-        f: impl FnOnce(&Connection) -> Result<R, JournalError> + Send + 'static,
-    ) -> Result<R, JournalError> {
-        self.writer.write(f)
+        self.conn.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Keeps what a sandbox was created from (for replay), once.
     pub fn remember_sandbox(&self, sandbox: &str, tenant: &str, spec_json: &str) -> Result<(), JournalError> {
-        let (sandbox, tenant, spec_json) = (sandbox.to_string(), tenant.to_string(), spec_json.to_string());
-        self.write(move |c| {
-            c.prepare_cached("INSERT OR IGNORE INTO sandboxes (id, tenant, spec) VALUES (?1, ?2, ?3)")?
-                .execute(params![sandbox, tenant, spec_json])?;
-            Ok(())
-        })
+        self.conn().execute(
+            "INSERT OR IGNORE INTO sandboxes (id, tenant, spec) VALUES (?1, ?2, ?3)",
+            params![sandbox, tenant, spec_json],
+        )?;
+        Ok(())
     }
 
     /// The tenant and spec (JSON) a sandbox was created with.
@@ -189,26 +172,23 @@ impl Journal {
 
     /// Appends a running step, unless its step id is already in the log
     /// (then the recorded row is returned). Check and append are one
-    /// write, so two clients racing with one step id get one row.
+    /// transaction, so two clients racing with one step id get one row.
     pub fn begin(&self, sandbox: &str, step_id: Option<&str>, kind: &str, fingerprint: &str, op: &str) -> Result<Begin, JournalError> {
-        let (sandbox, step_id) = (sandbox.to_string(), step_id.map(str::to_string));
-        let (kind, fingerprint, op) = (kind.to_string(), fingerprint.to_string(), op.to_string());
-        self.write(move |tx| {
-            if let Some(sid) = &step_id {
-                if let Some(existing) = lookup(tx, &sandbox, sid)? {
-                    return Ok(Begin::Existing(existing));
-                }
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        if let Some(sid) = step_id {
+            if let Some(existing) = lookup(&tx, sandbox, sid)? {
+                return Ok(Begin::Existing(existing));
             }
-            let seq: i64 = tx
-                .prepare_cached("SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE sandbox = ?1")?
-                .query_row(params![sandbox], |r| r.get(0))?;
-            tx.prepare_cached(
-                "INSERT INTO steps (sandbox, seq, step_id, kind, fingerprint, op, status, started_ms)
-                 VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7)",
-            )?
-            .execute(params![sandbox, seq, step_id, kind, fingerprint, op, now_ms() as i64])?;
-            Ok(Begin::New(seq as u64))
-        })
+        }
+        let seq: i64 = tx.query_row("SELECT COALESCE(MAX(seq), 0) + 1 FROM steps WHERE sandbox = ?1", params![sandbox], |r| r.get(0))?;
+        tx.prepare_cached(
+            "INSERT INTO steps (sandbox, seq, step_id, kind, fingerprint, op, status, started_ms)
+             VALUES (?1, ?2, ?3, ?4, ?5, ?6, 'running', ?7)",
+        )?
+        .execute(params![sandbox, seq, step_id, kind, fingerprint, op, now_ms() as i64])?;
+        tx.commit()?;
+        Ok(Begin::New(seq as u64))
     }
 
     /// Records how a step ended, with the blobs its outcome refers to (one
@@ -225,32 +205,28 @@ impl Journal {
         op: Option<(&str, &str)>,
         blobs: &[(&str, &[u8])],
     ) -> Result<(), JournalError> {
-        let sandbox = sandbox.to_string();
-        let (outcome, changed) = (outcome.map(str::to_string), changed.map(str::to_string));
-        let (fp, op) = op.map(|(f, o)| (f.to_string(), o.to_string())).unzip();
-        let blobs: Vec<(String, Vec<u8>)> = blobs.iter().map(|(d, b)| (d.to_string(), b.to_vec())).collect();
-        self.write(move |tx| {
-            for (digest, data) in &blobs {
-                put_blob(tx, &sandbox, digest, data)?;
-            }
-            tx.prepare_cached(
-                "UPDATE steps SET status = ?3, outcome = ?4, changed = ?5, finished_ms = ?6,
-                        fingerprint = COALESCE(?7, fingerprint), op = COALESCE(?8, op)
-                 WHERE sandbox = ?1 AND seq = ?2",
-            )?
-            .execute(params![sandbox, seq as i64, status.as_str(), outcome, changed, now_ms() as i64, fp, op])?;
-            Ok(())
-        })
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        for (digest, data) in blobs {
+            put_blob(&tx, sandbox, digest, data)?;
+        }
+        let (fp, op) = op.unzip();
+        tx.prepare_cached(
+            "UPDATE steps SET status = ?3, outcome = ?4, changed = ?5, finished_ms = ?6,
+                    fingerprint = COALESCE(?7, fingerprint), op = COALESCE(?8, op)
+             WHERE sandbox = ?1 AND seq = ?2",
+        )?
+        .execute(params![sandbox, seq as i64, status.as_str(), outcome, changed, now_ms() as i64, fp, op])?;
+        tx.commit()?;
+        Ok(())
     }
 
     /// Records the files a finished step changed.
     pub fn set_changed(&self, sandbox: &str, seq: u64, changed: &str) -> Result<(), JournalError> {
-        let (sandbox, changed) = (sandbox.to_string(), changed.to_string());
-        self.write(move |c| {
-            c.prepare_cached("UPDATE steps SET changed = ?3 WHERE sandbox = ?1 AND seq = ?2")?
-                .execute(params![sandbox, seq as i64, changed])?;
-            Ok(())
-        })
+        self.conn()
+            .prepare_cached("UPDATE steps SET changed = ?3 WHERE sandbox = ?1 AND seq = ?2")?
+            .execute(params![sandbox, seq as i64, changed])?;
+        Ok(())
     }
 
     /// Every step of a sandbox, in order.
@@ -264,8 +240,7 @@ impl Journal {
     /// Stores bytes once by content for `sandbox`; returns their digest.
     pub fn put_blob(&self, sandbox: &str, data: &[u8]) -> Result<String, JournalError> {
         let digest = sha256_hex(data);
-        let (sandbox, d, data) = (sandbox.to_string(), digest.clone(), data.to_vec());
-        self.write(move |c| put_blob(c, &sandbox, &d, &data))?;
+        put_blob(&self.conn(), sandbox, &digest, data)?;
         Ok(digest)
     }
 
@@ -280,57 +255,54 @@ impl Journal {
     /// Drops a sandbox's log (when its record is forgotten) and any blob no
     /// other step refers to.
     pub fn forget(&self, sandbox: &str) -> Result<(), JournalError> {
-        let sandbox = sandbox.to_string();
-        self.write(move |tx| {
-            tx.execute("DELETE FROM steps WHERE sandbox = ?1", params![sandbox])?;
-            tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![sandbox])?;
-            tx.execute("DELETE FROM blob_refs WHERE sandbox = ?1", params![sandbox])?;
-            tx.execute("DELETE FROM blobs WHERE digest NOT IN (SELECT digest FROM blob_refs)", [])?;
-            tx.execute("DELETE FROM idempotency WHERE target = ?1", params![sandbox])?;
-            Ok(())
-        })
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        tx.execute("DELETE FROM steps WHERE sandbox = ?1", params![sandbox])?;
+        tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![sandbox])?;
+        tx.execute("DELETE FROM blob_refs WHERE sandbox = ?1", params![sandbox])?;
+        tx.execute("DELETE FROM blobs WHERE digest NOT IN (SELECT digest FROM blob_refs)", [])?;
+        tx.execute("DELETE FROM idempotency WHERE target = ?1", params![sandbox])?;
+        tx.commit()?;
+        Ok(())
     }
 
 
     /// Claims an idempotency key of `tenant` in `scope` (`create`; later
     /// `snapshot`) for a request with this fingerprint.
     pub fn claim(&self, tenant: &str, scope: &str, key: &str, fingerprint: &str) -> Result<Claim, JournalError> {
-        let (tenant, scope, key, fingerprint) = (tenant.to_string(), scope.to_string(), key.to_string(), fingerprint.to_string());
-        self.write(move |tx| {
-            let found: Option<(String, Option<String>)> = tx
-                .query_row(
-                    "SELECT fingerprint, target FROM idempotency WHERE tenant = ?1 AND scope = ?2 AND key = ?3",
-                    params![tenant, scope, key],
-                    |r| Ok((r.get(0)?, r.get(1)?)),
-                )
-                .optional()?;
-            if let Some((fingerprint, target)) = found {
-                return Ok(Claim::Existing { fingerprint, target });
-            }
-            tx.execute(
-                "INSERT INTO idempotency (tenant, scope, key, fingerprint, target, created_ms) VALUES (?1, ?2, ?3, ?4, NULL, ?5)",
-                params![tenant, scope, key, fingerprint, now_ms() as i64],
-            )?;
-            Ok(Claim::New)
-        })
+        let mut conn = self.conn();
+        let tx = conn.transaction()?;
+        let found: Option<(String, Option<String>)> = tx
+            .query_row(
+                "SELECT fingerprint, target FROM idempotency WHERE tenant = ?1 AND scope = ?2 AND key = ?3",
+                params![tenant, scope, key],
+                |r| Ok((r.get(0)?, r.get(1)?)),
+            )
+            .optional()?;
+        if let Some((fingerprint, target)) = found {
+            return Ok(Claim::Existing { fingerprint, target });
+        }
+        tx.execute(
+            "INSERT INTO idempotency (tenant, scope, key, fingerprint, target, created_ms) VALUES (?1, ?2, ?3, ?4, NULL, ?5)",
+            params![tenant, scope, key, fingerprint, now_ms() as i64],
+        )?;
+        tx.commit()?;
+        Ok(Claim::New)
     }
 
     /// Binds a claimed key to what its request produced.
     pub fn settle(&self, tenant: &str, scope: &str, key: &str, target: &str) -> Result<(), JournalError> {
-        let (tenant, scope, key, target) = (tenant.to_string(), scope.to_string(), key.to_string(), target.to_string());
-        self.write(move |c| {
-            c.execute("UPDATE idempotency SET target = ?4 WHERE tenant = ?1 AND scope = ?2 AND key = ?3", params![tenant, scope, key, target])?;
-            Ok(())
-        })
+        self.conn().execute(
+            "UPDATE idempotency SET target = ?4 WHERE tenant = ?1 AND scope = ?2 AND key = ?3",
+            params![tenant, scope, key, target],
+        )?;
+        Ok(())
     }
 
     /// Gives a key back after its request failed, so a retry may try again.
     pub fn release(&self, tenant: &str, scope: &str, key: &str) -> Result<(), JournalError> {
-        let (tenant, scope, key) = (tenant.to_string(), scope.to_string(), key.to_string());
-        self.write(move |c| {
-            c.execute("DELETE FROM idempotency WHERE tenant = ?1 AND scope = ?2 AND key = ?3", params![tenant, scope, key])?;
-            Ok(())
-        })
+        self.conn().execute("DELETE FROM idempotency WHERE tenant = ?1 AND scope = ?2 AND key = ?3", params![tenant, scope, key])?;
+        Ok(())
     }
 }
 

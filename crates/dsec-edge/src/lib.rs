@@ -23,7 +23,6 @@ mod edge;
 pub mod error;
 pub mod events;
 pub mod fullvm;
-mod group_commit;
 pub mod ids;
 pub mod images;
 pub mod layers;
