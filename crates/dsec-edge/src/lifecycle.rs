@@ -39,8 +39,7 @@ impl Edge {
     async fn create_to_completion(&self, caller: &Caller, req: SandboxRequest) -> Result<SandboxRecord, EdgeError> {
         let t0 = Instant::now();
         let inner = &self.inner;
-        let (req, network_rules) = crate::network::take_rules(self, req)?;
-        let mut req = req;
+        let (mut req, network_rules) = crate::network::take_rules(self, req)?;
         let snapshot = self.apply_snapshot(caller, &mut req)?;
         let mut spec = resolve(req, &inner.config.policy)?;
         spec.snapshot = snapshot;
@@ -54,18 +53,20 @@ impl Edge {
         // runtime's few workers and every other sandbox's I/O with them.
         let plan = {
             let rootfs = inner.rootfs.clone();
-            let fullvm = match &inner.backends.fullvm {
+            let plan: Box<dyn FnOnce() -> Result<_, EdgeError> + Send> = match &inner.backends.fullvm {
                 // A full VM boots its own disk image: no layers to mount.
-                Ok(vm) if spec.backend == BackendKind::Vm => Some(vm.clone()),
-                _ => None,
+                Ok(vm) if spec.backend == BackendKind::Vm => {
+                    let (vm, spec) = (vm.clone(), spec.clone());
+                    Box::new(move || vm.plan(rootfs.as_ref(), &spec))
+                }
+                _ => {
+                    let (image, workspace, toolkits) = (spec.image.clone(), spec.workspace.clone(), spec.toolkits.clone());
+                    Box::new(move || rootfs.plan(&image, workspace.as_deref(), &toolkits))
+                }
             };
-            let spec_c = spec.clone();
-            tokio::task::spawn_blocking(move || match fullvm {
-                Some(vm) => vm.plan(rootfs.as_ref(), &spec_c),
-                None => rootfs.plan(&spec_c.image, spec_c.workspace.as_deref(), &spec_c.toolkits),
-            })
-            .await
-            .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))??
+            tokio::task::spawn_blocking(plan)
+                .await
+                .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))??
         };
         inner.admission.reserve(&spec.limits)?;
 

@@ -261,7 +261,7 @@ impl Backend for FullVmBackend {
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
-        microvm::cleanup_vm(&self.cgroups, id, &self.files(id))
+        microvm::cleanup_vm(&self.cgroups, id, &self.files(id), &[])
     }
 
     fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {

@@ -456,15 +456,17 @@ pub(crate) fn spawn_qemu(
 }
 
 /// What is left of VM `id` once its QEMU is gone: stray processes of its
-/// cgroup, its run directory, its disk, the cgroup (shared by both VM
-/// backends).
-pub(crate) fn cleanup_vm(cgroups: &Cgroups, id: &str, files: &VmFiles) -> Result<(), EdgeError> {
+/// cgroup, its run directory, its disk and the backend's `extra` files
+/// (missing ones are fine), the cgroup (shared by both VM backends).
+pub(crate) fn cleanup_vm(cgroups: &Cgroups, id: &str, files: &VmFiles, extra: &[PathBuf]) -> Result<(), EdgeError> {
     cgroups.kill_all(id);
     let _ = std::fs::remove_dir_all(&files.run_dir);
-    match std::fs::remove_file(&files.disk) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", files.disk.display()))),
+    for f in std::iter::once(&files.disk).chain(extra) {
+        match std::fs::remove_file(f) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", f.display()))),
+        }
     }
     cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
 }
@@ -554,19 +556,9 @@ impl Backend for MicroVmBackend {
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
-        self.cgroups.kill_all(id);
-        let files = self.files(id);
-        let _ = std::fs::remove_dir_all(&files.run_dir);
         // The RAM file whatever the node's setting now (it may have
-        // changed across a restart).
-        for f in [files.disk, self.ram_dir.join(format!("{id}.ram")), self.image_path(id)] {
-            match std::fs::remove_file(&f) {
-                Ok(()) => {}
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", f.display()))),
-            }
-        }
-        self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+        // changed across a restart), and any suspend image.
+        cleanup_vm(&self.cgroups, id, &self.files(id), &[self.ram_dir.join(format!("{id}.ram")), self.image_path(id)])
     }
 
     fn can_suspend(&self) -> bool {
