@@ -129,6 +129,23 @@ class _Dns(socketserver.BaseRequestHandler):
         sock.sendto(head + data[12:qend] + answers, self.client_address)
 
 
+def _bpffs_mounted() -> bool:
+    with open("/proc/self/mounts") as f:
+        return any(line.split()[1:3] == ["/sys/fs/bpf", "bpf"] for line in f)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _bpffs_as_found() -> Iterator[None]:
+    """An edge with a network configuration mounts the bpf filesystem at
+    /sys/fs/bpf when the host has none (systemd hosts do). If these tests
+    caused that mount, they take it away again once every edge is gone and
+    nothing of ours is pinned there."""
+    before = _bpffs_mounted()
+    yield
+    if not before and _bpffs_mounted() and not Path("/sys/fs/bpf/dsec").exists():
+        subprocess.run(["umount", "/sys/fs/bpf"], check=False, timeout=30)
+
+
 @pytest.fixture(scope="module")
 def dns_upstream() -> Iterator[socketserver.UDPServer]:
     srv = socketserver.ThreadingUDPServer(("127.0.0.1", 0), _Dns)
