@@ -25,8 +25,8 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::codec::{encode, read_frame_async, write_frame_async, CodecError};
 use crate::{
-    AgentError, AgentHello, EdgeHello, FromAgent, Op, Reply, ReqId, Stream, ToAgent, INITIAL_WINDOW, MAX_CHUNK_BYTES,
-    PROTOCOL_VERSION,
+    AgentError, AgentHello, AuditTally, EdgeHello, FromAgent, Op, Reply, ReqId, Stream, ToAgent, INITIAL_WINDOW,
+    MAX_CHUNK_BYTES, PROTOCOL_VERSION,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -78,11 +78,38 @@ struct Route {
     window: Arc<SendWindow>,
 }
 
+/// Receives the growth of an agent's audit counts: `(kind, new events)`.
+pub type AuditSink = Arc<dyn Fn(&str, u64) + Send + Sync>;
+
+/// The agent's audit tallies and what of them was handed to the sink.
+#[derive(Default)]
+struct AuditCounts {
+    sink: Option<AuditSink>,
+    latest: AuditTally,
+    counted: HashMap<String, u64>,
+}
+
+impl AuditCounts {
+    /// Hands the sink what it has not seen yet. Tallies only grow within one
+    /// agent's life, so a smaller number (never expected) adds nothing.
+    fn deliver(&mut self) {
+        let Some(sink) = &self.sink else { return };
+        for (kind, total) in &self.latest.by_kind {
+            let seen = self.counted.entry(kind.clone()).or_insert(0);
+            if *total > *seen {
+                sink(kind, *total - *seen);
+                *seen = *total;
+            }
+        }
+    }
+}
+
 /// What the reader task shares with the handles.
 struct Shared {
     calls: Mutex<HashMap<ReqId, Route>>,
     closed: AtomicBool,
     closed_notify: Notify,
+    audit: Mutex<AuditCounts>,
 }
 
 impl Shared {
@@ -140,7 +167,12 @@ impl AgentClient {
                 hello.protocol_version
             )));
         }
-        let shared = Arc::new(Shared { calls: Mutex::new(HashMap::new()), closed: AtomicBool::new(false), closed_notify: Notify::new() });
+        let shared = Arc::new(Shared {
+            calls: Mutex::new(HashMap::new()),
+            closed: AtomicBool::new(false),
+            closed_notify: Notify::new(),
+            audit: Mutex::new(AuditCounts::default()),
+        });
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(reader(rd, shared.clone()));
         tokio::spawn(writer(wr, rx, shared.clone()));
@@ -195,6 +227,14 @@ impl AgentClient {
         self.inner.shared.closed.load(Ordering::SeqCst)
     }
 
+    /// From now on, the agent's audit events (counts that arrived before
+    /// included) are reported to `sink` as they grow.
+    pub fn on_audit(&self, sink: AuditSink) {
+        let mut audit = self.inner.shared.audit.lock().unwrap_or_else(|p| p.into_inner());
+        audit.sink = Some(sink);
+        audit.deliver();
+    }
+
     /// Resolves when the channel is gone (the agent died or closed it).
     pub async fn closed(&self) {
         let shared = &self.inner.shared;
@@ -239,6 +279,11 @@ async fn reader<R: AsyncRead + Unpin>(mut rd: R, shared: Arc<Shared>) {
                     route.window.changed.notify_waiters();
                     let _ = route.events.send(CallEvent::Reply(result));
                 }
+            }
+            FromAgent::Audited(tally) => {
+                let mut audit = shared.audit.lock().unwrap_or_else(|p| p.into_inner());
+                audit.latest = tally;
+                audit.deliver();
             }
             // A second Hello means nothing to us.
             FromAgent::Hello(_) => {}
@@ -532,6 +577,36 @@ mod tests {
         tokio::time::timeout(std::time::Duration::from_secs(5), client.closed()).await.unwrap();
         assert!(client.is_closed());
         assert!(matches!(client.call(Op::Ping).await, Err(ClientError::Closed)));
+    }
+
+    /// Tallies that came before the sink are delivered when it is set; later
+    /// ones are delivered as growth only.
+    #[tokio::test]
+    async fn audit_tallies_reach_the_sink_as_growth() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let (go_tx, go_rx) = tokio::sync::oneshot::channel::<()>();
+        let agent = tokio::spawn(async move {
+            let (mut s, _) = fake_agent(b).await;
+            let tally = |n: u64, m: u64| FromAgent::Audited(AuditTally { by_kind: vec![("syscall".into(), n), ("network".into(), m)] });
+            write_frame_async(&mut s, &tally(2, 0)).await.unwrap();
+            go_rx.await.unwrap();
+            write_frame_async(&mut s, &tally(5, 1)).await.unwrap();
+            // Answer a ping so the test knows everything before it was read.
+            let Some(ToAgent::Request { id, .. }) = read_frame_async::<_, ToAgent>(&mut s).await.unwrap() else { panic!() };
+            write_frame_async(&mut s, &FromAgent::Reply { id, result: Ok(Reply::Pong) }).await.unwrap();
+            s
+        });
+        let (client, _) = AgentClient::connect(a).await.unwrap();
+        // Let the first tally arrive before anyone listens.
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        let seen = Arc::new(Mutex::new(Vec::<(String, u64)>::new()));
+        let s2 = seen.clone();
+        client.on_audit(Arc::new(move |k: &str, n: u64| s2.lock().unwrap().push((k.to_string(), n))));
+        go_tx.send(()).unwrap();
+        assert_eq!(client.call(Op::Ping).await.unwrap(), Reply::Pong);
+        let got = seen.lock().unwrap().clone();
+        assert_eq!(got, vec![("syscall".into(), 2), ("syscall".into(), 3), ("network".into(), 1)]);
+        drop(agent.await.unwrap());
     }
 
     #[tokio::test]

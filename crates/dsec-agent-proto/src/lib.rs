@@ -34,7 +34,7 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped on every incompatible change. Both sides refuse a peer with a
 /// different major version.
-pub const PROTOCOL_VERSION: u32 = 3;
+pub const PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame either side accepts (a guard against a corrupt length).
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
@@ -96,6 +96,11 @@ pub enum FromAgent {
         id: ReqId,
         result: Result<Reply, AgentError>,
     },
+    /// Unsolicited: the audit ring grew. Cumulative counts since the
+    /// sandbox started, by kind (sent at most a few times a second, however
+    /// many events happen, so a flood of refused attempts costs the channel
+    /// almost nothing). The edge counts them in its metrics.
+    Audited(AuditTally),
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -91,7 +91,9 @@ pub struct AuditEvent {
     /// Milliseconds since the epoch.
     pub time_ms: u64,
     /// What kind of attempt: `syscall` (a system call the policy refuses),
-    /// `network` (a connection, packet or DNS query no rule allows).
+    /// `network` (a connection, packet or DNS query no rule allows),
+    /// `masked_path` (an open of a path the sandbox's policy hides),
+    /// `tamper` (a program the platform's commands go through was changed).
     pub kind: String,
     /// The pid inside the sandbox that made the attempt.
     pub pid: u32,
@@ -109,6 +111,13 @@ pub struct AuditLog {
     pub total: u64,
     /// Events that fell out of the ring before anyone read them.
     pub dropped: u64,
+}
+
+/// Audit events recorded since the sandbox started, by kind, in the order
+/// kinds first occurred.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq, Default)]
+pub struct AuditTally {
+    pub by_kind: Vec<(String, u64)>,
 }
 
 /// One entry of `Reply::Changed`.

@@ -12,7 +12,7 @@ use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
-use dsec_agent_proto::{AuditEvent, AuditLog};
+use dsec_agent_proto::{AuditEvent, AuditLog, AuditTally, FromAgent};
 
 use crate::agent::Agent;
 use crate::seccomp::policy;
@@ -24,16 +24,29 @@ const PAGE: usize = 256;
 /// Notifications answered per wake-up before other tasks get a turn.
 const BATCH: usize = 64;
 
+/// How long the tally waits after an event for more to come, so a flood
+/// of refused attempts sends a few tallies a second, not one per event.
+const TALLY_DELAY: std::time::Duration = std::time::Duration::from_millis(100);
+
 #[derive(Default)]
 pub struct Ring {
     events: VecDeque<AuditEvent>,
     total: u64,
     dropped: u64,
+    /// Events ever recorded, by kind (for the edge's metrics).
+    tally: AuditTally,
+    /// Woken on every event (see `report`).
+    changed: Rc<tokio::sync::Notify>,
 }
 
 impl Ring {
     pub fn push(&mut self, time_ms: u64, kind: &str, pid: u32, detail: String) {
         self.total += 1;
+        match self.tally.by_kind.iter_mut().find(|(k, _)| k == kind) {
+            Some((_, n)) => *n += 1,
+            None => self.tally.by_kind.push((kind.to_string(), 1)),
+        }
+        self.changed.notify_one();
         if self.events.len() == RING {
             self.events.pop_front();
             self.dropped += 1;
@@ -48,7 +61,32 @@ impl Ring {
     }
 }
 
-fn now_ms() -> u64 {
+/// Sends the edge on `conn` the audit tally: at once if anything was
+/// recorded before it connected, then after each burst of events. The
+/// caller aborts it when the connection ends.
+pub async fn report(agent: Rc<Agent>, conn: Rc<crate::channel::Conn>) {
+    let changed = agent.audit.borrow().changed.clone();
+    let mut first = true;
+    loop {
+        if !first {
+            changed.notified().await;
+            tokio::time::sleep(TALLY_DELAY).await;
+        }
+        first = false;
+        if conn.is_closed() {
+            return;
+        }
+        let tally = {
+            let ring = agent.audit.borrow();
+            (ring.total > 0).then(|| ring.tally.clone())
+        };
+        if let Some(tally) = tally {
+            let _ = conn.send(&FromAgent::Audited(tally));
+        }
+    }
+}
+
+pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
 }
 
@@ -147,5 +185,9 @@ mod tests {
         assert_eq!(all.events[0].seq, 11, "the oldest ten fell out");
         let tail = r.since(RING as u64 + 8);
         assert_eq!(tail.events.iter().map(|e| e.seq).collect::<Vec<_>>(), vec![RING as u64 + 9, RING as u64 + 10]);
+        // The tally counts what the ring dropped too.
+        assert_eq!(r.tally.by_kind, vec![("syscall".to_string(), RING as u64 + 10)]);
+        r.push(0, "network", 1, "x".into());
+        assert_eq!(r.tally.by_kind[1], ("network".to_string(), 1));
     }
 }

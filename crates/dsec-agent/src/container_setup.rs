@@ -171,6 +171,12 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     for (d, mode) in [(&upper, 0o755), (&work, 0o755), (&root, 0o755), (&devdir, 0o755), (&shmdir, 0o1777), (&maskdir, 0o555)] {
         mkdir(&cstr(d)?, mode).map_err(fail(format!("mkdir {d}")))?;
     }
+    let maskfile = format!("{scratch}/masked-file");
+    let maskfile_c = cstr(&maskfile)?;
+    drop(
+        rustix::fs::open(maskfile_c.as_c_str(), rustix::fs::OFlags::CREATE | rustix::fs::OFlags::EXCL | rustix::fs::OFlags::CLOEXEC, 0o444.into())
+            .map_err(fail("create the empty mask file"))?,
+    );
     let opts = cstr(&overlay_options(plan.lower_dirs, &upper, &work))?;
     let root_c = cstr(&root)?;
     // nodev: a device node shipped in an image layer must not open the
@@ -185,7 +191,7 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     // reattach::UPPER_FD); best effort, since a sandbox that cannot be
     // packed is still a working sandbox.
     if let Ok(copy) = rustix::io::fcntl_dupfd_cloexec(&upper_fd, 0) {
-        let _ = crate::reattach::park_upper(copy);
+        let _ = crate::reattach::park(copy, crate::reattach::UPPER_FD);
     }
 
     let at = |p: &str| cstr(&format!("{root}{p}"));
@@ -210,25 +216,33 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
         bind(&cstr(plan.sys_dir)?, &at("/sys")?, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
     }
 
-    // The empty directory that hides masked directories: made read-only
-    // once (binds of it inherit that), and cloned into a detached mount tree
-    // because its path is gone after pivot_root. The first masked directory
-    // receives that tree; the others are binds of the first.
-    let maskdir_c = cstr(&maskdir)?;
-    bind(&maskdir_c, &maskdir_c, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
-    let empty = rustix::mount::open_tree(
-        rustix::fs::CWD,
-        maskdir_c.as_c_str(),
-        rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
-    )
-    .map_err(fail("clone the empty mask directory"))?;
+    // The empty directory that hides masked directories and the empty file
+    // that hides masked files: each made read-only once (binds of it
+    // inherit that), and cloned into a detached mount tree because its
+    // path is gone after pivot_root. The first masked directory (file)
+    // receives that tree; the others are binds of the first. A file of our
+    // own rather than /dev/null, so that opening a masked path can be told
+    // from the sandbox's ordinary use of /dev/null (the edge watches both
+    // with fanotify; see reattach::MASK_FILE_FD).
+    let detached = |path: &CStr, what: &str| -> Result<std::os::fd::OwnedFd> {
+        bind(path, path, libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC)?;
+        rustix::mount::open_tree(
+            rustix::fs::CWD,
+            path,
+            rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(fail(format!("clone the empty mask {what}")))
+    };
+    let empty_dir = detached(&cstr(&maskdir)?, "directory")?;
+    let empty_file = detached(&maskfile_c, "file")?;
 
     enter(&root_c)?;
 
-    let mut masks = Masks { empty: Some(empty), first_dir: None };
+    let mut masks = Masks { dirs: MaskSource::Detached(empty_dir), files: MaskSource::Detached(empty_file) };
     for p in plan.masked_paths {
         masks.mask(p)?;
     }
+    masks.park();
     for p in plan.readonly_paths {
         readonly(p)?;
     }
@@ -313,13 +327,50 @@ fn pivot(root: &CStr) -> Result<()> {
     Ok(())
 }
 
-/// Hides paths: /dev/null over a file, an empty read-only directory over a
-/// directory. Paths the kernel does not have are skipped.
+/// Where the next mask of one kind comes from.
+enum MaskSource {
+    /// The detached empty file or directory, until the first masked path
+    /// of its kind receives it.
+    Detached(std::os::fd::OwnedFd),
+    /// That first masked path: later masks are binds of it.
+    At(CString),
+    Taken,
+}
+
+impl MaskSource {
+    fn mask(&mut self, target: CString, p: &str) -> Result<()> {
+        match std::mem::replace(self, MaskSource::Taken) {
+            MaskSource::At(first) => {
+                let r = mount(Some(&first), &target, None, libc::MS_BIND, None).map_err(fail(format!("mask {p}")));
+                *self = MaskSource::At(first);
+                r
+            }
+            MaskSource::Detached(tree) => {
+                rustix::mount::move_mount(&tree, c"", rustix::fs::CWD, target.as_c_str(), rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
+                    .map_err(fail(format!("mask {p}")))?;
+                *self = MaskSource::At(target);
+                Ok(())
+            }
+            MaskSource::Taken => Err(SetupError { step: format!("mask {p}: no mask left"), errno: Errno::INVAL }),
+        }
+    }
+
+    /// Parks an O_PATH descriptor of the mask at `fd` for the edge (best
+    /// effort: without it, masks still hide, only opens go unrecorded).
+    fn park(&self, fd: std::os::raw::c_int) {
+        if let MaskSource::At(first) = self {
+            if let Ok(o) = rustix::fs::open(first.as_c_str(), rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC, 0.into()) {
+                let _ = crate::reattach::park(o, fd);
+            }
+        }
+    }
+}
+
+/// Hides paths: an empty read-only file over a file, an empty read-only
+/// directory over a directory. Paths the kernel does not have are skipped.
 struct Masks {
-    /// The detached empty directory, until it is attached at the first
-    /// masked directory.
-    empty: Option<std::os::fd::OwnedFd>,
-    first_dir: Option<CString>,
+    dirs: MaskSource,
+    files: MaskSource,
 }
 
 impl Masks {
@@ -330,25 +381,16 @@ impl Masks {
             Err(Errno::NOENT | Errno::NOTDIR) => return Ok(()),
             Err(e) => return Err(SetupError { step: format!("mask {p}"), errno: e }),
         };
-        if rustix::fs::FileType::from_raw_mode(st.st_mode) != rustix::fs::FileType::Directory {
-            return mount(Some(c"/dev/null"), &target, None, libc::MS_BIND, None).map_err(fail(format!("mask {p}")));
+        if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory {
+            self.dirs.mask(target, p)
+        } else {
+            self.files.mask(target, p)
         }
-        match (&self.first_dir, self.empty.take()) {
-            (Some(first), _) => mount(Some(first), &target, None, libc::MS_BIND, None).map_err(fail(format!("mask {p}"))),
-            (None, Some(tree)) => {
-                rustix::mount::move_mount(
-                    &tree,
-                    c"",
-                    rustix::fs::CWD,
-                    target.as_c_str(),
-                    rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
-                )
-                .map_err(fail(format!("mask {p}")))?;
-                self.first_dir = Some(target);
-                Ok(())
-            }
-            (None, None) => Err(SetupError { step: format!("mask {p}: no empty directory left"), errno: Errno::INVAL }),
-        }
+    }
+
+    fn park(&self) {
+        self.files.park(crate::reattach::MASK_FILE_FD);
+        self.dirs.park(crate::reattach::MASK_DIR_FD);
     }
 }
 

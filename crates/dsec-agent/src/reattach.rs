@@ -26,6 +26,12 @@ pub const REATTACH_FD: RawFd = 4;
 /// into a layer (`pack_diff`): after pivot_root no path leads to it.
 /// Reserved like fd 4, CLOEXEC, never reachable from the sandbox.
 pub const UPPER_FD: RawFd = 5;
+/// O_PATH descriptors of the empty file and the empty directory that hide
+/// a container's masked paths, for the edge to take with pidfd_getfd(2)
+/// and watch with fanotify (an open of a masked path becomes an audit
+/// event). Reserved like fd 5.
+pub const MASK_FILE_FD: RawFd = 6;
+pub const MASK_DIR_FD: RawFd = 7;
 
 fn check(r: libc::c_int) -> io::Result<libc::c_int> {
     if r < 0 {
@@ -40,9 +46,12 @@ pub fn park_placeholder() -> io::Result<()> {
     park_placeholder_at(REATTACH_FD)
 }
 
-/// Reserves fd 5 until the container setup parks the upper there.
-pub fn reserve_upper_fd() -> io::Result<()> {
-    park_placeholder_at(UPPER_FD)
+/// Reserves fds 5-7 until the container setup parks its descriptors there.
+pub fn reserve_parked_fds() -> io::Result<()> {
+    for fd in [UPPER_FD, MASK_FILE_FD, MASK_DIR_FD] {
+        park_placeholder_at(fd)?;
+    }
+    Ok(())
 }
 
 fn park_placeholder_at(target: RawFd) -> io::Result<()> {
@@ -60,10 +69,12 @@ fn park_placeholder_at(target: RawFd) -> io::Result<()> {
     Ok(())
 }
 
-/// Parks `fd` (the upper directory) at [`UPPER_FD`].
-pub fn park_upper(fd: OwnedFd) -> io::Result<()> {
+/// Parks `fd` at one of the reserved numbers ([`UPPER_FD`],
+/// [`MASK_FILE_FD`], [`MASK_DIR_FD`]).
+pub fn park(fd: OwnedFd, at: RawFd) -> io::Result<()> {
+    debug_assert!([UPPER_FD, MASK_FILE_FD, MASK_DIR_FD].contains(&at));
     // SAFETY: dup3 onto our reserved number; `fd` is closed on drop.
-    check(unsafe { libc::dup3(fd.as_raw_fd(), UPPER_FD, libc::O_CLOEXEC) })?;
+    check(unsafe { libc::dup3(fd.as_raw_fd(), at, libc::O_CLOEXEC) })?;
     Ok(())
 }
 

@@ -37,7 +37,7 @@ pub fn prepare_process() -> io::Result<OwnedFd> {
         return Err(io::Error::last_os_error());
     }
     reattach::park_placeholder()?;
-    reattach::reserve_upper_fd()?;
+    reattach::reserve_parked_fds()?;
     // SAFETY: fd 3 is open (checked above) and owned by us from here on.
     let chan = unsafe { OwnedFd::from_raw_fd(CHANNEL_FD) };
     rustix::io::fcntl_setfd(&chan, rustix::io::FdFlags::CLOEXEC)?;

@@ -38,4 +38,12 @@ pub struct PackResult {
     /// How long the sandbox was frozen for the copy, and the layer build.
     pub frozen_ms: f64,
     pub build_ms: f64,
+    /// False if an earlier request with the same `Idempotency-Key` packed
+    /// it (this is that pack's report; nothing was packed now).
+    #[serde(default = "yes")]
+    pub created: bool,
+}
+
+fn yes() -> bool {
+    true
 }

@@ -252,10 +252,13 @@ impl Edge {
         // A start that fails half-way must not leave the node's mounts
         // (layer mounts, the shared sysfs) behind.
         let mut undo = StartUndo { rootfs: Some(rootfs.clone()), cgroups: None, container: None, egress: None };
-        let Assembled { edge, records, denials } = Self::assemble(config, rootfs, &mut undo).await?;
+        let Assembled { edge, records, denials, masked } = Self::assemble(config, rootfs, &mut undo).await?;
         undo.disarm();
         if let Some(rx) = denials {
-            edge.spawn_denial_forwarder(rx);
+            edge.spawn_audit_forwarder(rx, "network", "network attempts refused");
+        }
+        if let Some(rx) = masked {
+            edge.spawn_audit_forwarder(rx, "masked_path", "opens of masked paths");
         }
         edge.recover(records).await;
         edge.reap_once().await;
@@ -297,6 +300,13 @@ impl Edge {
         if let Some(e) = &egress {
             container = container.with_egress(e.clone());
         }
+        let masked = match crate::container::mask_watch::MaskWatch::start() {
+            Some((watch, rx)) => {
+                container = container.with_mask_watch(watch);
+                Some(rx)
+            }
+            None => None,
+        };
         let container = Arc::new(container);
         undo.container = Some(container.clone());
         let microvm = match &config.vm {
@@ -355,7 +365,7 @@ impl Edge {
             rootfs,
             shutdown: watch::channel(false).0,
         });
-        Ok(Assembled { edge: Edge { inner }, records, denials })
+        Ok(Assembled { edge: Edge { inner }, records, denials, masked })
     }
 
     pub fn node(&self) -> &str {
@@ -477,6 +487,8 @@ struct Assembled {
     edge: Edge,
     records: Vec<crate::model::SandboxRecord>,
     denials: Option<tokio::sync::mpsc::Receiver<dsec_net::Denial>>,
+    /// Opens of masked paths (None where fanotify is not available).
+    masked: Option<tokio::sync::mpsc::Receiver<crate::container::mask_watch::MaskedOpen>>,
 }
 
 /// What a failed [`Edge::start`] undoes: the node-wide mounts made so far.

@@ -261,14 +261,19 @@ impl Journal {
         tx.execute("DELETE FROM sandboxes WHERE id = ?1", params![sandbox])?;
         tx.execute("DELETE FROM blob_refs WHERE sandbox = ?1", params![sandbox])?;
         tx.execute("DELETE FROM blobs WHERE digest NOT IN (SELECT digest FROM blob_refs)", [])?;
-        tx.execute("DELETE FROM idempotency WHERE target = ?1", params![sandbox])?;
+        // Targets are a sandbox id, or `id\n...` for a result kept to
+        // replay (a pack's).
+        tx.execute(
+            "DELETE FROM idempotency WHERE target = ?1 OR substr(target, 1, length(?1) + 1) = ?1 || char(10)",
+            params![sandbox],
+        )?;
         tx.commit()?;
         Ok(())
     }
 
 
-    /// Claims an idempotency key of `tenant` in `scope` (`create`; later
-    /// `snapshot`) for a request with this fingerprint.
+    /// Claims an idempotency key of `tenant` in `scope` (`create`,
+    /// `snapshot`, `pack`) for a request with this fingerprint.
     pub fn claim(&self, tenant: &str, scope: &str, key: &str, fingerprint: &str) -> Result<Claim, JournalError> {
         let mut conn = self.conn();
         let tx = conn.transaction()?;

@@ -14,6 +14,7 @@
 
 pub mod admission;
 mod agent_ops;
+mod audit_forward;
 pub mod backend;
 mod background;
 pub mod cgroup;
@@ -56,7 +57,7 @@ pub use events::SandboxEvent;
 pub use screen_ops::ScreenInput;
 pub use jobs::{JobAction, JobOutcome};
 pub use lease::Lease;
-pub use pack::PackRequest;
+pub use pack::{PackRequest, PackSummary};
 pub use pause::{PauseOutcome, ResumeOutcome};
 pub use suspend::PauseMode;
 pub use vm_snapshot::SnapshotOutcome;

@@ -188,6 +188,9 @@ impl Edge {
     /// resources are freed, so stop, TTL expiry, crashes and OOM all end the
     /// same way.
     pub(crate) fn watch_exit(&self, entry: Arc<Entry>, instance: Arc<Instance>) {
+        // Every running agent reaches this point once per connection, so
+        // its audit events are counted from here on (see metrics.rs).
+        instance.agent.on_audit(self.inner.counters.audit_sink());
         let edge = self.clone();
         tokio::spawn(async move {
             let Ok(fd) = instance.pidfd.try_clone() else {

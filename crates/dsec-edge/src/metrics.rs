@@ -7,6 +7,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::edge::{Edge, NodeStats};
 
@@ -24,7 +25,14 @@ pub(crate) struct Counters {
     resumes: AtomicU64,
     create_ms_buckets: [AtomicU64; CREATE_MS_BUCKETS.len() + 1],
     create_us_sum: AtomicU64,
+    /// Audit events of every sandbox's agent, by kind (fed by the agents'
+    /// tallies through `audit_sink`).
+    audit: Arc<Mutex<BTreeMap<String, u64>>>,
 }
+
+/// Kinds of audit event counted under their own name; anything else an
+/// agent reports is counted as `other` (the label set stays bounded).
+const AUDIT_KINDS: &[&str] = &["syscall", "network", "masked_path", "tamper"];
 
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
@@ -58,6 +66,15 @@ impl Counters {
         bump(&self.resumes);
     }
 
+    /// What an agent client reports its audit events' growth to.
+    pub(crate) fn audit_sink(&self) -> dsec_agent_proto::client::AuditSink {
+        let audit = self.audit.clone();
+        Arc::new(move |kind: &str, n: u64| {
+            let kind = if AUDIT_KINDS.contains(&kind) { kind } else { "other" };
+            *audit.lock().unwrap_or_else(|p| p.into_inner()).entry(kind.to_string()).or_insert(0) += n;
+        })
+    }
+
     fn snapshot(&self) -> CounterSnapshot {
         let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
         CounterSnapshot {
@@ -69,6 +86,7 @@ impl Counters {
             resumes: get(&self.resumes),
             create_ms_buckets: self.create_ms_buckets.iter().map(get).collect(),
             create_us_sum: get(&self.create_us_sum),
+            audit_events: self.audit.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 }
@@ -91,6 +109,9 @@ pub struct CounterSnapshot {
     pub create_ms_buckets: Vec<u64>,
     /// Sum of all creation latencies, in microseconds.
     pub create_us_sum: u64,
+    /// Refused attempts recorded in sandboxes, by kind (`syscall`,
+    /// `network`, `masked_path`, `tamper`, `other`).
+    pub audit_events: BTreeMap<String, u64>,
 }
 
 /// What an edge reports at a scrape.
@@ -137,5 +158,17 @@ mod tests {
         assert_eq!(s.create_ms_buckets[CREATE_MS_BUCKETS.len() - 1], 1);
         assert_eq!(s.create_ms_buckets[CREATE_MS_BUCKETS.len()], 2);
         assert_eq!(s.create_us_sum, 1000 + 2500 + 5_000_000 + 5_000_500 + 60_000_000);
+    }
+
+    #[test]
+    fn audit_events_are_summed_by_kind_with_unknown_kinds_as_other() {
+        let c = Counters::default();
+        let (a, b) = (c.audit_sink(), c.audit_sink());
+        a("syscall", 2);
+        b("syscall", 3);
+        b("network", 1);
+        a("made-up", 4);
+        let got: Vec<_> = c.snapshot().audit_events.into_iter().collect();
+        assert_eq!(got, vec![("network".into(), 1), ("other".into(), 4), ("syscall".into(), 5)]);
     }
 }

@@ -8,21 +8,13 @@
 //! On a node started without a network configuration every allow rule is
 //! refused (`unsupported_network_policy`), as before.
 
-use std::collections::{BTreeMap, HashMap};
-use std::sync::Arc;
-use std::time::Duration;
-
-use dsec_agent_proto::{AuditEvent, Op};
+use std::collections::BTreeMap;
 use dsec_net::{NetError, RuleError};
 
 use crate::edge::{lock, Edge};
 use crate::error::EdgeError;
 use crate::model::{BackendKind, Caller};
 use crate::SandboxRequest;
-
-/// Events forwarded to one agent per batch; the rest of a burst is
-/// summarised in one event (the agent's ring is bounded anyway).
-const BATCH: usize = 64;
 
 impl From<NetError> for EdgeError {
     fn from(e: NetError) -> EdgeError {
@@ -82,46 +74,5 @@ impl Edge {
         drop(entry.begin());
         self.save(&rec);
         Ok(rules)
-    }
-
-    /// Forwards denials to each sandbox's audit ring, batched per sandbox.
-    pub(crate) fn spawn_denial_forwarder(&self, mut rx: tokio::sync::mpsc::Receiver<dsec_net::Denial>) {
-        let edge = self.clone();
-        tokio::spawn(async move {
-            loop {
-                let Some(first) = rx.recv().await else { return };
-                // Gather what arrived with it, briefly.
-                tokio::time::sleep(Duration::from_millis(5)).await;
-                let mut by_sandbox: HashMap<String, Vec<dsec_net::Denial>> = HashMap::new();
-                by_sandbox.entry(first.sandbox_id.clone()).or_default().push(first);
-                while let Ok(d) = rx.try_recv() {
-                    by_sandbox.entry(d.sandbox_id.clone()).or_default().push(d);
-                }
-                for (id, denials) in by_sandbox {
-                    let Some(inst) = edge.inner.registry.read().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(|e| e.instance()) else {
-                        continue;
-                    };
-                    let mut events: Vec<AuditEvent> = denials
-                        .iter()
-                        .take(BATCH)
-                        .map(|d| AuditEvent { seq: 0, time_ms: d.time_ms, kind: "network".into(), pid: d.pid, detail: d.detail.clone() })
-                        .collect();
-                    if denials.len() > BATCH {
-                        let last = &denials[denials.len() - 1];
-                        events.push(AuditEvent {
-                            seq: 0,
-                            time_ms: last.time_ms,
-                            kind: "network".into(),
-                            pid: 0,
-                            detail: format!("{} more network attempts refused in this burst", denials.len() - BATCH),
-                        });
-                    }
-                    let inst: Arc<crate::instance::Instance> = inst;
-                    tokio::spawn(async move {
-                        let _ = tokio::time::timeout(Duration::from_secs(5), inst.agent.call(Op::RecordAudit { events })).await;
-                    });
-                }
-            }
-        });
     }
 }

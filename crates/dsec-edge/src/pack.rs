@@ -35,7 +35,72 @@ pub struct PackRequest {
     pub scrub: Option<Vec<String>>,
 }
 
+/// What a pack reports, as kept for an idempotent retry (the journal holds
+/// it as JSON next to the sandbox's id).
+#[derive(Debug, Clone, PartialEq, serde::Serialize, serde::Deserialize)]
+pub struct PackSummary {
+    pub image: String,
+    pub layer: String,
+    pub layer_size: u64,
+    pub layers: usize,
+    pub incremental: bool,
+    pub entries: u64,
+    pub bytes: u64,
+    pub whiteouts: u64,
+    pub scrubbed: u64,
+    pub copy_ms: f64,
+    pub build_ms: f64,
+    /// False: an earlier request with the same idempotency key packed it,
+    /// and this is its report.
+    #[serde(skip, default)]
+    pub created: bool,
+}
+
+impl From<&PackOutput> for PackSummary {
+    fn from(o: &PackOutput) -> Self {
+        PackSummary {
+            image: o.image.clone(),
+            layer: o.layer.clone(),
+            layer_size: o.layer_size,
+            layers: o.layers,
+            incremental: o.incremental,
+            entries: o.stats.entries,
+            bytes: o.stats.bytes,
+            whiteouts: o.stats.whiteouts,
+            scrubbed: o.stats.scrubbed,
+            copy_ms: o.copy_ms,
+            build_ms: o.build_ms,
+            created: true,
+        }
+    }
+}
+
 impl Edge {
+    /// `pack_diff`, once per idempotency key: a retry with `key` gets the
+    /// first request's report (`created: false`) without packing again; the
+    /// same key with another sandbox, name or scrub list is an error.
+    pub async fn pack_diff_keyed(&self, caller: &Caller, id: &str, req: PackRequest, key: Option<&str>) -> Result<PackSummary, EdgeError> {
+        let (edge, caller, id) = (self.clone(), caller.clone(), id.to_string());
+        let key = key.map(str::to_string);
+        // Finish (and settle the key) even if the caller goes away.
+        tokio::spawn(async move {
+            let Some(key) = key else { return edge.pack_diff(&caller, &id, req).await.map(|o| PackSummary::from(&o)) };
+            let fingerprint = format!("{id}\n{}\n{:?}", req.name, req.scrub);
+            let work = async {
+                let out = PackSummary::from(&edge.pack_diff(&caller, &id, req).await?);
+                let json = serde_json::to_string(&out).map_err(|e| EdgeError::Internal(format!("pack report: {e}")))?;
+                Ok((out, format!("{id}\n{json}")))
+            };
+            let replay = |target: &str| {
+                let json = target.split_once('\n').map_or("", |(_, j)| j);
+                serde_json::from_str::<PackSummary>(json).map_err(|e| EdgeError::Internal(format!("kept pack report: {e}")))
+            };
+            edge.once(&caller.tenant, crate::idempotency::SCOPE_PACK, &key, &fingerprint, work, replay).await
+        })
+        .await
+        .map_err(|e| EdgeError::Internal(format!("pack task failed: {e}")))?
+    }
+
     /// Packs the sandbox's changes into the image `req.name`.
     pub async fn pack_diff(&self, caller: &Caller, id: &str, req: PackRequest) -> Result<PackOutput, EdgeError> {
         let (entry, inst) = self.running(caller, id).await?;

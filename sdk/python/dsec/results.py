@@ -436,6 +436,8 @@ class PackResult:
         scrubbed: entries left out by the scrub list.
         frozen_ms: how long the sandbox was frozen for the copy.
         build_ms: how long building the layer took.
+        created: False if an earlier call with the same idempotency key
+            packed it (this is that pack's report; nothing was packed now).
     """
 
     image: str
@@ -449,6 +451,7 @@ class PackResult:
     scrubbed: int = 0
     frozen_ms: float = 0.0
     build_ms: float = 0.0
+    created: bool = True
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> PackResult:
@@ -457,7 +460,8 @@ class PackResult:
                    layers=d.get("layers", 0), incremental=bool(d.get("incremental")),
                    entries=d.get("entries", 0), bytes=d.get("bytes", 0),
                    whiteouts=d.get("whiteouts", 0), scrubbed=d.get("scrubbed", 0),
-                   frozen_ms=d.get("frozen_ms", 0.0), build_ms=d.get("build_ms", 0.0))
+                   frozen_ms=d.get("frozen_ms", 0.0), build_ms=d.get("build_ms", 0.0),
+                   created=bool(d.get("created", True)))
 
 
 @dataclass(slots=True)

@@ -206,6 +206,7 @@ class Sandbox:
         return SnapshotInfo.from_json(d)
 
     async def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
+                        idempotency_key: str | None = None,
                         timeout: float | None = 600) -> PackResult:
         """Capture what this sandbox changed as a new image ``name[:tag]``:
         its layers plus one workspace layer with the changes (only those
@@ -214,12 +215,15 @@ class Sandbox:
         replaces the default list of residue left out of the layer (shell
         histories, /tmp, caches, logs); paths are absolute, ``*`` matches
         within one component. Start sandboxes from the image with
-        ``image=result.image`` or :meth:`DSecClient.fork`."""
+        ``image=result.image`` or :meth:`DSecClient.fork`. Retrying with the
+        same ``idempotency_key`` returns the first pack's report
+        (``created`` False) without packing again."""
         body: dict[str, Any] = {"name": name}
         if scrub is not None:
             body["scrub"] = list(scrub)
+        headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}
         d = await self._t.request("POST", self._t.url(self._base + "/pack"), json_body=body,
-                                  timeout=self._t.timeout_for(timeout))
+                                  headers=headers, timeout=self._t.timeout_for(timeout))
         return PackResult.from_json(d)
 
     async def resume(self, timeout: float | None = 120) -> ResumeResult:

@@ -336,9 +336,11 @@ class Sandbox:
         return self._run(self.aio.snapshot(name, idempotency_key=idempotency_key, timeout=timeout))
 
     def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
+                  idempotency_key: str | None = None,
                   timeout: float | None = 600) -> PackResult:
         """Capture what the sandbox changed as a new image."""
-        return self._run(self.aio.pack_diff(name, scrub=scrub, timeout=timeout))
+        return self._run(self.aio.pack_diff(name, scrub=scrub, idempotency_key=idempotency_key,
+                                            timeout=timeout))
 
     def resume(self, timeout: float | None = 120) -> ResumeResult:
         """Thaw a paused sandbox."""

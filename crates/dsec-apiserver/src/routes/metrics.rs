@@ -64,6 +64,14 @@ fn edge_metrics(out: &mut Exposition, m: &EdgeMetrics) {
     out.counter("dsec_trajectory_steps_total", "Operations appended to trajectory logs.", &n, c.steps as f64);
     out.counter("dsec_pauses_total", "Sandboxes paused.", &n, c.pauses as f64);
     out.counter("dsec_resumes_total", "Sandboxes resumed.", &n, c.resumes as f64);
+    for (kind, count) in &c.audit_events {
+        out.counter(
+            "dsec_audit_events_total",
+            "Refused attempts recorded in sandboxes (blocked system calls, denied connections, opened masked paths, tampering), by kind.",
+            &[("node", node), ("kind", kind)],
+            *count as f64,
+        );
+    }
     out.histogram(
         "dsec_sandbox_create_seconds",
         "Time from accepted request to running sandbox.",

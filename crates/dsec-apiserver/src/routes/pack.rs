@@ -7,35 +7,40 @@ use dsec_edge::PackRequest;
 
 use crate::auth::Auth;
 use crate::error::ApiResult;
-use crate::extract::ApiJson;
+use crate::extract::{ApiJson, IdempotencyKey};
 use crate::state::AppState;
 
 /// Pack what the sandbox changed into a new image: its layers plus one
 /// workspace layer with the changes (only those since its previous pack,
 /// when it was packed before). The sandbox is frozen while its changes are
 /// copied, then keeps running. Residue (histories, /tmp, caches, logs) is
-/// left out of the layer; the image records who built it from what.
+/// left out of the layer; the image records who built it from what. With
+/// an `Idempotency-Key` header, a retry returns the first pack's report
+/// (`created: false`) instead of packing again.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/pack", tag = "images",
-    params(("id" = String, Path)), request_body = api::PackRequest,
+    params(("id" = String, Path), ("idempotency-key" = Option<String>, Header)), request_body = api::PackRequest,
     responses((status = 200, body = api::PackResult), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
 pub async fn pack(
     State(st): State<AppState>,
     Auth(caller): Auth,
     Path(id): Path<String>,
+    IdempotencyKey(key): IdempotencyKey,
     ApiJson(req): ApiJson<api::PackRequest>,
 ) -> ApiResult<Json<api::PackResult>> {
-    let o = st.nodes.owner(&id)?.pack_diff(&caller, &id, PackRequest { name: req.name, scrub: req.scrub }).await?;
+    let req = PackRequest { name: req.name, scrub: req.scrub };
+    let o = st.nodes.owner(&id)?.pack_diff_keyed(&caller, &id, req, key.as_deref()).await?;
     Ok(Json(api::PackResult {
         image: o.image,
         layer: o.layer,
         layer_size: o.layer_size,
         layers: o.layers,
         incremental: o.incremental,
-        entries: o.stats.entries,
-        bytes: o.stats.bytes,
-        whiteouts: o.stats.whiteouts,
-        scrubbed: o.stats.scrubbed,
+        entries: o.entries,
+        bytes: o.bytes,
+        whiteouts: o.whiteouts,
+        scrubbed: o.scrubbed,
         frozen_ms: o.copy_ms,
         build_ms: o.build_ms,
+        created: o.created,
     }))
 }

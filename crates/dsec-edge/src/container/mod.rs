@@ -8,6 +8,7 @@
 //! namespace would copy every earlier sandbox's mounts and creation would
 //! slow down as the node fills.
 
+pub(crate) mod mask_watch;
 pub mod policy;
 pub mod spawn;
 mod sysfs;
@@ -43,6 +44,8 @@ pub struct ContainerBackend {
     syscall_filter: bool,
     /// Per-sandbox egress (a sandbox created with network rules).
     egress: Option<dsec_net::Egress>,
+    /// Turns opens of masked paths into audit events (where fanotify works).
+    masks: Option<Arc<mask_watch::MaskWatch>>,
 }
 
 impl ContainerBackend {
@@ -59,7 +62,7 @@ impl ContainerBackend {
         let spawner = spawn::Spawner::new(agent_path)
             .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
-        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None })
+        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None, masks: None })
     }
 
     /// Starts sandboxes without the system-call filter (to measure it).
@@ -71,6 +74,12 @@ impl ContainerBackend {
     /// Gives sandboxes created with network rules a veth and an allowlist.
     pub fn with_egress(mut self, egress: dsec_net::Egress) -> Self {
         self.egress = Some(egress);
+        self
+    }
+
+    /// Audits opens of masked paths through the node's fanotify group.
+    pub(crate) fn with_mask_watch(mut self, masks: Arc<mask_watch::MaskWatch>) -> Self {
+        self.masks = Some(masks);
         self
     }
 
@@ -176,7 +185,12 @@ impl ContainerBackend {
             Ok(agent)
         };
         match tokio::time::timeout(self.setup_timeout, handshake).await {
-            Ok(Ok(agent)) => Ok(Instance::new(pid, pidfd, agent)),
+            Ok(Ok(agent)) => {
+                if let Some(m) = &self.masks {
+                    m.watch(id, &pidfd);
+                }
+                Ok(Instance::new(pid, pidfd, agent))
+            }
             Ok(Err(e)) => {
                 undo(&pidfd);
                 Err(match e {
@@ -227,6 +241,9 @@ impl ContainerBackend {
                 if let Some(eg) = &self.egress {
                     eg.adopt(id)?;
                 }
+                if let Some(m) = &self.masks {
+                    m.watch(id, &pidfd);
+                }
                 Ok(Instance::new(pid, pidfd, agent))
             }
             other => Err(EdgeError::Internal(format!("agent of {id} answered re-attach with {other:?}"))),
@@ -262,6 +279,9 @@ impl crate::backend::Backend for ContainerBackend {
         let removed = self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()));
         if let Some(eg) = &self.egress {
             eg.release(id);
+        }
+        if let Some(m) = &self.masks {
+            m.forget(id);
         }
         removed
     }

@@ -4,6 +4,7 @@ the operations a tenant runs; only the admin may read it."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import urllib.error
 import urllib.request
@@ -30,8 +31,9 @@ def samples(text: str, name: str) -> dict[str, float]:
     return out
 
 
-def total(text: str, name: str) -> float:
-    return sum(samples(text, name).values())
+def total(text: str, name: str, kind: str | None = None) -> float:
+    """The sum of a metric's samples (those of one ``kind`` label if given)."""
+    return sum(v for k, v in samples(text, name).items() if kind is None or f'kind="{kind}"' in k)
 
 
 async def test_metrics_count_sandboxes_and_operations(server: Server, tenant: Tenant) -> None:
@@ -48,7 +50,16 @@ async def test_metrics_count_sandboxes_and_operations(server: Server, tenant: Te
         try:
             await sb.run_shell("true")
             await sb.run_shell("true")
-            _, _, during = scrape(server, server.admin_token)
+            # Two refused attempts of different kinds: a masked path opened
+            # and a refused system call (busybox's unshare).
+            await sb.run_shell("cat /proc/kpagecgroup; unshare -m true; true")
+            # Agents report their tallies a moment after a burst of events.
+            for _ in range(50):
+                _, _, during = scrape(server, server.admin_token)
+                if all(total(during, "dsec_audit_events_total", k) > total(before, "dsec_audit_events_total", k)
+                       for k in ("masked_path", "syscall")):
+                    break
+                await asyncio.sleep(0.1)
             running = [v for k, v in samples(during, "dsec_sandboxes").items()
                        if 'state="running"' in k and 'backend="container"' in k]
             assert running and running[0] >= 1, during
@@ -58,6 +69,9 @@ async def test_metrics_count_sandboxes_and_operations(server: Server, tenant: Te
     for name, grew in [("dsec_sandbox_creations_total", 1), ("dsec_execs_total", 2),
                        ("dsec_trajectory_steps_total", 2), ("dsec_sandbox_create_seconds_count", 1)]:
         assert total(after, name) >= total(before, name) + grew, name
+    audit = {kind: total(after, "dsec_audit_events_total", kind) - total(before, "dsec_audit_events_total", kind)
+             for kind in ("masked_path", "syscall")}
+    assert audit["masked_path"] >= 1 and audit["syscall"] >= 1, (audit, after)
     assert total(after, "dsec_node_healthy") >= 1
     assert 'le="+Inf"' in after
 

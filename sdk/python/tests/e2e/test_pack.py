@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from dsec import DSecClient, InvalidRequest, SandboxEnded, SandboxNotRunning
+from dsec import DSecClient, IdempotencyConflict, InvalidRequest, SandboxEnded, SandboxNotRunning
 from dsec.sandbox import Sandbox
 
 from .conftest import REPO, Server, run_args
@@ -118,6 +118,24 @@ async def test_fork_a_running_sandbox(client: DSecClient, parent: Sandbox,
     finally:
         for k in kids:
             await k.stop()
+
+
+async def test_a_retried_pack_with_its_key_packs_once(parent: Sandbox, names: list[str]) -> None:
+    await _sh(parent, "echo once > /root/once.txt")
+    name, key = _name(names, "k"), uuid.uuid4().hex
+    first = await parent.pack_diff(name, idempotency_key=key)
+    assert first.created and first.bytes == 5, first
+    # More changes, then the retry: the first report, nothing packed again.
+    await _sh(parent, "echo later > /root/later.txt")
+    again = await parent.pack_diff(name, idempotency_key=key)
+    assert not again.created
+    assert (again.image, again.layer, again.bytes, again.layers) == (first.image, first.layer, first.bytes, first.layers)
+    # The same key for another pack is a conflict, not a silent replay.
+    with pytest.raises(IdempotencyConflict):
+        await parent.pack_diff(_name(names, "other"), idempotency_key=key)
+    # Without a key, the next pack is incremental over the first.
+    nxt = await parent.pack_diff(_name(names, "n"))
+    assert nxt.created and nxt.incremental and nxt.bytes == 6, nxt
 
 
 async def test_bad_packs_are_refused(client: DSecClient, parent: Sandbox,
