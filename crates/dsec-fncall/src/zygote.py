@@ -12,9 +12,12 @@
 #   the edge and cleans up. It holds calls' data but never forks after
 #   starting the zygote, so no call ever inherits its memory, and its own
 #   work copies no shared pages.
-#   `- zygote (root, warm: configured modules imported). Per call it forks
-#      one worker ahead of time and reports the worker's end (wait status,
-#      rusage). It does as little as possible, because every page it writes
+#   `- zygote (root, warm: configured modules imported). A fresh
+#      interpreter running this file with --zygote, so that it holds none of
+#      the monitor's modules or heap: each fork copies the page-table entries
+#      of its whole heap, so a smaller zygote makes every call cheaper. Per
+#      call it forks one worker ahead of time and reports the worker's end
+#      (wait status, rusage). It does as little as possible, because every page it writes
 #      after a fork is copied; it never sees a call's code, input or output.
 #      `- worker: receives what to run and the call's stdio memfds, drops to
 #         uid nobody, no capabilities, no_new_privs, rlimits, a Landlock
@@ -29,21 +32,18 @@
 # the process list atomically, so a fork bomb cannot outrun it); every file
 # the call user owns in a writable directory is removed, and its System V
 # IPC objects, and the call's scratch directory.
-import base64
+# Only what the zygote and its workers need is imported here: the zygote is
+# a fresh interpreter running this file (`--zygote`), and every page of its
+# heap is a page each fork copies the page-table entry of, and each worker
+# may copy. The monitor's own modules are imported in its entry point below.
 import ctypes
 import gc
-import json
 import marshal
 import os
 import resource
-import select
-import shutil
 import signal
 import socket
-import stat
 import sys
-import time
-import traceback
 
 CALL_UID = 65534  # nobody
 CALL_GID = 65534  # nogroup
@@ -179,32 +179,43 @@ def available_langs():
     return out
 
 
-def read_exact(fd, n):
-    buf = bytearray()
-    while len(buf) < n:
-        b = os.read(fd, n - len(buf))
-        if not b:
-            return None
-        buf += b
-    return bytes(buf)
+class RequestReader:
+    """Requests: a decimal length, a newline, then that many bytes of JSON.
+    The monitor is the only reader of its stdin (calls get memfds), so it
+    reads in large chunks and keeps what belongs to the next request: one
+    read per request instead of one per header byte."""
 
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = b""
 
-def read_request(fd):
-    """One request: a decimal length, a newline, then that many bytes of
-    JSON. Read exactly, never past the end: the next request belongs to the
-    next worker."""
-    header = bytearray()
-    while not header.endswith(b"\n"):
-        b = os.read(fd, 1)
-        if not b:
-            return None
-        header += b
-        if len(header) > 20:
+    def _more(self):
+        b = os.read(self.fd, 1 << 16)
+        if b:
+            self.buf += b
+        return bool(b)
+
+    def next(self):
+        """The next request's bytes, None at a clean end of stdin."""
+        while True:
+            nl = self.buf.find(b"\n", 0, 21)
+            if nl >= 0:
+                break
+            if len(self.buf) > 20:
+                raise ValueError("bad request header")
+            if not self._more():
+                if self.buf:
+                    raise ValueError("truncated request")
+                return None
+        n = int(self.buf[:nl])
+        if n < 0:
             raise ValueError("bad request header")
-    data = read_exact(fd, int(header))
-    if data is None:
-        raise ValueError("truncated request")
-    return data
+        end = nl + 1 + n
+        while len(self.buf) < end:
+            if not self._more():
+                raise ValueError("truncated request")
+        data, self.buf = self.buf[nl + 1:end], self.buf[end:]
+        return data
 
 
 def write_line(obj):
@@ -339,6 +350,8 @@ def run_python_here(path, extra_env, compiled):
     except BaseException:
         # Leave out this function's own frame: the traceback starts in the
         # user's code, as under `python3 path`.
+        import traceback  # preloaded by default (the zygote's list)
+
         etype, value, tb = sys.exc_info()
         traceback.print_exception(etype, value, tb.tb_next)
         code = 1
@@ -437,11 +450,24 @@ def remove_owned(dirs):
                     pass
 
 
+def read_small(path):
+    """A small file's bytes, in three system calls (no file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while True:
+            b = os.read(fd, 1 << 16)
+            if not b:
+                return data
+            data += b
+    finally:
+        os.close(fd)
+
+
 def remove_ipc():
     for kind, fn in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", None)):
         try:
-            with open("/proc/sysvipc/" + kind) as f:
-                lines = f.read().splitlines()[1:]
+            lines = read_small("/proc/sysvipc/" + kind).split(b"\n")[1:]
         except OSError:
             continue
         for line in lines:
@@ -518,10 +544,42 @@ def open_beneath(scratch, rel):
 
 def prepare_scratch():
     scratch = SCRATCH
-    shutil.rmtree(scratch, ignore_errors=True)
-    os.mkdir(scratch, 0o700)
+    try:
+        os.mkdir(scratch, 0o700)
+    except FileExistsError:
+        # A previous cleanup left it (it should not): start afresh.
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.mkdir(scratch, 0o700)
     os.chown(scratch, CALL_UID, CALL_GID)
     return scratch
+
+
+def remove_scratch(scratch):
+    """Removes the call's directory. Its plain entries go with one unlink
+    each; anything else (directories, or a scratch we cannot list) takes
+    shutil.rmtree, which never follows symlinks. BASE is root's, so the
+    call cannot have moved or replaced the directory itself."""
+    try:
+        fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    try:
+        for name in os.listdir(fd):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except IsADirectoryError:
+                shutil.rmtree(scratch + "/" + name, ignore_errors=True)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(scratch)
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def install_program(data):
@@ -556,11 +614,10 @@ def send_part(fd, count):
 MAX_WORKER_MSG = 128 << 10
 
 
-def compile_here(path):
-    """The call's code object, marshalled for the worker ("" if too big).
-    Raises SyntaxError (and ValueError for NUL bytes, as SyntaxError)."""
-    with open(path, "rb") as f:
-        src = f.read()
+def compile_here(path, src):
+    """The call's code object (source `src`, file name `path`), marshalled
+    for the worker ("" if too big). Raises SyntaxError (and ValueError for
+    NUL bytes, as SyntaxError)."""
     try:
         code_obj = compile(src, path, "exec", dont_inherit=True)
     except ValueError as e:
@@ -590,11 +647,12 @@ def read_report(rep):
     return int(f[0]), int(f[1]), float(f[2]), float(f[3]), int(f[4])
 
 
-def worker_main(cmd_fd):
-    """Forked ahead of its call. Receives what to run and the call's stdio,
-    drops every privilege and becomes the call: a Python call runs in this
-    already warm interpreter, other programs are exec'd."""
-    msg, fds, _, _ = socket.recv_fds(socket.socket(fileno=cmd_fd), MAX_WORKER_MSG, 3)
+def worker_main(cmd):
+    """Forked ahead of its call. Receives what to run and the call's stdio
+    (on `cmd`, the zygote's socket object), drops every privilege and
+    becomes the call: a Python call runs in this already warm interpreter,
+    other programs are exec'd."""
+    msg, fds, _, _ = socket.recv_fds(cmd, MAX_WORKER_MSG, 3)
     if not msg:
         os._exit(3)
     try:
@@ -626,17 +684,19 @@ def zygote_main(ctl, rep, cmd_fd):
             pass
     # Everything allocated so far is shared by every fork: keep the
     # collector from walking (and so copying) those pages in each call.
+    # The workers' socket object, made once here rather than in each worker.
+    cmd = socket.socket(fileno=cmd_fd)
     gc.collect()
     gc.freeze()
     zygote_setup()
-    os.write(rep, (json.dumps(loaded) + "\n").encode())
+    os.write(rep, (",".join(loaded) + "\n").encode())
     read, fork, wait4, write = os.read, os.fork, os.wait4, os.write
     while read(ctl, 1):
         pid = fork()
         if pid == 0:
             os.close(ctl)
             os.close(rep)
-            worker_main(cmd_fd)
+            worker_main(cmd)
         _, status, ru = wait4(pid, 0)
         write(rep, b"%d %d %.6f %.6f %d\n" % (pid, status, ru.ru_utime, ru.ru_stime, ru.ru_maxrss))
     os._exit(0)
@@ -659,19 +719,33 @@ class Monitor:
         # Orphans of calls are reparented to us, and reaped here.
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        # The zygote is a fresh interpreter (this file with --zygote), not a
+        # fork of this one: it then holds only its own few modules and the
+        # preloaded ones, not the monitor's heap (the walk of the whole file
+        # system above, json, shutil ...), so each of its forks is cheaper.
+        zfds = [ctl_r, rep_w, cmd_r.fileno()]
+        argv = [sys.executable, "-I", os.path.abspath(__file__), "--zygote"] + [str(fd) for fd in zfds]
+        monitor = os.getpid()
         pid = os.fork()
         if pid == 0:
-            cmd_w.close()
-            os.close(ctl_w)
-            os.close(rep_r)
-            # The zygote must not outlive the monitor.
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            zygote_main(ctl_r, rep_w, cmd_r.detach())
+            try:
+                cmd_w.close()
+                os.close(ctl_w)
+                os.close(rep_r)
+                for fd in zfds:
+                    os.set_inheritable(fd, True)
+                # The zygote must not outlive the monitor (kept across exec).
+                prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != monitor:
+                    os._exit(1)  # the monitor died before the line above
+                os.execv(argv[0], argv)
+            finally:
+                os._exit(127)
         cmd_r.close()
         os.close(ctl_r)
         os.close(rep_w)
         self.zygote, self.cmd, self.ctl, self.rep = pid, cmd_w, ctl_w, rep_r
-        self.loaded = json.loads(read_line(rep_r, "the zygote did not start"))
+        self.loaded = [m for m in read_line(rep_r, "the zygote did not start").decode().strip().split(",") if m]
         self.worker_ready = False
 
     def prefork(self):
@@ -679,13 +753,13 @@ class Monitor:
             os.write(self.ctl, b"g")
             self.worker_ready = True
 
-    def run_in_worker(self, req, scratch, argv, python, stdin, limits):
+    def run_in_worker(self, req, scratch, argv, python, stdin, limits, source=None):
         """Runs one step in the pre-forked worker; returns (result, stdout fd,
         stderr fd) with the outputs left in their memfds."""
         compiled = b""
         if python is not None:
             try:
-                compiled = compile_here(python)
+                compiled = compile_here(python, source)
             except SyntaxError as e:
                 # What `python3 main.py` prints and returns; no worker needed.
                 err = "".join(traceback.format_exception_only(type(e), e)).encode()
@@ -729,12 +803,18 @@ class Monitor:
         scratch = prepare_scratch()
         try:
             write_files(scratch, req.get("files"))
-            python, argv = None, None
+            python, argv, source = None, None, None
             if op == "compile" or "compile" not in spec:
                 src = os.path.join(scratch, spec["file"])
-                with open(src, "wb") as f:
-                    f.write(req.get("code", "").encode())
-                os.lchown(src, CALL_UID, CALL_GID)
+                source = req.get("code", "").encode()
+                fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                try:
+                    os.fchown(fd, CALL_UID, CALL_GID)
+                    view = memoryview(source)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
             if op == "compile":
                 argv = list(spec["compile"])
                 argv[0] = which(argv[0]) or argv[0]
@@ -747,7 +827,7 @@ class Monitor:
             else:
                 argv = [which("bash") or "/bin/bash", spec["file"]]
             stdin = base64.b64decode(req.get("stdin") or "")
-            result, out_fd, err_fd = self.run_in_worker(req, scratch, argv, python, stdin, req["limits"])
+            result, out_fd, err_fd = self.run_in_worker(req, scratch, argv, python, stdin, req["limits"], source)
             parts, raw = [], []
             limit = req["limits"]["output_bytes"]
             for name, fd in (("stdout", out_fd), ("stderr", err_fd)):
@@ -787,15 +867,16 @@ class Monitor:
         finally:
             remove_owned(self.sweep)
             remove_ipc()
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_scratch(scratch)
 
     def serve(self):
         write_line({"ready": True, "languages": available_langs(), "preloaded": self.loaded, "sweep": self.sweep})
+        requests = RequestReader(0)
         while True:
             # The next call's worker is forked while we wait for its request.
             self.prefork()
             try:
-                line = read_request(0)
+                line = requests.next()
             except ValueError as e:
                 write_line({"error": str(e), "fatal": True})
                 return
@@ -821,4 +902,15 @@ class Monitor:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--zygote"]:
+        zygote_main(*(int(fd) for fd in sys.argv[2:5]))
+    # The monitor's own modules (module globals, as if imported above).
+    import base64
+    import json
+    import select
+    import shutil
+    import stat
+    import time
+    import traceback
+
     Monitor().serve()
