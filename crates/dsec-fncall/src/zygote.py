@@ -15,16 +15,18 @@
 #   `- zygote (root, warm: configured modules imported). A fresh
 #      interpreter running this file with --zygote, so that it holds none of
 #      the monitor's modules or heap: each fork copies the page-table entries
-#      of its whole heap, so a smaller zygote makes every call cheaper. Per
-#      call it forks one worker ahead of time and reports the worker's end
-#      (wait status, rusage). It does as little as possible, because every page it writes
-#      after a fork is copied; it never sees a call's code, input or output.
+#      of its whole heap, so a smaller zygote makes every call cheaper. It
+#      starts with no_new_privs and inside a Landlock domain that lets it
+#      and every worker write only in the scratch directory, the temporary
+#      directories and /dev (LANDLOCK_WRITABLE), both set before its exec.
+#      Per call it forks one worker ahead of time and reports the worker's
+#      end (wait status, rusage). It does as little as possible, because
+#      every page it writes after a fork is copied; it never sees a call's
+#      code, input or output.
 #      `- worker: receives what to run and the call's stdio memfds, drops to
-#         uid nobody, no capabilities, no_new_privs, rlimits, a Landlock
-#         domain that lets it write only in its scratch directory, the
-#         temporary directories and /dev (LANDLOCK_WRITABLE), and becomes
-#         the call (a Python call runs in this warm interpreter; other
-#         programs, compilers included, are exec'd).
+#         uid nobody, no capabilities, rlimits, and becomes the call (a
+#         Python call runs in this warm interpreter; other programs,
+#         compilers included, are exec'd).
 # Answers are a JSON line announcing raw parts, then stdout, stderr and
 # fetched files copied by sendfile from the call's memfds and files.
 # Cleanup after every call: kill(-1, SIGKILL) with the real and effective
@@ -36,7 +38,6 @@
 # a fresh interpreter running this file (`--zygote`), and every page of its
 # heap is a page each fork copies the page-table entry of, and each worker
 # may copy. The monitor's own modules are imported in its entry point below.
-import ctypes
 import gc
 import marshal
 import os
@@ -57,9 +58,6 @@ MAX_FETCH_BYTES = 8 << 20
 # Directories the edge never lets a call's writes survive in: every
 # directory the call user can write to, found once at start.
 SKIP_TREES = ("/proc", "/sys", BASE)
-
-libc = ctypes.CDLL(None, use_errno=True)
-
 
 def prctl(option, arg):
     if libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
@@ -120,10 +118,6 @@ def landlock_ruleset():
         finally:
             os.close(dfd)
     return fd
-
-
-# Made once by the zygote; each worker enters it before it becomes the call.
-LANDLOCK_FD = None
 
 
 def writable_dirs():
@@ -259,14 +253,13 @@ def become_call_process(req, scratch, fds, in_process):
     """In the forked worker: take the call's stdio, set its limits and drop
     to the call user. What every call shares (no_new_privs, oom_score_adj,
     no core dumps, default SIGPIPE/SIGXFSZ) the zygote set once for all of
-    them; each step here is a bare system call, since every page this
-    process writes is a copied page."""
+    them, and the Landlock domain is the zygote's own (see confine_zygote);
+    each step here is a bare system call, since every page this process
+    writes is a copied page."""
     os.setsid()
     os.dup2(fds[0], 0)
     os.dup2(fds[1], 1)
     os.dup2(fds[2], 2)
-    if LANDLOCK_FD is not None and libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, LANDLOCK_FD, 0) != 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     os.closerange(3, 1 << 16)
     limits = req["limits"]
     cpu_s = max(1, int(limits["time_ms"] / 1000) + 1)
@@ -282,17 +275,27 @@ def become_call_process(req, scratch, fds, in_process):
     os.chdir(scratch)
 
 
-def zygote_setup():
-    """What every call inherits from the zygote, set once: no_new_privs (a
-    setuid program in the image cannot give the call user privileges), the
-    OOM killer's first choice, no core dumps, SIGPIPE and SIGXFSZ at their
-    defaults (Python ignores them, and exec would keep them ignored)."""
-    global ZYGOTE_VM_BYTES, LANDLOCK_FD
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
-    LANDLOCK_FD = landlock_ruleset()
+def confine_zygote(ruleset):
+    """In the monitor's child, before it execs the zygote: what the zygote
+    and so every call inherits, set once and kept across exec. The OOM
+    killer's first choice, no core dumps, no_new_privs (a setuid program in
+    the image cannot give the call user privileges), and the Landlock domain
+    `ruleset` (LANDLOCK_WRITABLE): the zygote itself writes nothing after
+    it starts, so its domain is the calls' domain, entered once here instead
+    of by every worker, and the zygote needs no ctypes."""
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if ruleset is not None and libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+
+
+def zygote_setup():
+    """What the zygote sets for itself once: SIGPIPE and SIGXFSZ at their
+    defaults (Python ignores them, and exec would keep them ignored), its
+    address-space size, the calls' base environment."""
+    global ZYGOTE_VM_BYTES
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     ZYGOTE_VM_BYTES = vm_size_bytes()
@@ -682,10 +685,10 @@ def zygote_main(ctl, rep, cmd_fd):
             loaded.append(m)
         except Exception:  # noqa: BLE001 - a missing library is reported, not fatal
             pass
-    # Everything allocated so far is shared by every fork: keep the
-    # collector from walking (and so copying) those pages in each call.
     # The workers' socket object, made once here rather than in each worker.
     cmd = socket.socket(fileno=cmd_fd)
+    # Everything allocated so far is shared by every fork: keep the
+    # collector from walking (and so copying) those pages in each call.
     gc.collect()
     gc.freeze()
     zygote_setup()
@@ -725,6 +728,7 @@ class Monitor:
         # system above, json, shutil ...), so each of its forks is cheaper.
         zfds = [ctl_r, rep_w, cmd_r.fileno()]
         argv = [sys.executable, "-I", os.path.abspath(__file__), "--zygote"] + [str(fd) for fd in zfds]
+        ruleset = landlock_ruleset()
         monitor = os.getpid()
         pid = os.fork()
         if pid == 0:
@@ -738,9 +742,12 @@ class Monitor:
                 prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
                 if os.getppid() != monitor:
                     os._exit(1)  # the monitor died before the line above
+                confine_zygote(ruleset)
                 os.execv(argv[0], argv)
             finally:
                 os._exit(127)
+        if ruleset is not None:
+            os.close(ruleset)
         cmd_r.close()
         os.close(ctl_r)
         os.close(rep_w)
@@ -906,6 +913,7 @@ if __name__ == "__main__":
         zygote_main(*(int(fd) for fd in sys.argv[2:5]))
     # The monitor's own modules (module globals, as if imported above).
     import base64
+    import ctypes
     import json
     import select
     import shutil
@@ -913,4 +921,5 @@ if __name__ == "__main__":
     import time
     import traceback
 
+    libc = ctypes.CDLL(None, use_errno=True)
     Monitor().serve()
