@@ -38,12 +38,12 @@
 # a fresh interpreter running this file (`--zygote`), and every page of its
 # heap is a page each fork copies the page-table entry of, and each worker
 # may copy. The monitor's own modules are imported in its entry point below.
+import _socket  # not `socket`: its Python layer (enums, selectors) is heap to fork
 import gc
 import marshal
 import os
 import resource
 import signal
-import socket
 import sys
 
 CALL_UID = 65534  # nobody
@@ -650,12 +650,23 @@ def read_report(rep):
     return int(f[0]), int(f[1]), float(f[2]), float(f[3]), int(f[4])
 
 
+def recv_with_fds(sock, size, max_fds):
+    """One message and the descriptors passed with it (SCM_RIGHTS), as
+    socket.recv_fds does, on a bare _socket.socket."""
+    msg, ancillary, _, _ = sock.recvmsg(size, _socket.CMSG_LEN(max_fds * 4))
+    fds = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += [int.from_bytes(data[i:i + 4], sys.byteorder, signed=True) for i in range(0, len(data) - 3, 4)]
+    return msg, fds
+
+
 def worker_main(cmd):
     """Forked ahead of its call. Receives what to run and the call's stdio
     (on `cmd`, the zygote's socket object), drops every privilege and
     becomes the call: a Python call runs in this already warm interpreter,
     other programs are exec'd."""
-    msg, fds, _, _ = socket.recv_fds(cmd, MAX_WORKER_MSG, 3)
+    msg, fds = recv_with_fds(cmd, MAX_WORKER_MSG, 3)
     if not msg:
         os._exit(3)
     try:
@@ -686,7 +697,7 @@ def zygote_main(ctl, rep, cmd_fd):
         except Exception:  # noqa: BLE001 - a missing library is reported, not fatal
             pass
     # The workers' socket object, made once here rather than in each worker.
-    cmd = socket.socket(fileno=cmd_fd)
+    cmd = _socket.socket(fileno=cmd_fd)
     # Everything allocated so far is shared by every fork: keep the
     # collector from walking (and so copying) those pages in each call.
     gc.collect()
@@ -917,6 +928,7 @@ if __name__ == "__main__":
     import json
     import select
     import shutil
+    import socket
     import stat
     import time
     import traceback
