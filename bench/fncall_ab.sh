@@ -22,11 +22,22 @@ PY_RUNNERS=$((2 * $(nproc)))
 
 printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
 
-# Nanoseconds of CPU used so far by this node's sandboxes and dsec itself.
+# Nanoseconds of CPU used so far by this node's sandboxes (the node's
+# cgroup: cgroup v1 cpuacct, or v2 cpu.stat) and dsec itself. (%.0f, not %d:
+# mawk's %d stops at 2^31.)
 cpu_ns() {
-    local cg=/sys/fs/cgroup/cpuacct/dsec/$NODE/cpuacct.usage tck
+    local v1=/sys/fs/cgroup/cpuacct/dsec/$NODE/cpuacct.usage v2=/sys/fs/cgroup/dsec/$NODE/cpu.stat cg tck
+    [ -r "$v2" ] || v2=/sys/fs/cgroup/unified/dsec/$NODE/cpu.stat
+    if [ -r "$v1" ]; then
+        cg=$(cat "$v1")
+    elif [ -r "$v2" ]; then
+        cg=$(awk '$1 == "usage_usec" { printf "%.0f", $2 * 1000 }' "$v2")
+    else
+        echo "no CPU accounting found for node $NODE" >&2
+        exit 1
+    fi
     tck=$(getconf CLK_TCK)
-    awk -v tck="$tck" -v cg="$(cat "$cg")" '{ printf "%.0f\n", cg + ($14 + $15) * 1e9 / tck }' "/proc/$DSEC_PID/stat"
+    awk -v tck="$tck" -v cg="$cg" '{ printf "%.0f\n", cg + ($14 + $15) * 1e9 / tck }' "/proc/$DSEC_PID/stat"
 }
 
 one_run() { # LABEL DSEC [extra `dsec up` flags]
