@@ -18,6 +18,12 @@ def rate(w):
     return w["requests"] / (w["duration_us"] / 1e6)
 
 
+def ratio(a, b):
+    """dsec / baseline; a baseline that completed nothing in the run (a very
+    loaded host) has no ratio."""
+    return f"{rate(a) / rate(b):.1f}x" if rate(b) else "n/a (baseline: 0 in the run)"
+
+
 print("| benchmark | clients | dsec calls/s | dsec p50 / p99 | baseline calls/s | baseline p50 / p99 | dsec / baseline | errors (dsec, baseline) |")
 print("|---|---|---|---|---|---|---|---|")
 names = []
@@ -30,7 +36,7 @@ for name, conns in names:
         continue
     err = lambda w: w["errors_status"] + w["errors_socket"]
     print(f"| {name} | {conns} | {rate(a):,.0f} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} ms | {rate(b):,.1f} | "
-          f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms | {rate(a) / rate(b):.1f}x | {err(a)}, {err(b)} |")
+          f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms | {ratio(a, b)} | {err(a)}, {err(b)} |")
 p = os.path.join(RES, "fncall_sdk.json")
 if os.path.exists(p):
     s = json.load(open(p))

@@ -71,7 +71,7 @@ impl FnCallConfig {
             shrink_after: Duration::from_secs(60),
             max_calls_per_runner: 10_000,
             start_timeout: Duration::from_secs(30),
-            preload: ["math", "collections", "itertools", "functools", "heapq", "bisect", "re", "json", "string", "random", "typing", "dataclasses", "fractions", "decimal", "statistics", "traceback", "types"]
+            preload: ["math", "collections", "itertools", "functools", "heapq", "bisect", "re", "json", "string", "random", "typing", "fractions", "decimal", "statistics", "traceback", "types"]
                 .into_iter()
                 .map(String::from)
                 .collect(),

@@ -12,16 +12,21 @@
 #   the edge and cleans up. It holds calls' data but never forks after
 #   starting the zygote, so no call ever inherits its memory, and its own
 #   work copies no shared pages.
-#   `- zygote (root, warm: configured modules imported). Per call it forks
-#      one worker ahead of time and reports the worker's end (wait status,
-#      rusage). It does as little as possible, because every page it writes
-#      after a fork is copied; it never sees a call's code, input or output.
+#   `- zygote (root, warm: configured modules imported). A fresh
+#      interpreter running this file with --zygote, so that it holds none of
+#      the monitor's modules or heap: each fork copies the page-table entries
+#      of its whole heap, so a smaller zygote makes every call cheaper. It
+#      starts with no_new_privs and inside a Landlock domain that lets it
+#      and every worker write only in the scratch directory, the temporary
+#      directories and /dev (LANDLOCK_WRITABLE), both set before its exec.
+#      Per call it forks one worker ahead of time and reports the worker's
+#      end (wait status, rusage). It does as little as possible, because
+#      every page it writes after a fork is copied; it never sees a call's
+#      code, input or output.
 #      `- worker: receives what to run and the call's stdio memfds, drops to
-#         uid nobody, no capabilities, no_new_privs, rlimits, a Landlock
-#         domain that lets it write only in its scratch directory, the
-#         temporary directories and /dev (LANDLOCK_WRITABLE), and becomes
-#         the call (a Python call runs in this warm interpreter; other
-#         programs, compilers included, are exec'd).
+#         uid nobody, no capabilities, rlimits, and becomes the call (a
+#         Python call runs in this warm interpreter; other programs,
+#         compilers included, are exec'd).
 # Answers are a JSON line announcing raw parts, then stdout, stderr and
 # fetched files copied by sendfile from the call's memfds and files.
 # Cleanup after every call: kill(-1, SIGKILL) with the real and effective
@@ -29,21 +34,17 @@
 # the process list atomically, so a fork bomb cannot outrun it); every file
 # the call user owns in a writable directory is removed, and its System V
 # IPC objects, and the call's scratch directory.
-import base64
-import ctypes
+# Only what the zygote and its workers need is imported here: the zygote is
+# a fresh interpreter running this file (`--zygote`), and every page of its
+# heap is a page each fork copies the page-table entry of, and each worker
+# may copy. The monitor's own modules are imported in its entry point below.
+import _socket  # not `socket`: its Python layer (enums, selectors) is heap to fork
 import gc
-import json
 import marshal
 import os
 import resource
-import select
-import shutil
 import signal
-import socket
-import stat
 import sys
-import time
-import traceback
 
 CALL_UID = 65534  # nobody
 CALL_GID = 65534  # nogroup
@@ -57,9 +58,6 @@ MAX_FETCH_BYTES = 8 << 20
 # Directories the edge never lets a call's writes survive in: every
 # directory the call user can write to, found once at start.
 SKIP_TREES = ("/proc", "/sys", BASE)
-
-libc = ctypes.CDLL(None, use_errno=True)
-
 
 def prctl(option, arg):
     if libc.prctl(option, ctypes.c_ulong(arg), 0, 0, 0) != 0:
@@ -122,10 +120,6 @@ def landlock_ruleset():
     return fd
 
 
-# Made once by the zygote; each worker enters it before it becomes the call.
-LANDLOCK_FD = None
-
-
 def writable_dirs():
     """Every directory the call user could create files in."""
     found = []
@@ -179,32 +173,43 @@ def available_langs():
     return out
 
 
-def read_exact(fd, n):
-    buf = bytearray()
-    while len(buf) < n:
-        b = os.read(fd, n - len(buf))
-        if not b:
-            return None
-        buf += b
-    return bytes(buf)
+class RequestReader:
+    """Requests: a decimal length, a newline, then that many bytes of JSON.
+    The monitor is the only reader of its stdin (calls get memfds), so it
+    reads in large chunks and keeps what belongs to the next request: one
+    read per request instead of one per header byte."""
 
+    def __init__(self, fd):
+        self.fd = fd
+        self.buf = b""
 
-def read_request(fd):
-    """One request: a decimal length, a newline, then that many bytes of
-    JSON. Read exactly, never past the end: the next request belongs to the
-    next worker."""
-    header = bytearray()
-    while not header.endswith(b"\n"):
-        b = os.read(fd, 1)
-        if not b:
-            return None
-        header += b
-        if len(header) > 20:
+    def _more(self):
+        b = os.read(self.fd, 1 << 16)
+        if b:
+            self.buf += b
+        return bool(b)
+
+    def next(self):
+        """The next request's bytes, None at a clean end of stdin."""
+        while True:
+            nl = self.buf.find(b"\n", 0, 21)
+            if nl >= 0:
+                break
+            if len(self.buf) > 20:
+                raise ValueError("bad request header")
+            if not self._more():
+                if self.buf:
+                    raise ValueError("truncated request")
+                return None
+        n = int(self.buf[:nl])
+        if n < 0:
             raise ValueError("bad request header")
-    data = read_exact(fd, int(header))
-    if data is None:
-        raise ValueError("truncated request")
-    return data
+        end = nl + 1 + n
+        while len(self.buf) < end:
+            if not self._more():
+                raise ValueError("truncated request")
+        data, self.buf = self.buf[nl + 1:end], self.buf[end:]
+        return data
 
 
 def write_line(obj):
@@ -248,14 +253,13 @@ def become_call_process(req, scratch, fds, in_process):
     """In the forked worker: take the call's stdio, set its limits and drop
     to the call user. What every call shares (no_new_privs, oom_score_adj,
     no core dumps, default SIGPIPE/SIGXFSZ) the zygote set once for all of
-    them; each step here is a bare system call, since every page this
-    process writes is a copied page."""
+    them, and the Landlock domain is the zygote's own (see confine_zygote);
+    each step here is a bare system call, since every page this process
+    writes is a copied page."""
     os.setsid()
     os.dup2(fds[0], 0)
     os.dup2(fds[1], 1)
     os.dup2(fds[2], 2)
-    if LANDLOCK_FD is not None and libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, LANDLOCK_FD, 0) != 0:
-        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
     os.closerange(3, 1 << 16)
     limits = req["limits"]
     cpu_s = max(1, int(limits["time_ms"] / 1000) + 1)
@@ -271,17 +275,27 @@ def become_call_process(req, scratch, fds, in_process):
     os.chdir(scratch)
 
 
-def zygote_setup():
-    """What every call inherits from the zygote, set once: no_new_privs (a
-    setuid program in the image cannot give the call user privileges), the
-    OOM killer's first choice, no core dumps, SIGPIPE and SIGXFSZ at their
-    defaults (Python ignores them, and exec would keep them ignored)."""
-    global ZYGOTE_VM_BYTES, LANDLOCK_FD
-    prctl(PR_SET_NO_NEW_PRIVS, 1)
-    LANDLOCK_FD = landlock_ruleset()
+def confine_zygote(ruleset):
+    """In the monitor's child, before it execs the zygote: what the zygote
+    and so every call inherits, set once and kept across exec. The OOM
+    killer's first choice, no core dumps, no_new_privs (a setuid program in
+    the image cannot give the call user privileges), and the Landlock domain
+    `ruleset` (LANDLOCK_WRITABLE): the zygote itself writes nothing after
+    it starts, so its domain is the calls' domain, entered once here instead
+    of by every worker, and the zygote needs no ctypes."""
     with open("/proc/self/oom_score_adj", "w") as f:
         f.write("1000")
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    prctl(PR_SET_NO_NEW_PRIVS, 1)
+    if ruleset is not None and libc.syscall(SYS_LANDLOCK_RESTRICT_SELF, ruleset, 0) != 0:
+        raise OSError(ctypes.get_errno(), "landlock_restrict_self")
+
+
+def zygote_setup():
+    """What the zygote sets for itself once: SIGPIPE and SIGXFSZ at their
+    defaults (Python ignores them, and exec would keep them ignored), its
+    address-space size, the calls' base environment."""
+    global ZYGOTE_VM_BYTES
     signal.signal(signal.SIGPIPE, signal.SIG_DFL)
     signal.signal(signal.SIGXFSZ, signal.SIG_DFL)
     ZYGOTE_VM_BYTES = vm_size_bytes()
@@ -339,6 +353,8 @@ def run_python_here(path, extra_env, compiled):
     except BaseException:
         # Leave out this function's own frame: the traceback starts in the
         # user's code, as under `python3 path`.
+        import traceback  # preloaded by default (the zygote's list)
+
         etype, value, tb = sys.exc_info()
         traceback.print_exception(etype, value, tb.tb_next)
         code = 1
@@ -437,11 +453,24 @@ def remove_owned(dirs):
                     pass
 
 
+def read_small(path):
+    """A small file's bytes, in three system calls (no file object)."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        data = b""
+        while True:
+            b = os.read(fd, 1 << 16)
+            if not b:
+                return data
+            data += b
+    finally:
+        os.close(fd)
+
+
 def remove_ipc():
     for kind, fn in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", None)):
         try:
-            with open("/proc/sysvipc/" + kind) as f:
-                lines = f.read().splitlines()[1:]
+            lines = read_small("/proc/sysvipc/" + kind).split(b"\n")[1:]
         except OSError:
             continue
         for line in lines:
@@ -518,10 +547,42 @@ def open_beneath(scratch, rel):
 
 def prepare_scratch():
     scratch = SCRATCH
-    shutil.rmtree(scratch, ignore_errors=True)
-    os.mkdir(scratch, 0o700)
+    try:
+        os.mkdir(scratch, 0o700)
+    except FileExistsError:
+        # A previous cleanup left it (it should not): start afresh.
+        shutil.rmtree(scratch, ignore_errors=True)
+        os.mkdir(scratch, 0o700)
     os.chown(scratch, CALL_UID, CALL_GID)
     return scratch
+
+
+def remove_scratch(scratch):
+    """Removes the call's directory. Its plain entries go with one unlink
+    each; anything else (directories, or a scratch we cannot list) takes
+    shutil.rmtree, which never follows symlinks. BASE is root's, so the
+    call cannot have moved or replaced the directory itself."""
+    try:
+        fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
+        return
+    try:
+        for name in os.listdir(fd):
+            try:
+                os.unlink(name, dir_fd=fd)
+            except IsADirectoryError:
+                shutil.rmtree(scratch + "/" + name, ignore_errors=True)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+    try:
+        os.rmdir(scratch)
+    except OSError:
+        shutil.rmtree(scratch, ignore_errors=True)
 
 
 def install_program(data):
@@ -556,11 +617,10 @@ def send_part(fd, count):
 MAX_WORKER_MSG = 128 << 10
 
 
-def compile_here(path):
-    """The call's code object, marshalled for the worker ("" if too big).
-    Raises SyntaxError (and ValueError for NUL bytes, as SyntaxError)."""
-    with open(path, "rb") as f:
-        src = f.read()
+def compile_here(path, src):
+    """The call's code object (source `src`, file name `path`), marshalled
+    for the worker ("" if too big). Raises SyntaxError (and ValueError for
+    NUL bytes, as SyntaxError)."""
     try:
         code_obj = compile(src, path, "exec", dont_inherit=True)
     except ValueError as e:
@@ -590,11 +650,23 @@ def read_report(rep):
     return int(f[0]), int(f[1]), float(f[2]), float(f[3]), int(f[4])
 
 
-def worker_main(cmd_fd):
-    """Forked ahead of its call. Receives what to run and the call's stdio,
-    drops every privilege and becomes the call: a Python call runs in this
-    already warm interpreter, other programs are exec'd."""
-    msg, fds, _, _ = socket.recv_fds(socket.socket(fileno=cmd_fd), MAX_WORKER_MSG, 3)
+def recv_with_fds(sock, size, max_fds):
+    """One message and the descriptors passed with it (SCM_RIGHTS), as
+    socket.recv_fds does, on a bare _socket.socket."""
+    msg, ancillary, _, _ = sock.recvmsg(size, _socket.CMSG_LEN(max_fds * 4))
+    fds = []
+    for level, kind, data in ancillary:
+        if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
+            fds += [int.from_bytes(data[i:i + 4], sys.byteorder, signed=True) for i in range(0, len(data) - 3, 4)]
+    return msg, fds
+
+
+def worker_main(cmd):
+    """Forked ahead of its call. Receives what to run and the call's stdio
+    (on `cmd`, the zygote's socket object), drops every privilege and
+    becomes the call: a Python call runs in this already warm interpreter,
+    other programs are exec'd."""
+    msg, fds = recv_with_fds(cmd, MAX_WORKER_MSG, 3)
     if not msg:
         os._exit(3)
     try:
@@ -624,19 +696,21 @@ def zygote_main(ctl, rep, cmd_fd):
             loaded.append(m)
         except Exception:  # noqa: BLE001 - a missing library is reported, not fatal
             pass
+    # The workers' socket object, made once here rather than in each worker.
+    cmd = _socket.socket(fileno=cmd_fd)
     # Everything allocated so far is shared by every fork: keep the
     # collector from walking (and so copying) those pages in each call.
     gc.collect()
     gc.freeze()
     zygote_setup()
-    os.write(rep, (json.dumps(loaded) + "\n").encode())
+    os.write(rep, (",".join(loaded) + "\n").encode())
     read, fork, wait4, write = os.read, os.fork, os.wait4, os.write
     while read(ctl, 1):
         pid = fork()
         if pid == 0:
             os.close(ctl)
             os.close(rep)
-            worker_main(cmd_fd)
+            worker_main(cmd)
         _, status, ru = wait4(pid, 0)
         write(rep, b"%d %d %.6f %.6f %d\n" % (pid, status, ru.ru_utime, ru.ru_stime, ru.ru_maxrss))
     os._exit(0)
@@ -659,19 +733,37 @@ class Monitor:
         # Orphans of calls are reparented to us, and reaped here.
         prctl(PR_SET_CHILD_SUBREAPER, 1)
         signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        # The zygote is a fresh interpreter (this file with --zygote), not a
+        # fork of this one: it then holds only its own few modules and the
+        # preloaded ones, not the monitor's heap (the walk of the whole file
+        # system above, json, shutil ...), so each of its forks is cheaper.
+        zfds = [ctl_r, rep_w, cmd_r.fileno()]
+        argv = [sys.executable, "-I", os.path.abspath(__file__), "--zygote"] + [str(fd) for fd in zfds]
+        ruleset = landlock_ruleset()
+        monitor = os.getpid()
         pid = os.fork()
         if pid == 0:
-            cmd_w.close()
-            os.close(ctl_w)
-            os.close(rep_r)
-            # The zygote must not outlive the monitor.
-            prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
-            zygote_main(ctl_r, rep_w, cmd_r.detach())
+            try:
+                cmd_w.close()
+                os.close(ctl_w)
+                os.close(rep_r)
+                for fd in zfds:
+                    os.set_inheritable(fd, True)
+                # The zygote must not outlive the monitor (kept across exec).
+                prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+                if os.getppid() != monitor:
+                    os._exit(1)  # the monitor died before the line above
+                confine_zygote(ruleset)
+                os.execv(argv[0], argv)
+            finally:
+                os._exit(127)
+        if ruleset is not None:
+            os.close(ruleset)
         cmd_r.close()
         os.close(ctl_r)
         os.close(rep_w)
         self.zygote, self.cmd, self.ctl, self.rep = pid, cmd_w, ctl_w, rep_r
-        self.loaded = json.loads(read_line(rep_r, "the zygote did not start"))
+        self.loaded = [m for m in read_line(rep_r, "the zygote did not start").decode().strip().split(",") if m]
         self.worker_ready = False
 
     def prefork(self):
@@ -679,13 +771,13 @@ class Monitor:
             os.write(self.ctl, b"g")
             self.worker_ready = True
 
-    def run_in_worker(self, req, scratch, argv, python, stdin, limits):
+    def run_in_worker(self, req, scratch, argv, python, stdin, limits, source=None):
         """Runs one step in the pre-forked worker; returns (result, stdout fd,
         stderr fd) with the outputs left in their memfds."""
         compiled = b""
         if python is not None:
             try:
-                compiled = compile_here(python)
+                compiled = compile_here(python, source)
             except SyntaxError as e:
                 # What `python3 main.py` prints and returns; no worker needed.
                 err = "".join(traceback.format_exception_only(type(e), e)).encode()
@@ -729,12 +821,18 @@ class Monitor:
         scratch = prepare_scratch()
         try:
             write_files(scratch, req.get("files"))
-            python, argv = None, None
+            python, argv, source = None, None, None
             if op == "compile" or "compile" not in spec:
                 src = os.path.join(scratch, spec["file"])
-                with open(src, "wb") as f:
-                    f.write(req.get("code", "").encode())
-                os.lchown(src, CALL_UID, CALL_GID)
+                source = req.get("code", "").encode()
+                fd = os.open(src, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                try:
+                    os.fchown(fd, CALL_UID, CALL_GID)
+                    view = memoryview(source)
+                    while view:
+                        view = view[os.write(fd, view):]
+                finally:
+                    os.close(fd)
             if op == "compile":
                 argv = list(spec["compile"])
                 argv[0] = which(argv[0]) or argv[0]
@@ -747,7 +845,7 @@ class Monitor:
             else:
                 argv = [which("bash") or "/bin/bash", spec["file"]]
             stdin = base64.b64decode(req.get("stdin") or "")
-            result, out_fd, err_fd = self.run_in_worker(req, scratch, argv, python, stdin, req["limits"])
+            result, out_fd, err_fd = self.run_in_worker(req, scratch, argv, python, stdin, req["limits"], source)
             parts, raw = [], []
             limit = req["limits"]["output_bytes"]
             for name, fd in (("stdout", out_fd), ("stderr", err_fd)):
@@ -787,15 +885,16 @@ class Monitor:
         finally:
             remove_owned(self.sweep)
             remove_ipc()
-            shutil.rmtree(scratch, ignore_errors=True)
+            remove_scratch(scratch)
 
     def serve(self):
         write_line({"ready": True, "languages": available_langs(), "preloaded": self.loaded, "sweep": self.sweep})
+        requests = RequestReader(0)
         while True:
             # The next call's worker is forked while we wait for its request.
             self.prefork()
             try:
-                line = read_request(0)
+                line = requests.next()
             except ValueError as e:
                 write_line({"error": str(e), "fatal": True})
                 return
@@ -821,4 +920,18 @@ class Monitor:
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--zygote"]:
+        zygote_main(*(int(fd) for fd in sys.argv[2:5]))
+    # The monitor's own modules (module globals, as if imported above).
+    import base64
+    import ctypes
+    import json
+    import select
+    import shutil
+    import socket
+    import stat
+    import time
+    import traceback
+
+    libc = ctypes.CDLL(None, use_errno=True)
     Monitor().serve()
