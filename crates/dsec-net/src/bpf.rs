@@ -88,6 +88,9 @@ pub struct Programs {
     sandboxes: BpfHashMap<MapData, u64, SandboxVal>,
     denials: Option<RingBuf<MapData>>,
     pin_dir: PathBuf,
+    /// This process mounted the bpf filesystem (the host had none): it
+    /// takes it away again in `unpin` when nothing is left pinned there.
+    mounted_bpffs: bool,
 }
 
 fn key(cgid: u64, addr: Ipv4Addr, len: u8) -> Key<[u8; 12]> {
@@ -105,7 +108,7 @@ impl Programs {
     /// Loads the programs, reusing the maps pinned in `pin_dir` (a
     /// directory on a bpf filesystem; made if missing) or pinning new ones.
     pub fn load(pin_dir: &Path) -> Result<Programs, BpfError> {
-        ensure_bpffs(pin_dir)?;
+        let mounted_bpffs = ensure_bpffs(pin_dir)?;
         let mut ebpf = EbpfLoader::new().map_pin_path(pin_dir).load(OBJECT).map_err(|e| BpfError::Load(e.to_string()))?;
         let mut prog_fds = Vec::new();
         for (name, attach_type) in PROGRAMS {
@@ -125,7 +128,7 @@ impl Programs {
         let rules = LpmTrie::try_from(take(&mut ebpf, "rules")?).map_err(|e| BpfError::Map("rules", e.to_string()))?;
         let sandboxes = BpfHashMap::try_from(take(&mut ebpf, "sandboxes")?).map_err(|e| BpfError::Map("sandboxes", e.to_string()))?;
         let denials = RingBuf::try_from(take(&mut ebpf, "denials")?).map_err(|e| BpfError::Map("denials", e.to_string()))?;
-        Ok(Programs { _ebpf: ebpf, prog_fds, rules, sandboxes, denials: Some(denials), pin_dir: pin_dir.to_path_buf() })
+        Ok(Programs { _ebpf: ebpf, prog_fds, rules, sandboxes, denials: Some(denials), pin_dir: pin_dir.to_path_buf(), mounted_bpffs })
     }
 
     /// The ring of denials, for the one task that reads it.
@@ -192,6 +195,16 @@ impl Programs {
         if let Some(up) = self.pin_dir.parent() {
             let _ = std::fs::remove_dir(up); // only if no other node's
         }
+        let root = Path::new(BPFFS_ROOT);
+        // A fresh bpf filesystem holds the kernel's own preloaded iterators
+        // (`maps.debug`, `progs.debug`): those are not anybody's pins.
+        let preloaded = |e: &std::fs::DirEntry| matches!(e.file_name().to_str(), Some("maps.debug" | "progs.debug"));
+        let empty = std::fs::read_dir(root).map(|d| d.flatten().all(|e| preloaded(&e))).unwrap_or(false);
+        if self.mounted_bpffs && empty {
+            // SAFETY: a constant NUL-terminated path; MNT_DETACH, so a
+            // reader still inside it (nobody, normally) does not fail us.
+            unsafe { libc::umount2(c"/sys/fs/bpf".as_ptr(), libc::MNT_DETACH) };
+        }
     }
 }
 
@@ -234,11 +247,13 @@ fn prog_attach(prog: BorrowedFd<'_>, cgroup: BorrowedFd<'_>, attach_type: u32) -
     Ok(())
 }
 
+const BPFFS_ROOT: &str = "/sys/fs/bpf";
+
 /// Mounts a bpf filesystem at /sys/fs/bpf if none is there (systemd
-/// usually has), and makes `dir` below it.
-fn ensure_bpffs(dir: &Path) -> Result<(), BpfError> {
+/// usually has), and makes `dir` below it. True if it mounted one.
+fn ensure_bpffs(dir: &Path) -> Result<bool, BpfError> {
     const BPF_FS_MAGIC: i64 = 0xcafe4a11;
-    let root = Path::new("/sys/fs/bpf");
+    let root = Path::new(BPFFS_ROOT);
     let is_bpffs = |p: &Path| -> bool {
         let Ok(c) = std::ffi::CString::new(p.as_os_str().as_encoded_bytes()) else { return false };
         // SAFETY: statfs into a zeroed local struct.
@@ -246,7 +261,8 @@ fn ensure_bpffs(dir: &Path) -> Result<(), BpfError> {
         // SAFETY: valid path pointer and struct.
         unsafe { libc::statfs(c.as_ptr(), &mut st) == 0 && st.f_type as i64 == BPF_FS_MAGIC }
     };
-    if !is_bpffs(root) {
+    let mounted = !is_bpffs(root);
+    if mounted {
         let _ = std::fs::create_dir_all(root);
         // SAFETY: constant NUL-terminated strings.
         let r = unsafe { libc::mount(c"bpf".as_ptr(), c"/sys/fs/bpf".as_ptr(), c"bpf".as_ptr(), 0, c"mode=0700".as_ptr().cast()) };
@@ -255,7 +271,7 @@ fn ensure_bpffs(dir: &Path) -> Result<(), BpfError> {
         }
     }
     std::fs::create_dir_all(dir).map_err(|e| BpfError::Load(format!("{}: {e}", dir.display())))?;
-    Ok(())
+    Ok(mounted)
 }
 
 #[cfg(test)]

@@ -234,12 +234,17 @@ def net_server(mirrors: str, dns_upstream: socketserver.UDPServer) -> Iterator[t
     subnet = f"10.{random.randrange(200, 250)}.0.0/16"
     cfg_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-"))
     cfg = write_config(cfg_dir, subnet, dns_upstream)
+    bpffs_before = _bpffs_mounted()
     gen = serve_dsec(["--no-fncall", "--network-config", str(cfg)], node=node)
     try:
         yield next(gen), node, subnet
     finally:
         gen.close()
         shutil.rmtree(cfg_dir, ignore_errors=True)
+    # The bpf filesystem this edge mounted goes with it, once nothing of
+    # any edge is pinned there.
+    if not bpffs_before and not Path("/sys/fs/bpf/dsec").exists():
+        assert not _bpffs_mounted(), "the edge left the bpf filesystem it mounted"
     # After the edge is gone: no veth of its node, no resolver address, no
     # pinned maps, no cgroup2 directory, no eBPF program of ours loaded.
     prefix = "dsv" + node_tag(node)
