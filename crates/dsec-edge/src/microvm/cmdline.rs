@@ -176,10 +176,14 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
     push(&["-nodefaults", "-no-user-config", "-display", "none", "-no-reboot"]);
     // QEMU itself may not spawn, escalate or change resource limits.
     push(&["-sandbox", "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"]);
-    let mut append = kernel_cmdline(l.accel, l.tsc_khz, l.extra_append);
-    if l.free_page_reporting {
-        append.push_str(&format!(" page_reporting.page_reporting_order={PAGE_REPORTING_ORDER}"));
-    }
+    // The reporting order goes before the extra words (the probe's marker
+    // stays last).
+    let extra = match (l.free_page_reporting, l.extra_append) {
+        (false, extra) => extra.to_string(),
+        (true, "") => format!("page_reporting.page_reporting_order={PAGE_REPORTING_ORDER}"),
+        (true, extra) => format!("page_reporting.page_reporting_order={PAGE_REPORTING_ORDER} {extra}"),
+    };
+    let append = kernel_cmdline(l.accel, l.tsc_khz, &extra);
     push(&["-kernel", &path(l.kernel), "-initrd", &path(l.initramfs), "-append", &append]);
     let console = format!("file,id=con,path={}", path(&l.files.console_log()));
     push(&["-chardev", &console, "-serial", "chardev:con"]);
