@@ -66,7 +66,8 @@ def plain_qemu_ms(kernel: str, initramfs: str) -> float:
     with tempfile.TemporaryDirectory() as d:
         console = Path(d) / "console.log"
         cmd = ["qemu-system-x86_64", "-M", "microvm,x-option-roms=off,isa-serial=on",
-               "-accel", "tcg,tb-size=64", "-m", "256M", "-smp", "1", "-nodefaults",
+               "-accel", "tcg,tb-size=16",  # the edge's default (--vm-tb-size-mb)
+               "-m", "256M", "-smp", "1", "-nodefaults",
                "-no-user-config", "-display", "none", "-no-reboot",
                "-kernel", kernel, "-initrd", initramfs, "-append", append,
                "-chardev", f"file,id=con,path={console}", "-serial", "chardev:con"]
@@ -92,7 +93,7 @@ async def boot(a: argparse.Namespace) -> None:
     Path(a.out).write_text(json.dumps({"kind": "boot", "ms": out}))
 
 
-def qemu_pss_kb(sandbox_id: str) -> int:
+def qemu_pid(sandbox_id: str) -> str:
     for pid in os.listdir("/proc"):
         if not pid.isdigit():
             continue
@@ -101,10 +102,42 @@ def qemu_pss_kb(sandbox_id: str) -> int:
         except OSError:
             continue
         if b"qemu-system" in cmdline and f"/{sandbox_id}/".encode() in cmdline:
-            for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-                if line.startswith("Pss:"):
-                    return int(line.split()[1])
+            return pid
     raise SystemExit(f"no QEMU found for {sandbox_id}")
+
+
+def qemu_pss_kb(sandbox_id: str) -> int:
+    for line in Path(f"/proc/{qemu_pid(sandbox_id)}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Pss:"):
+            return int(line.split()[1])
+    raise SystemExit(f"no Pss in the smaps of {sandbox_id}'s QEMU")
+
+
+def pss_breakdown_kb(sandbox_id: str, guest_mb: int) -> dict[str, int]:
+    """PSS of one VM's QEMU by kind of mapping (from /proc/PID/smaps):
+    guest RAM (the RAM file, or the anonymous mapping of at least the
+    guest's size), the TCG translation cache (the anonymous rwx mapping),
+    QEMU's own files (binary, libraries, kernel/initramfs mappings: shared
+    between VMs, so PSS splits them) and the rest of its anonymous memory
+    (heap, the kernel image it keeps for fw_cfg, device state)."""
+    out = {"guest_ram": 0, "tcg_cache": 0, "qemu_files": 0, "qemu_anon": 0}
+    kind = "qemu_anon"
+    for line in Path(f"/proc/{qemu_pid(sandbox_id)}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
+            lo, hi = (int(x, 16) for x in head[0].split("-"))
+            path = head[5] if len(head) > 5 else ""
+            if path.endswith(".ram") or (not path and hi - lo >= guest_mb * MIB):
+                kind = "guest_ram"
+            elif not path and head[1] == "rwxp":
+                kind = "tcg_cache"
+            elif path.startswith("/"):
+                kind = "qemu_files"
+            else:
+                kind = "qemu_anon"
+        elif head[0] == "Pss:":
+            out[kind] += int(head[1])
+    return out
 
 
 async def idle(a: argparse.Namespace) -> None:
@@ -115,10 +148,13 @@ async def idle(a: argparse.Namespace) -> None:
                 assert (await sb.run_shell("echo up")).stdout == "up\n"
             await asyncio.sleep(a.settle)
             pss = [qemu_pss_kb(sb.id) / 1024 for sb in sbs]
+            parts = [pss_breakdown_kb(sb.id, 128) for sb in sbs]
         finally:
             for sb in sbs:
                 await sb.delete()
-    Path(a.out).write_text(json.dumps({"kind": "idle", "label": a.label, "guest_mb": 128, "pss_mb": pss}))
+    breakdown = {k: statistics.median(p[k] / 1024 for p in parts) for k in parts[0]}
+    Path(a.out).write_text(json.dumps({"kind": "idle", "label": a.label, "guest_mb": 128, "pss_mb": pss,
+                                       "breakdown_median_mb": breakdown}))
 
 
 def report(files: list[str]) -> None:
@@ -136,6 +172,8 @@ def report(files: list[str]) -> None:
             p = d["pss_mb"]
             print(f"idle microVM host PSS at {d['guest_mb']} MiB guest RAM, {d['label']}, {len(p)} VMs: "
                   f"median {statistics.median(p):.0f} MB (min {min(p):.0f}, max {max(p):.0f})")
+            if "breakdown_median_mb" in d:
+                print("  of which (medians, MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in d["breakdown_median_mb"].items()))
 
 
 def main() -> None:

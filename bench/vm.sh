@@ -29,7 +29,8 @@ if [ "$REPS" -gt 0 ]; then
 fi
 if [ "$LAYER_VMS" -gt 0 ]; then
     for bus in pmem blk; do
-        bench_start_dsec --vm-images-dir "$VM_IMAGES" --vm-layers "$bus"
+        # Booting many VMs at once under TCG takes minutes: a longer timeout.
+        bench_start_dsec --vm-images-dir "$VM_IMAGES" --vm-layers "$bus" --full-vm-boot-timeout-s 900
         bench_log "2. $LAYER_VMS VMs reading one layer by $bus"
         $GEN layers --n "$LAYER_VMS" --label "$bus" --out "$RESULTS/vm_layers_$bus.json"
         bench_stop_dsec >/dev/null

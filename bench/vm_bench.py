@@ -101,15 +101,19 @@ def cgroup_bytes(sandbox_id: str) -> int:
 
 
 async def layers(a: argparse.Namespace) -> None:
-    # Start from a cold page cache for the layer files, so both runs count
-    # the same reads.
-    subprocess.run(["sync"], check=True)
-    Path("/proc/sys/vm/drop_caches").write_text("1")
     async with client() as c:
         run = DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=a.memory_mb, cpu_cores_limit=1,
                           toolkits=[a.toolkit], labels={"suite": "bench-vm"})
-        sbs = await asyncio.gather(*[c.run(run, timeout=900) for _ in range(a.n)])
+        # One at a time: N guests booting at once under TCG starve each
+        # other's udev past the agent's wait for its pmem devices.
+        sbs = [await c.run(run, timeout=900) for _ in range(a.n)]
         try:
+            # A cold page cache for the layer files, dropped once the VMs
+            # exist: the edge writes the pmem copy of a layer while creating
+            # the first VM, and that page cache would be charged to the
+            # edge, not to the VM whose reads bring it in.
+            subprocess.run(["sync"], check=True)
+            Path("/proc/sys/vm/drop_caches").write_text("1")
             base = [cgroup_bytes(sb.id) for sb in sbs]
             reads = await asyncio.gather(*[sb.run_shell(
                 "mount | grep -c /opt/dsec/layers/0; tar cf - /opt/dsec/layers/0 2>/dev/null | wc -c", timeout=900)

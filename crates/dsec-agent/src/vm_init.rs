@@ -50,6 +50,7 @@ pub fn boot() -> std::result::Result<(), String> {
             .map_err(|e| format!("mount {}: {e}", dir.to_string_lossy()))?;
     }
     load_modules()?;
+    apply_page_reporting_order();
     if probe_requested() {
         // The edge's accelerator probe: reaching here proves the kernel
         // runs; say so on the console and end the VM (-no-reboot turns
@@ -105,6 +106,33 @@ fn load_modules() -> std::result::Result<(), String> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
+}
+
+/// The kernel parameter that sets the smallest free block (as a buddy
+/// order) the guest reports to the host through the balloon.
+const REPORTING_ORDER_PARAM: &str = "page_reporting.page_reporting_order";
+const REPORTING_ORDER_SYSFS: &str = "/sys/module/page_reporting/parameters/page_reporting_order";
+
+/// Re-applies `page_reporting.page_reporting_order=N` from the kernel
+/// command line once the balloon driver has registered. Linux 6.1 (the
+/// guest kernel of Debian 12) overwrites the boot parameter with
+/// pageblock_order (2 MiB blocks) when the driver registers, and at that
+/// order a zone reports nothing until it has 32 blocks (64 MiB) free above
+/// its low watermark: a small guest never gives a page back. Written after
+/// the driver loaded, the parameter means what it says on every kernel.
+/// Best effort: a guest that cannot report still runs.
+fn apply_page_reporting_order() {
+    let Ok(cmdline) = std::fs::read_to_string("/proc/cmdline") else { return };
+    let Some(order) = cmdline_value(&cmdline, REPORTING_ORDER_PARAM) else { return };
+    if let Err(e) = std::fs::write(REPORTING_ORDER_SYSFS, order) {
+        eprintln!("dsec-agent: setting the page reporting order to {order}: {e}");
+    }
+}
+
+/// The value of the last `name=value` word of a kernel command line (the
+/// kernel, too, lets a later word win).
+fn cmdline_value<'a>(cmdline: &'a str, name: &str) -> Option<&'a str> {
+    cmdline.split_whitespace().filter_map(|w| w.strip_prefix(name)?.strip_prefix('=')).last()
 }
 
 /// Waits for the port named [`PORT_NAME`] and opens it.
@@ -244,4 +272,17 @@ pub async fn next_channel(port: &OwnedFd) -> std::io::Result<OwnedFd> {
     }
     // SAFETY: just created, owned by nobody else.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_last_word_of_a_kernel_parameter_wins() {
+        let line = "quiet page_reporting.page_reporting_order=9 rdinit=/init page_reporting.page_reporting_order=5\n";
+        assert_eq!(cmdline_value(line, REPORTING_ORDER_PARAM), Some("5"));
+        assert_eq!(cmdline_value("quiet page_reporting.page_reporting_order_x=1", REPORTING_ORDER_PARAM), None);
+        assert_eq!(cmdline_value("", REPORTING_ORDER_PARAM), None);
+    }
 }

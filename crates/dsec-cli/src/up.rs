@@ -141,7 +141,7 @@ pub struct EdgeArgs {
     pub vm_ram_file: bool,
     /// TCG translation cache per microVM, MiB (each VM's QEMU keeps up to
     /// this much translated code resident; unused under KVM).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = dsec_edge::microvm::cmdline::DEFAULT_TB_SIZE_MB)]
     pub vm_tb_size_mb: u32,
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]

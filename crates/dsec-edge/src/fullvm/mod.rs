@@ -126,10 +126,16 @@ impl FullVmBackend {
         }
         let mut plan = RootfsPlan::default();
         for toolkit in spec.toolkits.iter().rev() {
-            plan.layer_files.extend(rootfs.plan(toolkit, None, &[])?.layer_files);
+            let toolkit = rootfs.plan(toolkit, None, &[])?;
+            plan.layer_files.extend(toolkit.layer_files);
+            plan.lower_dirs.extend(toolkit.lower_dirs);
         }
         if self.cfg.layer_bus == LayerBus::Pmem {
-            plan.layer_files = plan.layer_files.iter().map(|f| pmem::aligned(&self.pmem_dir, f)).collect::<Result<_, _>>()?;
+            if plan.lower_dirs.len() != plan.layer_files.len() {
+                return Err(EdgeError::Internal("the toolkit layers are not all mounted on the host".into()));
+            }
+            let (dir, mounts) = (&self.pmem_dir, &plan.lower_dirs);
+            plan.layer_files = plan.layer_files.iter().zip(mounts).map(|(f, m)| pmem::dax_copy(dir, f, m)).collect::<Result<_, _>>()?;
         }
         Ok(plan)
     }

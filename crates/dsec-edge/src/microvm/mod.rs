@@ -76,7 +76,7 @@ impl VmConfig {
             run_root: "/run/dsec/vm".into(),
             free_page_reporting: true,
             ram_file: true,
-            tb_size_mb: 64,
+            tb_size_mb: cmdline::DEFAULT_TB_SIZE_MB,
         }
     }
 }

@@ -14,6 +14,7 @@ use crate::reference::Reference;
 use crate::store::{ImageError, ImageStore, ResolvedImage, StoredLayer};
 
 mod busybox;
+mod dax;
 mod debootstrap;
 mod dir;
 mod mkfs;
@@ -22,6 +23,7 @@ pub(crate) mod tool;
 mod users;
 
 pub use busybox::{build_layer_busybox, BusyboxRecipe};
+pub use dax::build_dax_image;
 pub use debootstrap::{build_layer_debootstrap, DebootstrapRecipe, DEFAULT_MIRROR};
 pub(crate) use debootstrap::debootstrap_tree;
 pub use dir::build_layer_from_dir;

@@ -63,6 +63,11 @@ async def test_commands_run_in_the_guest_kernel(client: DSecClient, vm_id: str) 
     # The guest sees about the RAM it was given (minus the kernel's share).
     assert 150 * 1024 < int(mem_kb) <= 256 * 1024
     assert r.stderr == "err\n" and r.exit_code == 3
+    # Free page reporting in 128 KiB blocks (the agent re-applied the
+    # edge's order after the balloon driver reset it to 2 MiB blocks, at
+    # which a small guest never reports).
+    r = await sb.run_shell("cat /sys/module/page_reporting/parameters/page_reporting_order")
+    assert r.stdout.strip() == "5", r
 
 
 async def test_files_go_in_and_out(client: DSecClient, vm_id: str) -> None:
