@@ -273,34 +273,6 @@ pub async fn pause(a: PauseArgs) -> anyhow::Result<u8> {
     .await
 }
 
-#[derive(clap::Args)]
-pub struct SnapshotArgs {
-    /// The microVM.
-    pub id: String,
-    /// The snapshot's name.
-    pub name: String,
-    /// A retry with the same key returns the first snapshot.
-    #[arg(long)]
-    pub idempotency_key: Option<String>,
-    #[command(flatten)]
-    pub conn: ConnectArgs,
-}
-
-pub async fn snapshot(a: SnapshotArgs) -> anyhow::Result<u8> {
-    let client = a.conn.client()?;
-    let s = client.snapshot(&a.id, &a.name, a.idempotency_key.as_deref()).await?;
-    println!(
-        "{} {} from {} ({:.1} MiB, vCPUs stopped {:.1} ms){}",
-        s.name,
-        s.id,
-        s.source,
-        s.bytes as f64 / (1u64 << 20) as f64,
-        s.frozen_ms,
-        if s.created { "" } else { " (existing, same idempotency key)" }
-    );
-    Ok(0)
-}
-
 pub async fn resume(a: IdsArgs) -> anyhow::Result<u8> {
     each_id(a, |c, id| async move {
         c.resume(&id).await.map(|r| {

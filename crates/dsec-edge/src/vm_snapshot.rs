@@ -165,6 +165,50 @@ impl Edge {
         vm.snapshots.list().into_iter().filter(|m| caller.may_see(&m.tenant)).collect()
     }
 
+    /// Deletes `caller`'s snapshot `name`, refused (`SnapshotInUse`) while
+    /// a snapshot chains onto it or a sandbox that is not yet stopped
+    /// started from it: its layer backs their disks. (Docker's `rmi` has
+    /// the same rule for images with children or containers.) Stopped
+    /// sandboxes' disks are gone, so they do not hold it.
+    pub fn delete_snapshot(&self, caller: &Caller, name: &str) -> Result<SnapshotMeta, EdgeError> {
+        let vm = self.vm_backend()?;
+        let snap = vm.snapshots.find(&caller.tenant, name).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
+        let _guard = vm.snapshots.guard();
+        let children: Vec<String> = vm.snapshots.children(&snap.id).into_iter().map(|m| m.name).collect();
+        if !children.is_empty() {
+            return Err(EdgeError::SnapshotInUse(format!(
+                "snapshot {name:?} has snapshots chained onto it ({}): delete them first",
+                children.join(", ")
+            )));
+        }
+        let mut users: Vec<String> = self
+            .inner
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|e| e.record())
+            .filter(|r| r.spec.snapshot.as_deref() == Some(snap.id.as_str()) && !r.state.is_terminal())
+            .map(|r| r.id)
+            .collect();
+        // Whatever disk still backs onto it (a sandbox whose files outlive
+        // its record's state, e.g. one being cleaned up).
+        users.extend(crate::microvm::snapshot::disks_backed_by(&[vm.disk_dir()], &vm.snapshots.layer(&snap.id)));
+        users.sort();
+        users.dedup();
+        if !users.is_empty() {
+            return Err(EdgeError::SnapshotInUse(format!(
+                "snapshot {name:?} backs the disks of sandboxes {}: stop or delete them first",
+                users.join(", ")
+            )));
+        }
+        vm.snapshots.remove(&snap.id)?;
+        if let Err(e) = self.inner.journal.forget_target(SCOPE_SNAPSHOT, &snap.id) {
+            tracing::warn!(snapshot = %snap.id, error = %e, "dropping the idempotency keys of a deleted snapshot");
+        }
+        Ok(snap)
+    }
+
     /// A creation from a snapshot: the request takes the snapshot's image
     /// stack and disk size; returns the snapshot's id for the spec.
     pub(crate) fn apply_snapshot(&self, caller: &Caller, req: &mut SandboxRequest) -> Result<Option<String>, EdgeError> {

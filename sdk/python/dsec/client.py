@@ -265,6 +265,15 @@ class DSecClient:
         d = await self._transport.request("GET", self._transport.url("/v1/snapshots"))
         return [SnapshotInfo.from_json(s) for s in d.get("snapshots", ())]
 
+    async def delete_snapshot(self, name: str) -> None:
+        """Delete your snapshot ``name``. Raises :class:`SnapshotInUse`
+        while a snapshot chains onto it or a sandbox started from it is not
+        yet stopped (its layer backs their disks): delete those first, as
+        with an image that has children or containers. A snapshot
+        :meth:`fork` made for a sandbox source is yours to delete too."""
+        await self._transport.request(
+            "DELETE", self._transport.url(f"/v1/snapshots/{Transport.quote(name)}"))
+
     @staticmethod
     def _fork_args(source: Sandbox | SnapshotInfo | str, image: str,
                    args: DSecContainerRunArgs | DSecRunArgs | None) -> DSecRunArgs:

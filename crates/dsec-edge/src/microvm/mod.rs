@@ -150,6 +150,11 @@ impl MicroVmBackend {
         })
     }
 
+    /// Where the VMs' writable disks live.
+    pub(crate) fn disk_dir(&self) -> &Path {
+        &self.disk_dir
+    }
+
     /// The guest RAM file of `id` (when guest RAM is file-backed).
     fn ram_path(&self, id: &str) -> Option<PathBuf> {
         self.ram_file.then(|| self.ram_dir.join(format!("{id}.ram")))
@@ -211,14 +216,13 @@ impl MicroVmBackend {
         let (tdir, disk_mb, f2) = (self.template_dir.clone(), spec.limits.disk_mb.max(16), files.clone());
         // A fork's disk chains onto its snapshot, a fresh one onto the
         // empty template of its size.
-        let from_snapshot = spec.snapshot.as_ref().map(|s| self.snapshots.layer(s));
+        let (snaps, from_snapshot) = (self.snapshots.clone(), spec.snapshot.clone());
         let prepared = tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
             std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
-            let backing = match from_snapshot {
-                Some(layer) => layer,
-                None => disk::template(&tdir, disk_mb)?,
-            };
-            snapshot::create_overlay(&backing, &f2.disk)
+            match from_snapshot {
+                Some(snap) => snaps.chain_onto(&snap, &f2.disk),
+                None => snapshot::create_overlay(&disk::template(&tdir, disk_mb)?, &f2.disk),
+            }
         })
         .await
         .map_err(|e| EdgeError::Internal(e.to_string()))

@@ -3,7 +3,7 @@ QEMU ``microvm`` booting the guest kernel (under TCG where KVM cannot run
 it, about 3 s per boot). Boots are slow, so one busybox microVM is shared by
 the tests of this file in order (exec, files, sessions, a PTY, the disk
 limit, pause and transparent resume, suspend to disk and transparent
-resume, a snapshot of the suspended VM), and the last of them stops it and
+resume, a snapshot of the suspended VM and its deletion), and the last of them stops it and
 checks that nothing of it is left on the host; two more boot as forks of
 the snapshot, one more boots the python image."""
 
@@ -165,7 +165,8 @@ async def test_suspend_ends_qemu_and_a_request_restores_it(server: Server, clien
         await sb.pause(mode="hibernate")
 
 
-async def test_a_snapshot_of_a_suspended_vm_forks_children(client: DSecClient, vm_id: str) -> None:
+async def test_a_snapshot_of_a_suspended_vm_forks_children(server: Server, tenant: Tenant, client: DSecClient,
+                                                           vm_id: str) -> None:
     sb = client.sandbox(vm_id)
     await sb.run_shell("echo from-parent > /root/forked.txt")
     await sb.suspend()
@@ -192,11 +193,46 @@ async def test_a_snapshot_of_a_suspended_vm_forks_children(client: DSecClient, v
         child_snap = await kids[0].snapshot(f"{snap.name}-child")
         assert child_snap.parent == snap.id
         assert any(s.id == child_snap.id for s in await client.snapshots())
+        # Deletion is refused while anything backs onto the layer: first
+        # the chained snapshot, then the live children's disks.
+        with pytest.raises(dsec.SnapshotInUse) as e:
+            await client.delete_snapshot(snap.name)
+        assert e.value.status == 409 and child_snap.name in e.value.message
+        # The CLI lists and deletes too (the child's snapshot is a copy:
+        # nothing backs onto it).
+        listed = _cli(server, tenant, "snapshot", "ls")
+        assert snap.name in listed and child_snap.name in listed, listed
+        assert _cli(server, tenant, "snapshot", "rm", child_snap.name) == f"removed {child_snap.name}\n"
+        with pytest.raises(dsec.SnapshotInUse) as e:
+            await client.delete_snapshot(snap.name)
+        assert all(kid.id in e.value.message for kid in kids), e.value.message
     finally:
         for kid in kids:
             await kid.delete()
+    # Now nothing backs onto it: deleted, files and all; its idempotency
+    # key is free again (a retry makes a new snapshot).
+    await client.delete_snapshot(snap.name)
+    assert not any(s.name in (snap.name, child_snap.name) for s in await client.snapshots())
+    with pytest.raises(dsec.SnapshotNotFound):
+        await client.delete_snapshot(snap.name)
+    left = [p for p in server.data_dir.glob("edge/*/vm/snapshots/*") if snap.id in p.name or child_snap.id in p.name]
+    assert left == [], left
+    again = await sb.snapshot(snap.name, idempotency_key=key)
+    assert again.created and again.id != snap.id
+    await client.delete_snapshot(again.name)
     with pytest.raises(dsec.SnapshotNotFound):
         await client.run(vm_args("busybox", snapshot="no-such-snapshot"))
+
+
+def _cli(server: Server, tenant: Tenant, *args: str) -> str:
+    """Runs the dsec CLI as `tenant` against the server; its stdout."""
+    import subprocess
+    from .conftest import REPO
+    binary = os.environ.get("DSEC_BIN") or str(REPO / "target" / "release" / "dsec")
+    env = {**os.environ, "DSEC_ENDPOINT": server.url, "DSEC_TOKEN": tenant.token}
+    r = subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
 
 
 def _host_traces(sid: str) -> list[str]:
