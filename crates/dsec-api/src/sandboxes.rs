@@ -77,9 +77,9 @@ pub struct CreateSandboxRequest {
     /// The training job this sandbox belongs to.
     #[serde(default)]
     pub job: Option<String>,
-    /// Start a microVM (`backend: "microvm"`) from this snapshot of the
-    /// caller's (`POST /v1/sandboxes/{id}/snapshot`): its writable disk
-    /// chains onto the snapshot's; image, layers and disk size are the
+    /// Start a VM from this snapshot of the caller's (`POST
+    /// /v1/sandboxes/{id}/snapshot`): its disk chains onto the snapshot's;
+    /// backend (`microvm` or `vm`), image, layers and disk size are the
     /// snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
@@ -93,7 +93,7 @@ pub struct SnapshotRequest {
     pub name: String,
 }
 
-/// A microVM disk snapshot.
+/// A VM disk snapshot (a microVM's writable disk, or a full VM's disk).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Snapshot {
     pub name: String,
@@ -104,8 +104,12 @@ pub struct Snapshot {
     pub workspace: Option<String>,
     pub toolkits: Vec<String>,
     pub disk_limit_mb: u64,
-    /// The snapshot this one chains onto (`None`: the empty disk).
+    /// The snapshot this one chains onto (`None`: the empty disk, or a
+    /// full VM's base image).
     pub parent: Option<String>,
+    /// What sandboxes started from it are (`microvm` or `vm`).
+    #[serde(default = "microvm_backend")]
+    pub backend: Backend,
     /// Bytes its own layer occupies on disk (what the source changed).
     pub bytes: u64,
     /// RFC 3339.
@@ -116,6 +120,10 @@ pub struct Snapshot {
     /// How long the source's vCPUs were stopped for the copy.
     #[serde(default)]
     pub frozen_ms: f64,
+}
+
+fn microvm_backend() -> Backend {
+    Backend::Microvm
 }
 
 /// `GET /v1/snapshots`.

@@ -33,10 +33,10 @@ pub struct RunArgs {
     /// The training job the sandbox belongs to (for `dsec job pause|resume`).
     #[arg(long)]
     pub job: Option<String>,
-    /// `container` or `microvm`.
+    /// `container`, `microvm` or `vm`.
     #[arg(long, default_value = "container")]
     pub backend: String,
-    /// Start a microVM from this snapshot (`dsec snapshot`).
+    /// Start a VM from this snapshot (`dsec snapshot`; its backend).
     #[arg(long)]
     pub snapshot: Option<String>,
     /// Keep the sandbox after CMD finishes.
@@ -60,9 +60,15 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
     let client = a.conn.client()?;
     let backend = match (a.backend.as_str(), &a.snapshot) {
-        (_, Some(_)) | ("microvm", _) => api::Backend::Microvm,
+        // A sandbox started from a snapshot is of the snapshot's backend.
+        (_, Some(name)) => {
+            let snaps = client.snapshots().await?.snapshots;
+            snaps.into_iter().find(|s| &s.name == name).map_or(api::Backend::Microvm, |s| s.backend)
+        }
+        ("microvm", _) => api::Backend::Microvm,
+        ("vm", _) => api::Backend::Vm,
         ("container", _) => api::Backend::Container,
-        (other, _) => anyhow::bail!("--backend must be container or microvm, not {other:?}"),
+        (other, _) => anyhow::bail!("--backend must be container, microvm or vm, not {other:?}"),
     };
     let req = api::CreateSandboxRequest {
         backend,

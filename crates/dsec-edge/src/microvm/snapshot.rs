@@ -35,6 +35,12 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EdgeError;
+use crate::model::BackendKind;
+
+/// Snapshots written before full VMs had them are microVMs'.
+fn microvm_kind() -> BackendKind {
+    BackendKind::Microvm
+}
 
 /// What a snapshot records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -51,8 +57,14 @@ pub struct SnapshotMeta {
     pub toolkits: Vec<String>,
     /// Size of the disk (the ext4 filesystem inside).
     pub disk_mb: u64,
-    /// The snapshot it chains onto (`None`: the empty template).
+    /// The snapshot it chains onto (`None`: the empty template, or a
+    /// full VM's base image).
     pub parent: Option<String>,
+    /// What sandboxes started from it are: a microVM (the disk is its
+    /// writable layer) or a full VM (the disk is its whole disk, over the
+    /// image's base disk).
+    #[serde(default = "microvm_kind")]
+    pub backend: BackendKind,
     pub created_at_ms: u64,
     /// Bytes its own layer occupies on disk.
     pub bytes: u64,
@@ -130,6 +142,13 @@ impl SnapshotDir {
     /// The disk layer of snapshot `id`.
     pub fn layer(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.qcow2"))
+    }
+
+    /// The snapshot whose layer `path` is (`None`: not a snapshot's, e.g.
+    /// an empty template or a VM image's base disk).
+    pub fn id_of_layer(&self, path: &Path) -> Option<String> {
+        let id = path.strip_prefix(&self.dir).ok()?.to_str()?.strip_suffix(".qcow2")?;
+        self.meta_path(id).is_file().then(|| id.to_string())
     }
 
     fn meta_path(&self, id: &str) -> PathBuf {
@@ -290,6 +309,7 @@ mod tests {
             toolkits: vec![],
             disk_mb: 64,
             parent: None,
+            backend: BackendKind::Microvm,
             created_at_ms: 1,
             bytes: 0,
         };
@@ -321,6 +341,7 @@ mod tests {
             toolkits: vec![],
             disk_mb: 16,
             parent: parent.map(Into::into),
+            backend: BackendKind::Microvm,
             created_at_ms: 1,
             bytes: 0,
         };
@@ -335,6 +356,8 @@ mod tests {
         create_overlay(&template, &disks.join("n.other.qcow2")).unwrap();
         assert_eq!(disks_backed_by(&[&disks], &snaps.layer("snap-b")), ["n.kid"]);
         assert!(disks_backed_by(&[&disks], &snaps.layer("snap-a")).is_empty());
+        assert_eq!(snaps.id_of_layer(&snaps.layer("snap-a")).as_deref(), Some("snap-a"));
+        assert_eq!(snaps.id_of_layer(&template), None);
         snaps.remove("snap-b").unwrap();
         assert!(snaps.get("snap-b").is_none() && !snaps.layer("snap-b").exists());
         snaps.remove("snap-b").unwrap();

@@ -5,7 +5,8 @@ the tests of this file in order (exec, files, sessions, a PTY, the disk
 limit, pause and transparent resume, suspend to disk and transparent
 resume, a snapshot of the suspended VM and its deletion), and the last of them stops it and
 checks that nothing of it is left on the host; two more boot as forks of
-the snapshot, one more boots the python image."""
+the snapshot, one more boots the python image, and one more is suspended
+under a platform of its own that is killed and started again."""
 
 from __future__ import annotations
 
@@ -284,3 +285,45 @@ async def test_a_microvm_too_small_for_its_kernel_is_refused(client: DSecClient)
     with pytest.raises(dsec.DSecError) as e:
         await client.run(vm_args("busybox", memory_limit_mb=32))
     assert e.value.status == 400 and "at least" in e.value.message
+
+
+async def test_a_suspended_microvm_survives_an_edge_crash() -> None:
+    """A platform of its own (the session's must not be killed): a microVM
+    is suspended, the edge is SIGKILLed, `dsec up` starts again on the
+    same data directory, and the next request restores the VM."""
+    import shutil
+    import signal
+    import tempfile
+    import uuid
+
+    from .conftest import _create_tenant, serve_dsec
+    data_dir = Path(tempfile.mkdtemp(prefix="dsec-e2e-vmcrash-"))
+    node = f"e2e-vmcrash-{uuid.uuid4().hex[:6]}"
+    try:
+        first = serve_dsec(["--no-fncall"], data_dir=data_dir, node=node, stop_sandboxes_on_exit=False)
+        srv = next(first)
+        token = _create_tenant(srv, "vmcrash").token
+        async with DSecClient(srv.url, token) as c:
+            sb = await c.run(vm_args("busybox"), timeout=120)
+            await sb.run_shell("echo before-crash > /root/kept; sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
+            assert (await sb.suspend()).suspended
+        os.kill(srv.pid, signal.SIGKILL)
+        first.close()
+        assert _qemu_of(sb.id) == [], "a suspended microVM has no QEMU"
+
+        second = serve_dsec(["--no-fncall"], data_dir=data_dir, node=node)
+        srv = next(second)
+        try:
+            async with DSecClient(srv.url, token) as c:
+                s = await c.connect(sb.id)
+                info = await s.refresh()
+                assert info.state == "paused" and info.suspended, info
+                r = await s.run_shell("cat /root/kept; kill -0 $(cat /tmp/sleeper) && echo alive")
+                assert r.stdout == "before-crash\nalive\n", r
+                assert len(_qemu_of(sb.id)) == 1 and (await s.refresh()).state == "running"
+                await s.delete()
+            assert _host_traces(sb.id) == []
+        finally:
+            second.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)
