@@ -121,9 +121,13 @@ async def suspend(a: argparse.Namespace) -> None:
     Path(a.out).write_text(json.dumps({"kind": "suspend", "ms": out}))
 
 
-def report_suspend(f: str) -> None:
+def _medians(f: str) -> tuple[dict[str, list[float]], dict[str, float]]:
     ms = json.loads(Path(f).read_text())["ms"]
-    med = {k: statistics.median(v) for k, v in ms.items()}
+    return ms, {k: statistics.median(v) for k, v in ms.items()}
+
+
+def report_suspend(f: str) -> None:
+    ms, med = _medians(f)
     print(f"full VM (q35, SeaBIOS, debian-vm, 512 MiB, TCG), {len(ms['restore'])} suspend/restore rounds, medians:")
     print(f"  cold boot to first exec   {med['cold_boot']:8.0f} ms (one boot)")
     print(f"  suspend to disk           {med['suspend']:8.0f} ms   image {med['image_mib']:.0f} MiB")
@@ -182,8 +186,7 @@ def report_layers(files: list[str]) -> None:
 
 
 def report(f: str) -> None:
-    ms = json.loads(Path(f).read_text())["ms"]
-    med = {k: statistics.median(v) for k, v in ms.items()}
+    ms, med = _medians(f)
     print(f"full VM (q35, SeaBIOS, debian-vm, TCG), boot to first exec, median of {len(ms['dsec_vm'])}:")
     print(f"  dsec backend=vm        {med['dsec_vm']:8.0f} ms   (min {min(ms['dsec_vm']):.0f}, max {max(ms['dsec_vm']):.0f})")
     print(f"  plain qemu to agent    {med['plain_qemu']:8.0f} ms   (min {min(ms['plain_qemu']):.0f}, max {max(ms['plain_qemu']):.0f})")
