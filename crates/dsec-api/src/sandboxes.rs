@@ -47,7 +47,8 @@ pub struct CreateSandboxRequest {
     pub memory_limit_mb: Option<u64>,
     #[serde(default)]
     pub cpu_cores_limit: Option<f64>,
-    /// Size of the writable layer.
+    /// Size of the writable layer (a full VM: of its whole disk, by
+    /// default and at least its image's).
     #[serde(default)]
     pub disk_limit_mb: Option<u64>,
     #[serde(default)]

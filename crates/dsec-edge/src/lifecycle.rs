@@ -41,6 +41,11 @@ impl Edge {
         let inner = &self.inner;
         let (mut req, network_rules) = crate::network::take_rules(self, req)?;
         let snapshot = self.apply_snapshot(caller, &mut req)?;
+        // A full VM's disk is by default its image's size (`fullvm::plan`
+        // refuses less).
+        if let (Some(BackendKind::Vm), None, Ok(vm)) = (req.backend, req.disk_mb, &inner.backends.fullvm) {
+            req.disk_mb = vm.image_disk_mb(&req.image).ok();
+        }
         let mut spec = resolve(req, &inner.config.policy)?;
         spec.snapshot = snapshot;
         if let Some(rules) = network_rules {

@@ -160,11 +160,26 @@ impl FullVmBackend {
         dsec_image::vm::base_image::image_path(&self.cfg.images_dir, name).map_err(|e| EdgeError::ImageNotFound(e.to_string()))
     }
 
+    /// The size of image `name`'s disk, MiB (rounded up): a full VM's
+    /// disk is at least that (its filesystems fill it).
+    pub fn image_disk_mb(&self, name: &str) -> Result<u64, EdgeError> {
+        let base = self.base_image(name)?;
+        let bytes = microvm::snapshot::virtual_size(&base)
+            .ok_or_else(|| EdgeError::ImageNotFound(format!("{} is not a qcow2 disk", base.display())))?;
+        Ok(bytes.div_ceil(1 << 20))
+    }
+
     /// A full VM's read-only layers: those of each toolkit image (the
     /// request's `toolkits`, last = topmost), mounted in the guest at
     /// `/opt/dsec/layers/<i>`. The base image is the VM image itself.
     pub fn plan(&self, rootfs: &dyn RootfsProvider, spec: &SandboxSpec) -> Result<RootfsPlan, EdgeError> {
-        self.base_image(&spec.image)?;
+        let image_mb = self.image_disk_mb(&spec.image)?;
+        if spec.limits.disk_mb < image_mb {
+            return Err(EdgeError::InvalidLimits(format!(
+                "a full VM's disk holds its whole image: disk_limit_mb must be at least {image_mb} for {:?} (the default), not {}",
+                spec.image, spec.limits.disk_mb
+            )));
+        }
         if spec.workspace.is_some() {
             return Err(EdgeError::Invalid("a full VM has no workspace layer: give the layers it needs as toolkits".into()));
         }
@@ -198,7 +213,7 @@ impl FullVmBackend {
         // A VM started from a snapshot boots from a disk chained onto it.
         let backing = match &spec.snapshot {
             Some(snap) => Backing::Snapshot(self.snapshots.clone(), snap.clone()),
-            None => Backing::Base(base),
+            None => Backing::Base(base, spec.limits.disk_mb << 20),
         };
         let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, backing, firmware))
             .await
@@ -269,8 +284,8 @@ impl FullVmBackend {
 
 /// What a VM's overlay is made over.
 enum Backing {
-    /// The image's base disk.
-    Base(PathBuf),
+    /// The image's base disk, and the disk size asked for (bytes).
+    Base(PathBuf, u64),
     /// A snapshot (by id) of the node's.
     Snapshot(microvm::snapshot::SnapshotDir, String),
 }
@@ -280,7 +295,11 @@ enum Backing {
 fn prepare_files(files: &VmFiles, backing: Backing, firmware: Firmware) -> Result<(), EdgeError> {
     std::fs::create_dir_all(&files.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", files.run_dir.display())))?;
     match backing {
-        Backing::Base(base) => microvm::snapshot::create_overlay(&base, &files.disk)?,
+        Backing::Base(base, size) => {
+            // Larger than the image only if asked: the guest sees a bigger disk.
+            let grow = microvm::snapshot::virtual_size(&base).is_some_and(|b| size > b);
+            microvm::snapshot::create_overlay_of_size(&base, &files.disk, grow.then_some(size))?
+        }
         Backing::Snapshot(snaps, id) => snaps.chain_onto(&id, &files.disk)?,
     }
     if firmware == Firmware::Ovmf {

@@ -202,10 +202,20 @@ impl SnapshotDir {
 /// Makes `dst`, a qcow2 overlay over `backing` (raw or qcow2, by name),
 /// of the backing file's size.
 pub fn create_overlay(backing: &Path, dst: &Path) -> Result<(), EdgeError> {
-    let out = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", "-F", super::cmdline::disk_format(backing), "-b"])
+    create_overlay_of_size(backing, dst, None)
+}
+
+/// `create_overlay`, with a virtual size of `size` bytes (larger than the
+/// backing file's: the guest sees a bigger disk) when given.
+pub fn create_overlay_of_size(backing: &Path, dst: &Path, size: Option<u64>) -> Result<(), EdgeError> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", "-F", super::cmdline::disk_format(backing), "-b"])
         .arg(backing)
-        .arg(dst)
+        .arg(dst);
+    if let Some(size) = size {
+        cmd.arg(size.to_string());
+    }
+    let out = cmd
         .output()
         .map_err(|e| EdgeError::Internal(format!("running qemu-img (Debian package qemu-utils): {e}")))?;
     if !out.status.success() {
@@ -259,6 +269,15 @@ pub fn disks_backed_by(dirs: &[&Path], layer: &Path) -> Vec<String> {
     out
 }
 
+/// The virtual size (bytes) a qcow2 image's header states (`None`: not a
+/// qcow2 file).
+pub fn virtual_size(image: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut head = [0u8; 32];
+    std::fs::File::open(image).ok()?.read_exact(&mut head).ok()?;
+    (&head[..4] == b"QFI\xfb").then(|| u64::from_be_bytes(head[24..32].try_into().unwrap_or_default()))
+}
+
 /// Snapshot names: what a user types and a path may hold.
 pub fn validate_name(name: &str) -> Result<(), EdgeError> {
     let ok = !name.is_empty()
@@ -289,6 +308,11 @@ mod tests {
         create_overlay(&a, &b).unwrap();
         assert_eq!(backing_file(&b), Some(a.clone()));
         assert_eq!(backing_file(&template), None, "a raw file has no backing");
+        assert_eq!(virtual_size(&b), Some(16 << 20));
+        assert_eq!(virtual_size(&template), None);
+        let big = dir.path().join("big.qcow2");
+        create_overlay_of_size(&a, &big, Some(32 << 20)).unwrap();
+        assert_eq!(virtual_size(&big), Some(32 << 20));
         // Small: an overlay holds only its header and tables.
         assert!(super::super::suspend::allocated(&b) < 1 << 20);
     }

@@ -29,11 +29,13 @@ from .test_microvm import _host_traces, _qemu_of
 pytestmark = pytest.mark.e2e
 
 MEMORY_MB = 512
+#: Larger than debian-vm's disk (4,161 MiB): the guest sees a disk of this size.
+DISK_MB = 4608
 
 
 def vm_args(image: str = "debian-vm", **kw: object) -> DSecRunArgs:
     base: dict[str, object] = dict(backend="vm", image=image, memory_limit_mb=MEMORY_MB,
-                                   cpu_cores_limit=1, ttl_running_stop=900, init_user="root",
+                                   cpu_cores_limit=1, disk_limit_mb=DISK_MB, ttl_running_stop=900, init_user="root",
                                    labels={"suite": "sdk-e2e-vm"})
     base.update(kw)
     return DSecRunArgs(**base)  # type: ignore[arg-type]
@@ -99,6 +101,9 @@ async def test_commands_and_files_run_in_the_guest_os(client: DSecClient, vm_id:
     # A whole OS: its own init, booted from the image's disk.
     assert init == "systemd" and debian.startswith("12")
     assert r.stderr == "err\n" and r.exit_code == 3
+    # disk_limit_mb is the size of the guest's disk (its overlay's).
+    assert info.limits.disk_limit_mb == DISK_MB
+    assert (await sb.run_shell("cat /sys/block/vda/size")).stdout == f"{DISK_MB * 2048}\n"
     blob = os.urandom(2 << 20)
     await sb.write_file("/root/blob.bin", blob)
     assert await sb.read_file("/root/blob.bin") == blob
@@ -167,6 +172,13 @@ async def test_a_missing_vm_image_or_too_little_memory_is_refused(client: DSecCl
     with pytest.raises(dsec.DSecError) as e2:
         await client.run(vm_args(memory_limit_mb=128))
     assert e2.value.status == 400 and "at least" in e2.value.message
+    # A disk smaller than the image's cannot hold it.
+    with pytest.raises(dsec.InvalidLimits) as e3:
+        await client.run(vm_args(disk_limit_mb=1024))
+    with open(_vm_image(), "rb") as f:
+        header = f.read(32)
+    image_mb = -(-struct.unpack(">Q", header[24:32])[0] // (1 << 20))
+    assert e3.value.status == 400 and f"disk_limit_mb must be at least {image_mb}" in e3.value.message
 
 
 async def test_pause_suspend_snapshot_and_fork_of_a_full_vm(server: Server, client: DSecClient,
