@@ -7,13 +7,17 @@
 #   2. host memory of LAYER_VMS full VMs that all read one read-only layer
 #      (the `python` image's, as a toolkit): shared by virtio-pmem with DAX
 #      vs attached as virtio-blk disks
+#   3. one full VM's cold boot vs SUSPEND_REPS rounds of suspend to disk and
+#      restore to first exec
 # Accelerator: TCG where KVM cannot run the guest (the edge's probe).
-# Usage: bench/vm.sh [REPS] [LAYER_VMS]   (REPS 0 skips part 1; ~1.5 min
-# per rep and ~2 min per layer round under TCG)
+# Usage: bench/vm.sh [REPS] [LAYER_VMS] [SUSPEND_REPS]   (0 skips a part;
+# ~1.5 min per rep, ~2 min per layer round, ~1 min + 5 s per suspend rep
+# under TCG)
 # DSEC_VM_IMAGES_DIR: where debian-vm.qcow2 is (default <images>/vm/images).
 source "$(dirname "$0")/lib.sh"
 REPS=${1:-3}
 LAYER_VMS=${2:-4}
+SUSPEND_REPS=${3:-5}
 bench_init vm
 bench_build
 VM_IMAGES=${DSEC_VM_IMAGES_DIR:-$IMAGES_DIR/vm/images}
@@ -36,4 +40,11 @@ if [ "$LAYER_VMS" -gt 0 ]; then
         bench_stop_dsec >/dev/null
     done
     $GEN report "$RESULTS/vm_layers_pmem.json" "$RESULTS/vm_layers_blk.json"
+fi
+if [ "$SUSPEND_REPS" -gt 0 ]; then
+    bench_start_dsec --vm-images-dir "$VM_IMAGES"
+    bench_log "3. cold boot vs $SUSPEND_REPS suspend/restore rounds"
+    $GEN suspend --reps "$SUSPEND_REPS" --out "$RESULTS/vm_suspend.json"
+    bench_stop_dsec >/dev/null
+    $GEN report "$RESULTS/vm_suspend.json"
 fi

@@ -12,6 +12,10 @@
         every file of the layer; then the host memory they hold: the sum of
         their cgroups' memory usage (guest RAM, QEMU, the page cache they
         brought in) and of their QEMUs' PSS
+    vm_bench.py suspend --reps N --out F
+        one `debian-vm` full VM: its cold boot to first exec, then N rounds
+        of suspend to disk (memory and devices, QEMU ends) and restore to
+        first exec (a request to the suspended VM), one after the other
     vm_bench.py report FILE...
 
 The server is the one in DSEC_ENDPOINT / DSEC_TOKEN (bench/lib.sh starts it).
@@ -91,6 +95,46 @@ async def boot(a: argparse.Namespace) -> None:
     Path(a.out).write_text(json.dumps({"kind": "boot", "ms": out}))
 
 
+async def suspend(a: argparse.Namespace) -> None:
+    out: dict[str, list[float]] = {"cold_boot": [], "suspend": [], "restore": [], "image_mib": []}
+    async with client() as c:
+        t0 = time.perf_counter()
+        sb = await c.run(DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=512, cpu_cores_limit=1,
+                                     labels={"suite": "bench-vm"}), timeout=600)
+        assert (await sb.run_shell("echo ready")).stdout == "ready\n"
+        out["cold_boot"].append((time.perf_counter() - t0) * 1000)
+        try:
+            for i in range(a.reps):
+                t0 = time.perf_counter()
+                p = await sb.suspend()
+                out["suspend"].append((time.perf_counter() - t0) * 1000)
+                out["image_mib"].append(p.disk_bytes / (1 << 20))
+                assert p.suspended
+                t0 = time.perf_counter()
+                r = await sb.run_shell("echo ready")
+                out["restore"].append((time.perf_counter() - t0) * 1000)
+                assert r.stdout == "ready\n", r
+                print(f"rep {i + 1}: suspend {out['suspend'][-1]:.0f} ms, restore {out['restore'][-1]:.0f} ms",
+                      file=sys.stderr)
+        finally:
+            await sb.delete()
+    Path(a.out).write_text(json.dumps({"kind": "suspend", "ms": out}))
+
+
+def _medians(f: str) -> tuple[dict[str, list[float]], dict[str, float]]:
+    ms = json.loads(Path(f).read_text())["ms"]
+    return ms, {k: statistics.median(v) for k, v in ms.items()}
+
+
+def report_suspend(f: str) -> None:
+    ms, med = _medians(f)
+    print(f"full VM (q35, SeaBIOS, debian-vm, 512 MiB, TCG), {len(ms['restore'])} suspend/restore rounds, medians:")
+    print(f"  cold boot to first exec   {med['cold_boot']:8.0f} ms (one boot)")
+    print(f"  suspend to disk           {med['suspend']:8.0f} ms   image {med['image_mib']:.0f} MiB")
+    print(f"  restore to first exec     {med['restore']:8.0f} ms   (min {min(ms['restore']):.0f}, max {max(ms['restore']):.0f})")
+    print(f"  cold boot / restore: {med['cold_boot'] / med['restore']:.1f}x")
+
+
 def cgroup_bytes(sandbox_id: str) -> int:
     node = sandbox_id.split(".")[0]
     for f in (f"/sys/fs/cgroup/memory/dsec/{node}/{sandbox_id}/memory.usage_in_bytes",
@@ -146,8 +190,7 @@ def report_layers(files: list[str]) -> None:
 
 
 def report(f: str) -> None:
-    ms = json.loads(Path(f).read_text())["ms"]
-    med = {k: statistics.median(v) for k, v in ms.items()}
+    ms, med = _medians(f)
     print(f"full VM (q35, SeaBIOS, debian-vm, TCG), boot to first exec, median of {len(ms['dsec_vm'])}:")
     print(f"  dsec backend=vm        {med['dsec_vm']:8.0f} ms   (min {min(ms['dsec_vm']):.0f}, max {max(ms['dsec_vm']):.0f})")
     print(f"  plain qemu to agent    {med['plain_qemu']:8.0f} ms   (min {min(ms['plain_qemu']):.0f}, max {max(ms['plain_qemu']):.0f})")
@@ -168,6 +211,9 @@ def main() -> None:
     ly.add_argument("--memory-mb", type=int, default=768)
     ly.add_argument("--settle", type=float, default=5.0)
     ly.add_argument("--out", required=True)
+    su = sub.add_parser("suspend")
+    su.add_argument("--reps", type=int, default=5)
+    su.add_argument("--out", required=True)
     r = sub.add_parser("report")
     r.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -175,8 +221,12 @@ def main() -> None:
         asyncio.run(boot(a))
     elif a.cmd == "layers":
         asyncio.run(layers(a))
+    elif a.cmd == "suspend":
+        asyncio.run(suspend(a))
     elif json.loads(Path(a.files[0]).read_text())["kind"] == "layers":
         report_layers(a.files)
+    elif json.loads(Path(a.files[0]).read_text())["kind"] == "suspend":
+        report_suspend(a.files[0])
     else:
         report(a.files[0])
 

@@ -67,6 +67,7 @@ error_codes! {
     StepInterrupted = ("step_interrupted", 409, "The step with this id was running when the edge lost it; whether it took effect is unknown. Check the sandbox and continue with a new step id."),
     IdempotencyConflict = ("idempotency_conflict", 409, "The idempotency key was already used by this tenant for a different request."),
     NoScreen = ("no_screen", 409, "The sandbox has no screen: screenshots and keyboard and mouse input need a full VM (backend \"vm\")."),
+    SnapshotInUse = ("snapshot_in_use", 409, "The snapshot still backs other disks (a snapshot chained onto it, or a live sandbox started from it): delete those first."),
     PayloadTooLarge = ("payload_too_large", 413, "The upload is larger than the allowed maximum."),
     UnsupportedMediaType = ("unsupported_media_type", 415, "The request body must be JSON (Content-Type: application/json)."),
     RateLimited = ("rate_limited", 429, "Too many requests; retry after the time in the Retry-After header."),

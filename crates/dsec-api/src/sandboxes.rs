@@ -47,7 +47,8 @@ pub struct CreateSandboxRequest {
     pub memory_limit_mb: Option<u64>,
     #[serde(default)]
     pub cpu_cores_limit: Option<f64>,
-    /// Size of the writable layer.
+    /// Size of the writable layer (a full VM: of its whole disk, by
+    /// default and at least its image's).
     #[serde(default)]
     pub disk_limit_mb: Option<u64>,
     #[serde(default)]
@@ -77,9 +78,9 @@ pub struct CreateSandboxRequest {
     /// The training job this sandbox belongs to.
     #[serde(default)]
     pub job: Option<String>,
-    /// Start a microVM (`backend: "microvm"`) from this snapshot of the
-    /// caller's (`POST /v1/sandboxes/{id}/snapshot`): its writable disk
-    /// chains onto the snapshot's; image, layers and disk size are the
+    /// Start a VM from this snapshot of the caller's (`POST
+    /// /v1/sandboxes/{id}/snapshot`): its disk chains onto the snapshot's;
+    /// backend (`microvm` or `vm`), image, layers and disk size are the
     /// snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
@@ -93,7 +94,7 @@ pub struct SnapshotRequest {
     pub name: String,
 }
 
-/// A microVM disk snapshot.
+/// A VM disk snapshot (a microVM's writable disk, or a full VM's disk).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
 pub struct Snapshot {
     pub name: String,
@@ -104,8 +105,12 @@ pub struct Snapshot {
     pub workspace: Option<String>,
     pub toolkits: Vec<String>,
     pub disk_limit_mb: u64,
-    /// The snapshot this one chains onto (`None`: the empty disk).
+    /// The snapshot this one chains onto (`None`: the empty disk, or a
+    /// full VM's base image).
     pub parent: Option<String>,
+    /// What sandboxes started from it are (`microvm` or `vm`).
+    #[serde(default = "microvm_backend")]
+    pub backend: Backend,
     /// Bytes its own layer occupies on disk (what the source changed).
     pub bytes: u64,
     /// RFC 3339.
@@ -116,6 +121,10 @@ pub struct Snapshot {
     /// How long the source's vCPUs were stopped for the copy.
     #[serde(default)]
     pub frozen_ms: f64,
+}
+
+fn microvm_backend() -> Backend {
+    Backend::Microvm
 }
 
 /// `GET /v1/snapshots`.

@@ -66,6 +66,7 @@ pub fn snapshot_out(m: dsec_edge::SnapshotMeta, created: bool, frozen_ms: f64) -
         toolkits: m.toolkits,
         disk_limit_mb: m.disk_mb,
         parent: m.parent,
+        backend: backend_out(m.backend),
         bytes: m.bytes,
         created_at: rfc3339(m.created_at_ms),
         created,

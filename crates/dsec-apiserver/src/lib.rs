@@ -51,6 +51,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/pack", post(pack::pack))
         .route("/v1/sandboxes/{id}/snapshot", post(snapshots::take))
         .route("/v1/snapshots", get(snapshots::list))
+        .route("/v1/snapshots/{name}", axum::routing::delete(snapshots::delete))
         .route("/v1/sandboxes/{id}/events", get(events::sandbox))
         .route("/v1/sandboxes/{id}/audit", get(audit::list))
         .route("/v1/sandboxes/{id}/network", put(audit::set_network))

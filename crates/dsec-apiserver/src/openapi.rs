@@ -12,7 +12,7 @@ use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pa
     paths(
         admin::healthz, metrics::metrics, admin::nodes, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::stop, sandboxes::delete,
-        pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, events::sandbox, audit::list, audit::set_network,
+        pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, events::sandbox, audit::list, audit::set_network,
         jobs::pause, jobs::resume, events::job,
         sandboxes::exec, sandboxes::create_session, sandboxes::delete_session,
         stream::exec_stream, stream::pty,

@@ -9,6 +9,7 @@ mod network_cmd;
 mod pack_cmd;
 mod sandbox_cmd;
 mod shell;
+mod snapshot_cmd;
 mod trajectory_cmd;
 mod up;
 
@@ -53,8 +54,10 @@ enum Cmd {
     /// Pause sandboxes: suspend microVMs to disk, freeze containers and
     /// push their memory out of RAM (`--mode`).
     Pause(sandbox_cmd::PauseArgs),
-    /// Snapshot a microVM's disk; start microVMs from it with `run --snapshot`.
-    Snapshot(sandbox_cmd::SnapshotArgs),
+    /// Snapshot a microVM's disk (`snapshot ID NAME`; start microVMs from
+    /// it with `run --snapshot`), list (`snapshot ls`) or delete
+    /// (`snapshot rm NAME...`) snapshots.
+    Snapshot(snapshot_cmd::SnapshotArgs),
     /// Resume paused sandboxes.
     Resume(sandbox_cmd::IdsArgs),
     /// Pack what a sandbox changed into a new image (pack_diff).
@@ -115,7 +118,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,
-            Cmd::Snapshot(a) => sandbox_cmd::snapshot(a).await,
+            Cmd::Snapshot(a) => snapshot_cmd::run(a).await,
             Cmd::Resume(a) => sandbox_cmd::resume(a).await,
             Cmd::Pack(a) => pack_cmd::run(a).await,
             Cmd::Job(c) => sandbox_cmd::job(c).await,

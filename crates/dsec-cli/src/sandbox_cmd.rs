@@ -33,10 +33,10 @@ pub struct RunArgs {
     /// The training job the sandbox belongs to (for `dsec job pause|resume`).
     #[arg(long)]
     pub job: Option<String>,
-    /// `container` or `microvm`.
+    /// `container`, `microvm` or `vm`.
     #[arg(long, default_value = "container")]
     pub backend: String,
-    /// Start a microVM from this snapshot (`dsec snapshot`).
+    /// Start a VM from this snapshot (`dsec snapshot`; its backend).
     #[arg(long)]
     pub snapshot: Option<String>,
     /// Keep the sandbox after CMD finishes.
@@ -60,9 +60,15 @@ fn parse_kv(s: &str) -> Result<(String, String), String> {
 pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
     let client = a.conn.client()?;
     let backend = match (a.backend.as_str(), &a.snapshot) {
-        (_, Some(_)) | ("microvm", _) => api::Backend::Microvm,
+        // A sandbox started from a snapshot is of the snapshot's backend.
+        (_, Some(name)) => {
+            let snaps = client.snapshots().await?.snapshots;
+            snaps.into_iter().find(|s| &s.name == name).map_or(api::Backend::Microvm, |s| s.backend)
+        }
+        ("microvm", _) => api::Backend::Microvm,
+        ("vm", _) => api::Backend::Vm,
         ("container", _) => api::Backend::Container,
-        (other, _) => anyhow::bail!("--backend must be container or microvm, not {other:?}"),
+        (other, _) => anyhow::bail!("--backend must be container, microvm or vm, not {other:?}"),
     };
     let req = api::CreateSandboxRequest {
         backend,
@@ -271,34 +277,6 @@ pub async fn pause(a: PauseArgs) -> anyhow::Result<u8> {
         }
     })
     .await
-}
-
-#[derive(clap::Args)]
-pub struct SnapshotArgs {
-    /// The microVM.
-    pub id: String,
-    /// The snapshot's name.
-    pub name: String,
-    /// A retry with the same key returns the first snapshot.
-    #[arg(long)]
-    pub idempotency_key: Option<String>,
-    #[command(flatten)]
-    pub conn: ConnectArgs,
-}
-
-pub async fn snapshot(a: SnapshotArgs) -> anyhow::Result<u8> {
-    let client = a.conn.client()?;
-    let s = client.snapshot(&a.id, &a.name, a.idempotency_key.as_deref()).await?;
-    println!(
-        "{} {} from {} ({:.1} MiB, vCPUs stopped {:.1} ms){}",
-        s.name,
-        s.id,
-        s.source,
-        s.bytes as f64 / (1u64 << 20) as f64,
-        s.frozen_ms,
-        if s.created { "" } else { " (existing, same idempotency key)" }
-    );
-    Ok(0)
 }
 
 pub async fn resume(a: IdsArgs) -> anyhow::Result<u8> {

@@ -168,6 +168,18 @@ impl Client {
         self.json_with(Method::POST, &format!("/v1/sandboxes/{id}/snapshot"), Some(&req), &headers).await
     }
 
+    /// The caller's microVM snapshots.
+    pub async fn snapshots(&self) -> Result<api::SnapshotList, ClientError> {
+        self.json::<(), _>(Method::GET, "/v1/snapshots", None).await
+    }
+
+    /// Deletes snapshot `name` (409 `snapshot_in_use` while something
+    /// backs onto it).
+    pub async fn delete_snapshot(&self, name: &str) -> Result<(), ClientError> {
+        let name: String = form_urlencoded::byte_serialize(name.as_bytes()).collect();
+        self.raw(Method::DELETE, &format!("/v1/snapshots/{name}"), None, "").await.map(|_| ())
+    }
+
     pub async fn resume(&self, id: &str) -> Result<api::ResumeResult, ClientError> {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None).await
     }

@@ -58,6 +58,8 @@ pub enum EdgeError {
     #[error("no snapshot named {0:?} is visible here")]
     SnapshotNotFound(String),
     #[error("{0}")]
+    SnapshotInUse(String),
+    #[error("{0}")]
     AlreadyExists(String),
     #[error("{0}")]
     NoScreen(String),
@@ -68,6 +70,7 @@ impl EdgeError {
         match self {
             EdgeError::Invalid(_) => ErrorCode::InvalidRequest,
             EdgeError::SnapshotNotFound(_) => ErrorCode::SnapshotNotFound,
+            EdgeError::SnapshotInUse(_) => ErrorCode::SnapshotInUse,
             EdgeError::AlreadyExists(_) => ErrorCode::AlreadyExists,
             EdgeError::InvalidLimits(_) => ErrorCode::InvalidLimits,
             EdgeError::UnsupportedBackend(_) => ErrorCode::UnsupportedBackend,

@@ -304,6 +304,13 @@ impl Journal {
         Ok(())
     }
 
+    /// Drops the keys of `scope` that name `target` (a deleted snapshot),
+    /// so a retry makes it anew instead of finding nothing.
+    pub fn forget_target(&self, scope: &str, target: &str) -> Result<(), JournalError> {
+        self.conn().execute("DELETE FROM idempotency WHERE scope = ?1 AND target = ?2", params![scope, target])?;
+        Ok(())
+    }
+
     /// Gives a key back after its request failed, so a retry may try again.
     pub fn release(&self, tenant: &str, scope: &str, key: &str) -> Result<(), JournalError> {
         self.conn().execute("DELETE FROM idempotency WHERE tenant = ?1 AND scope = ?2 AND key = ?3", params![tenant, scope, key])?;

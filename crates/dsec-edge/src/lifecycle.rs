@@ -41,6 +41,11 @@ impl Edge {
         let inner = &self.inner;
         let (mut req, network_rules) = crate::network::take_rules(self, req)?;
         let snapshot = self.apply_snapshot(caller, &mut req)?;
+        // A full VM's disk is by default its image's size (`fullvm::plan`
+        // refuses less).
+        if let (Some(BackendKind::Vm), None, Ok(vm)) = (req.backend, req.disk_mb, &inner.backends.fullvm) {
+            req.disk_mb = vm.image_disk_mb(&req.image).ok();
+        }
         let mut spec = resolve(req, &inner.config.policy)?;
         spec.snapshot = snapshot;
         if let Some(rules) = network_rules {
@@ -48,26 +53,7 @@ impl Edge {
         }
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
-        // On a blocking thread: resolving an image may fetch it from a
-        // shared store (seconds, behind a lock), which must not stall the
-        // runtime's few workers and every other sandbox's I/O with them.
-        let plan = {
-            let rootfs = inner.rootfs.clone();
-            let plan: Box<dyn FnOnce() -> Result<_, EdgeError> + Send> = match &inner.backends.fullvm {
-                // A full VM boots its own disk image: no layers to mount.
-                Ok(vm) if spec.backend == BackendKind::Vm => {
-                    let (vm, spec) = (vm.clone(), spec.clone());
-                    Box::new(move || vm.plan(rootfs.as_ref(), &spec))
-                }
-                _ => {
-                    let (image, workspace, toolkits) = (spec.image.clone(), spec.workspace.clone(), spec.toolkits.clone());
-                    Box::new(move || rootfs.plan(&image, workspace.as_deref(), &toolkits))
-                }
-            };
-            tokio::task::spawn_blocking(plan)
-                .await
-                .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))??
-        };
+        let plan = self.plan_blocking(&spec).await?;
         inner.admission.reserve(&spec.limits)?;
 
         let now = now_ms();
@@ -391,5 +377,28 @@ fn describe_exit(status: Option<i32>, oom_kills: u64) -> String {
         format!("{base}; the kernel OOM-killed {oom_kills} process(es): memory limit reached")
     } else {
         base
+    }
+}
+
+impl Edge {
+    /// The layers `spec` runs on, resolved on a blocking thread: resolving
+    /// an image may fetch it from a shared store (seconds, behind a lock),
+    /// which must not stall the runtime's few workers.
+    pub(crate) async fn plan_blocking(&self, spec: &crate::model::SandboxSpec) -> Result<crate::images::RootfsPlan, EdgeError> {
+        let rootfs = self.inner.rootfs.clone();
+        let plan: Box<dyn FnOnce() -> Result<_, EdgeError> + Send> = match &self.inner.backends.fullvm {
+            // A full VM boots its own disk image: only toolkit layers.
+            Ok(vm) if spec.backend == BackendKind::Vm => {
+                let (vm, spec) = (vm.clone(), spec.clone());
+                Box::new(move || vm.plan(rootfs.as_ref(), &spec))
+            }
+            _ => {
+                let (image, workspace, toolkits) = (spec.image.clone(), spec.workspace.clone(), spec.toolkits.clone());
+                Box::new(move || rootfs.plan(&image, workspace.as_deref(), &toolkits))
+            }
+        };
+        tokio::task::spawn_blocking(plan)
+            .await
+            .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))?
     }
 }

@@ -2,7 +2,8 @@
 //! memory and device state and end its process (a microVM), and the
 //! resume that starts a new process from that image.
 //!
-//! A suspended sandbox is `paused` with `suspended` set: it has no process
+//! Both VM backends (microvm, vm) can. A suspended sandbox is `paused`
+//! with `suspended` set: it has no process
 //! and no admission reservation, only files. Any request resumes it, as it
 //! does a frozen one (`agent_ops::running`).
 //!
@@ -25,7 +26,7 @@ use crate::pause::{ms, PauseOutcome, ResumeOutcome};
 /// How a pause keeps a sandbox.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum PauseMode {
-    /// Suspend when the backend can (microVMs), else freeze.
+    /// Suspend when the backend can (microVMs, full VMs), else freeze.
     #[default]
     Auto,
     /// Freeze the processes and push their memory out (the VM's process
@@ -58,7 +59,7 @@ impl Edge {
             PauseMode::Auto => Ok(can),
             PauseMode::Suspend if can => Ok(true),
             PauseMode::Suspend => Err(EdgeError::Invalid(format!(
-                "sandbox {}: suspend to disk works for microVMs only; pause a {:?} sandbox with mode freeze",
+                "sandbox {}: suspend to disk works for VMs (microvm, vm) only; pause a {:?} sandbox with mode freeze",
                 rec.id, rec.spec.backend
             ))),
         }
@@ -129,7 +130,7 @@ impl Edge {
             // No process is in its cgroup: a thaw is harmless, and a
             // freezer left FROZEN would stop the new QEMU as it joins.
             self.inner.cgroups.thaw(&rec.id)?;
-            let plan = self.inner.rootfs.plan(&rec.spec.image, rec.spec.workspace.as_deref(), &rec.spec.toolkits)?;
+            let plan = self.plan_blocking(&rec.spec).await?;
             backend.restore(&rec.id, &rec.spec, &plan).await
         };
         match restored.await {

@@ -1,11 +1,13 @@
-//! Snapshots of microVM disks (`Edge::snapshot`) and sandboxes started
-//! from them (`create` with a snapshot name): the edge's side of
-//! `microvm::snapshot`. A snapshot may be taken of a running microVM (its
-//! guest syncs, its vCPUs stop for the copy) or of a suspended one (no
-//! process needed), so a parent need not be kept running to fork from it.
+//! Snapshots of VM disks (`Edge::snapshot`; microVMs and full VMs alike)
+//! and sandboxes started from them (`create` with a snapshot name): the
+//! edge's side of `microvm::snapshot`. A snapshot may be taken of a
+//! running VM (its guest syncs, its vCPUs stop for the copy) or of a
+//! suspended one (no process needed), so a parent need not be kept
+//! running to fork from it.
 //! Idempotency keys (scope `snapshot`) make a retried snapshot return the
 //! first one.
 
+use std::path::Path;
 use std::time::Duration;
 
 use dsec_agent_proto::{Command, ExecSpec, Stdin};
@@ -13,8 +15,8 @@ use dsec_agent_proto::{Command, ExecSpec, Stdin};
 use crate::edge::Edge;
 use crate::error::EdgeError;
 use crate::journal::Claim;
-use crate::microvm::snapshot::{validate_name, SnapshotMeta};
-use crate::microvm::MicroVmBackend;
+use crate::microvm::cmdline::VmFiles;
+use crate::microvm::snapshot::{validate_name, SnapshotDir, SnapshotMeta};
 use crate::model::{now_ms, BackendKind, Caller, State};
 use crate::spec::SandboxRequest;
 
@@ -34,12 +36,39 @@ pub struct SnapshotOutcome {
 }
 
 impl Edge {
-    fn vm_backend(&self) -> Result<&MicroVmBackend, EdgeError> {
-        self.inner
-            .backends
-            .microvm
-            .as_deref()
-            .map_err(|why| EdgeError::UnsupportedBackend(format!("microVMs are not available on this node: {why}")))
+    /// The node's snapshots (one directory, whichever VM backend runs here).
+    fn snapshot_dir(&self) -> Result<&SnapshotDir, EdgeError> {
+        let b = &self.inner.backends;
+        match (&b.microvm, &b.fullvm) {
+            (Ok(vm), _) => Ok(&vm.snapshots),
+            (_, Ok(vm)) => Ok(&vm.snapshots),
+            (Err(why), _) => Err(EdgeError::UnsupportedBackend(format!("VMs are not available on this node: {why}"))),
+        }
+    }
+
+    /// The files (disk, QMP socket) of VM `id` of backend `kind`.
+    fn vm_files(&self, kind: BackendKind, id: &str) -> Result<VmFiles, EdgeError> {
+        let b = &self.inner.backends;
+        match kind {
+            BackendKind::Microvm => b.microvm.as_ref().map(|vm| vm.files(id)).map_err(|e| EdgeError::UnsupportedBackend(e.clone())),
+            BackendKind::Vm => b.fullvm.as_ref().map(|vm| vm.files(id)).map_err(|e| EdgeError::UnsupportedBackend(e.clone())),
+            _ => Err(EdgeError::Invalid(format!(
+                "sandbox {id}: snapshots are of VMs (microvm, vm); capture a container with pack_diff"
+            ))),
+        }
+    }
+
+    /// Where every VM disk that may back onto a snapshot lives.
+    fn vm_disk_dirs(&self) -> Vec<&Path> {
+        let b = &self.inner.backends;
+        let mut dirs = Vec::new();
+        if let Ok(vm) = &b.microvm {
+            dirs.push(vm.disk_dir());
+        }
+        if let Ok(vm) = &b.fullvm {
+            dirs.push(vm.overlay_dir());
+        }
+        dirs
     }
 
     /// Snapshots the writable disk of microVM `id` as `name` (unique per
@@ -80,7 +109,7 @@ impl Edge {
                     return Err(EdgeError::IdempotencyConflict(key.to_string()));
                 }
                 Claim::Existing { target: Some(snap), .. } => {
-                    let snapshot = self.vm_backend()?.snapshots.get(&snap).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
+                    let snapshot = self.snapshot_dir()?.get(&snap).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
                     return Ok(SnapshotOutcome { snapshot, created: false, frozen_ms: 0.0 });
                 }
                 Claim::Existing { target: None, .. } => {
@@ -94,12 +123,10 @@ impl Edge {
     }
 
     async fn snapshot_now(&self, caller: &Caller, id: &str, name: &str) -> Result<SnapshotOutcome, EdgeError> {
-        let vm = self.vm_backend()?;
+        let snaps = self.snapshot_dir()?;
         let entry = self.entry(caller, id)?;
         let rec = entry.record();
-        if rec.spec.backend != BackendKind::Microvm {
-            return Err(EdgeError::Invalid(format!("sandbox {id}: snapshots are of microVMs; capture a container with pack_diff")));
-        }
+        let files = self.vm_files(rec.spec.backend, id)?;
         // A frozen (not suspended) VM is resumed first: its guest must
         // sync. A suspended one is snapshotted as it lies.
         if rec.state.is_paused() && !rec.suspended {
@@ -107,7 +134,7 @@ impl Edge {
         }
         let _op = entry.op_lock.lock().await;
         let rec = entry.record();
-        if vm.snapshots.find(&rec.tenant, name).is_some() {
+        if snaps.find(&rec.tenant, name).is_some() {
             return Err(EdgeError::AlreadyExists(format!("a snapshot named {name:?} exists already")));
         }
         let running = match rec.state {
@@ -130,10 +157,11 @@ impl Edge {
             toolkits: rec.spec.toolkits.clone(),
             disk_mb: rec.spec.limits.disk_mb.max(16),
             parent: None,
+            backend: rec.spec.backend,
             created_at_ms: now_ms(),
             bytes: 0,
         };
-        let (snapshot, frozen_ms) = vm.snapshot(id, running, meta).await?;
+        let (snapshot, frozen_ms) = crate::microvm::snapshot_disk(snaps, files, running, meta).await?;
         Ok(SnapshotOutcome { snapshot, created: true, frozen_ms })
     }
 
@@ -161,19 +189,66 @@ impl Edge {
 
     /// Snapshots of this node visible to `caller`.
     pub fn snapshots(&self, caller: &Caller) -> Vec<SnapshotMeta> {
-        let Ok(vm) = self.vm_backend() else { return vec![] };
-        vm.snapshots.list().into_iter().filter(|m| caller.may_see(&m.tenant)).collect()
+        let Ok(snaps) = self.snapshot_dir() else { return vec![] };
+        snaps.list().into_iter().filter(|m| caller.may_see(&m.tenant)).collect()
+    }
+
+    /// Deletes `caller`'s snapshot `name`, refused (`SnapshotInUse`) while
+    /// a snapshot chains onto it or a sandbox that is not yet stopped
+    /// started from it: its layer backs their disks. (Docker's `rmi` has
+    /// the same rule for images with children or containers.) Stopped
+    /// sandboxes' disks are gone, so they do not hold it.
+    pub fn delete_snapshot(&self, caller: &Caller, name: &str) -> Result<SnapshotMeta, EdgeError> {
+        let snaps = self.snapshot_dir()?;
+        let snap = snaps.find(&caller.tenant, name).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
+        let _guard = snaps.guard();
+        let children: Vec<String> = snaps.children(&snap.id).into_iter().map(|m| m.name).collect();
+        if !children.is_empty() {
+            return Err(EdgeError::SnapshotInUse(format!(
+                "snapshot {name:?} has snapshots chained onto it ({}): delete them first",
+                children.join(", ")
+            )));
+        }
+        let mut users: Vec<String> = self
+            .inner
+            .registry
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .values()
+            .map(|e| e.record())
+            .filter(|r| r.spec.snapshot.as_deref() == Some(snap.id.as_str()) && !r.state.is_terminal())
+            .map(|r| r.id)
+            .collect();
+        // Whatever disk still backs onto it (a sandbox whose files outlive
+        // its record's state, e.g. one being cleaned up).
+        users.extend(crate::microvm::snapshot::disks_backed_by(&self.vm_disk_dirs(), &snaps.layer(&snap.id)));
+        users.sort();
+        users.dedup();
+        if !users.is_empty() {
+            return Err(EdgeError::SnapshotInUse(format!(
+                "snapshot {name:?} backs the disks of sandboxes {}: stop or delete them first",
+                users.join(", ")
+            )));
+        }
+        snaps.remove(&snap.id)?;
+        if let Err(e) = self.inner.journal.forget_target(SCOPE_SNAPSHOT, &snap.id) {
+            tracing::warn!(snapshot = %snap.id, error = %e, "dropping the idempotency keys of a deleted snapshot");
+        }
+        Ok(snap)
     }
 
     /// A creation from a snapshot: the request takes the snapshot's image
     /// stack and disk size; returns the snapshot's id for the spec.
     pub(crate) fn apply_snapshot(&self, caller: &Caller, req: &mut SandboxRequest) -> Result<Option<String>, EdgeError> {
         let Some(name) = req.snapshot.clone() else { return Ok(None) };
-        if req.backend.is_some_and(|b| b != BackendKind::Microvm) {
-            return Err(EdgeError::Invalid("a sandbox started from a snapshot is a microVM (backend \"microvm\")".into()));
+        let snap = self.snapshot_dir()?.find(&caller.tenant, &name).ok_or_else(|| EdgeError::SnapshotNotFound(name.clone()))?;
+        if req.backend.is_some_and(|b| b != snap.backend) {
+            return Err(EdgeError::Invalid(format!(
+                "snapshot {name:?} is of a {} sandbox: a sandbox started from it is one too",
+                format!("{:?}", snap.backend).to_lowercase()
+            )));
         }
-        let snap = self.vm_backend()?.snapshots.find(&caller.tenant, &name).ok_or_else(|| EdgeError::SnapshotNotFound(name.clone()))?;
-        req.backend = Some(BackendKind::Microvm);
+        req.backend = Some(snap.backend);
         req.image = snap.image;
         req.workspace = snap.workspace;
         req.toolkits = snap.toolkits;

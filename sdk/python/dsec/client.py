@@ -221,7 +221,7 @@ class DSecClient:
 
         A container :class:`Sandbox` source is packed first
         (:meth:`Sandbox.pack_diff` into ``name``, default
-        ``fork-<id>:<random>``); a microVM source is snapshotted
+        ``fork-<id>:<random>``); a microVM or full VM source is snapshotted
         (:meth:`Sandbox.snapshot`, default name ``fork-<id>-<random>``; a
         suspended microVM stays suspended). The children start from that
         image or snapshot and do not depend on the parent, which may be
@@ -238,7 +238,7 @@ class DSecClient:
                 await source.refresh()
             tag = secrets.token_hex(4)
             stem = "".join(c if c.isalnum() or c in "-." else "-" for c in source.id.lower())
-            if source.info.backend == "microvm":
+            if source.info.backend in ("microvm", "vm"):
                 snapshot = await source.snapshot(name or f"fork-{stem}-{tag}")
                 image = snapshot.image
             else:
@@ -250,7 +250,7 @@ class DSecClient:
             image = source
         child = self._fork_args(source, image, args)
         if snapshot is not None:
-            child = dataclasses.replace(child, backend="microvm", snapshot=snapshot.name)
+            child = dataclasses.replace(child, backend=snapshot.backend, snapshot=snapshot.name)
         results = await asyncio.gather(*(self.run(child, timeout=timeout) for _ in range(count)),
                                        return_exceptions=True)
         started = [r for r in results if isinstance(r, Sandbox)]
@@ -264,6 +264,15 @@ class DSecClient:
         """Your microVM snapshots."""
         d = await self._transport.request("GET", self._transport.url("/v1/snapshots"))
         return [SnapshotInfo.from_json(s) for s in d.get("snapshots", ())]
+
+    async def delete_snapshot(self, name: str) -> None:
+        """Delete your snapshot ``name``. Raises :class:`SnapshotInUse`
+        while a snapshot chains onto it or a sandbox started from it is not
+        yet stopped (its layer backs their disks): delete those first, as
+        with an image that has children or containers. A snapshot
+        :meth:`fork` made for a sandbox source is yours to delete too."""
+        await self._transport.request(
+            "DELETE", self._transport.url(f"/v1/snapshots/{Transport.quote(name)}"))
 
     @staticmethod
     def _fork_args(source: Sandbox | SnapshotInfo | str, image: str,

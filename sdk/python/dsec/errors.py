@@ -60,6 +60,7 @@ __all__ = [
     "StepInterrupted",
     "IdempotencyConflict",
     "NoScreen",
+    "SnapshotInUse",
     "PayloadTooLarge",
     "UnsupportedMediaType",
     "RateLimited",
@@ -302,6 +303,12 @@ class NoScreen(DSecError):
     """The sandbox has no screen: screenshots and keyboard and mouse input need a full VM (backend "vm")."""
 
     code = "no_screen"
+
+
+class SnapshotInUse(DSecError):
+    """The snapshot still backs other disks (a snapshot chained onto it, or a live sandbox started from it): delete those first."""
+
+    code = "snapshot_in_use"
 
 
 class PayloadTooLarge(DSecError):

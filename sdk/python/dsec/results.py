@@ -383,8 +383,9 @@ class Health:
 
 @dataclass(slots=True)
 class SnapshotInfo:
-    """A microVM disk snapshot (:meth:`Sandbox.snapshot`); start microVMs
-    from it with ``DSecRunArgs(snapshot=name)`` or :meth:`DSecClient.fork`.
+    """A VM disk snapshot (:meth:`Sandbox.snapshot`, of a microVM or a full
+    VM); start VMs from it with ``DSecRunArgs(snapshot=name)`` or
+    :meth:`DSecClient.fork`.
 
     Attributes:
         name, id: its name (unique per tenant) and the node's id for it.
@@ -392,6 +393,7 @@ class SnapshotInfo:
         image, workspace, toolkits: the image stack it runs on.
         disk_limit_mb: the size of its disk.
         parent: the snapshot it chains onto (None: the empty disk).
+        backend: what sandboxes started from it are (``microvm`` or ``vm``).
         bytes: bytes its own layer takes (what the source changed).
         created: False if an earlier call with the same idempotency key made it.
         frozen_ms: how long the source's vCPUs were stopped for the copy.
@@ -407,6 +409,7 @@ class SnapshotInfo:
     parent: str | None = None
     bytes: int = 0
     created_at: str = ""
+    backend: str = "microvm"
     created: bool = True
     frozen_ms: float = 0.0
 
@@ -418,7 +421,7 @@ class SnapshotInfo:
                    toolkits=list(d.get("toolkits", ())), disk_limit_mb=d.get("disk_limit_mb", 0),
                    parent=d.get("parent"), bytes=d.get("bytes", 0),
                    created_at=d.get("created_at", ""), created=bool(d.get("created", True)),
-                   frozen_ms=d.get("frozen_ms", 0.0))
+                   frozen_ms=d.get("frozen_ms", 0.0), backend=d.get("backend", "microvm"))
 
 
 @dataclass(slots=True)

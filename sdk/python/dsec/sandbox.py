@@ -169,10 +169,10 @@ class Sandbox:
 
     async def pause(self, timeout: float | None = 120, *, mode: str = "auto") -> PauseResult:
         """Pause the sandbox; it keeps every process and file. ``mode``:
-        ``auto`` (default) suspends a microVM to disk and freezes a
-        container; ``freeze`` freezes its processes and pushes their memory
-        out of RAM; ``suspend`` saves a microVM's memory and device state to
-        disk and ends its process (no host memory held). A paused sandbox
+        ``auto`` (default) suspends a VM (microVM or full VM) to disk and
+        freezes a container; ``freeze`` freezes its processes and pushes
+        their memory out of RAM; ``suspend`` saves a VM's memory and device
+        state to disk and ends its process (no host memory held). A paused sandbox
         does not count against the running quota. Any later request resumes
         it first, transparently; so does :meth:`resume`. Pausing a paused
         sandbox changes nothing (``changed`` is False)."""
@@ -186,17 +186,18 @@ class Sandbox:
         return r
 
     async def suspend(self, timeout: float | None = 120) -> PauseResult:
-        """Suspend a microVM to disk: ``pause(mode="suspend")``."""
+        """Suspend a VM (microVM or full VM) to disk: ``pause(mode="suspend")``."""
         return await self.pause(timeout, mode="suspend")
 
     async def snapshot(self, name: str, *, idempotency_key: str | None = None,
                        timeout: float | None = 600) -> SnapshotInfo:
-        """Snapshot a microVM's writable disk as ``name`` (unique among your
-        snapshots). A running microVM's guest syncs and its vCPUs stop for
-        the copy; a suspended one is snapshotted without being resumed. The
-        snapshot holds what this sandbox wrote and chains onto the snapshot
-        it started from. Start microVMs from it with
-        ``DSecRunArgs(backend="microvm", image=..., snapshot=name)`` or
+        """Snapshot a VM's disk as ``name`` (unique among your snapshots):
+        a microVM's writable disk, or a full VM's whole disk. A running VM's
+        guest syncs and its vCPUs stop for the copy; a suspended one is
+        snapshotted without being resumed. The snapshot holds what this
+        sandbox wrote and chains onto the snapshot it started from. Start
+        VMs of the same backend from it with
+        ``DSecRunArgs(backend=..., image=..., snapshot=name)`` or
         :meth:`DSecClient.fork`. Retrying with the same ``idempotency_key``
         returns the first snapshot (``created`` False)."""
         headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}

@@ -185,6 +185,15 @@ class DSecClient:
         return [self._wrap(sb) for sb in
                 self._run(self.aio.fork(src, count, args, name=name, timeout=timeout))]
 
+    def snapshots(self) -> builtins.list[SnapshotInfo]:
+        """Your microVM snapshots."""
+        return self._run(self.aio.snapshots())
+
+    def delete_snapshot(self, name: str) -> None:
+        """Delete your snapshot ``name`` (:class:`SnapshotInUse` while
+        something backs onto it)."""
+        self._run(self.aio.delete_snapshot(name))
+
     def get(self, sandbox_id: str) -> SandboxInfo:
         """The record of one sandbox."""
         return self._run(self.aio.get(sandbox_id))

@@ -1,7 +1,8 @@
-//! MicroVM disk snapshots: take one, list them. Sandboxes start from one
-//! with `snapshot` in their creation request.
+//! MicroVM disk snapshots: take one, list them, delete one. Sandboxes
+//! start from one with `snapshot` in their creation request.
 
 use axum::extract::{Path, State};
+use axum::http::StatusCode;
 use axum::Json;
 use dsec_api as api;
 
@@ -36,4 +37,21 @@ pub async fn take(
 pub async fn list(State(st): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<api::SnapshotList>> {
     let snapshots = st.nodes.local_edges().flat_map(|e| e.snapshots(&caller)).map(|m| convert::snapshot_out(m, true, 0.0)).collect();
     Ok(Json(api::SnapshotList { snapshots }))
+}
+
+/// Delete one of the caller's snapshots. Refused with 409
+/// `snapshot_in_use` while a snapshot chains onto it or a sandbox started
+/// from it is not yet stopped (its layer backs their disks).
+#[utoipa::path(delete, path = "/v1/snapshots/{name}", tag = "images", params(("name" = String, Path)),
+    responses((status = 204), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+pub async fn delete(State(st): State<AppState>, Auth(caller): Auth, Path(name): Path<String>) -> ApiResult<StatusCode> {
+    let mut last = None;
+    for edge in st.nodes.local_edges() {
+        match edge.delete_snapshot(&caller, &name) {
+            Ok(_) => return Ok(StatusCode::NO_CONTENT),
+            Err(e @ dsec_edge::EdgeError::SnapshotNotFound(_)) => last = Some(e),
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Err(last.unwrap_or_else(|| dsec_edge::EdgeError::SnapshotNotFound(name)).into())
 }

@@ -85,6 +85,9 @@ pub struct FullVmLaunch<'a> {
     /// attached.
     pub layers: &'a [PathBuf],
     pub layer_bus: LayerBus,
+    /// Restore a suspend image instead of booting: QEMU waits
+    /// (`-incoming defer`) for the edge to hand it the image.
+    pub incoming: bool,
 }
 
 /// The argv of `qemu-system-x86_64` (without the program).
@@ -138,6 +141,9 @@ pub fn qemu_args(l: &FullVmLaunch<'_>) -> Vec<String> {
     push(&["-chardev", &console, "-serial", "chardev:con"]);
     let qmp = format!("unix:{},server=on,wait=off", path(&l.files.qmp_socket()));
     push(&["-qmp", &qmp]);
+    if l.incoming {
+        push(&["-incoming", "defer"]);
+    }
     a
 }
 
@@ -161,7 +167,7 @@ mod tests {
     }
 
     fn launch(f: &VmFiles) -> FullVmLaunch<'_> {
-        FullVmLaunch { accel: Accel::Tcg, firmware: Firmware::Seabios, memory_mb: 512, vcpus: 2, files: f, free_page_reporting: true, layers: &[], layer_bus: LayerBus::Pmem }
+        FullVmLaunch { accel: Accel::Tcg, firmware: Firmware::Seabios, memory_mb: 512, vcpus: 2, files: f, free_page_reporting: true, layers: &[], layer_bus: LayerBus::Pmem, incoming: false }
     }
 
     fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
@@ -187,6 +193,13 @@ mod tests {
         assert!(values(&args, "-sandbox")[0].contains("spawn=deny"));
         // SeaBIOS is QEMU's default: no firmware flags at all.
         assert!(!args.iter().any(|a| a.contains("pflash")));
+        assert!(values(&args, "-incoming").is_empty());
+        // A restore: the same machine, waiting for its saved state.
+        let mut l = launch(&f);
+        l.incoming = true;
+        let restore = qemu_args(&l);
+        assert_eq!(values(&restore, "-incoming"), ["defer"]);
+        assert_eq!(&restore[..args.len()], &args[..]);
     }
 
     #[test]

@@ -15,6 +15,14 @@
 //! The screen (`screen`, `input`): QMP `screendump` and `input-send-event`.
 //! Stop is a SIGKILL to QEMU; the exit watcher's cleanup removes the run
 //! directory, the overlay and the cgroup.
+//!
+//! Suspend, restore and snapshots are the microVM backend's functions
+//! (`microvm::suspend_qemu`, `restore_qemu`, `snapshot_disk`): guest RAM
+//! is anonymous memory here, so a suspend image holds all of it (QEMU
+//! skips zero pages); shared memory (read-only pmem layers) is left out of
+//! it. A snapshot is a copy of the VM's overlay, whose backing file is the
+//! image's base disk (or the snapshot the VM started from); a VM started
+//! from one boots from a new overlay on it.
 
 pub mod cmdline;
 pub mod input;
@@ -90,6 +98,10 @@ pub struct FullVmBackend {
     /// boots a kernel once; a full VM has no kernel of the edge's to probe
     /// with). Without it, `auto` means TCG.
     probe: Option<Arc<MicroVmBackend>>,
+    /// Where suspend images live (the microVMs' directory).
+    suspend_dir: PathBuf,
+    /// The node's disk snapshots (the same directory as microVMs').
+    pub snapshots: microvm::snapshot::SnapshotDir,
 }
 
 impl FullVmBackend {
@@ -100,11 +112,43 @@ impl FullVmBackend {
         if cfg.firmware == Firmware::Ovmf && !Path::new(cmdline::OVMF_CODE).is_file() {
             return Err(format!("{} not found (Debian package ovmf)", cmdline::OVMF_CODE));
         }
-        let overlay_dir = state_dir.join("vm").join("overlays");
-        let pmem_dir = state_dir.join("vm").join("pmem");
-        std::fs::create_dir_all(&overlay_dir).map_err(|e| format!("creating {}: {e}", overlay_dir.display()))?;
-        std::fs::create_dir_all(&cfg.run_root).map_err(|e| format!("creating {}: {e}", cfg.run_root.display()))?;
-        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, pmem_dir, probe })
+        let vm_state = state_dir.join("vm");
+        let (overlay_dir, pmem_dir, suspend_dir) = (vm_state.join("overlays"), vm_state.join("pmem"), vm_state.join("suspend"));
+        for d in [&overlay_dir, &suspend_dir, &cfg.run_root] {
+            std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+        }
+        let snapshots = microvm::snapshot::SnapshotDir::open(vm_state.join("snapshots"))?;
+        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, pmem_dir, probe, suspend_dir, snapshots })
+    }
+
+    /// Where the VMs' overlays live.
+    pub(crate) fn overlay_dir(&self) -> &Path {
+        &self.overlay_dir
+    }
+
+    /// The suspend image of `id`.
+    fn image_path(&self, id: &str) -> PathBuf {
+        self.suspend_dir.join(format!("{id}.vmstate"))
+    }
+
+    fn launch<'a>(&self, accel: Accel, spec: &SandboxSpec, plan: &'a RootfsPlan, files: &'a VmFiles, incoming: bool) -> FullVmLaunch<'a> {
+        FullVmLaunch {
+            accel,
+            firmware: self.cfg.firmware,
+            memory_mb: spec.limits.memory_mb,
+            vcpus: microvm::cmdline::vcpus_for(spec.limits.cpu_cores),
+            files,
+            free_page_reporting: self.cfg.free_page_reporting,
+            layers: &plan.layer_files,
+            layer_bus: self.cfg.layer_bus,
+            incoming,
+        }
+    }
+
+    async fn restore_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
+        let files = self.files(id);
+        let args = cmdline::qemu_args(&self.launch(self.accel().await, spec, plan, &files, true));
+        microvm::restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), true).await
     }
 
     pub fn files(&self, id: &str) -> VmFiles {
@@ -116,11 +160,26 @@ impl FullVmBackend {
         dsec_image::vm::base_image::image_path(&self.cfg.images_dir, name).map_err(|e| EdgeError::ImageNotFound(e.to_string()))
     }
 
+    /// The size of image `name`'s disk, MiB (rounded up): a full VM's
+    /// disk is at least that (its filesystems fill it).
+    pub fn image_disk_mb(&self, name: &str) -> Result<u64, EdgeError> {
+        let base = self.base_image(name)?;
+        let bytes = microvm::snapshot::virtual_size(&base)
+            .ok_or_else(|| EdgeError::ImageNotFound(format!("{} is not a qcow2 disk", base.display())))?;
+        Ok(bytes.div_ceil(1 << 20))
+    }
+
     /// A full VM's read-only layers: those of each toolkit image (the
     /// request's `toolkits`, last = topmost), mounted in the guest at
     /// `/opt/dsec/layers/<i>`. The base image is the VM image itself.
     pub fn plan(&self, rootfs: &dyn RootfsProvider, spec: &SandboxSpec) -> Result<RootfsPlan, EdgeError> {
-        self.base_image(&spec.image)?;
+        let image_mb = self.image_disk_mb(&spec.image)?;
+        if spec.limits.disk_mb < image_mb {
+            return Err(EdgeError::InvalidLimits(format!(
+                "a full VM's disk holds its whole image: disk_limit_mb must be at least {image_mb} for {:?} (the default), not {}",
+                spec.image, spec.limits.disk_mb
+            )));
+        }
         if spec.workspace.is_some() {
             return Err(EdgeError::Invalid("a full VM has no workspace layer: give the layers it needs as toolkits".into()));
         }
@@ -157,7 +216,12 @@ impl FullVmBackend {
         }
         let files = self.files(id);
         let (f2, firmware) = (files.clone(), self.cfg.firmware);
-        let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, &base, firmware))
+        // A VM started from a snapshot boots from a disk chained onto it.
+        let backing = match &spec.snapshot {
+            Some(snap) => Backing::Snapshot(self.snapshots.clone(), snap.clone()),
+            None => Backing::Base(base, spec.limits.disk_mb << 20),
+        };
+        let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, backing, firmware))
             .await
             .map_err(|e| EdgeError::Internal(e.to_string()))
             .and_then(|r| r);
@@ -166,16 +230,7 @@ impl FullVmBackend {
             return Err(e);
         }
         let accel = self.accel().await;
-        let launch = FullVmLaunch {
-            accel,
-            firmware: self.cfg.firmware,
-            memory_mb: spec.limits.memory_mb,
-            vcpus: microvm::cmdline::vcpus_for(spec.limits.cpu_cores),
-            files: &files,
-            free_page_reporting: self.cfg.free_page_reporting,
-            layers: &plan.layer_files,
-            layer_bus: self.cfg.layer_bus,
-        };
+        let launch = self.launch(accel, spec, plan, &files, false);
         let (pid, pidfd) = match microvm::spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(&launch), &files.run_dir, None) {
             Ok(p) => p,
             Err(e) => {
@@ -233,18 +288,25 @@ impl FullVmBackend {
     }
 }
 
-/// The run directory, the overlay on `base` (`qemu-img create`: a few
-/// KiB, the base's size) and, for OVMF, a private copy of its variables.
-fn prepare_files(files: &VmFiles, base: &Path, firmware: Firmware) -> Result<(), EdgeError> {
+/// What a VM's overlay is made over.
+enum Backing {
+    /// The image's base disk, and the disk size asked for (bytes).
+    Base(PathBuf, u64),
+    /// A snapshot (by id) of the node's.
+    Snapshot(microvm::snapshot::SnapshotDir, String),
+}
+
+/// The run directory, the overlay (`qemu-img create`: a few KiB, the
+/// backing disk's size) and, for OVMF, a private copy of its variables.
+fn prepare_files(files: &VmFiles, backing: Backing, firmware: Firmware) -> Result<(), EdgeError> {
     std::fs::create_dir_all(&files.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", files.run_dir.display())))?;
-    let out = std::process::Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-F", "qcow2", "-b"])
-        .arg(base)
-        .arg(&files.disk)
-        .output()
-        .map_err(|e| EdgeError::Internal(format!("running qemu-img: {e}")))?;
-    if !out.status.success() {
-        return Err(EdgeError::Internal(format!("qemu-img create: {}", String::from_utf8_lossy(&out.stderr).trim())));
+    match backing {
+        Backing::Base(base, size) => {
+            // Larger than the image only if asked: the guest sees a bigger disk.
+            let grow = microvm::snapshot::virtual_size(&base).is_some_and(|b| size > b);
+            microvm::snapshot::create_overlay_of_size(&base, &files.disk, grow.then_some(size))?
+        }
+        Backing::Snapshot(snaps, id) => snaps.chain_onto(&id, &files.disk)?,
     }
     if firmware == Firmware::Ovmf {
         let vars = cmdline::ovmf_vars(files);
@@ -267,7 +329,23 @@ impl Backend for FullVmBackend {
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
-        microvm::cleanup_vm(&self.cgroups, id, &self.files(id), &[])
+        microvm::cleanup_vm(&self.cgroups, id, &self.files(id), &[self.image_path(id)])
+    }
+
+    fn can_suspend(&self) -> bool {
+        true
+    }
+
+    fn suspend<'a>(&'a self, id: &'a str, pidfd: &'a std::os::fd::OwnedFd) -> BoxFuture<'a, Result<crate::backend::SuspendOutcome, EdgeError>> {
+        Box::pin(microvm::suspend_qemu(&self.cgroups, id, self.files(id).qmp_socket(), self.image_path(id), None, true, pidfd))
+    }
+
+    fn restore<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+        Box::pin(self.restore_vm(id, spec, plan))
+    }
+
+    fn has_suspend_image(&self, id: &str) -> bool {
+        self.image_path(id).is_file()
     }
 
     fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
@@ -280,16 +358,7 @@ impl Backend for FullVmBackend {
 
     fn reap_files(&self, live: &HashSet<String>) -> usize {
         let prefix = format!("{}.", self.node);
-        let mut gone = 0;
-        if let Ok(dir) = std::fs::read_dir(&self.overlay_dir) {
-            for e in dir.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                let ours = name.strip_suffix(".qcow2").is_some_and(|id| id.starts_with(&prefix) && !live.contains(id));
-                if ours && std::fs::remove_file(e.path()).is_ok() {
-                    gone += 1;
-                }
-            }
-        }
-        gone
+        let ours = |id: &str| id.starts_with(&prefix) && !live.contains(id);
+        microvm::reap_dir(&self.overlay_dir, ".qcow2", ours) + microvm::reap_dir(&self.suspend_dir, ".vmstate", ours)
     }
 }

@@ -150,6 +150,11 @@ impl MicroVmBackend {
         })
     }
 
+    /// Where the VMs' writable disks live.
+    pub(crate) fn disk_dir(&self) -> &Path {
+        &self.disk_dir
+    }
+
     /// The guest RAM file of `id` (when guest RAM is file-backed).
     fn ram_path(&self, id: &str) -> Option<PathBuf> {
         self.ram_file.then(|| self.ram_dir.join(format!("{id}.ram")))
@@ -179,7 +184,7 @@ impl MicroVmBackend {
         }
     }
 
-    fn files(&self, id: &str) -> VmFiles {
+    pub(crate) fn files(&self, id: &str) -> VmFiles {
         VmFiles { run_dir: self.run_root.join(id), disk: self.disk_dir.join(format!("{id}.qcow2")) }
     }
 
@@ -211,14 +216,13 @@ impl MicroVmBackend {
         let (tdir, disk_mb, f2) = (self.template_dir.clone(), spec.limits.disk_mb.max(16), files.clone());
         // A fork's disk chains onto its snapshot, a fresh one onto the
         // empty template of its size.
-        let from_snapshot = spec.snapshot.as_ref().map(|s| self.snapshots.layer(s));
+        let (snaps, from_snapshot) = (self.snapshots.clone(), spec.snapshot.clone());
         let prepared = tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
             std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
-            let backing = match from_snapshot {
-                Some(layer) => layer,
-                None => disk::template(&tdir, disk_mb)?,
-            };
-            snapshot::create_overlay(&backing, &f2.disk)
+            match from_snapshot {
+                Some(snap) => snaps.chain_onto(&snap, &f2.disk),
+                None => snapshot::create_overlay(&disk::template(&tdir, disk_mb)?, &f2.disk),
+            }
         })
         .await
         .map_err(|e| EdgeError::Internal(e.to_string()))
@@ -275,104 +279,112 @@ impl MicroVmBackend {
         spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(launch), &launch.files.run_dir, incoming)
     }
 
-    async fn adopt_vm(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
-        if !self.cgroups.contains(id, pid) {
-            return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
-        }
-        let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
-        let agent = self.attach_ready(id, &pidfd).await?;
-        Ok(Instance::new(pid, pidfd, agent))
-    }
-
-    /// Connects to the agent of a VM that was set up before (re-adoption,
-    /// restore): it greets as ready, with its sandbox id.
-    async fn attach_ready(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<AgentClient, EdgeError> {
-        let files = self.files(id);
-        let attach = async {
-            let stream = connect_agent(&files.agent_socket(), pidfd).await?;
-            let (agent, hello) = AgentClient::connect(stream).await?;
-            match hello.state {
-                AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
-                other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
-            }
-        };
-        tokio::time::timeout(REATTACH_WAIT, attach)
-            .await
-            .map_err(|_| EdgeError::Timeout(format!("re-attaching to the microVM {id}")))?
-    }
-
-    /// Copies the writable disk of `id` into a new snapshot. `running`:
-    /// its vCPUs are stopped for the copy (the caller synced the guest);
-    /// otherwise it is suspended and its disk quiet.
-    pub async fn snapshot(&self, id: &str, running: bool, mut meta: snapshot::SnapshotMeta) -> Result<(snapshot::SnapshotMeta, f64), EdgeError> {
-        let files = self.files(id);
-        meta.parent = snapshot::backing_file(&files.disk)
-            .filter(|b| b.starts_with(self.snapshots.layer("x").parent().unwrap_or(Path::new("/"))))
-            .and_then(|b| b.file_stem().map(|s| s.to_string_lossy().into_owned()));
-        let qmp = files.qmp_socket();
-        if running {
-            qmp::execute(&qmp, "stop").await?;
-        }
-        let t0 = Instant::now();
-        let snaps = self.snapshots.clone();
-        let copied = tokio::task::spawn_blocking(move || snaps.write(&files.disk, meta))
-            .await
-            .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))
-            .and_then(|r| r);
-        let frozen_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        if running {
-            qmp::execute(&qmp, "cont").await?;
-        }
-        copied.map(|m| (m, frozen_ms))
-    }
-
     async fn suspend_vm(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<crate::backend::SuspendOutcome, EdgeError> {
-        let before = self.cgroups.memory_usage(id).unwrap_or(0);
-        let (qmp, image, ram) = (self.files(id).qmp_socket(), self.image_path(id), self.ram_path(id));
-        let pidfd = pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let mut out = tokio::task::spawn_blocking(move || suspend::save(&qmp, &image, ram.as_deref(), &pidfd))
-            .await
-            .map_err(|e| EdgeError::Internal(format!("suspend task failed: {e}")))??;
-        out.memory_before_bytes = before;
-        out.memory_after_bytes = self.cgroups.memory_usage(id).unwrap_or(0);
-        Ok(out)
+        let ram = self.ram_path(id);
+        let ignore_shared = ram.is_some();
+        suspend_qemu(&self.cgroups, id, self.files(id).qmp_socket(), self.image_path(id), ram, ignore_shared, pidfd).await
     }
 
     async fn restore_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
-        let image = self.image_path(id);
-        let state = std::fs::File::open(&image)
-            .map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
         let files = self.files(id);
-        // Sockets of the previous QEMU: the new one makes its own.
-        for stale in [files.agent_socket(), files.qmp_socket()] {
-            let _ = std::fs::remove_file(stale);
-        }
         let accel = self.accel().await;
         let ram = self.ram_path(id);
         let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
         launch.incoming_fd = Some(suspend::INCOMING_FD);
-        let state = std::os::fd::OwnedFd::from(state);
-        let (pid, pidfd) = self.spawn_qemu(id, &launch, Some(&state))?;
-        drop(state);
-        let restored = async {
-            let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
-            let ram_file = ram.is_some();
-            tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ram_file))
-                .await
-                .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))??;
-            self.attach_ready(id, &pidfd).await
-        };
-        match restored.await {
-            Ok(agent) => {
-                // The image is spent: the RAM file is live memory again.
-                let _ = std::fs::remove_file(&image);
-                Ok(Instance::new(pid, pidfd, agent))
-            }
-            Err(e) => {
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                reap(&pidfd);
-                Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(&files))))
-            }
+        let args = cmdline::qemu_args(&launch);
+        restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), ram.is_some()).await
+    }
+}
+
+/// Copies the writable disk `files.disk` of a VM into a new snapshot in
+/// `snaps` (shared by both VM backends). `running`: its vCPUs are stopped
+/// for the copy (the caller synced the guest; QEMU's `stop` flushes its
+/// own caches to the image); otherwise it is suspended and its disk
+/// quiet. Returns the snapshot and how long the vCPUs were stopped.
+pub(crate) async fn snapshot_disk(
+    snaps: &snapshot::SnapshotDir,
+    files: VmFiles,
+    running: bool,
+    mut meta: snapshot::SnapshotMeta,
+) -> Result<(snapshot::SnapshotMeta, f64), EdgeError> {
+    meta.parent = snapshot::backing_file(&files.disk).and_then(|b| snaps.id_of_layer(&b));
+    let qmp = files.qmp_socket();
+    if running {
+        qmp::execute(&qmp, "stop").await?;
+    }
+    let t0 = Instant::now();
+    let snaps = snaps.clone();
+    let copied = tokio::task::spawn_blocking(move || snaps.write(&files.disk, meta))
+        .await
+        .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))
+        .and_then(|r| r);
+    let frozen_ms = t0.elapsed().as_secs_f64() * 1000.0;
+    if running {
+        qmp::execute(&qmp, "cont").await?;
+    }
+    copied.map(|m| (m, frozen_ms))
+}
+
+/// Suspends VM `id` (QEMU `pidfd`, QMP at `qmp`) to `image` and ends its
+/// QEMU (shared by both VM backends; `suspend::save` says what
+/// `ram` and `ignore_shared` mean).
+pub(crate) async fn suspend_qemu(
+    cgroups: &Cgroups,
+    id: &str,
+    qmp: PathBuf,
+    image: PathBuf,
+    ram: Option<PathBuf>,
+    ignore_shared: bool,
+    pidfd: &std::os::fd::OwnedFd,
+) -> Result<crate::backend::SuspendOutcome, EdgeError> {
+    let before = cgroups.memory_usage(id).unwrap_or(0);
+    let pidfd = pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let mut out = tokio::task::spawn_blocking(move || suspend::save(&qmp, &image, ram.as_deref(), ignore_shared, &pidfd))
+        .await
+        .map_err(|e| EdgeError::Internal(format!("suspend task failed: {e}")))??;
+    out.memory_before_bytes = before;
+    out.memory_after_bytes = cgroups.memory_usage(id).unwrap_or(0);
+    Ok(out)
+}
+
+/// Starts VM `id` anew from its suspend `image`: QEMU with `args` (its
+/// usual command line plus `-incoming defer`) loads the image, continues,
+/// and its agent greets as ready (shared by both VM backends). The image
+/// is deleted once the VM runs; on failure it is kept and no QEMU is left.
+pub(crate) async fn restore_qemu(
+    cgroups: &Cgroups,
+    qemu: &Path,
+    id: &str,
+    args: Vec<String>,
+    files: &VmFiles,
+    image: &Path,
+    ignore_shared: bool,
+) -> Result<Instance, EdgeError> {
+    let state = std::fs::File::open(image).map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
+    // Sockets of the previous QEMU: the new one makes its own.
+    for stale in [files.agent_socket(), files.qmp_socket()] {
+        let _ = std::fs::remove_file(stale);
+    }
+    let state = std::os::fd::OwnedFd::from(state);
+    let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state))?;
+    drop(state);
+    let restored = async {
+        let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
+        tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ignore_shared))
+            .await
+            .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))??;
+        attach_ready(id, &pidfd, &files.agent_socket()).await
+    };
+    match restored.await {
+        Ok(agent) => {
+            // The image is spent (with a RAM file, that is live memory again).
+            let _ = std::fs::remove_file(image);
+            Ok(Instance::new(pid, pidfd, agent))
+        }
+        Err(e) => {
+            let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+            reap(&pidfd);
+            Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(files))))
         }
     }
 }
@@ -492,18 +504,24 @@ pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Pat
         return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
     }
     let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+    let agent = attach_ready(id, &pidfd, socket).await?;
+    Ok(Instance::new(pid, pidfd, agent))
+}
+
+/// Connects to the agent of a VM that was set up before (re-adoption,
+/// restore): it greets as ready, with its sandbox id.
+async fn attach_ready(id: &str, pidfd: &std::os::fd::OwnedFd, socket: &Path) -> Result<AgentClient, EdgeError> {
     let attach = async {
-        let stream = connect_agent(socket, &pidfd).await?;
+        let stream = connect_agent(socket, pidfd).await?;
         let (agent, hello) = AgentClient::connect(stream).await?;
         match hello.state {
             AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
             other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
         }
     };
-    let agent = tokio::time::timeout(REATTACH_WAIT, attach)
+    tokio::time::timeout(REATTACH_WAIT, attach)
         .await
-        .map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))??;
-    Ok(Instance::new(pid, pidfd, agent))
+        .map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))?
 }
 
 /// How long re-adoption waits for a guest agent to greet.
@@ -530,6 +548,20 @@ pub(crate) async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> R
     }
 }
 
+/// Removes the files `<id><suffix>` in `dir` whose id is `ours` (the
+/// reaper's pass over a VM backend's files); returns how many.
+pub(crate) fn reap_dir(dir: &Path, suffix: &str, mut ours: impl FnMut(&str) -> bool) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let mut gone = 0;
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        if name.strip_suffix(suffix).is_some_and(&mut ours) && std::fs::remove_file(e.path()).is_ok() {
+            gone += 1;
+        }
+    }
+    gone
+}
+
 /// True once the process behind `pidfd` has exited.
 pub fn process_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
     suspend::wait_exit(pidfd, Duration::ZERO)
@@ -552,7 +584,7 @@ impl Backend for MicroVmBackend {
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(self.adopt_vm(id, pid))
+        Box::pin(async move { reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await })
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
@@ -597,13 +629,7 @@ impl Backend for MicroVmBackend {
             }
         }
         for (dir, suffix) in [(&self.disk_dir, ".qcow2"), (&self.disk_dir, ".ext4"), (&self.ram_dir, ".ram"), (&self.suspend_dir, ".vmstate")] {
-            let Ok(dir) = std::fs::read_dir(dir) else { continue };
-            for e in dir.flatten() {
-                let name = e.file_name().to_string_lossy().into_owned();
-                if name.strip_suffix(suffix).is_some_and(&mut ours) && std::fs::remove_file(e.path()).is_ok() {
-                    gone += 1;
-                }
-            }
+            gone += reap_dir(dir, suffix, &mut ours);
         }
         gone
     }

@@ -21,6 +21,13 @@
 //!
 //! Metadata (`<snapid>.json`, next to `<snapid>.qcow2`): owner, name,
 //! source sandbox and the image stack it ran.
+//!
+//! Deletion (`SnapshotDir::remove`) is refused while anything backs onto
+//! the layer: a snapshot that chains onto it, or a sandbox disk started
+//! from it (the edge checks both under `SnapshotDir::guard`, which a new
+//! sandbox's overlay creation holds too, so a disk never comes to back
+//! onto a layer being deleted). The metadata goes first, so a crash in
+//! between leaves an unlisted layer, which `open` removes.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -28,6 +35,12 @@ use std::process::Command;
 use serde::{Deserialize, Serialize};
 
 use crate::error::EdgeError;
+use crate::model::BackendKind;
+
+/// Snapshots written before full VMs had them are microVMs'.
+fn microvm_kind() -> BackendKind {
+    BackendKind::Microvm
+}
 
 /// What a snapshot records.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -44,8 +57,14 @@ pub struct SnapshotMeta {
     pub toolkits: Vec<String>,
     /// Size of the disk (the ext4 filesystem inside).
     pub disk_mb: u64,
-    /// The snapshot it chains onto (`None`: the empty template).
+    /// The snapshot it chains onto (`None`: the empty template, or a
+    /// full VM's base image).
     pub parent: Option<String>,
+    /// What sandboxes started from it are: a microVM (the disk is its
+    /// writable layer) or a full VM (the disk is its whole disk, over the
+    /// image's base disk).
+    #[serde(default = "microvm_kind")]
+    pub backend: BackendKind,
     pub created_at_ms: u64,
     /// Bytes its own layer occupies on disk.
     pub bytes: u64,
@@ -57,15 +76,79 @@ pub struct SnapshotDir {
     dir: PathBuf,
 }
 
+/// Held while a snapshot is checked and deleted, and while a new disk is
+/// chained onto one (one lock for the process: both are short and rare).
+static GUARD: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
 impl SnapshotDir {
+    /// Opens (makes) the directory and removes what an interrupted write
+    /// or deletion left: temporary metadata, layers without metadata.
+    /// Called at edge start, before any snapshot is written.
     pub fn open(dir: PathBuf) -> Result<Self, String> {
         std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
-        Ok(Self { dir })
+        let snaps = Self { dir };
+        let removed = snaps.remove_orphans();
+        if removed > 0 {
+            tracing::info!(removed, dir = %snaps.dir.display(), "removed incomplete snapshot files");
+        }
+        Ok(snaps)
+    }
+
+    /// Serialises deletion against new disks chaining onto a snapshot.
+    pub fn guard(&self) -> std::sync::MutexGuard<'static, ()> {
+        GUARD.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn remove_orphans(&self) -> usize {
+        let Ok(dir) = std::fs::read_dir(&self.dir) else { return 0 };
+        let mut gone = 0;
+        for e in dir.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let orphan = name.ends_with(".json.tmp")
+                || name.strip_suffix(".qcow2").is_some_and(|id| !self.meta_path(id).is_file());
+            if orphan && std::fs::remove_file(e.path()).is_ok() {
+                gone += 1;
+            }
+        }
+        gone
+    }
+
+    /// The snapshots that chain onto `id`.
+    pub fn children(&self, id: &str) -> Vec<SnapshotMeta> {
+        self.list().into_iter().filter(|m| m.parent.as_deref() == Some(id)).collect()
+    }
+
+    /// Makes `disk`, a new overlay on snapshot `id`, unless the snapshot
+    /// was deleted since the request named it.
+    pub fn chain_onto(&self, id: &str, disk: &Path) -> Result<(), EdgeError> {
+        let _guard = self.guard();
+        let meta = self.get(id).ok_or_else(|| EdgeError::SnapshotNotFound(id.to_string()))?;
+        create_overlay(&self.layer(&meta.id), disk)
+    }
+
+    /// Deletes snapshot `id` (metadata first: unlisted at once). The
+    /// caller holds `guard` and checked that nothing backs onto it.
+    pub fn remove(&self, id: &str) -> Result<(), EdgeError> {
+        for path in [self.meta_path(id), self.layer(id)] {
+            match std::fs::remove_file(&path) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", path.display()))),
+            }
+        }
+        Ok(())
     }
 
     /// The disk layer of snapshot `id`.
     pub fn layer(&self, id: &str) -> PathBuf {
         self.dir.join(format!("{id}.qcow2"))
+    }
+
+    /// The snapshot whose layer `path` is (`None`: not a snapshot's, e.g.
+    /// an empty template or a VM image's base disk).
+    pub fn id_of_layer(&self, path: &Path) -> Option<String> {
+        let id = path.strip_prefix(&self.dir).ok()?.to_str()?.strip_suffix(".qcow2")?;
+        self.meta_path(id).is_file().then(|| id.to_string())
     }
 
     fn meta_path(&self, id: &str) -> PathBuf {
@@ -119,10 +202,20 @@ impl SnapshotDir {
 /// Makes `dst`, a qcow2 overlay over `backing` (raw or qcow2, by name),
 /// of the backing file's size.
 pub fn create_overlay(backing: &Path, dst: &Path) -> Result<(), EdgeError> {
-    let out = Command::new("qemu-img")
-        .args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", "-F", super::cmdline::disk_format(backing), "-b"])
+    create_overlay_of_size(backing, dst, None)
+}
+
+/// `create_overlay`, with a virtual size of `size` bytes (larger than the
+/// backing file's: the guest sees a bigger disk) when given.
+pub fn create_overlay_of_size(backing: &Path, dst: &Path, size: Option<u64>) -> Result<(), EdgeError> {
+    let mut cmd = Command::new("qemu-img");
+    cmd.args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", "-F", super::cmdline::disk_format(backing), "-b"])
         .arg(backing)
-        .arg(dst)
+        .arg(dst);
+    if let Some(size) = size {
+        cmd.arg(size.to_string());
+    }
+    let out = cmd
         .output()
         .map_err(|e| EdgeError::Internal(format!("running qemu-img (Debian package qemu-utils): {e}")))?;
     if !out.status.success() {
@@ -157,6 +250,34 @@ pub fn backing_file(image: &Path) -> Option<PathBuf> {
     Some(PathBuf::from(String::from_utf8(name).ok()?))
 }
 
+/// The disks (`<sandbox id>.qcow2`) in `dirs` whose backing file is
+/// `layer`: the sandboxes started from that snapshot whose files exist.
+pub fn disks_backed_by(dirs: &[&Path], layer: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for dir in dirs {
+        let Ok(entries) = std::fs::read_dir(dir) else { continue };
+        for e in entries.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if let Some(id) = name.strip_suffix(".qcow2") {
+                if backing_file(&e.path()).as_deref() == Some(layer) {
+                    out.push(id.to_string());
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+/// The virtual size (bytes) a qcow2 image's header states (`None`: not a
+/// qcow2 file).
+pub fn virtual_size(image: &Path) -> Option<u64> {
+    use std::io::Read;
+    let mut head = [0u8; 32];
+    std::fs::File::open(image).ok()?.read_exact(&mut head).ok()?;
+    (&head[..4] == b"QFI\xfb").then(|| u64::from_be_bytes(head[24..32].try_into().unwrap_or_default()))
+}
+
 /// Snapshot names: what a user types and a path may hold.
 pub fn validate_name(name: &str) -> Result<(), EdgeError> {
     let ok = !name.is_empty()
@@ -187,6 +308,11 @@ mod tests {
         create_overlay(&a, &b).unwrap();
         assert_eq!(backing_file(&b), Some(a.clone()));
         assert_eq!(backing_file(&template), None, "a raw file has no backing");
+        assert_eq!(virtual_size(&b), Some(16 << 20));
+        assert_eq!(virtual_size(&template), None);
+        let big = dir.path().join("big.qcow2");
+        create_overlay_of_size(&a, &big, Some(32 << 20)).unwrap();
+        assert_eq!(virtual_size(&big), Some(32 << 20));
         // Small: an overlay holds only its header and tables.
         assert!(super::super::suspend::allocated(&b) < 1 << 20);
     }
@@ -207,6 +333,7 @@ mod tests {
             toolkits: vec![],
             disk_mb: 64,
             parent: None,
+            backend: BackendKind::Microvm,
             created_at_ms: 1,
             bytes: 0,
         };
@@ -219,5 +346,49 @@ mod tests {
         for bad in ["", ".hidden", "a/b", "x y"] {
             assert!(validate_name(bad).is_err(), "{bad:?}");
         }
+    }
+
+    #[test]
+    fn removal_unlists_first_and_open_removes_what_a_crash_left() {
+        let dir = tempfile::tempdir().unwrap();
+        let snaps = SnapshotDir::open(dir.path().join("snaps")).unwrap();
+        let template = super::super::disk::template(dir.path(), 16).unwrap();
+        let overlay = dir.path().join("o.qcow2");
+        create_overlay(&template, &overlay).unwrap();
+        let meta = |id: &str, parent: Option<&str>| SnapshotMeta {
+            id: id.into(),
+            name: id.into(),
+            tenant: "t".into(),
+            source: "n.x".into(),
+            image: "busybox".into(),
+            workspace: None,
+            toolkits: vec![],
+            disk_mb: 16,
+            parent: parent.map(Into::into),
+            backend: BackendKind::Microvm,
+            created_at_ms: 1,
+            bytes: 0,
+        };
+        snaps.write(&overlay, meta("snap-a", None)).unwrap();
+        snaps.write(&overlay, meta("snap-b", Some("snap-a"))).unwrap();
+        assert_eq!(snaps.children("snap-a").iter().map(|m| m.id.as_str()).collect::<Vec<_>>(), ["snap-b"]);
+        assert!(snaps.children("snap-b").is_empty());
+        // A sandbox disk started from snap-b backs onto its layer.
+        let disks = dir.path().join("disks");
+        std::fs::create_dir(&disks).unwrap();
+        create_overlay(&snaps.layer("snap-b"), &disks.join("n.kid.qcow2")).unwrap();
+        create_overlay(&template, &disks.join("n.other.qcow2")).unwrap();
+        assert_eq!(disks_backed_by(&[&disks], &snaps.layer("snap-b")), ["n.kid"]);
+        assert!(disks_backed_by(&[&disks], &snaps.layer("snap-a")).is_empty());
+        assert_eq!(snaps.id_of_layer(&snaps.layer("snap-a")).as_deref(), Some("snap-a"));
+        assert_eq!(snaps.id_of_layer(&template), None);
+        snaps.remove("snap-b").unwrap();
+        assert!(snaps.get("snap-b").is_none() && !snaps.layer("snap-b").exists());
+        snaps.remove("snap-b").unwrap();
+        // What a crash between the two removals, or during a write, leaves.
+        std::fs::remove_file(snaps.meta_path("snap-a")).unwrap();
+        std::fs::write(snaps.dir.join(".snap-c.json.tmp"), b"{").unwrap();
+        let reopened = SnapshotDir::open(snaps.dir.clone()).unwrap();
+        assert_eq!(std::fs::read_dir(&reopened.dir).unwrap().count(), 0, "orphans removed");
     }
 }

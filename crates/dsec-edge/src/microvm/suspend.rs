@@ -34,13 +34,15 @@ const QUIT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const INCOMING_FD: i32 = 3;
 
 /// Saves the VM behind `qmp` to `image` and ends its QEMU (`pidfd`).
-/// `ram` is the guest RAM file when there is one. On error QEMU keeps
-/// running (continued again) and no image is left.
-pub fn save(qmp: &Path, image: &Path, ram: Option<&Path>, pidfd: &OwnedFd) -> Result<SuspendOutcome, EdgeError> {
+/// `ram` is the guest RAM file when there is one. `ignore_shared`: leave
+/// shared file-backed memory out of the stream (the RAM file, a full VM's
+/// read-only pmem layers); the restore must say the same. On error QEMU
+/// keeps running (continued again) and no image is left.
+pub fn save(qmp: &Path, image: &Path, ram: Option<&Path>, ignore_shared: bool, pidfd: &OwnedFd) -> Result<SuspendOutcome, EdgeError> {
     let t0 = Instant::now();
     let mut s = Session::connect(qmp)?;
     s.call("stop", serde_json::Value::Null)?;
-    set_capabilities(&mut s, ram.is_some())?;
+    set_capabilities(&mut s, ignore_shared)?;
     let tmp = image.with_extension("tmp");
     let saved = migrate_out(&mut s, &tmp);
     if let Err(e) = saved {
@@ -98,15 +100,15 @@ fn wait_migration(s: &mut Session) -> Result<(), EdgeError> {
     }
 }
 
-/// Leaves shared (file-backed) guest RAM out of the stream, or not.
-fn set_capabilities(s: &mut Session, ram_file: bool) -> Result<(), EdgeError> {
-    let caps = serde_json::json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": ram_file }] });
+/// Leaves shared (file-backed) guest memory out of the stream, or not.
+fn set_capabilities(s: &mut Session, ignore_shared: bool) -> Result<(), EdgeError> {
+    let caps = serde_json::json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": ignore_shared }] });
     s.call("migrate-set-capabilities", caps).map(drop)
 }
 
 /// After a restoring QEMU started: has it load the image (inherited at
 /// `INCOMING_FD`), then lets the guest run.
-pub fn finish_restore(qmp: &Path, pidfd: &OwnedFd, ram_file: bool) -> Result<(), EdgeError> {
+pub fn finish_restore(qmp: &Path, pidfd: &OwnedFd, ignore_shared: bool) -> Result<(), EdgeError> {
     let deadline = Instant::now() + MIGRATE_TIMEOUT;
     let mut s = loop {
         match Session::connect(qmp) {
@@ -122,7 +124,7 @@ pub fn finish_restore(qmp: &Path, pidfd: &OwnedFd, ram_file: bool) -> Result<(),
             }
         }
     };
-    set_capabilities(&mut s, ram_file)?;
+    set_capabilities(&mut s, ignore_shared)?;
     s.call("migrate-incoming", serde_json::json!({ "uri": format!("fd:{INCOMING_FD}") }))?;
     wait_migration(&mut s)?;
     s.call("cont", serde_json::Value::Null).map(drop)

@@ -3,9 +3,10 @@ QEMU ``microvm`` booting the guest kernel (under TCG where KVM cannot run
 it, about 3 s per boot). Boots are slow, so one busybox microVM is shared by
 the tests of this file in order (exec, files, sessions, a PTY, the disk
 limit, pause and transparent resume, suspend to disk and transparent
-resume, a snapshot of the suspended VM), and the last of them stops it and
+resume, a snapshot of the suspended VM and its deletion), and the last of them stops it and
 checks that nothing of it is left on the host; two more boot as forks of
-the snapshot, one more boots the python image."""
+the snapshot, one more boots the python image, and one more is suspended
+under a platform of its own that is killed and started again."""
 
 from __future__ import annotations
 
@@ -170,7 +171,8 @@ async def test_suspend_ends_qemu_and_a_request_restores_it(server: Server, clien
         await sb.pause(mode="hibernate")
 
 
-async def test_a_snapshot_of_a_suspended_vm_forks_children(client: DSecClient, vm_id: str) -> None:
+async def test_a_snapshot_of_a_suspended_vm_forks_children(server: Server, tenant: Tenant, client: DSecClient,
+                                                           vm_id: str) -> None:
     sb = client.sandbox(vm_id)
     await sb.run_shell("echo from-parent > /root/forked.txt")
     await sb.suspend()
@@ -197,11 +199,46 @@ async def test_a_snapshot_of_a_suspended_vm_forks_children(client: DSecClient, v
         child_snap = await kids[0].snapshot(f"{snap.name}-child")
         assert child_snap.parent == snap.id
         assert any(s.id == child_snap.id for s in await client.snapshots())
+        # Deletion is refused while anything backs onto the layer: first
+        # the chained snapshot, then the live children's disks.
+        with pytest.raises(dsec.SnapshotInUse) as e:
+            await client.delete_snapshot(snap.name)
+        assert e.value.status == 409 and child_snap.name in e.value.message
+        # The CLI lists and deletes too (the child's snapshot is a copy:
+        # nothing backs onto it).
+        listed = _cli(server, tenant, "snapshot", "ls")
+        assert snap.name in listed and child_snap.name in listed, listed
+        assert _cli(server, tenant, "snapshot", "rm", child_snap.name) == f"removed {child_snap.name}\n"
+        with pytest.raises(dsec.SnapshotInUse) as e:
+            await client.delete_snapshot(snap.name)
+        assert all(kid.id in e.value.message for kid in kids), e.value.message
     finally:
         for kid in kids:
             await kid.delete()
+    # Now nothing backs onto it: deleted, files and all; its idempotency
+    # key is free again (a retry makes a new snapshot).
+    await client.delete_snapshot(snap.name)
+    assert not any(s.name in (snap.name, child_snap.name) for s in await client.snapshots())
+    with pytest.raises(dsec.SnapshotNotFound):
+        await client.delete_snapshot(snap.name)
+    left = [p for p in server.data_dir.glob("edge/*/vm/snapshots/*") if snap.id in p.name or child_snap.id in p.name]
+    assert left == [], left
+    again = await sb.snapshot(snap.name, idempotency_key=key)
+    assert again.created and again.id != snap.id
+    await client.delete_snapshot(again.name)
     with pytest.raises(dsec.SnapshotNotFound):
         await client.run(vm_args("busybox", snapshot="no-such-snapshot"))
+
+
+def _cli(server: Server, tenant: Tenant, *args: str) -> str:
+    """Runs the dsec CLI as `tenant` against the server; its stdout."""
+    import subprocess
+    from .conftest import REPO
+    binary = os.environ.get("DSEC_BIN") or str(REPO / "target" / "release" / "dsec")
+    env = {**os.environ, "DSEC_ENDPOINT": server.url, "DSEC_TOKEN": tenant.token}
+    r = subprocess.run([binary, *args], env=env, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stderr
+    return r.stdout
 
 
 def _host_traces(sid: str) -> list[str]:
@@ -253,3 +290,45 @@ async def test_a_microvm_too_small_for_its_kernel_is_refused(client: DSecClient)
     with pytest.raises(dsec.DSecError) as e:
         await client.run(vm_args("busybox", memory_limit_mb=32))
     assert e.value.status == 400 and "at least" in e.value.message
+
+
+async def test_a_suspended_microvm_survives_an_edge_crash() -> None:
+    """A platform of its own (the session's must not be killed): a microVM
+    is suspended, the edge is SIGKILLed, `dsec up` starts again on the
+    same data directory, and the next request restores the VM."""
+    import shutil
+    import signal
+    import tempfile
+    import uuid
+
+    from .conftest import _create_tenant, serve_dsec
+    data_dir = Path(tempfile.mkdtemp(prefix="dsec-e2e-vmcrash-"))
+    node = f"e2e-vmcrash-{uuid.uuid4().hex[:6]}"
+    try:
+        first = serve_dsec(["--no-fncall"], data_dir=data_dir, node=node, stop_sandboxes_on_exit=False)
+        srv = next(first)
+        token = _create_tenant(srv, "vmcrash").token
+        async with DSecClient(srv.url, token) as c:
+            sb = await c.run(vm_args("busybox"), timeout=120)
+            await sb.run_shell("echo before-crash > /root/kept; sleep 100000 >/dev/null 2>&1 & echo $! > /tmp/sleeper")
+            assert (await sb.suspend()).suspended
+        os.kill(srv.pid, signal.SIGKILL)
+        first.close()
+        assert _qemu_of(sb.id) == [], "a suspended microVM has no QEMU"
+
+        second = serve_dsec(["--no-fncall"], data_dir=data_dir, node=node)
+        srv = next(second)
+        try:
+            async with DSecClient(srv.url, token) as c:
+                s = await c.connect(sb.id)
+                info = await s.refresh()
+                assert info.state == "paused" and info.suspended, info
+                r = await s.run_shell("cat /root/kept; kill -0 $(cat /tmp/sleeper) && echo alive")
+                assert r.stdout == "before-crash\nalive\n", r
+                assert len(_qemu_of(sb.id)) == 1 and (await s.refresh()).state == "running"
+                await s.delete()
+            assert _host_traces(sb.id) == []
+        finally:
+            second.close()
+    finally:
+        shutil.rmtree(data_dir, ignore_errors=True)

@@ -2,7 +2,9 @@
 qcow2 overlay under SeaBIOS (a whole Debian with systemd: tens of seconds
 under TCG). One VM is booted for the whole file and shared by the tests in
 order (exec and files through the guest agent, the screen, input, bad
-input, its toolkit layer read through virtio-pmem DAX); the last test stops it and checks that nothing of it is left on the
+input, its toolkit layer read through virtio-pmem DAX, pause, suspend and
+restore, a snapshot and a fork of it, which boots a second VM); the last
+test stops it and checks that nothing of it is left on the
 host. The image comes from ``dsec image setup`` (``DSEC_TEST_IMAGES_DIR``)
 or ``DSEC_TEST_VM_IMAGES_DIR``."""
 
@@ -23,18 +25,20 @@ import dsec
 from dsec import DSecClient, DSecRunArgs
 
 from .conftest import Server, Tenant, _http
-from .test_microvm import _host_traces
+from .test_microvm import _host_traces, _qemu_of
 
 pytestmark = pytest.mark.e2e
 
 MEMORY_MB = 512
 # The shared VM's read-only layer (virtio-pmem + DAX, the edge's default).
 TOOLKIT = "python"
+#: Larger than debian-vm's disk (4,161 MiB): the guest sees a disk of this size.
+DISK_MB = 4608
 
 
 def vm_args(image: str = "debian-vm", **kw: object) -> DSecRunArgs:
     base: dict[str, object] = dict(backend="vm", image=image, memory_limit_mb=MEMORY_MB,
-                                   cpu_cores_limit=1, ttl_running_stop=900, init_user="root",
+                                   cpu_cores_limit=1, disk_limit_mb=DISK_MB, ttl_running_stop=900, init_user="root",
                                    labels={"suite": "sdk-e2e-vm"})
     base.update(kw)
     return DSecRunArgs(**base)  # type: ignore[arg-type]
@@ -100,6 +104,9 @@ async def test_commands_and_files_run_in_the_guest_os(client: DSecClient, vm_id:
     # A whole OS: its own init, booted from the image's disk.
     assert init == "systemd" and debian.startswith("12")
     assert r.stderr == "err\n" and r.exit_code == 3
+    # disk_limit_mb is the size of the guest's disk (its overlay's).
+    assert info.limits.disk_limit_mb == DISK_MB
+    assert (await sb.run_shell("cat /sys/block/vda/size")).stdout == f"{DISK_MB * 2048}\n"
     blob = os.urandom(2 << 20)
     await sb.write_file("/root/blob.bin", blob)
     assert await sb.read_file("/root/blob.bin") == blob
@@ -168,6 +175,60 @@ async def test_a_missing_vm_image_or_too_little_memory_is_refused(client: DSecCl
     with pytest.raises(dsec.DSecError) as e2:
         await client.run(vm_args(memory_limit_mb=128))
     assert e2.value.status == 400 and "at least" in e2.value.message
+    # A disk smaller than the image's cannot hold it.
+    with pytest.raises(dsec.InvalidLimits) as e3:
+        await client.run(vm_args(disk_limit_mb=1024))
+    with open(_vm_image(), "rb") as f:
+        header = f.read(32)
+    image_mb = -(-struct.unpack(">Q", header[24:32])[0] // (1 << 20))
+    assert e3.value.status == 400 and f"disk_limit_mb must be at least {image_mb}" in e3.value.message
+
+
+async def test_pause_suspend_snapshot_and_fork_of_a_full_vm(server: Server, client: DSecClient,
+                                                           vm_id: str) -> None:
+    sb = client.sandbox(vm_id)
+    await sb.run_shell("echo kept > /root/kept.txt; sleep 100000 >/dev/null 2>&1 & echo $! > /root/sleeper")
+    # Freeze: QEMU stays, its vCPUs stopped; a request resumes it.
+    p = await sb.pause(mode="freeze")
+    assert p.changed and not p.suspended and len(_qemu_of(vm_id)) == 1
+    assert (await sb.run_shell("cat /root/kept.txt")).stdout == "kept\n"
+    # Suspend (the default for a VM): memory and devices to disk, QEMU gone.
+    before = _qemu_of(vm_id)
+    t0 = time.monotonic()
+    p = await sb.pause()
+    suspend_s = time.monotonic() - t0
+    assert p.changed and p.suspended and p.sandbox.suspended and p.disk_bytes > 0
+    assert _qemu_of(vm_id) == []
+    assert list(server.data_dir.glob(f"edge/*/vm/suspend/{vm_id}.vmstate"))
+    # A snapshot of the suspended VM's whole disk, without resuming it.
+    snap = await sb.snapshot(f"vm-{vm_id.split('.')[1]}")
+    assert snap.backend == "vm" and snap.image == "debian-vm" and snap.parent is None and snap.bytes > 0
+    assert (await sb.refresh()).suspended
+    # A request restores it transparently: the same processes, files, screen.
+    t0 = time.monotonic()
+    r = await sb.run_shell("cat /root/kept.txt; kill -0 $(cat /root/sleeper) && echo alive")
+    restore_s = time.monotonic() - t0
+    assert r.stdout == "kept\nalive\n", r
+    after = _qemu_of(vm_id)
+    assert len(after) == 1 and after != before, "a restore starts a new QEMU"
+    assert not list(server.data_dir.glob(f"edge/*/vm/suspend/{vm_id}.vmstate")), "the image is spent"
+    assert png_info(await sb.screenshot())[:2] == (720, 400)
+    print(f"full VM: suspend {suspend_s:.2f} s ({p.disk_bytes >> 20} MiB), restore to a command {restore_s:.2f} s")
+    # A fork boots a new VM from a disk chained onto the snapshot.
+    kids = await client.fork(snap, 1, vm_args(), timeout=400)
+    try:
+        kid = kids[0]
+        assert (await kid.refresh()).backend == "vm"
+        r = await kid.run_shell("cat /root/kept.txt; hostname")
+        kept, hostname = r.stdout.split()
+        assert kept == "kept" and kid.id.endswith(hostname), r
+        with pytest.raises(dsec.SnapshotInUse):
+            await client.delete_snapshot(snap.name)
+    finally:
+        for kid in kids:
+            await kid.delete()
+    await client.delete_snapshot(snap.name)
+    assert not [p for p in server.data_dir.glob("edge/*/vm/snapshots/*") if snap.id in p.name]
 
 
 async def test_a_toolkit_layer_is_read_through_dax(client: DSecClient, vm_id: str) -> None:
