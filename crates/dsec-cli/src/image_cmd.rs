@@ -1,6 +1,6 @@
-//! `dsec image build|setup|import|pull|ls|inspect|rm|gc`: images are built
-//! or imported on this node, straight into its image store, with progress
-//! bars.
+//! `dsec image build|setup|import|pull|push|ls|inspect|rm|gc`: images are
+//! built or imported on this node, straight into its image store, and
+//! pushed to registries or shared stores, with progress bars.
 
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
@@ -10,7 +10,8 @@ use anyhow::Context;
 use clap::{Args, Subcommand};
 use dsec_api::ImageInfo;
 use dsec_image::build::{build_layer_debootstrap, build_layer_from_dir, build_layer_from_tar, DebootstrapRecipe};
-use dsec_image::oci::registry::{pull, PullOptions};
+use dsec_image::oci::push::push;
+use dsec_image::oci::registry::{pull, RegistryOptions};
 use dsec_image::oci::{import_path, parse_platform, ImportOptions};
 use dsec_image::shared::{S3Options, SharedStore};
 use dsec_image::{build_default_image, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
@@ -45,13 +46,22 @@ pub enum ImageCmd {
     },
     /// Delete layer blobs no image names any more, and stale temp files.
     Gc(StoreArgs),
-    /// Copy an image into a store many nodes share (`dsec up --shared-store`),
-    /// with the chunk tables nodes need to load its layers on demand.
+    /// Push an image to an OCI registry (`dsec image push NAME
+    /// [registry/]repo[:tag]`: one tar+gzip layer per dsec layer, readable by
+    /// any OCI client), or with `--to` copy it into a store many nodes share
+    /// (`dsec up --shared-store`), with the chunk tables nodes need to load
+    /// its layers on demand.
     Push {
         name: String,
+        /// The registry reference to push to, `[registry/]repository[:tag]`.
+        #[arg(required_unless_present = "to", conflicts_with = "to")]
+        destination: Option<String>,
         /// The shared store: a directory, or `s3://bucket[/prefix]`.
         #[arg(long)]
-        to: String,
+        to: Option<String>,
+        /// Plain HTTP even for a registry that is not on loopback.
+        #[arg(long, requires = "destination")]
+        plain_http: bool,
         #[command(flatten)]
         s3: S3Args,
         #[command(flatten)]
@@ -277,29 +287,39 @@ fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
         ImageCmd::Pull(a) => {
             let store = a.store.open()?;
             let options = a.oci.options(None)?;
-            let credentials = match (std::env::var("DSEC_REGISTRY_USER"), std::env::var("DSEC_REGISTRY_PASSWORD")) {
-                (Ok(u), Ok(p)) => Some((u, p)),
-                _ => None,
-            };
-            let pull_options = PullOptions { plain_http: a.plain_http, credentials };
+            let pull_options = RegistryOptions { plain_http: a.plain_http, credentials: registry_credentials() };
             finish_import(&a.reference, |bars| pull(&store, &a.reference, &pull_options, &options, bars))
         }
         ImageCmd::Inspect { name, store } => {
             let store = store.open()?;
-            let image = store.resolve(&name)?;
+            let reference = parse_reference(&name)?;
+            // Also an image whose layers arrive on demand: its manifest is
+            // here, its blobs (null) not yet.
+            let manifest = store.stored_manifest(&reference)?;
+            let blobs: Vec<Option<String>> = manifest
+                .layers
+                .iter()
+                .map(|l| store.has_blob(&l.digest).then(|| store.blob_path(&l.digest).display().to_string()))
+                .collect();
             let out = serde_json::json!({
-                "name": image.reference.to_string(),
-                "manifest": serde_json::from_slice::<serde_json::Value>(&image.manifest.to_json()?)?,
-                "blobs": image.layers.iter().map(|l| l.path.display().to_string()).collect::<Vec<_>>(),
+                "name": reference.to_string(),
+                "manifest": serde_json::from_slice::<serde_json::Value>(&manifest.to_json()?)?,
+                "blobs": blobs,
             });
             println!("{}", serde_json::to_string_pretty(&out)?);
             Ok(0)
         }
-        ImageCmd::Push { name, to, s3, store } => {
+        ImageCmd::Push { name, destination: Some(destination), plain_http, store, .. } => {
+            let local = store.open()?;
+            let options = RegistryOptions { plain_http, credentials: registry_credentials() };
+            push_to_registry(&local, &name, &destination, &options)
+        }
+        ImageCmd::Push { name, to: Some(to), s3, store, .. } => {
             let local = store.open()?;
             let shared = SharedStore::open(&to, &s3.options()).with_context(|| format!("opening the shared store {to}"))?;
             copy_between(Direction::Push(&local, &shared), &name)
         }
+        ImageCmd::Push { .. } => anyhow::bail!("give a registry reference or --to SHARED_STORE"),
         ImageCmd::Fetch { name, from, s3, store } => {
             let local = store.open()?;
             let shared = SharedStore::open(&from, &s3.options()).with_context(|| format!("opening the shared store {from}"))?;
@@ -418,6 +438,38 @@ fn copy_between(direction: Direction<'_>, name: &str) -> anyhow::Result<u8> {
                 human_bytes(s.bytes_copied),
                 s.layers_present
             ));
+            Ok(0)
+        }
+        Err(e) => {
+            bars.bar.abandon_with_message("failed");
+            Err(e.into())
+        }
+    }
+}
+
+/// `DSEC_REGISTRY_USER` and `DSEC_REGISTRY_PASSWORD`, when both are set.
+fn registry_credentials() -> Option<(String, String)> {
+    match (std::env::var("DSEC_REGISTRY_USER"), std::env::var("DSEC_REGISTRY_PASSWORD")) {
+        (Ok(u), Ok(p)) => Some((u, p)),
+        _ => None,
+    }
+}
+
+/// Pushes one image to an OCI registry under a progress bar; prints the
+/// pushed reference with its manifest digest.
+fn push_to_registry(store: &ImageStore, name: &str, destination: &str, options: &RegistryOptions) -> anyhow::Result<u8> {
+    let bars = Bars::new(name);
+    let started = std::time::Instant::now();
+    match push(store, name, destination, options, &bars) {
+        Ok(p) => {
+            bars.finish(format!(
+                "pushed {} layers ({}), {} already there, in {:.1?}",
+                p.layers_uploaded,
+                human_bytes(p.bytes_uploaded),
+                p.layers_present,
+                started.elapsed()
+            ));
+            println!("{}", p.pushed);
             Ok(0)
         }
         Err(e) => {

@@ -116,6 +116,11 @@ impl<W: Write> HashingWriter<W> {
     pub(crate) fn finish(self) -> (Digest, u64) {
         (Digest(self.hasher.finalize().into()), self.len)
     }
+
+    /// The digest, the count and the writer underneath (to finish it).
+    pub(crate) fn into_parts(self) -> (Digest, u64, W) {
+        (Digest(self.hasher.finalize().into()), self.len, self.inner)
+    }
 }
 
 impl<W: Write> Write for HashingWriter<W> {

@@ -233,6 +233,20 @@ impl ImageStore {
         Ok(())
     }
 
+    /// Where the record of a blob's last OCI export lives (`oci::push`).
+    pub(crate) fn export_record_path(&self, digest: &Digest) -> PathBuf {
+        self.blobs.join(format!("{}.oci.json", digest.hex()))
+    }
+
+    /// Writes the record of a blob's OCI export (atomically).
+    pub(crate) fn put_export_record(&self, digest: &Digest, bytes: &[u8]) -> Result<(), ImageError> {
+        let path = self.export_record_path(digest);
+        let mut temp = self.temp_file()?;
+        temp.write_all(bytes).map_err(io_err("writing export record", temp.path()))?;
+        temp.persist(&path).map_err(|e| io_err("publishing export record", &path)(e.error))?;
+        Ok(())
+    }
+
     pub fn has_blob(&self, digest: &Digest) -> bool {
         self.blob_path(digest).is_file()
     }
@@ -523,13 +537,42 @@ impl ImageStore {
     /// Stores `manifest` under `reference`, replacing any previous one.
     /// Every layer blob must already be in the store with the recorded size.
     pub fn put_image(&self, reference: &Reference, manifest: &Manifest) -> Result<(), ImageError> {
+        let _lock = self.write_lock()?;
+        self.check_layers(reference, manifest)?;
+        self.write_manifest(reference, manifest)
+    }
+
+    /// Stores the manifest of an image whose layers arrive later, on
+    /// demand: resolving it reports `MissingBlob` until they are all local,
+    /// but the node knows the image (its layers, config and chunk tables)
+    /// without asking the store it came from.
+    pub fn put_on_demand_image(&self, reference: &Reference, manifest: &Manifest) -> Result<(), ImageError> {
+        let _lock = self.write_lock()?;
+        self.write_manifest(reference, manifest)
+    }
+
+    /// The manifest stored under `reference`, whether or not its layers
+    /// are local.
+    pub fn stored_manifest(&self, reference: &Reference) -> Result<Manifest, ImageError> {
+        let path = self.manifest_path(reference);
+        let bytes = match fs::read(&path) {
+            Ok(b) => b,
+            Err(e) if e.kind() == io::ErrorKind::NotFound => {
+                return Err(ImageError::ImageNotFound(reference.to_string()))
+            }
+            Err(e) => return Err(io_err("reading manifest", &path)(e)),
+        };
+        Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest { path, source })
+    }
+
+    /// Writes a manifest atomically and durably (the caller holds the
+    /// write lock).
+    fn write_manifest(&self, reference: &Reference, manifest: &Manifest) -> Result<(), ImageError> {
         let path = self.manifest_path(reference);
         let json = manifest.to_json().map_err(|source| ImageError::Manifest {
             path: path.clone(),
             source,
         })?;
-        let _lock = self.write_lock()?;
-        self.check_layers(reference, manifest)?;
         let mut temp = self.temp_file()?;
         temp.write_all(&json)
             .map_err(io_err("writing manifest", temp.path()))?;
@@ -609,11 +652,13 @@ impl ImageStore {
             let entry = entry.map_err(io_err("listing", &self.blobs))?;
             let name = entry.file_name();
             let name = name.to_str().unwrap_or_default();
-            // A chunk table goes with its blob.
-            let (hex, is_blob) = match (name.strip_suffix(".erofs"), name.strip_suffix(".chunks")) {
-                (Some(hex), _) => (hex, true),
-                (None, Some(hex)) => (hex, false),
-                (None, None) => continue, // not ours: leave it alone
+            // A chunk table and an export record go with their blob.
+            let (hex, is_blob) = if let Some(hex) = name.strip_suffix(".erofs") {
+                (hex, true)
+            } else if let Some(hex) = name.strip_suffix(".chunks").or_else(|| name.strip_suffix(".oci.json")) {
+                (hex, false)
+            } else {
+                continue; // not ours: leave it alone
             };
             let Ok(digest) = Digest::from_hex(hex) else {
                 continue;
@@ -675,6 +720,20 @@ impl ImageStore {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A blob's side files (chunk table, OCI export record) go with it.
+    #[test]
+    fn gc_removes_side_files_of_unreferenced_blobs() {
+        let tmp = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(tmp.path()).unwrap();
+        let d = Digest::of_bytes(b"gone");
+        store.put_chunk_table(&d, b"table").unwrap();
+        store.put_export_record(&d, b"{}").unwrap();
+        assert!(store.export_record_path(&d).is_file());
+        store.gc(&HashSet::new()).unwrap();
+        assert!(!store.export_record_path(&d).exists());
+        assert!(!store.chunk_table_path(&d).exists());
+    }
 
     #[test]
     fn manifest_file_names_round_trip() {

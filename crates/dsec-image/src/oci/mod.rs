@@ -1,5 +1,6 @@
 //! Import of OCI images: from an OCI image layout (a directory or its tar),
-//! a `docker save` archive, or an OCI registry (`registry`).
+//! a `docker save` archive, or an OCI registry (`registry`); and push of
+//! dsec images to an OCI registry (`push`).
 //!
 //! Each image becomes dsec layers: consecutive OCI layers are applied to one
 //! scratch root until it holds `merge_below` bytes of layer data (the many
@@ -14,7 +15,11 @@ use std::sync::Arc;
 
 mod apply;
 mod build;
+mod client;
+mod export;
+mod layer_tar;
 mod layout;
+pub mod push;
 pub mod registry;
 mod source;
 mod spec;

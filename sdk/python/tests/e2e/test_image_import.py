@@ -1,14 +1,18 @@
 """OCI images imported with the real tools' formats, then run as sandboxes:
 an OCI layout (one dsec layer per OCI layer, so deletions are overlay
 whiteouts), a ``docker save`` archive written by skopeo, and a pull from a
-real local registry (Debian's docker-registry) pushed to by skopeo."""
+real local registry (Debian's docker-registry) pushed to by skopeo; and
+``dsec image push`` to that registry, read back by skopeo and by a pull."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import shutil
 import subprocess
 import time
+import urllib.error
 import urllib.request
 import uuid
 from collections.abc import Iterator
@@ -29,9 +33,11 @@ def _images_dir(server: Server) -> Path:
     return Path(given) if given else server.data_dir / "images"
 
 
-def _dsec_image(server: Server, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
+def _dsec_image(server: Server, *args: str, check: bool = True,
+                env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     proc = subprocess.run([str(DSEC), "image", *args, "--images-dir", str(_images_dir(server))],
-                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL)
+                          capture_output=True, text=True, timeout=300, stdin=subprocess.DEVNULL,
+                          env={**os.environ, **(env or {})})
     if check and proc.returncode != 0:
         raise AssertionError(f"dsec image {' '.join(args)} failed:\n{proc.stdout}\n{proc.stderr}")
     return proc
@@ -42,15 +48,19 @@ def _skopeo(*args: str) -> None:
                    timeout=120, stdin=subprocess.DEVNULL)
 
 
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """A Debian docker-registry on a loopback port of its own."""
-    root = tmp_path_factory.mktemp("registry")
+@contextlib.contextmanager
+def _serve_registry(root: Path, htpasswd: str | None = None) -> Iterator[str]:
+    """A Debian docker-registry on a loopback port of its own (with Basic
+    authentication when an htpasswd line is given)."""
     port = _free_port()
     config = root / "config.yml"
+    auth = ""
+    if htpasswd:
+        (root / "htpasswd").write_text(htpasswd + "\n")
+        auth = f"auth:\n  htpasswd:\n    realm: dsec-test\n    path: {root / 'htpasswd'}\n"
     config.write_text(
         "version: 0.1\nlog:\n  level: error\nstorage:\n  filesystem:\n"
-        f"    rootdirectory: {root / 'data'}\nhttp:\n  addr: 127.0.0.1:{port}\n")
+        f"    rootdirectory: {root / 'data'}\n{auth}http:\n  addr: 127.0.0.1:{port}\n")
     with open(root / "log", "wb") as log:
         proc = subprocess.Popen(["docker-registry", "serve", str(config)], stdout=log,
                                 stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -61,6 +71,9 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
                 with urllib.request.urlopen(f"http://127.0.0.1:{port}/v2/", timeout=2) as r:
                     if r.status == 200:
                         break
+            except urllib.error.HTTPError as e:
+                if e.code == 401 and htpasswd:
+                    break
             except OSError:
                 pass
             if proc.poll() is not None or time.monotonic() > deadline:
@@ -74,6 +87,25 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _serve_registry(tmp_path_factory.mktemp("registry")) as address:
+        yield address
+
+
+# bcrypt (cost 4) of PUSH_PASSWORD: docker-registry's htpasswd wants bcrypt,
+# which Python's standard library cannot compute.
+PUSH_USER = "pusher"
+PUSH_PASSWORD = "dsec-test-password"
+PUSH_HTPASSWD = f"{PUSH_USER}:$2b$04$7FEunJcuPIqhJ18amqmlduAiOsuXIMTrubR1l7bZjzXyZOAqW4Gt2"
+
+
+@pytest.fixture(scope="module")
+def private_registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    with _serve_registry(tmp_path_factory.mktemp("private-registry"), PUSH_HTPASSWD) as address:
+        yield address
 
 
 @pytest.fixture(scope="module")
@@ -138,6 +170,68 @@ def test_bad_pulls_and_imports_fail_clearly(server: Server, registry: str,
     not_an_image.write_bytes(b"\0" * 1024)
     r = _dsec_image(server, "import", str(not_an_image), check=False)
     assert r.returncode != 0 and "not an OCI image layout" in r.stderr, r.stderr
+
+
+async def test_a_pushed_image_comes_back_whole(client: DSecClient, server: Server, registry: str,
+                                              imported: dict[str, str], tmp_path: Path) -> None:
+    """The layout image (two dsec layers, the top one deleting with overlay
+    whiteouts) pushed to the registry: skopeo copies it (checking every
+    digest) and reads its config; pulled back it runs like the original; a
+    second push sends nothing."""
+    source = imported["layout"]
+    dest = f"{registry}/team/{source.split(':')[0]}-pushed:v2"
+    r = _dsec_image(server, "push", source, dest)
+    pushed = r.stdout.split()[-1]
+    assert pushed.startswith(dest + "@sha256:"), r.stdout
+    assert "pushed 2 layers" in r.stderr and "1 whiteouts, 1 opaque directories" in r.stderr, r.stderr
+
+    out = tmp_path / "copied"
+    _skopeo("--src-tls-verify=false", f"docker://{dest}", f"oci:{out}:v2")
+    info = json.loads(subprocess.run(
+        ["skopeo", "inspect", "--tls-verify=false", f"docker://{dest}"], check=True,
+        capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL).stdout)
+    assert "GREETING=hello-from-oci" in info["Env"] and len(info["Layers"]) == 2, info
+    assert pushed.endswith(info["Digest"]), (pushed, info["Digest"])
+
+    again = _dsec_image(server, "push", source, dest)
+    assert again.stdout.split()[-1] == pushed
+    assert "pushed 0 layers" in again.stderr and "2 already there" in again.stderr, again.stderr
+
+    back = _dsec_image(server, "pull", dest, "--name", f"{source.split(':')[0]}-back:v2",
+                       "--merge-below-mb", "0").stdout.split()[-1]
+    try:
+        sandbox = await client.run_container(run_args(back, memory_limit_mb=64), timeout=60)
+        try:
+            r2 = await sandbox.run_shell("greet; ls /data/old; test -e /etc/secret || echo no-secret")
+            assert r2.stdout == "hello-from-oci from /work\nc\nno-secret\n", r2
+        finally:
+            await sandbox.stop()
+    finally:
+        _dsec_image(server, "rm", back, check=False)
+
+
+def test_bad_pushes_fail_clearly(server: Server, registry: str, private_registry: str,
+                                 imported: dict[str, str]) -> None:
+    source = imported["layout"]
+    closed = f"127.0.0.1:{_free_port()}"
+    r = _dsec_image(server, "push", source, f"{closed}/team/x:v1", check=False)
+    assert r.returncode != 0 and "cannot reach" in r.stderr, r.stderr
+    r = _dsec_image(server, "push", source, "127.0.0.1:1/UPPER/case:v1", check=False)
+    assert r.returncode != 0 and "invalid registry reference" in r.stderr, r.stderr
+    r = _dsec_image(server, "push", source, f"{registry}/team/x@sha256:{'a' * 64}", check=False)
+    assert r.returncode != 0 and "push to a tag" in r.stderr, r.stderr
+    r = _dsec_image(server, "push", "no-such-image:v9", f"{registry}/team/x:v1", check=False)
+    assert r.returncode != 0 and "no-such-image:v9" in r.stderr, r.stderr
+
+    dest = f"{private_registry}/team/private:v1"
+    r = _dsec_image(server, "push", source, dest, check=False)
+    assert r.returncode != 0 and "access denied (401)" in r.stderr, r.stderr
+    wrong = {"DSEC_REGISTRY_USER": PUSH_USER, "DSEC_REGISTRY_PASSWORD": "wrong"}
+    r = _dsec_image(server, "push", source, dest, check=False, env=wrong)
+    assert r.returncode != 0 and "access denied (401)" in r.stderr, r.stderr
+    right = {"DSEC_REGISTRY_USER": PUSH_USER, "DSEC_REGISTRY_PASSWORD": PUSH_PASSWORD}
+    r = _dsec_image(server, "push", source, dest, env=right)
+    assert r.stdout.split()[-1].startswith(dest + "@sha256:"), r.stdout
 
 
 @pytest.fixture(scope="module")

@@ -20,9 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from dsec import DSecClient
+from dsec import DSecClient, DSecRunArgs
+from dsec.sandbox import Sandbox
 
-from .conftest import REPO, _free_port, _mounts_under, run_args, serve_dsec
+from .conftest import REPO, Server, _free_port, _mounts_under, run_args, serve_dsec
 
 DSEC = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
 #: The workspace layer's unused data: the sandbox reads a few KiB of it.
@@ -118,6 +119,36 @@ def _blob_size(images: Path, name: str) -> tuple[str, int]:
     return layer["digest"].split(":", 1)[1], int(layer["size"])
 
 
+async def _read_a_little(sb: Sandbox, own: Path, hexdigest: str, size: int) -> None:
+    """Reads the small file and 100 KB of the big one; the workspace layer
+    is not local then: a sparse cache file holds a small fraction of it."""
+    r = await sb.run_shell("cat /hello.txt && head -c 100000 /big.bin | wc -c")
+    assert r.stdout == "hello from a lazy layer\n100000\n", r
+    assert not (own / "blobs" / "sha256" / f"{hexdigest}.erofs").exists()
+    partial = [p for p in _partial_files(own) if p.name.startswith(f"lazy-{hexdigest[:16]}-")]
+    assert len(partial) == 1, _partial_files(own)
+    held = _allocated(partial[0])
+    assert 0 < held < size // 10, (held, size)
+
+
+def _serve_node(location: str, env: dict[str, str], own: Path,
+                data: Path) -> tuple[Iterator[Server], Server]:
+    """A node whose own image store is ``own``, reading images it lacks
+    from the shared store at ``location`` on demand."""
+    old = {k: os.environ.get(k) for k in [*env, "DSEC_TEST_IMAGES_DIR"]}
+    os.environ.update({**env, "DSEC_TEST_IMAGES_DIR": str(own)})
+    try:
+        gen = serve_dsec(["--no-fncall", "--shared-store", location, "--image-cache-mb", "256"],
+                         data_dir=data)
+        return gen, next(gen)
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 @pytest.fixture(params=["dir", "s3"])
 def shared_store(request: pytest.FixtureRequest, source: Source,
                  tmp_path: Path) -> Iterator[tuple[str, dict[str, str]]]:
@@ -138,32 +169,13 @@ async def test_a_node_starts_sandboxes_before_their_layers_are_local(
     own = tmp_path / "own"
     data = tmp_path / "data"
     hexdigest, size = _blob_size(source.images, "lazyws:v1")
-    old = {k: os.environ.get(k) for k in [*env, "DSEC_TEST_IMAGES_DIR"]}
-    os.environ.update({**env, "DSEC_TEST_IMAGES_DIR": str(own)})
-    try:
-        gen = serve_dsec(["--no-fncall", "--shared-store", location, "--image-cache-mb", "256"],
-                         data_dir=data)
-        node = next(gen)
-    finally:
-        for k, v in old.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    gen, node = _serve_node(location, env, own, data)
     try:
         async with DSecClient(endpoint=node.url, token=node.admin_token) as c:
             sb = await c.run_container(
                 run_args("busybox", memory_limit_mb=32, workspace="lazyws:v1"), timeout=60)
             try:
-                r = await sb.run_shell("cat /hello.txt && head -c 100000 /big.bin | wc -c")
-                assert r.stdout == "hello from a lazy layer\n100000\n", r
-                # Running, and the workspace layer is not local: it is a
-                # sparse cache file holding a small fraction of the blob.
-                assert not (own / "blobs" / "sha256" / f"{hexdigest}.erofs").exists()
-                partial = [p for p in _partial_files(own) if p.name.startswith(f"lazy-{hexdigest[:16]}-")]
-                assert len(partial) == 1, _partial_files(own)
-                held = _allocated(partial[0])
-                assert 0 < held < size // 10, (held, size)
+                await _read_a_little(sb, own, hexdigest, size)
                 assert [m for m in _mounts_under(data) if m.endswith("/.on-demand")], _mounts_under(data)
             finally:
                 await sb.stop()
@@ -175,6 +187,70 @@ async def test_a_node_starts_sandboxes_before_their_layers_are_local(
         assert not _mounts_under(data)
         assert _partial_files(own) == []
     finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+async def test_a_restarted_node_needs_the_shared_store_only_for_chunk_data(
+        source: Source, tmp_path: Path) -> None:
+    """The node keeps the manifest and chunk tables of what it resolved on
+    demand: after a restart it resolves the images again from its own
+    store, although the shared store has lost both (only blobs are left)."""
+    shared = tmp_path / "shared"
+    _dsec_image("push", "busybox", "--to", str(shared), "--images-dir", str(source.busybox))
+    _dsec_image("push", "lazyws:v1", "--to", str(shared), "--images-dir", str(source.images))
+    own, data = tmp_path / "own", tmp_path / "data"
+    hexdigest, _ = _blob_size(source.images, "lazyws:v1")
+    args = run_args("busybox", memory_limit_mb=32, workspace="lazyws:v1")
+    try:
+        for run in ["first", "after a restart"]:
+            gen, node = _serve_node(str(shared), {}, own, data)
+            try:
+                async with DSecClient(endpoint=node.url, token=node.admin_token) as c:
+                    sb = await c.run_container(args, timeout=60)
+                    try:
+                        r = await sb.run_shell("cat /hello.txt && head -c 100000 /big.bin | wc -c")
+                        assert r.stdout == "hello from a lazy layer\n100000\n", (run, r)
+                    finally:
+                        await sb.stop()
+            finally:
+                gen.close()
+            kept = json.loads((own / "manifests" / "lazyws@v1.json").read_text())
+            assert f"sha256:{hexdigest}" in kept["chunk_tables"], kept
+            assert (own / "blobs" / "sha256" / f"{hexdigest}.chunks").is_file()
+            assert not (own / "blobs" / "sha256" / f"{hexdigest}.erofs").exists()
+            inspected = _dsec_image("inspect", "lazyws:v1", "--images-dir", str(own)).stdout
+            assert hexdigest in inspected
+            # The shared store forgets everything but the blobs.
+            for p in [*(shared / "manifests").iterdir(),
+                      *(shared / "blobs" / "sha256").glob("*.chunks")]:
+                p.unlink()
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+async def test_a_microvm_boots_from_layers_loaded_on_demand(source: Source, tmp_path: Path) -> None:
+    """A microVM's layers are the same FUSE files, given to QEMU as
+    read-only disks: it boots before the layers are local, and what the
+    guest reads is fetched, chunk by chunk, as for a container."""
+    shared = tmp_path / "shared"
+    _dsec_image("push", "busybox", "--to", str(shared), "--images-dir", str(source.busybox))
+    _dsec_image("push", "lazyws:v1", "--to", str(shared), "--images-dir", str(source.images))
+    own, data = tmp_path / "own", tmp_path / "data"
+    # The guest kernel (not an image: never in a shared store).
+    shutil.copytree(source.busybox / "vm" / "kernel", own / "vm" / "kernel")
+    hexdigest, size = _blob_size(source.images, "lazyws:v1")
+    gen, node = _serve_node(str(shared), {}, own, data)
+    try:
+        async with DSecClient(endpoint=node.url, token=node.admin_token) as c:
+            args = DSecRunArgs(backend="microvm", image="busybox", workspace="lazyws:v1",
+                               memory_limit_mb=256, cpu_cores_limit=1, disk_limit_mb=64)
+            sb = await c.run(args, timeout=120)
+            try:
+                await _read_a_little(sb, own, hexdigest, size)
+            finally:
+                await sb.stop()
+    finally:
+        gen.close()
         shutil.rmtree(data, ignore_errors=True)
 
 
