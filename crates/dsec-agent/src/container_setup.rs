@@ -173,9 +173,15 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     }
     let maskfile = format!("{scratch}/masked-file");
     let maskfile_c = cstr(&maskfile)?;
+    // A VM started from a snapshot finds the previous boot's file on its
+    // writable disk: reuse it, emptied.
     drop(
-        rustix::fs::open(maskfile_c.as_c_str(), rustix::fs::OFlags::CREATE | rustix::fs::OFlags::EXCL | rustix::fs::OFlags::CLOEXEC, 0o444.into())
-            .map_err(fail("create the empty mask file"))?,
+        rustix::fs::open(
+            maskfile_c.as_c_str(),
+            rustix::fs::OFlags::CREATE | rustix::fs::OFlags::TRUNC | rustix::fs::OFlags::WRONLY | rustix::fs::OFlags::CLOEXEC,
+            0o444.into(),
+        )
+        .map_err(fail("create the empty mask file"))?,
     );
     let opts = cstr(&overlay_options(plan.lower_dirs, &upper, &work))?;
     let root_c = cstr(&root)?;
