@@ -46,10 +46,12 @@ pub fn park_placeholder() -> io::Result<()> {
     park_placeholder_at(REATTACH_FD)
 }
 
-/// Reserves fds 5-7 until the container setup parks its descriptors there.
+/// Reserves fds 5-7 until the container setup parks its descriptors there
+/// (copies of the placeholder at fd 4: one eventfd for all of them).
 pub fn reserve_parked_fds() -> io::Result<()> {
     for fd in [UPPER_FD, MASK_FILE_FD, MASK_DIR_FD] {
-        park_placeholder_at(fd)?;
+        // SAFETY: dup3 of our own placeholder onto numbers we reserve.
+        check(unsafe { libc::dup3(REATTACH_FD, fd, libc::O_CLOEXEC) })?;
     }
     Ok(())
 }

@@ -14,7 +14,6 @@ use dsec_agent_proto::{Command, ExecSpec, Stdin};
 
 use crate::edge::Edge;
 use crate::error::EdgeError;
-use crate::journal::Claim;
 use crate::microvm::cmdline::VmFiles;
 use crate::microvm::snapshot::{validate_name, SnapshotDir, SnapshotMeta};
 use crate::model::{now_ms, BackendKind, Caller, State};
@@ -84,42 +83,16 @@ impl Edge {
 
     async fn snapshot_keyed(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>) -> Result<SnapshotOutcome, EdgeError> {
         let Some(key) = key else { return self.snapshot_now(caller, id, name).await };
-        if key.is_empty() || key.len() > 256 {
-            return Err(EdgeError::Invalid("an idempotency key must have 1 to 256 characters".into()));
-        }
-        let journal = &self.inner.journal;
-        let journal_err = |e: crate::journal::JournalError| EdgeError::Internal(e.to_string());
-        let fingerprint = format!("{id}\n{name}");
-        let deadline = tokio::time::Instant::now() + self.inner.config.create_timeout * 4;
-        loop {
-            match journal.claim(&caller.tenant, SCOPE_SNAPSHOT, key, &fingerprint).map_err(journal_err)? {
-                Claim::New => {
-                    return match self.snapshot_now(caller, id, name).await {
-                        Ok(out) => {
-                            journal.settle(&caller.tenant, SCOPE_SNAPSHOT, key, &out.snapshot.id).map_err(journal_err)?;
-                            Ok(out)
-                        }
-                        Err(e) => {
-                            let _ = journal.release(&caller.tenant, SCOPE_SNAPSHOT, key);
-                            Err(e)
-                        }
-                    };
-                }
-                Claim::Existing { fingerprint: first, .. } if first != fingerprint => {
-                    return Err(EdgeError::IdempotencyConflict(key.to_string()));
-                }
-                Claim::Existing { target: Some(snap), .. } => {
-                    let snapshot = self.snapshot_dir()?.get(&snap).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
-                    return Ok(SnapshotOutcome { snapshot, created: false, frozen_ms: 0.0 });
-                }
-                Claim::Existing { target: None, .. } => {
-                    if tokio::time::Instant::now() > deadline {
-                        return Err(EdgeError::Timeout(format!("the first request with idempotency key {key:?} is still in progress")));
-                    }
-                    tokio::time::sleep(Duration::from_millis(25)).await;
-                }
-            }
-        }
+        let work = async {
+            let out = self.snapshot_now(caller, id, name).await?;
+            let snap = out.snapshot.id.clone();
+            Ok((out, snap))
+        };
+        let replay = |snap: &str| {
+            let snapshot = self.snapshot_dir()?.get(snap).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
+            Ok(SnapshotOutcome { snapshot, created: false, frozen_ms: 0.0 })
+        };
+        self.once(&caller.tenant, SCOPE_SNAPSHOT, key, &format!("{id}\n{name}"), work, replay).await
     }
 
     async fn snapshot_now(&self, caller: &Caller, id: &str, name: &str) -> Result<SnapshotOutcome, EdgeError> {
