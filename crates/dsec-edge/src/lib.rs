@@ -40,6 +40,7 @@ mod network;
 mod pack;
 mod pause;
 mod prefetch;
+mod prewarm;
 mod recover;
 pub mod spec;
 mod store;

@@ -54,6 +54,7 @@ impl Edge {
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
         let plan = self.plan_blocking(&spec).await?;
+        let t_plan = t0.elapsed();
         inner.admission.reserve(&spec.limits)?;
 
         let now = now_ms();
@@ -117,8 +118,10 @@ impl Edge {
         let durable = inner.store.sync_request();
 
         let backend = inner.backends.get(rec.spec.backend)?;
+        let t_pre = t0.elapsed();
         match backend.start(&id, &rec.spec, &plan, Box::pin(durable)).await {
             Ok(instance) => {
+                let t_started = t0.elapsed();
                 let instance = Arc::new(instance);
                 let rec = {
                     let mut r = lock(&entry.record);
@@ -130,6 +133,7 @@ impl Edge {
                 *lock(&entry.instance) = Some(instance.clone());
                 self.save(&rec);
                 self.watch_exit(entry.clone(), instance);
+                tracing::debug!(target: "dsec_edge::create_phases", plan = t_plan.as_micros() as u64, pre = t_pre.as_micros() as u64, started = t_started.as_micros() as u64, done = t0.elapsed().as_micros() as u64, "create phases");
                 Ok(rec)
             }
             Err(e) => {

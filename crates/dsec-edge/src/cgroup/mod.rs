@@ -8,6 +8,7 @@
 mod mountinfo;
 mod pause;
 mod v1;
+mod v1_pool;
 mod v2;
 
 pub use mountinfo::{find_cgroup_mounts, CgroupMounts};
@@ -111,6 +112,16 @@ impl Cgroups {
         match self {
             Cgroups::V1(c) => c.create(name, limits),
             Cgroups::V2(c) => c.create(name, limits),
+        }
+    }
+
+    /// Keeps `size` cgroups made ahead, so `create` only renames one and
+    /// writes its limits. cgroup v1 only: cgroup2 cannot rename a cgroup,
+    /// so there it does nothing.
+    pub fn start_pool(&self, size: usize) -> std::io::Result<()> {
+        match self {
+            Cgroups::V1(c) => c.start_pool(size),
+            Cgroups::V2(_) => Ok(()),
         }
     }
 

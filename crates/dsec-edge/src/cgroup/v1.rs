@@ -16,6 +16,9 @@ pub struct V1Cgroups {
     parents: Vec<(PathBuf, Vec<String>)>,
     /// Directories the parent path spans (removed, where empty, at shutdown).
     levels: usize,
+    /// Cgroups made ahead (`start_pool`); `None` until started, and again
+    /// once stopped at shutdown.
+    pool: std::sync::Mutex<Option<super::v1_pool::V1Pool>>,
 }
 
 impl V1Cgroups {
@@ -34,7 +37,7 @@ impl V1Cgroups {
                 None => parents.push((dir, vec![ctrl.to_string()])),
             }
         }
-        Ok(Self { parents, levels: super::parent_levels(parent) })
+        Ok(Self { parents, levels: super::parent_levels(parent), pool: std::sync::Mutex::new(None) })
     }
 
     pub(super) fn init(&self) -> Result<(), CgroupError> {
@@ -52,7 +55,25 @@ impl V1Cgroups {
         self.dir_of("memory", name).expect("memory hierarchy is required at construction")
     }
 
+    /// Keeps `size` cgroups ready for `create` to rename (0: none).
+    pub(super) fn start_pool(&self, size: usize) -> std::io::Result<()> {
+        let mut pool = self.pool_lock();
+        *pool = None;
+        if size > 0 {
+            *pool = Some(super::v1_pool::V1Pool::start(self.parents.iter().map(|(p, _)| p.clone()).collect(), size)?);
+        }
+        Ok(())
+    }
+
+    fn pool_lock(&self) -> std::sync::MutexGuard<'_, Option<super::v1_pool::V1Pool>> {
+        self.pool.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(super) fn create(&self, name: &str, l: &CgroupLimits) -> Result<(), CgroupError> {
+        let pooled = self.pool_lock().as_ref().and_then(|p| p.take());
+        if pooled.is_some_and(|p| super::v1_pool::claim(&self.parents, &p, name, l)) {
+            return Ok(());
+        }
         for (parent, ctrls) in &self.parents {
             let dir = parent.join(name);
             match std::fs::create_dir(&dir) {
@@ -127,13 +148,24 @@ impl V1Cgroups {
     }
 
     pub(super) fn remove_parent(&self) {
+        // The pool's ready cgroups go first, or the parent is not empty.
+        let pool = self.pool_lock().take();
+        drop(pool);
         for (parent, _) in &self.parents {
             super::remove_empty_levels(parent, self.levels);
         }
     }
 
+    /// Every cgroup under the parent but this run's pool (an earlier run's
+    /// pool directories are listed: strays for the reaper).
     pub(super) fn list(&self) -> Vec<String> {
-        let mut all: Vec<String> = self.parents.iter().flat_map(|(p, _)| list_dirs(p)).collect();
+        let ours = self.pool_lock().as_ref().map(|p| p.run_prefix.clone());
+        let mut all: Vec<String> = self
+            .parents
+            .iter()
+            .flat_map(|(p, _)| list_dirs(p))
+            .filter(|n| ours.as_ref().is_none_or(|o| !n.starts_with(o.as_str())))
+            .collect();
         all.sort();
         all.dedup();
         all
@@ -251,21 +283,55 @@ mod tests {
         V1Cgroups::new(&m, "dsec/n1").unwrap()
     }
 
+    /// Creates `sb1` with fixed limits and checks they were written.
+    fn create_sb1_and_check_its_limits(cg: &V1Cgroups, root: &Path) {
+        let l = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 100 };
+        cg.create("sb1", &l).unwrap();
+        let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
+        assert_eq!(read("memory/dsec/n1/sb1/memory.limit_in_bytes"), (64u64 << 20).to_string());
+        assert_eq!(read("cpu,cpuacct/dsec/n1/sb1/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("pids/dsec/n1/sb1/pids.max"), "100");
+    }
+
     #[test]
     fn writes_limits_into_each_hierarchy() {
         let t = tempfile::tempdir().unwrap();
         let cg = fake(t.path(), true);
         cg.init().unwrap();
         assert_eq!(cg.parents.len(), 4, "cpu and cpuacct share one directory");
-        let l = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 100 };
-        cg.create("sb1", &l).unwrap();
+        create_sb1_and_check_its_limits(&cg, t.path());
         let read = |p: &str| std::fs::read_to_string(t.path().join(p)).unwrap();
-        assert_eq!(read("memory/dsec/n1/sb1/memory.limit_in_bytes"), (64u64 << 20).to_string());
-        assert_eq!(read("cpu,cpuacct/dsec/n1/sb1/cpu.cfs_quota_us"), "50000");
-        assert_eq!(read("pids/dsec/n1/sb1/pids.max"), "100");
         cg.attach("sb1", 42).unwrap();
         assert_eq!(read("freezer/dsec/n1/sb1/cgroup.procs"), "42");
         assert_eq!(cg.list(), vec!["sb1".to_string()]);
+    }
+
+    #[test]
+    fn a_pooled_cgroup_is_renamed_into_place_and_the_pool_is_invisible() {
+        let t = tempfile::tempdir().unwrap();
+        let cg = fake(t.path(), true);
+        cg.init().unwrap();
+        cg.start_pool(2).unwrap();
+        let pooled = || list_dirs(&t.path().join("memory/dsec/n1")).into_iter().filter(|n| n.starts_with("pool-")).count();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        while pooled() < 2 {
+            assert!(std::time::Instant::now() < deadline, "the pool never filled");
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+        // An earlier run's pool directory is a stray like any other.
+        for h in ["memory", "cpu,cpuacct", "pids", "freezer"] {
+            std::fs::create_dir(t.path().join(h).join("dsec/n1/pool-dead-0")).unwrap();
+        }
+        assert_eq!(cg.list(), vec!["pool-dead-0".to_string()], "this run's pool is not listed");
+        create_sb1_and_check_its_limits(&cg, t.path());
+        assert!(t.path().join("freezer/dsec/n1/sb1").is_dir());
+        assert_eq!(cg.list(), vec!["pool-dead-0".to_string(), "sb1".to_string()]);
+        for h in ["memory", "cpu,cpuacct", "pids", "freezer"] {
+            std::fs::remove_dir(t.path().join(h).join("dsec/n1/pool-dead-0")).unwrap();
+        }
+        // Shutdown removes the pool's ready directories before the parent.
+        cg.remove_parent();
+        assert_eq!(pooled(), 0);
     }
 
     #[test]

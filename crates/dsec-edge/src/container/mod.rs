@@ -9,6 +9,7 @@
 //! slow down as the node fills.
 
 pub(crate) mod mask_watch;
+mod netns_pool;
 pub mod policy;
 pub mod spawn;
 mod sysfs;
@@ -46,6 +47,9 @@ pub struct ContainerBackend {
     egress: Option<dsec_net::Egress>,
     /// Turns opens of masked paths into audit events (where fanotify works).
     masks: Option<Arc<mask_watch::MaskWatch>>,
+    /// Loopback-only network namespaces made ahead, for sandboxes without
+    /// network rules (None if its thread could not start).
+    netns_pool: Option<netns_pool::NetnsPool>,
 }
 
 impl ContainerBackend {
@@ -62,12 +66,24 @@ impl ContainerBackend {
         let spawner = spawn::Spawner::new(agent_path)
             .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
-        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None, masks: None })
+        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None, masks: None, netns_pool: None })
     }
 
     /// Starts sandboxes without the system-call filter (to measure it).
     pub fn without_syscall_filter(mut self) -> Self {
         self.syscall_filter = false;
+        self
+    }
+
+    /// Keeps `size` loopback-only network namespaces ready for sandboxes
+    /// without network rules (0: each makes its own in its clone).
+    pub fn with_netns_pool(mut self, size: usize) -> Self {
+        self.netns_pool = (size > 0)
+            .then(|| netns_pool::NetnsPool::start(size))
+            .transpose()
+            .inspect_err(|e| tracing::warn!(error = %e, "no pool of network namespaces; sandboxes make their own"))
+            .ok()
+            .flatten();
         self
     }
 
@@ -99,7 +115,9 @@ impl ContainerBackend {
         plan: &RootfsPlan,
         durable: impl std::future::Future<Output = Result<(), crate::store::StoreError>>,
     ) -> Result<Instance, EdgeError> {
+        let t0 = std::time::Instant::now();
         self.cgroups.create(id, &crate::backend::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let t_cg = t0.elapsed();
         if let Err(e) = durable.await {
             let _ = self.cgroups.remove(id);
             return Err(EdgeError::Internal(format!("edge database: {e}")));
@@ -114,13 +132,20 @@ impl ContainerBackend {
                 return Err(e.into());
             }
         };
-        let spawned = match &warm {
+        // The others join a loopback-only one made ahead, or make their own
+        // in the clone when none is ready.
+        let pooled = if warm.is_none() { self.netns_pool.as_ref().and_then(|p| p.take()) } else { None };
+        let joined = warm.as_ref().map(|w| &w.netns).or(pooled.as_ref());
+        let spawned = match joined {
             None => self.spawner.spawn(spawn::CONTAINER_NAMESPACES),
-            Some(w) => {
+            Some(netns) => {
                 use std::os::fd::AsFd;
-                self.spawner.spawn_in(spawn::CONTAINER_NAMESPACES & !libc::CLONE_NEWNET, Some(w.netns.as_fd()))
+                self.spawner.spawn_in(spawn::CONTAINER_NAMESPACES & !libc::CLONE_NEWNET, Some(netns.as_fd()))
             }
         };
+        // The agent holds the namespace now (or the spawn failed and it
+        // goes; a pooled one is never reused).
+        drop(pooled);
         let slot = warm.as_ref().map(|w| w.slot);
         let spawned = match spawned {
             Ok(s) => s,
@@ -134,6 +159,7 @@ impl ContainerBackend {
         };
         // The agent holds the namespace now.
         drop(warm);
+        let t_spawn = t0.elapsed();
         let pid = spawned.pid;
         let pidfd = spawned.pidfd;
         let undo = |pidfd: &OwnedFd| {
@@ -156,6 +182,7 @@ impl ContainerBackend {
             }
         }
         let resolv_conf = egress.map(|e| e.resolv_conf());
+        let t_attach = t0.elapsed();
         let setup = ContainerSetup {
             sandbox_id: id.to_string(),
             hostname: crate::ids::short_id(id).to_string(),
@@ -175,6 +202,7 @@ impl ContainerBackend {
             channel.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
             let stream = tokio::net::UnixStream::from_std(channel).map_err(|e| EdgeError::Internal(e.to_string()))?;
             let (agent, _hello) = AgentClient::connect(stream).await?;
+            let t_hello = t0.elapsed();
             match agent.call(Op::SetupContainer(setup)).await? {
                 Reply::Ready => {}
                 other => return Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
@@ -182,13 +210,15 @@ impl ContainerBackend {
             if let Some(conf) = resolv_conf {
                 write_resolv_conf(&agent, conf).await?;
             }
-            Ok(agent)
+            Ok((agent, t_hello))
         };
         match tokio::time::timeout(self.setup_timeout, handshake).await {
-            Ok(Ok(agent)) => {
+            Ok(Ok((agent, t_hello))) => {
+                let t_setup = t0.elapsed();
                 if let Some(m) = &self.masks {
                     m.watch(id, &pidfd);
                 }
+                tracing::debug!(target: "dsec_edge::create_phases", cg = t_cg.as_micros() as u64, spawn = t_spawn.as_micros() as u64, attach = t_attach.as_micros() as u64, hello = t_hello.as_micros() as u64, setup = t_setup.as_micros() as u64, watch = t0.elapsed().as_micros() as u64, "container phases");
                 Ok(Instance::new(pid, pidfd, agent))
             }
             Ok(Err(e)) => {
