@@ -3,7 +3,7 @@ sandboxes over many distinct images from a shared store, on a node whose
 own store starts empty (on-demand or eager) or already holds them (local).
 
     lazy_burst_bench.py run --mode M --images K --per P --pid PID --store DIR --out F
-    lazy_burst_bench.py report FILE...
+    lazy_burst_bench.py report [--link RATE] FILE...
 
 The server is the one in DSEC_ENDPOINT / DSEC_TOKEN (bench/lib.sh starts it).
 """
@@ -82,7 +82,7 @@ async def run(a: argparse.Namespace) -> None:
     print(json.dumps(out))
 
 
-def report(files: list[str]) -> None:
+def report(files: list[str], link: str) -> None:
     runs: dict[str, list[dict[str, float]]] = {}
     for f in files:
         r = json.loads(Path(f).read_text())
@@ -92,7 +92,8 @@ def report(files: list[str]) -> None:
                 "store_bytes_added")} for m, rs in runs.items()}
     any_run = next(iter(runs.values()))[0]
     print(f"{any_run['sandboxes']} sandboxes over {any_run['images']} images "
-          f"({any_run['per']} each); medians of {len(next(iter(runs.values())))} runs")
+          f"({any_run['per']} each); medians of {len(next(iter(runs.values())))} runs; "
+          f"store link: {'none (same disk)' if link == 'none' else link}")
     print(f"{'mode':<10}{'all running s':>15}{'all done s':>12}{'median start s':>16}"
           f"{'edge wrote MB':>15}{'store grew MB':>15}")
     for m in ("lazy", "eager", "local"):
@@ -119,12 +120,13 @@ def main() -> None:
     r.add_argument("--store", required=True)
     r.add_argument("--out", required=True)
     rep = sub.add_parser("report")
+    rep.add_argument("--link", default="none")
     rep.add_argument("files", nargs="+")
     a = p.parse_args()
     if a.cmd == "run":
         asyncio.run(run(a))
     else:
-        report(a.files)
+        report(a.files, a.link)
 
 
 if __name__ == "__main__":

@@ -32,6 +32,9 @@ DATA_DIR=""
 MOUNTED_HUGETLB=""
 OLD_PID_MAX=""
 BENCH_NAME=""
+# A script that sets up more than this file knows (a shaped link, a store
+# server) names a function here; cleanup runs it once dsec is stopped.
+BENCH_CLEANUP_HOOK=""
 
 bench_log() { echo "[$(date +%H:%M:%S)] $*" >&2; }
 
@@ -144,6 +147,7 @@ bench_cleanup() {
         bench_stop_dsec >/dev/null
     fi
     bench_reap_node
+    if [ -n "$BENCH_CLEANUP_HOOK" ]; then "$BENCH_CLEANUP_HOOK"; fi
     # Host swap never outlives a benchmark: a dsec that was killed leaves its
     # swap file on.
     if [ -n "$WORK" ]; then

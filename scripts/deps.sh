@@ -29,6 +29,9 @@ PACKAGES=(
   mtools          # writes the image's FAT boot partition in place (no loop device)
   dosfstools      # mkfs.fat for that partition
   ovmf            # UEFI firmware, for full VMs started with --vm-firmware ovmf
+  sshfs           # bench/lazy_burst.sh: the node mounts the shared store over a shaped link
+  socat           # ...that serves it from a network namespace (hands each connection to sftp-server)
+  openssh-sftp-server # ...the SFTP server behind that link
 )
 
 missing=()

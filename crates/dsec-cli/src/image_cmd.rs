@@ -375,11 +375,8 @@ pub(crate) fn human_bytes(n: u64) -> String {
 fn build(a: BuildArgs) -> anyhow::Result<u8> {
     let store = a.store.open()?;
     let reference: Reference = parse_reference(&a.name)?;
-    let kind = match a.kind.as_str() {
-        "base" => LayerKind::Base,
-        "workspace" => LayerKind::Workspace,
-        "toolkit" => LayerKind::Toolkit,
-        other => anyhow::bail!("--kind must be base, workspace or toolkit, not {other:?}"),
+    let Some(kind) = LayerKind::parse(&a.kind) else {
+        anyhow::bail!("--kind must be base, workspace or toolkit, not {:?}", a.kind);
     };
     let options = BuildOptions { compression: if a.compress { Compression::Lz4hc { level: None } } else { Compression::None } };
     let mut config = ImageConfig::default();

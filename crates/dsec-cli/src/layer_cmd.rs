@@ -62,14 +62,6 @@ fn find(all: &BTreeMap<Digest, Usage>, given: &str) -> anyhow::Result<Digest> {
     }
 }
 
-fn kind_name(k: LayerKind) -> &'static str {
-    match k {
-        LayerKind::Base => "base",
-        LayerKind::Workspace => "workspace",
-        LayerKind::Toolkit => "toolkit",
-    }
-}
-
 pub async fn run(cmd: LayerCmd) -> anyhow::Result<u8> {
     tokio::task::spawn_blocking(move || run_blocking(cmd)).await?
 }
@@ -80,7 +72,7 @@ fn run_blocking(cmd: LayerCmd) -> anyhow::Result<u8> {
             let store = s.open()?;
             println!("{:<19} {:>10} {:<10} IMAGES", "LAYER", "SIZE", "KIND");
             for (digest, u) in usage(&store)? {
-                let kind = u.images.first().map_or("-", |(_, k)| kind_name(*k));
+                let kind = u.images.first().map_or("-", |(_, k)| k.name());
                 println!("{:<19} {:>10} {:<10} {}", &digest.to_string()[..19], human_bytes(u.size), kind, u.images.len());
             }
             Ok(0)
@@ -95,7 +87,7 @@ fn run_blocking(cmd: LayerCmd) -> anyhow::Result<u8> {
                 println!("images: none (`dsec image gc` or `dsec layer rm` deletes it)");
             }
             for (reference, kind) in &u.images {
-                println!("image:  {reference} ({})", kind_name(*kind));
+                println!("image:  {reference} ({})", kind.name());
             }
             Ok(0)
         }

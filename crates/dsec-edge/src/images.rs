@@ -33,6 +33,12 @@ pub trait RootfsProvider: Send + Sync + 'static {
     /// the edge shuts down, so a stopped platform leaves no host mounts.
     fn release(&self);
 
+    /// On-demand layers an earlier edge process served and that died with
+    /// it (found at startup); recovery fails the sandboxes that used them.
+    fn lost_layers(&self) -> crate::lost_layers::LostLayers {
+        crate::lost_layers::LostLayers::default()
+    }
+
     /// Packs a sandbox's writable layer into a new image (`pack_diff`):
     /// copies its changes, calls `copied` (the sandbox may run again from
     /// then on), builds the layer and writes the image's manifest.

@@ -11,17 +11,28 @@ use std::collections::{HashMap, HashSet};
 use std::path::Path;
 use std::sync::{Arc, Mutex};
 
-use dsec_image::lazy::{resolve_lazily, LazyLayers};
+use dsec_image::lazy::{remove_leftover_partials, resolve_lazily, LazyLayers};
 use dsec_image::shared::{S3Options, SharedStore};
 use dsec_image::{Digest, ImageError, ImageStore, LayerMounts, NoProgress, Reference, ResolvedImage};
 
 use crate::error::EdgeError;
 use crate::images::{PackInput, PackOutput, RootfsPlan, RootfsProvider};
+use crate::lost_layers::LostLayers;
+
+/// Where, under the layers dir, the on-demand FUSE files are served.
+const ON_DEMAND_DIR: &str = ".on-demand";
+/// Written under the layers dir by a shutdown that detached layer mounts
+/// of on-demand files (sandboxes left running may still use them, and
+/// lose them when this process exits); read and removed at the next
+/// startup. One line per lost thing: `mount <path>` or `files <path>`.
+const LOST_RECORD: &str = ".on-demand-lost";
 
 pub struct ImageLayers {
     store: ImageStore,
     mounts: LayerMounts,
     shared: Option<Shared>,
+    /// What an earlier edge process served on demand, gone with it.
+    lost: LostLayers,
 }
 
 /// How layers of an image the node lacks are brought in.
@@ -71,7 +82,8 @@ impl ImageLayers {
     pub fn open(images_dir: &Path, layers_dir: &Path) -> Result<Self, EdgeError> {
         let store = ImageStore::open(images_dir).map_err(|e| EdgeError::Internal(format!("image store: {e}")))?;
         let mounts = LayerMounts::open(layers_dir).map_err(|e| EdgeError::Internal(format!("layer mounts: {e}")))?;
-        Ok(Self { store, mounts, shared: None })
+        let lost = forget_dead_on_demand(&store, &mounts);
+        Ok(Self { store, mounts, shared: None, lost })
     }
 
     /// Reads images this node lacks from a store many nodes share (`location`:
@@ -90,7 +102,7 @@ impl ImageLayers {
         let on_demand = match fetch {
             LayerFetch::Eager => None,
             LayerFetch::Lazy => {
-                let mountpoint = self.mounts.dir().join(".on-demand");
+                let mountpoint = self.mounts.dir().join(ON_DEMAND_DIR);
                 let layers = LazyLayers::mount(&mountpoint)
                     .map_err(|e| EdgeError::Internal(format!("mounting the on-demand layer filesystem at {}: {e}", mountpoint.display())))?;
                 let local = ImageStore::open(self.store.root()).map_err(|e| EdgeError::Internal(format!("image store: {e}")))?;
@@ -226,6 +238,74 @@ impl ImageLayers {
     }
 }
 
+/// Clears what an earlier edge process (killed, or stopped while its
+/// sandboxes ran on) left of its on-demand layers, before this one serves
+/// any: layer mounts reading from its FUSE files, the dead FUSE mount, and
+/// the cache files of blobs it had not completed. Returns what was lost,
+/// for recovery to fail the sandboxes that used it. Problems are logged:
+/// they must not keep the node from starting.
+fn forget_dead_on_demand(store: &ImageStore, mounts: &LayerMounts) -> LostLayers {
+    let dir = mounts.dir().join(ON_DEMAND_DIR);
+    // What a clean shutdown detached (gone from the mount table since).
+    let record = mounts.dir().join(LOST_RECORD);
+    let mut lost = match std::fs::read_to_string(&record) {
+        Ok(text) => parse_lost_record(&text),
+        Err(_) => LostLayers::default(),
+    };
+    let _ = std::fs::remove_file(&record);
+    // What a killed process left mounted.
+    match mounts.unmount_backed_by(&dir) {
+        Ok(dead) => lost.mounts.extend(dead.iter().map(|d| mounts.path_of(d))),
+        Err(e) => tracing::warn!(error = %e, "could not detach the layer mounts of the previous on-demand files"),
+    }
+    match LazyLayers::detach_left_over(&dir) {
+        Ok(true) => lost.files = Some(dir),
+        Ok(false) => {}
+        Err(e) => tracing::warn!(error = %e, "could not detach the previous on-demand layer filesystem"),
+    }
+    match remove_leftover_partials(store) {
+        Ok(0) => {}
+        Ok(n) => tracing::info!(files = n, "removed the previous process's incomplete on-demand cache files"),
+        Err(e) => tracing::warn!(error = %e, "could not remove the previous process's on-demand cache files"),
+    }
+    if !lost.is_empty() {
+        tracing::info!(layer_mounts = lost.mounts.len(), "the previous edge process's on-demand layers are gone; sandboxes still using them are failed");
+    }
+    lost
+}
+
+fn parse_lost_record(text: &str) -> LostLayers {
+    let mut lost = LostLayers::default();
+    for line in text.lines() {
+        match line.split_once(' ') {
+            Some(("mount", path)) => lost.mounts.push(path.into()),
+            Some(("files", path)) => lost.files = Some(path.into()),
+            _ => {}
+        }
+    }
+    lost
+}
+
+/// Detaches the layer mounts of on-demand files (before the FUSE server
+/// goes) and records them, with the files' directory, for the next
+/// startup: a sandbox left running on them cannot read them once this
+/// process is gone.
+fn record_lost_on_demand(mounts: &LayerMounts) {
+    let dir = mounts.dir().join(ON_DEMAND_DIR);
+    let detached = match mounts.unmount_backed_by(&dir) {
+        Ok(d) => d,
+        Err(e) => {
+            tracing::warn!(error = %e, "could not detach the layer mounts of on-demand files");
+            return;
+        }
+    };
+    let mut text: String = detached.iter().map(|d| format!("mount {}\n", mounts.path_of(d).display())).collect();
+    text.push_str(&format!("files {}\n", dir.display()));
+    if let Err(e) = std::fs::write(mounts.dir().join(LOST_RECORD), text) {
+        tracing::warn!(error = %e, "could not record the on-demand layers this shutdown takes away");
+    }
+}
+
 impl RootfsProvider for ImageLayers {
     fn plan(&self, image: &str, workspace: Option<&str>, toolkits: &[String]) -> Result<RootfsPlan, EdgeError> {
         let base = self.resolve_image("base", image)?;
@@ -283,6 +363,9 @@ impl RootfsProvider for ImageLayers {
     fn release(&self) {
         // Layer mounts first: an EROFS mount of an on-demand blob holds its
         // FUSE file, and the FUSE server ends only once none does.
+        if self.shared.as_ref().is_some_and(|s| s.on_demand.is_some()) {
+            record_lost_on_demand(&self.mounts);
+        }
         if let Err(e) = self.mounts.unmount_all_except(&HashSet::new()) {
             tracing::warn!(error = %e, "could not unmount the layer mounts");
         }
@@ -302,5 +385,9 @@ impl RootfsProvider for ImageLayers {
 
     fn pack(&self, input: PackInput<'_>, copied: &mut dyn FnMut()) -> Result<PackOutput, EdgeError> {
         crate::pack::pack_into_store(self, input, copied)
+    }
+
+    fn lost_layers(&self) -> LostLayers {
+        self.lost.clone()
     }
 }

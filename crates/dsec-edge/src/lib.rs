@@ -27,6 +27,7 @@ pub mod fullvm;
 pub mod ids;
 pub mod images;
 pub mod layers;
+pub mod lost_layers;
 mod idempotency;
 mod instance;
 pub mod journal;

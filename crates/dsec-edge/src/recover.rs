@@ -14,6 +14,7 @@ impl Edge {
     /// failed when their agent cannot be reached.
     pub(crate) async fn recover(&self, records: Vec<SandboxRecord>) {
         let retention_ms = self.inner.config.retention.as_millis() as u64;
+        let lost = self.inner.rootfs.lost_layers();
         let mut resuming = Vec::new();
         for mut rec in records {
             if rec.node != self.inner.config.node {
@@ -28,6 +29,12 @@ impl Edge {
                 continue;
             }
             if rec.state.is_paused() && self.keep_suspended(&mut rec) {
+                continue;
+            }
+            // Its layers' data came through the previous process (paused
+            // ones too: they would fail at their first read after resume).
+            if lost.used_by(rec.pid, &self.inner.cgroups.procs(&rec.id)) {
+                self.abandon(rec, crate::lost_layers::LOST_REASON).await;
                 continue;
             }
             if rec.state.is_paused() {

@@ -30,6 +30,24 @@ pub enum LayerKind {
     Toolkit,
 }
 
+impl LayerKind {
+    pub const ALL: [LayerKind; 3] = [LayerKind::Base, LayerKind::Workspace, LayerKind::Toolkit];
+
+    /// The word manifests, OCI annotations and the CLI use.
+    pub fn name(self) -> &'static str {
+        match self {
+            LayerKind::Base => "base",
+            LayerKind::Workspace => "workspace",
+            LayerKind::Toolkit => "toolkit",
+        }
+    }
+
+    /// The kind `name` gives, if it names one.
+    pub fn parse(name: &str) -> Option<LayerKind> {
+        LayerKind::ALL.into_iter().find(|k| k.name() == name)
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct LayerDescriptor {
     pub digest: Digest,
@@ -215,6 +233,15 @@ mod tests {
             ],
             ImageConfig::default(),
         )
+    }
+
+    #[test]
+    fn kind_names_match_serde() {
+        for k in LayerKind::ALL {
+            assert_eq!(serde_json::to_string(&k).unwrap(), format!("\"{}\"", k.name()));
+            assert_eq!(LayerKind::parse(k.name()), Some(k));
+        }
+        assert_eq!(LayerKind::parse("Base"), None);
     }
 
     #[test]

@@ -240,6 +240,28 @@ impl LayerMounts {
         Ok(found)
     }
 
+    /// Detaches every layer mounted from a blob file under `files` (the
+    /// layers an earlier process mounted from its on-demand FUSE files:
+    /// their data died with that process's FUSE server) and returns their
+    /// digests. Sandboxes whose overlays use one keep a mount that fails
+    /// reads of what is not in the page cache; new ones mount it afresh.
+    pub fn unmount_backed_by(&self, files: &Path) -> Result<Vec<Digest>, MountError> {
+        let entries =
+            mountinfo::read().map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
+        let mut dead: Vec<Digest> = entries
+            .into_iter()
+            .filter(|m| m.fs_type == "erofs" && m.mount_point.parent() == Some(self.dir.as_path()))
+            .filter(|m| Path::new(&m.source).starts_with(files))
+            .filter_map(|m| Digest::from_hex(m.mount_point.file_name()?.to_str()?).ok())
+            .collect();
+        dead.sort();
+        dead.dedup();
+        for digest in &dead {
+            self.unmount(digest)?;
+        }
+        Ok(dead)
+    }
+
     /// Unmounts every layer not in `keep` (the reaper passes the layers of
     /// live sandboxes and of creations in flight). Returns what it unmounted.
     pub fn unmount_all_except(&self, keep: &HashSet<Digest>) -> Result<Vec<Digest>, MountError> {

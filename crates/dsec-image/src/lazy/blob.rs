@@ -57,6 +57,37 @@ pub struct BlobStats {
     pub promoted: bool,
 }
 
+/// Cache files are `tmp/lazy-<digest prefix>-<random>.partial`.
+const PARTIAL_PREFIX: &str = "lazy-";
+const PARTIAL_SUFFIX: &str = ".partial";
+
+/// Deletes the cache files of incomplete blobs an earlier process left in
+/// `store` (killed before it could drop them): no blob of this process
+/// holds them, and a partial file is never promoted by anyone else.
+/// Call before this process serves any blob from `store`. Returns how
+/// many were removed.
+pub fn remove_leftover_partials(store: &ImageStore) -> io::Result<usize> {
+    let mut removed = 0;
+    let dir = match std::fs::read_dir(store.temp_dir()) {
+        Ok(d) => d,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(0),
+        Err(e) => return Err(e),
+    };
+    for entry in dir {
+        let entry = entry?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(PARTIAL_PREFIX) && name.ends_with(PARTIAL_SUFFIX) {
+            match std::fs::remove_file(entry.path()) {
+                Ok(()) => removed += 1,
+                Err(e) if e.kind() == io::ErrorKind::NotFound => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(removed)
+}
+
 struct State {
     present: Vec<bool>,
     missing: u64,
@@ -85,8 +116,8 @@ impl LazyBlob {
     pub fn new(digest: Digest, table: ChunkTable, source: Arc<SharedStore>, store: Arc<ImageStore>) -> Result<LazyBlob, LazyError> {
         let cache_err = |source| LazyError::Cache { digest, source };
         let temp = tempfile::Builder::new()
-            .prefix(&format!("lazy-{}-", &digest.hex()[..16]))
-            .suffix(".partial")
+            .prefix(&format!("{PARTIAL_PREFIX}{}-", &digest.hex()[..16]))
+            .suffix(PARTIAL_SUFFIX)
             .tempfile_in(store.temp_dir())
             .map_err(cache_err)?;
         temp.as_file().set_len(table.blob_size).map_err(cache_err)?;
@@ -225,5 +256,25 @@ impl Drop for LazyBlob {
             size = s.size,
             "on-demand layer released"
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_partial_cache_files_are_left_overs() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = ImageStore::open(dir.path()).unwrap();
+        let tmp = store.temp_dir();
+        for name in ["lazy-0123456789abcdef-x1.partial", "lazy-fedcba9876543210-x2.partial", "build.tmp", "lazy-notes.txt"] {
+            std::fs::write(tmp.join(name), b"x").unwrap();
+        }
+        assert_eq!(remove_leftover_partials(&store).unwrap(), 2);
+        let mut left: Vec<_> = std::fs::read_dir(tmp).unwrap().map(|e| e.unwrap().file_name()).collect();
+        left.sort();
+        assert_eq!(left, ["build.tmp", "lazy-notes.txt"]);
+        assert_eq!(remove_leftover_partials(&store).unwrap(), 0);
     }
 }

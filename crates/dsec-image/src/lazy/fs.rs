@@ -186,6 +186,20 @@ impl LazyLayers {
         Ok(LazyLayers { mountpoint: mountpoint.to_path_buf(), files, session: Mutex::new(Some(session)) })
     }
 
+    /// Detaches an on-demand filesystem an earlier process left mounted at
+    /// `mountpoint` (its server died with that process, so every access
+    /// fails) and says whether there was one. `mount` does this too; call
+    /// this first to learn that an earlier process's files are gone.
+    pub fn detach_left_over(mountpoint: &Path) -> io::Result<bool> {
+        let left = crate::mountinfo::read()?
+            .iter()
+            .any(|m| m.mount_point == mountpoint && m.fs_type.starts_with("fuse"));
+        if left {
+            rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)?;
+        }
+        Ok(left)
+    }
+
     pub fn mountpoint(&self) -> &Path {
         &self.mountpoint
     }

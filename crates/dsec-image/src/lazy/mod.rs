@@ -13,7 +13,7 @@ mod fs;
 use std::path::PathBuf;
 use std::sync::Arc;
 
-pub use blob::{BlobStats, LazyBlob, LazyError};
+pub use blob::{remove_leftover_partials, BlobStats, LazyBlob, LazyError};
 pub use chunks::{ChunkError, ChunkTable, DEFAULT_CHUNK_SIZE};
 pub use fs::LazyLayers;
 

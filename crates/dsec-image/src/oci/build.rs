@@ -8,6 +8,7 @@ use std::sync::Arc;
 use super::apply::GroupRoot;
 use super::verify::{sniff, Compression, Hashing};
 use super::layout::image_config;
+use super::push::ANNOTATION_LAYER_KIND;
 use super::spec::{Descriptor, ImageConfigBlob};
 use super::{parse_digest, ImportError, ImportOptions, Imported};
 use crate::build::{mkfs_into_store, BuildDir, BuildOptions};
@@ -29,6 +30,10 @@ pub(crate) struct SourceLayer {
     /// Digest of the uncompressed tar (checked only when the blob digest
     /// is not known: `docker save`'s older layout).
     pub diff_id: Option<Digest>,
+    /// The dsec layer kind `dsec image push` recorded (annotation
+    /// [`ANNOTATION_LAYER_KIND`]); images from other producers have none,
+    /// and their layers become base layers.
+    pub kind: Option<LayerKind>,
 }
 
 impl SourceLayer {
@@ -42,9 +47,23 @@ impl SourceLayer {
                     size: Some(d.size),
                     blob_digest: Some(parse_digest(&d.digest)?),
                     diff_id: None,
+                    kind: annotated_kind(d)?,
                 })
             })
             .collect()
+    }
+}
+
+/// The kind a layer descriptor's dsec annotation names, if it has one.
+fn annotated_kind(d: &Descriptor) -> Result<Option<LayerKind>, ImportError> {
+    match d.annotations.get(ANNOTATION_LAYER_KIND) {
+        None => Ok(None),
+        Some(name) => LayerKind::parse(name).map(Some).ok_or_else(|| {
+            ImportError::NotAnImage(format!(
+                "layer {}: annotation {ANNOTATION_LAYER_KIND} is {name:?}, not base, workspace or toolkit",
+                short(&d.digest)
+            ))
+        }),
     }
 }
 
@@ -86,14 +105,15 @@ pub(crate) type OpenLayer<'a> = dyn Fn(usize) -> Result<Box<dyn Read + 'a>, Impo
 
 /// Splits layers into groups of consecutive layers holding at most
 /// `merge_below` bytes together (a layer of unknown or larger size stands
-/// alone).
+/// alone). Layers of different kinds never share a group: a workspace or
+/// toolkit that was pushed as a layer of its own comes back as one.
 pub(crate) fn group(layers: &[SourceLayer], merge_below: u64) -> Vec<std::ops::Range<usize>> {
     let mut groups = Vec::new();
     let mut start = 0;
     let mut held = 0u64;
     for (i, l) in layers.iter().enumerate() {
         let size = l.size.unwrap_or(u64::MAX);
-        if i > start && held.saturating_add(size) > merge_below {
+        if i > start && (held.saturating_add(size) > merge_below || l.kind != layers[start].kind) {
             groups.push(start..i);
             start = i;
             held = 0;
@@ -145,7 +165,8 @@ pub(crate) fn build_image(
         let stored = mkfs_into_store(store, root.path(), options, progress)?;
         descriptors.push(LayerDescriptor {
             digest: stored.digest,
-            kind: LayerKind::Base,
+            // One kind per group (see `group`); none recorded means base.
+            kind: layers[range.start].kind.unwrap_or(LayerKind::Base),
             size: stored.size,
         });
         drop(scratch);
@@ -227,6 +248,7 @@ mod tests {
                 size: *s,
                 blob_digest: None,
                 diff_id: None,
+                kind: None,
             })
             .collect()
     }
@@ -237,5 +259,30 @@ mod tests {
         assert_eq!(group(&l, 60), vec![0..3, 3..4, 4..5, 5..6, 6..7]);
         assert_eq!(group(&l, 1000), vec![0..5, 5..6, 6..7]);
         assert_eq!(group(&sized(&[Some(1); 3]), 0), vec![0..1, 1..2, 2..3]);
+    }
+
+    #[test]
+    fn layers_of_different_kinds_never_merge() {
+        let mut l = sized(&[Some(1); 5]);
+        let kinds = [Some(LayerKind::Base), Some(LayerKind::Base), Some(LayerKind::Workspace), Some(LayerKind::Toolkit), Some(LayerKind::Toolkit)];
+        for (layer, kind) in l.iter_mut().zip(kinds) {
+            layer.kind = kind;
+        }
+        assert_eq!(group(&l, 1000), vec![0..2, 2..3, 3..5]);
+    }
+
+    #[test]
+    fn kind_annotation() {
+        let d = |ann: Option<&str>| Descriptor {
+            media_type: String::new(),
+            digest: format!("sha256:{}", "ab".repeat(32)),
+            size: 1,
+            platform: None,
+            annotations: ann.map(|a| [(ANNOTATION_LAYER_KIND.to_string(), a.to_string())].into()).unwrap_or_default(),
+        };
+        assert_eq!(annotated_kind(&d(None)).unwrap(), None);
+        assert_eq!(annotated_kind(&d(Some("toolkit"))).unwrap(), Some(LayerKind::Toolkit));
+        let err = annotated_kind(&d(Some("gadget"))).unwrap_err().to_string();
+        assert!(err.contains("\"gadget\"") && err.contains(ANNOTATION_LAYER_KIND), "{err}");
     }
 }

@@ -280,6 +280,8 @@ fn import_docker_save(
             // name layers by id, and then the uncompressed digest is checked.
             blob_digest: path.strip_prefix("blobs/sha256/").and_then(|h| Digest::from_hex(h).ok()),
             diff_id: Some(parse_digest(diff_id)?),
+            // `docker save` keeps no layer annotations.
+            kind: None,
         });
     }
     let reference = match (&options.reference, tags(entry).first()) {

@@ -235,7 +235,7 @@ fn config_json(image: &ResolvedImage, layers: &[(LayerKind, Digest, u64, Digest)
         },
         "history": image.layers.iter().map(|l| json!({
             "created": manifest.created_at,
-            "created_by": format!("dsec {} layer {}", kind_name(l.kind), l.digest),
+            "created_by": format!("dsec {} layer {}", l.kind.name(), l.digest),
         })).collect::<Vec<_>>(),
     });
     serde_json::to_vec(&value).expect("a JSON value serialises")
@@ -254,18 +254,10 @@ fn manifest_json(config: &[u8], config_digest: &Digest, layers: &[(LayerKind, Di
             "mediaType": MEDIA_OCI_LAYER_GZIP,
             "digest": digest.to_string(),
             "size": size,
-            "annotations": { ANNOTATION_LAYER_KIND: kind_name(*kind) },
+            "annotations": { ANNOTATION_LAYER_KIND: kind.name() },
         })).collect::<Vec<_>>(),
     });
     serde_json::to_vec(&value).expect("a JSON value serialises")
-}
-
-fn kind_name(kind: LayerKind) -> &'static str {
-    match kind {
-        LayerKind::Base => "base",
-        LayerKind::Workspace => "workspace",
-        LayerKind::Toolkit => "toolkit",
-    }
 }
 
 fn short(d: &Digest) -> String {

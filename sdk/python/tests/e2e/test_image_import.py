@@ -172,6 +172,15 @@ def test_bad_pulls_and_imports_fail_clearly(server: Server, registry: str,
     assert r.returncode != 0 and "not an OCI image layout" in r.stderr, r.stderr
 
 
+async def _output_in(client: DSecClient, image: str, command: str) -> str:
+    """What `command` prints in a new sandbox of `image` (stopped after)."""
+    sandbox = await client.run_container(run_args(image, memory_limit_mb=64), timeout=60)
+    try:
+        return (await sandbox.run_shell(command)).stdout
+    finally:
+        await sandbox.stop()
+
+
 async def test_a_pushed_image_comes_back_whole(client: DSecClient, server: Server, registry: str,
                                               imported: dict[str, str], tmp_path: Path) -> None:
     """The layout image (two dsec layers, the top one deleting with overlay
@@ -200,14 +209,46 @@ async def test_a_pushed_image_comes_back_whole(client: DSecClient, server: Serve
     back = _dsec_image(server, "pull", dest, "--name", f"{source.split(':')[0]}-back:v2",
                        "--merge-below-mb", "0").stdout.split()[-1]
     try:
-        sandbox = await client.run_container(run_args(back, memory_limit_mb=64), timeout=60)
-        try:
-            r2 = await sandbox.run_shell("greet; ls /data/old; test -e /etc/secret || echo no-secret")
-            assert r2.stdout == "hello-from-oci from /work\nc\nno-secret\n", r2
-        finally:
-            await sandbox.stop()
+        out = await _output_in(client, back, "greet; ls /data/old; test -e /etc/secret || echo no-secret")
+        assert out == "hello-from-oci from /work\nc\nno-secret\n", out
     finally:
         _dsec_image(server, "rm", back, check=False)
+
+
+def _layer_kinds(server: Server, image: str) -> list[str]:
+    shown = json.loads(_dsec_image(server, "inspect", image).stdout)
+    return [layer["kind"] for layer in shown["manifest"]["layers"]]
+
+
+async def test_a_pulled_image_keeps_its_layer_kinds(client: DSecClient, server: Server,
+                                                    registry: str, imported: dict[str, str]) -> None:
+    """`dsec image push` records each layer's kind as an annotation and a
+    pull reads it back: a packed sandbox (base layers + a workspace layer)
+    comes back as a base and a workspace, the small base layers merged but
+    never merged with the workspace; an image from another producer (no
+    annotations, pushed by skopeo) is all base, as before."""
+    assert set(_layer_kinds(server, imported["registry"])) == {"base"}
+    stem = imported["layout"].split(":")[0]
+    parent = await client.run_container(run_args(imported["layout"], memory_limit_mb=64), timeout=60)
+    try:
+        r = await parent.run_shell("mkdir -p /work/task && echo packed > /work/task/note")
+        assert r.exit_code == 0, r
+        packed = await parent.pack_diff(f"{stem}-packed:v1")
+    finally:
+        await parent.stop()
+    kinds = _layer_kinds(server, packed.image)
+    assert kinds[-1] == "workspace" and set(kinds[:-1]) == {"base"} and len(kinds) >= 3, kinds
+    dest = f"{registry}/team/{stem}-packed:v1"
+    back = f"{stem}-packed-back:v1"
+    try:
+        _dsec_image(server, "push", packed.image, dest)
+        _dsec_image(server, "pull", dest, "--name", back)
+        assert _layer_kinds(server, back) == ["base", "workspace"]
+        out = await _output_in(client, back, "cat /work/task/note; greet")
+        assert out == "packed\nhello-from-oci from /work\n", out
+    finally:
+        for image in (back, packed.image):
+            _dsec_image(server, "rm", image, check=False)
 
 
 def test_bad_pushes_fail_clearly(server: Server, registry: str, private_registry: str,

@@ -9,11 +9,14 @@ cache file."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
+import signal
 import subprocess
 import urllib.request
+import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -131,15 +134,26 @@ async def _read_a_little(sb: Sandbox, own: Path, hexdigest: str, size: int) -> N
     assert 0 < held < size // 10, (held, size)
 
 
-def _serve_node(location: str, env: dict[str, str], own: Path,
-                data: Path) -> tuple[Iterator[Server], Server]:
+def _running(pid: int) -> bool:
+    """Whether `pid` exists and is not a zombie (a killed sandbox process
+    whose parent died with the edge waits for init to reap it)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"
+
+
+def _serve_node(location: str, env: dict[str, str], own: Path, data: Path,
+                **serve: object) -> tuple[Iterator[Server], Server]:
     """A node whose own image store is ``own``, reading images it lacks
-    from the shared store at ``location`` on demand."""
+    from the shared store at ``location`` on demand (``serve``: more
+    arguments of ``serve_dsec``, for restarts)."""
     old = {k: os.environ.get(k) for k in [*env, "DSEC_TEST_IMAGES_DIR"]}
     os.environ.update({**env, "DSEC_TEST_IMAGES_DIR": str(own)})
     try:
         gen = serve_dsec(["--no-fncall", "--shared-store", location, "--image-cache-mb", "256"],
-                         data_dir=data)
+                         data_dir=data, **serve)  # type: ignore[arg-type]
         return gen, next(gen)
     finally:
         for k, v in old.items():
@@ -224,6 +238,72 @@ async def test_a_restarted_node_needs_the_shared_store_only_for_chunk_data(
             for p in [*(shared / "manifests").iterdir(),
                       *(shared / "blobs" / "sha256").glob("*.chunks")]:
                 p.unlink()
+    finally:
+        shutil.rmtree(data, ignore_errors=True)
+
+
+@pytest.mark.parametrize("how", ["SIGKILL", "stop"])
+async def test_an_edge_restart_fails_the_sandboxes_on_its_on_demand_layers(
+        source: Source, tmp_path: Path, how: str) -> None:
+    """The edge serves on-demand layer data through its own FUSE files, so
+    when its process ends (SIGKILL, or a clean stop that leaves sandboxes
+    running) the kernel ends that connection and a sandbox on such layers
+    can no longer read what it has not read yet. The restarted edge does
+    not re-adopt it as running: it removes it (no process, no cgroup) and
+    reports it failed with the reason. A sandbox on local layers is
+    re-adopted; a new sandbox on the same image reads it (fresh mounts);
+    nothing of the dead process is left."""
+    shared = tmp_path / "shared"
+    _dsec_image("push", "busybox", "--to", str(shared), "--images-dir", str(source.busybox))
+    _dsec_image("push", "lazyws:v1", "--to", str(shared), "--images-dir", str(source.images))
+    own, data = tmp_path / "own", tmp_path / "data"
+    # busybox is local; the workspace comes on demand.
+    _dsec_image("fetch", "busybox", "--from", str(shared), "--images-dir", str(own))
+    node = f"e2e-lazy-{uuid.uuid4().hex[:6]}"
+    try:
+        first, srv = _serve_node(str(shared), {}, own, data, node=node, stop_sandboxes_on_exit=False)
+        async with DSecClient(endpoint=srv.url, token=srv.admin_token) as c:
+            local = await c.run_container(run_args("busybox", memory_limit_mb=32), timeout=60)
+            lazy = await c.run_container(
+                run_args("busybox", memory_limit_mb=32, workspace="lazyws:v1"), timeout=60)
+            r = await lazy.run_shell("cat /hello.txt && head -c 100000 /big.bin | wc -c")
+            assert r.stdout == "hello from a lazy layer\n100000\n", r
+            procs = glob.glob(f"/sys/fs/cgroup/*/dsec/{node}/{lazy.id}/cgroup.procs")
+            lazy_pids = {int(p) for f in procs for p in Path(f).read_text().split()}
+            assert lazy_pids, procs
+        if how == "SIGKILL":
+            os.kill(srv.pid, signal.SIGKILL)
+        first.close()  # SIGTERM if still running: a clean stop
+
+        second, srv = _serve_node(str(shared), {}, own, data, node=node)
+        try:
+            async with DSecClient(endpoint=srv.url, token=srv.admin_token) as c:
+                info = await c.get(lazy.id)
+                if info.state == "running":
+                    # What happened before the fix: re-adopted, then its reads fail.
+                    s = await c.connect(lazy.id)
+                    r = await s.run_shell("tail -c 100000 /big.bin | wc -c")
+                    pytest.fail(f"re-adopted as running; an unread part of its layer gives {r}")
+                assert info.state == "failed", info
+                assert "loaded on demand" in (info.state_reason or ""), info
+                assert not glob.glob(f"/sys/fs/cgroup/*/dsec/{node}/{lazy.id}"), "cgroup left"
+                assert not [p for p in lazy_pids if _running(p)], "processes left"
+
+                again = await c.connect(local.id)
+                assert (await again.run_shell("echo still here")).stdout == "still here\n"
+                await again.stop()
+
+                fresh = await c.run_container(
+                    run_args("busybox", memory_limit_mb=32, workspace="lazyws:v1"), timeout=60)
+                try:
+                    r = await fresh.run_shell("cat /hello.txt && tail -c 100000 /big.bin | wc -c")
+                    assert r.stdout == "hello from a lazy layer\n100000\n", r
+                finally:
+                    await fresh.stop()
+        finally:
+            second.close()
+        assert not _mounts_under(data)
+        assert _partial_files(own) == []
     finally:
         shutil.rmtree(data, ignore_errors=True)
 
