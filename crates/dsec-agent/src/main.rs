@@ -54,21 +54,23 @@ use agent::{Agent, Identity, Mode};
 use paths::Root;
 use spawn::ChildPolicy;
 
-const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner";
+const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner [--exec]";
 
 enum Cli {
     Container,
     /// A full VM's service (its channel is the virtio-serial port).
     Guest,
-    /// The edge's spawn helper (socket on fd 3).
-    Spawner,
+    /// The edge's spawn helper (socket on fd 3). `exec`: each agent execs
+    /// this binary afresh instead of being forked from the helper.
+    Spawner { exec: bool },
     Plain { root: String, sandbox_id: String },
 }
 
 fn parse_args(args: &[String]) -> Result<Cli, String> {
     match args.first().map(String::as_str) {
         Some("container") if args.len() == 1 => Ok(Cli::Container),
-        Some("spawner") if args.len() == 1 => Ok(Cli::Spawner),
+        Some("spawner") if args.len() == 1 => Ok(Cli::Spawner { exec: false }),
+        Some("spawner") if args.len() == 2 && args[1] == "--exec" => Ok(Cli::Spawner { exec: true }),
         Some("guest") if args.len() == 1 => Ok(Cli::Guest),
         Some("plain") => {
             let mut root = None;
@@ -105,9 +107,9 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    if let Cli::Spawner = cli {
+    if let Cli::Spawner { exec } = cli {
         // Not an agent: no channel protocol, no reaper, no fd 4.
-        return match startup::prepare_spawner().and_then(|()| spawner::run().map_err(std::io::Error::other)) {
+        return match startup::prepare_spawner().and_then(|()| spawner::run(exec).map_err(std::io::Error::other)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dsec-agent spawner: {e}");
@@ -133,13 +135,26 @@ fn main() -> ExitCode {
         Cli::Container => container(chan),
         Cli::Guest => full_vm(chan),
         Cli::Plain { root, sandbox_id } => plain(chan, &root, sandbox_id),
-        Cli::Spawner => unreachable!("handled above"),
+        Cli::Spawner { .. } => unreachable!("handled above"),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("dsec-agent: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// A container agent forked from the spawn helper (see spawner.rs): the
+/// same start as `dsec-agent container` after its execve. Returns the
+/// process's exit status.
+fn forked_container_agent() -> i32 {
+    match startup::prepare_process().map_err(|e| e.to_string()).and_then(container) {
+        Ok(()) => 0,
+        Err(e) => {
+            eprintln!("dsec-agent: {e}");
+            1
         }
     }
 }

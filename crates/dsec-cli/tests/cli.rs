@@ -364,3 +364,24 @@ fn a_failed_start_leaves_no_mount() {
     let left: Vec<_> = cgroups.chain([std::path::PathBuf::from("/sys/fs/cgroup/unified/dsec").join(&node)]).filter(|p| p.exists()).collect();
     assert!(left.is_empty(), "a failed start left cgroups: {left:#?}");
 }
+
+/// Agents are forks of the spawn helper by default, and exec'd afresh with
+/// `--agent-exec`; either way they serve the same.
+#[test]
+fn agents_start_forked_from_the_helper_or_exec_d() {
+    for (flags, started_as) in [(&[][..], "spawner"), (&["--agent-exec"][..], "container")] {
+        let p = Platform::start_with(true, flags);
+        let id = p.dsec(&["run", "busybox", "--memory-mb", "64"]).ok().trim().to_string();
+        assert_eq!(p.dsec(&["exec", &id, "--", "echo", "ok"]).ok(), "ok\n");
+        let pid = p.agent_pid(&id).expect("the sandbox's agent");
+        let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
+        let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
+        assert_eq!(args.last().copied(), Some(started_as.as_bytes()), "agent of dsec up {flags:?}: {:?}", String::from_utf8_lossy(&cmdline));
+        let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
+        assert_eq!(comm.trim(), "dsec-agent");
+        // The agent's own hardening happened in both cases.
+        let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+        assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "{status}");
+        p.dsec(&["rm", &id]).ok();
+    }
+}

@@ -70,6 +70,10 @@ pub struct EdgeConfig {
     /// parallel creation never makes either; a burst beyond the pool makes
     /// its own, as without one.
     pub prewarm: usize,
+    /// Start each container agent with an execve of its own (a fresh
+    /// address-space layout per agent) instead of forking it from the spawn
+    /// helper, which saves ~0.4 ms of CPU per creation on a VM.
+    pub agent_exec: bool,
     /// The microVM backend's settings; `None`: this node runs no microVMs.
     pub vm: Option<crate::microvm::VmConfig>,
     /// A microVM must boot to its agent and be set up within this.
@@ -108,6 +112,7 @@ impl EdgeConfig {
             stop_sandboxes_on_shutdown: false,
             syscall_filter: true,
             prewarm: 16,
+            agent_exec: false,
             vm: None,
             vm_boot_timeout: Duration::from_secs(60),
             network: None,
@@ -304,7 +309,7 @@ impl Edge {
         };
         // Mounts the node's sysfs last: nothing between here and the undo
         // registration below can fail.
-        let mut container = ContainerBackend::new(cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout)?;
+        let mut container = ContainerBackend::new(cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout, config.agent_exec)?;
         if !config.syscall_filter {
             container = container.without_syscall_filter();
         }

@@ -7,8 +7,10 @@
 //! itself) and the agent binary (whose `spawner` mode is the helper).
 
 mod clone_exec;
+mod clone_fork;
 mod pidfd;
 pub mod protocol;
 
 pub use clone_exec::{spawn, spawn_in, AGENT_CHANNEL_FD};
+pub use clone_fork::{clone_fork, single_threaded, Forked};
 pub use pidfd::{pidfd_getfd, pidfd_kill, pidfd_open, reap};

@@ -176,11 +176,18 @@ pub struct Platform {
     pub log: Arc<Mutex<String>>,
     /// Guest agents seen (pid, start time), to reap the ones orphaned to us.
     agents: Vec<(i32, u64)>,
+    /// More `dsec up` flags.
+    extra_args: Vec<String>,
 }
 
 impl Platform {
     /// A temp dir with a busybox image store, and `dsec up` on it.
     pub fn start(stop_sandboxes_on_exit: bool) -> Platform {
+        Platform::start_with(stop_sandboxes_on_exit, &[])
+    }
+
+    /// [`Platform::start`] with more `dsec up` flags.
+    pub fn start_with(stop_sandboxes_on_exit: bool, extra_args: &[&str]) -> Platform {
         become_subreaper();
         if std::env::var_os("DSEC_AGENT").is_none() {
             let agent = Path::new(DSEC).with_file_name("dsec-agent");
@@ -202,6 +209,7 @@ impl Platform {
             token: String::new(),
             log: Arc::new(Mutex::new(String::new())),
             agents: Vec::new(),
+            extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
         };
         p.up(stop_sandboxes_on_exit);
         p
@@ -242,6 +250,7 @@ impl Platform {
         if stop_sandboxes_on_exit {
             cmd.arg("--stop-sandboxes-on-exit");
         }
+        cmd.args(&self.extra_args);
         for v in ["DSEC_DATA_DIR", "DSEC_ENDPOINT", "DSEC_TOKEN", "DSEC_TOKEN_FILE", "DSEC_IMAGES_DIR"] {
             cmd.env_remove(v);
         }

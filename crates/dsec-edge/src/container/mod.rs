@@ -53,7 +53,10 @@ pub struct ContainerBackend {
 }
 
 impl ContainerBackend {
-    pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, state_dir: &Path, setup_timeout: Duration) -> Result<Self, EdgeError> {
+    /// `agent_exec`: each agent execs the agent binary afresh instead of
+    /// being forked from the spawn helper (a fresh address-space layout per
+    /// agent, ~0.4 ms more CPU per creation).
+    pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, state_dir: &Path, setup_timeout: Duration, agent_exec: bool) -> Result<Self, EdgeError> {
         let scratch_dir = state_dir.join("scratch");
         // Everything that can fail comes before the node's sysfs mount.
         if !agent_path.is_file() {
@@ -63,7 +66,7 @@ impl ContainerBackend {
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", scratch_dir.display())))?;
         let agent_path = CString::new(agent_path.as_os_str().as_encoded_bytes())
             .map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
-        let spawner = spawn::Spawner::new(agent_path)
+        let spawner = spawn::Spawner::new(agent_path, agent_exec)
             .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
         Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None, masks: None, netns_pool: None })

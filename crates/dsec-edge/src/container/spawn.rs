@@ -47,6 +47,9 @@ impl Drop for Helper {
 
 pub struct Spawner {
     agent_path: CString,
+    /// Each agent execs the binary afresh (instead of being forked from the
+    /// helper; see the agent's spawner.rs).
+    exec_each: bool,
     helper: Mutex<Option<Helper>>,
 }
 
@@ -59,9 +62,9 @@ enum AskError {
 
 impl Spawner {
     /// Starts the helper now, while the edge's descriptor table is small.
-    pub fn new(agent_path: CString) -> std::io::Result<Spawner> {
-        let helper = start_helper(&agent_path)?;
-        Ok(Spawner { agent_path, helper: Mutex::new(Some(helper)) })
+    pub fn new(agent_path: CString, exec_each: bool) -> std::io::Result<Spawner> {
+        let helper = start_helper(&agent_path, exec_each)?;
+        Ok(Spawner { agent_path, exec_each, helper: Mutex::new(Some(helper)) })
     }
 
     /// Starts `dsec-agent container` in new namespaces with a fresh channel.
@@ -77,7 +80,7 @@ impl Spawner {
         let mut last = None;
         for _attempt in 0..2 {
             if guard.is_none() {
-                *guard = Some(start_helper(&self.agent_path)?);
+                *guard = Some(start_helper(&self.agent_path, self.exec_each)?);
             }
             let helper = guard.as_ref().expect("a helper was just started");
             match ask(helper, ns_flags, &theirs, netns) {
@@ -94,14 +97,15 @@ impl Spawner {
     }
 }
 
-fn start_helper(agent_path: &CString) -> std::io::Result<Helper> {
+fn start_helper(agent_path: &CString, exec_each: bool) -> std::io::Result<Helper> {
     let (ours, theirs) = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
         rustix::net::SocketType::SEQPACKET,
         rustix::net::SocketFlags::CLOEXEC,
         None,
     )?;
-    let (_pid, pidfd) = dsec_spawn::spawn(agent_path, "dsec-agent", &["spawner"], 0, theirs.as_fd())?;
+    let args: &[&str] = if exec_each { &["spawner", "--exec"] } else { &["spawner"] };
+    let (_pid, pidfd) = dsec_spawn::spawn(agent_path, "dsec-agent", args, 0, theirs.as_fd())?;
     Ok(Helper { sock: ours, pidfd })
 }
 
