@@ -387,6 +387,8 @@ def kill_call_processes(keep):
     """SIGKILL every process of the call user. Returns once none is left
     (orphans are reparented to us, a subreaper, and reaped here); `keep` is
     our child that is not the call's (the zygote)."""
+    if only_zygote_left(keep):
+        return True
     kill_all_of_call_user()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -404,6 +406,29 @@ def kill_call_processes(keep):
             kill_all_of_call_user()
             time.sleep(0.001)
     return False
+
+
+def children_of(pid):
+    """The pids of a (single-threaded) process's children, zombies included
+    (/proc/PID/task/PID/children)."""
+    return read_small("/proc/%d/task/%d/children" % (pid, pid)).split()
+
+
+def only_zygote_left(zygote):
+    """Whether the call left no process at all, known from two small files
+    instead of a scan of /proc. Every process a call starts descends from
+    its worker; when a process dies its children go to the nearest
+    subreaper above it, which is us (the zygote is not one), so a process
+    that outlived the worker is our child or a descendant of one. The only
+    way to get another parent is clone(CLONE_PARENT), which makes a sibling
+    of the caller: from the worker, a child of the zygote, so the zygote
+    must have no children left either (its worker is reaped before it
+    reports). Anything unexpected, or a file we cannot read, takes the full
+    path (kill, scan, reap)."""
+    try:
+        return children_of(os.getpid()) == [str(zygote).encode()] and not children_of(zygote)
+    except OSError:
+        return False
 
 
 def call_processes_left():
@@ -432,6 +457,14 @@ def reap_orphans(keep):
 
 
 def remove_owned(dirs):
+    """Removes every entry the call user owns in `dirs`; returns whether
+    all of them went."""
+    complete = True
+
+    def failed(*_):
+        nonlocal complete
+        complete = False
+
     for d in dirs:
         try:
             entries = list(os.scandir(d))
@@ -445,12 +478,84 @@ def remove_owned(dirs):
             if st.st_uid != CALL_UID:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(e.path, ignore_errors=True)
+                shutil.rmtree(e.path, onerror=failed)
             else:
                 try:
                     os.unlink(e.path)
-                except OSError:
+                except FileNotFoundError:
                     pass
+                except OSError:
+                    complete = False
+    return complete
+
+
+# inotify(7): what a call can do to a watched directory's entries (create,
+# mkdir, link, mknod, bind a socket: IN_CREATE; rename into it:
+# IN_MOVED_TO), and what ends a watch (the directory deleted or moved:
+# IN_DELETE_SELF, IN_MOVE_SELF, then IN_IGNORED) or loses events
+# (IN_Q_OVERFLOW).
+IN_CREATE = 0x100
+IN_MOVED_TO = 0x80
+IN_DELETE_SELF = 0x400
+IN_MOVE_SELF = 0x800
+IN_Q_OVERFLOW = 0x4000
+IN_IGNORED = 0x8000
+IN_ONLYDIR = 0x1000000
+IN_DONT_FOLLOW = 0x2000000
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+WATCH_LOST = IN_DELETE_SELF | IN_MOVE_SELF | IN_Q_OVERFLOW | IN_IGNORED
+
+
+class SweepWatch:
+    """Tells whether a call created anything in the directories the
+    cleanup sweeps, so that a call that did not (most calls) costs no
+    directory listing. An inotify event is queued by the system call that
+    creates the entry, before it returns, and every process of the call is
+    dead before we look, so an empty queue means nothing was created. Any
+    doubt (no inotify, a watch lost, events dropped, a sweep that could not
+    remove everything) means sweeping after every call from then on, as
+    without the watch."""
+
+    def __init__(self, dirs):
+        self.fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if self.fd < 0:
+            return
+        for d in dirs:
+            wd = libc.inotify_add_watch(self.fd, d.encode(), IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF
+                                        | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW)
+            if wd < 0:
+                self.give_up()
+                return
+
+    def give_up(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def changed(self):
+        """Whether anything was created since the last call (drains the
+        queue); always True once the watch is given up."""
+        if self.fd < 0:
+            return True
+        seen = False
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return seen
+            if not data:
+                self.give_up()
+                return True
+            seen = True
+            # struct inotify_event: wd, mask, cookie, len, then len bytes of name.
+            off = 0
+            while off + 16 <= len(data):
+                mask = int.from_bytes(data[off + 4:off + 8], sys.byteorder)
+                if mask & WATCH_LOST:
+                    self.give_up()
+                    return True
+                off += 16 + int.from_bytes(data[off + 12:off + 16], sys.byteorder)
 
 
 def read_small(path):
@@ -467,7 +572,29 @@ def read_small(path):
         os.close(fd)
 
 
+# IPC_INFO-style commands that count a namespace's objects: shmctl
+# SHM_INFO (struct shm_info: used_ids first), msgctl MSG_INFO (struct
+# msginfo: msgpool, the number of queues, first), semctl SEM_INFO (struct
+# seminfo: semusz, the number of sets, eighth int).
+SHM_INFO = 14
+MSG_INFO = 12
+SEM_INFO = 19
+
+
+def ipc_objects_exist():
+    """Whether the runner's IPC namespace holds any System V object (we make
+    none): three system calls instead of reading three /proc files."""
+    buf = ctypes.create_string_buffer(128)
+    if libc.shmctl(0, SHM_INFO, buf) < 0 or int.from_bytes(buf.raw[0:4], sys.byteorder):
+        return True
+    if libc.msgctl(0, MSG_INFO, buf) < 0 or int.from_bytes(buf.raw[0:4], sys.byteorder):
+        return True
+    return libc.semctl(0, 0, SEM_INFO, buf) < 0 or int.from_bytes(buf.raw[28:32], sys.byteorder) != 0
+
+
 def remove_ipc():
+    if not ipc_objects_exist():
+        return
     for kind, fn in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", None)):
         try:
             lines = read_small("/proc/sysvipc/" + kind).split(b"\n")[1:]
@@ -763,6 +890,7 @@ class Monitor:
         os.close(ctl_r)
         os.close(rep_w)
         self.zygote, self.cmd, self.ctl, self.rep = pid, cmd_w, ctl_w, rep_r
+        self.watch = SweepWatch(self.sweep)
         self.loaded = [m for m in read_line(rep_r, "the zygote did not start").decode().strip().split(",") if m]
         self.worker_ready = False
 
@@ -883,7 +1011,8 @@ class Monitor:
             result["raw"] = raw
             return result, parts
         finally:
-            remove_owned(self.sweep)
+            if self.watch.changed() and not remove_owned(self.sweep):
+                self.watch.give_up()
             remove_ipc()
             remove_scratch(scratch)
 
