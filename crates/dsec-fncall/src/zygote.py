@@ -387,8 +387,6 @@ def kill_call_processes(keep):
     """SIGKILL every process of the call user. Returns once none is left
     (orphans are reparented to us, a subreaper, and reaped here); `keep` is
     our child that is not the call's (the zygote)."""
-    if only_zygote_left(keep):
-        return True
     kill_all_of_call_user()
     deadline = time.monotonic() + 5
     while time.monotonic() < deadline:
@@ -423,8 +421,9 @@ def only_zygote_left(zygote):
     way to get another parent is clone(CLONE_PARENT), which makes a sibling
     of the caller: from the worker, a child of the zygote, so the zygote
     must have no children left either (its worker is reaped before it
-    reports). Anything unexpected, or a file we cannot read, takes the full
-    path (kill, scan, reap)."""
+    reports; such strays are killed on the full path and reaped by the
+    zygote before its next fork). Anything unexpected, or a file we cannot
+    read, takes the full path (kill, scan, reap)."""
     try:
         return children_of(os.getpid()) == [str(zygote).encode()] and not children_of(zygote)
     except OSError:
@@ -432,15 +431,23 @@ def only_zygote_left(zygote):
 
 
 def call_processes_left():
-    """Whether a process of the call user still exists (in our namespace)."""
+    """Whether a live process of the call user still exists (in our
+    namespace). Zombies are dead: ours are reaped by our caller, the
+    zygote's (see only_zygote_left) by the zygote before its next fork."""
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                if os.stat("/proc/" + p).st_uid == CALL_UID:
+                if os.stat("/proc/" + p).st_uid == CALL_UID and not is_zombie(p):
                     return True
             except OSError:
                 pass
     return False
+
+
+def is_zombie(pid):
+    """Whether /proc/PID/stat says the process has exited (Z or X)."""
+    st = read_small("/proc/%s/stat" % pid)
+    return st[st.rindex(b")") + 2:][:1] in (b"Z", b"X")
 
 
 def reap_orphans(keep):
@@ -593,27 +600,35 @@ def ipc_objects_exist():
 
 
 def remove_ipc():
+    """Removes every System V IPC object of the runner's IPC namespace: we
+    make none, so all are the call's. Removal needs CAP_SYS_ADMIN, which
+    the runner does not have, or the object's owner or creator as effective
+    uid, so it runs as the call user (whose objects record it as creator
+    even after an IPC_SET handed them to another uid). Returns whether none
+    is left."""
     if not ipc_objects_exist():
-        return
-    for kind, fn in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", None)):
-        try:
-            lines = read_small("/proc/sysvipc/" + kind).split(b"\n")[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            # key id perms ... uid is column 7 (shm), 7 (msg), 4 (sem).
-            uid_col = 4 if kind == "sem" else 7
+        return True
+    os.setresuid(CALL_UID, CALL_UID, 0)
+    try:
+        for kind in ("shm", "msg", "sem"):
             try:
-                ident, uid = int(cols[1]), int(cols[uid_col])
-            except (IndexError, ValueError):
+                lines = read_small("/proc/sysvipc/" + kind).split(b"\n")[1:]
+            except OSError:
                 continue
-            if uid != CALL_UID:
-                continue
-            if kind == "sem":
-                libc.semctl(ident, 0, IPC_RMID)
-            else:
-                fn(ident, IPC_RMID, None)
+            for line in lines:
+                cols = line.split()  # key, id, ...
+                if len(cols) < 2 or not cols[1].isdigit():
+                    continue
+                ident = int(cols[1])
+                if kind == "shm":
+                    libc.shmctl(ident, IPC_RMID, None)
+                elif kind == "msg":
+                    libc.msgctl(ident, IPC_RMID, None)
+                else:
+                    libc.semctl(ident, 0, IPC_RMID)
+    finally:
+        os.setresuid(0, 0, 0)
+    return not ipc_objects_exist()
 
 
 # Every call's working directory (one call at a time per runner).
@@ -810,6 +825,19 @@ def worker_main(cmd):
     os._exit(127)
 
 
+def reap_strays():
+    """Reaps the zygote's children that are not its workers: processes a
+    call made siblings of its worker (clone with CLONE_PARENT), which the
+    monitor has killed by now (it asks for this only then)."""
+    while True:
+        try:
+            pid, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
 def zygote_main(ctl, rep, cmd_fd):
     """The warm interpreter. Per call it forks one worker and reports its
     end; it does as little as possible in between, because every page it
@@ -832,7 +860,12 @@ def zygote_main(ctl, rep, cmd_fd):
     zygote_setup()
     os.write(rep, (",".join(loaded) + "\n").encode())
     read, fork, wait4, write = os.read, os.fork, os.wait4, os.write
-    while read(ctl, 1):
+    while True:
+        op = read(ctl, 1)
+        if not op:
+            break
+        if op == b"r":
+            reap_strays()
         pid = fork()
         if pid == 0:
             os.close(ctl)
@@ -893,10 +926,14 @@ class Monitor:
         self.watch = SweepWatch(self.sweep)
         self.loaded = [m for m in read_line(rep_r, "the zygote did not start").decode().strip().split(",") if m]
         self.worker_ready = False
+        self.zygote_reaps = False
 
     def prefork(self):
         if not self.worker_ready:
-            os.write(self.ctl, b"g")
+            # "r": reap the zombies a call left as the zygote's children
+            # before forking; "g": just fork.
+            os.write(self.ctl, b"r" if self.zygote_reaps else b"g")
+            self.zygote_reaps = False
             self.worker_ready = True
 
     def run_in_worker(self, req, scratch, argv, python, stdin, limits, source=None):
@@ -927,7 +964,9 @@ class Monitor:
             kill_all_of_call_user()
         _, status, utime, stime, maxrss = read_report(self.rep)
         result = outcome(status, utime, stime, maxrss, timed_out, t0)
-        clean = kill_call_processes(self.zygote)
+        fast = only_zygote_left(self.zygote)
+        clean = fast or kill_call_processes(self.zygote)
+        self.zygote_reaps = not fast
         if not clean:
             result["unclean"] = True
         return result, fds[1], fds[2]
@@ -1013,7 +1052,8 @@ class Monitor:
         finally:
             if self.watch.changed() and not remove_owned(self.sweep):
                 self.watch.give_up()
-            remove_ipc()
+            if not remove_ipc():
+                raise SystemExit("System V IPC objects of a call could not be removed")
             remove_scratch(scratch)
 
     def serve(self):
