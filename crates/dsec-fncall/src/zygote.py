@@ -451,7 +451,7 @@ def is_zombie(pid):
 
 
 def reap_orphans(keep):
-    """Reap the calls' orphans that have ended (never the zygote)."""
+    """Reap the calls' orphans that have ended (never `keep`, the zygote)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -825,19 +825,6 @@ def worker_main(cmd):
     os._exit(127)
 
 
-def reap_strays():
-    """Reaps the zygote's children that are not its workers: processes a
-    call made siblings of its worker (clone with CLONE_PARENT), which the
-    monitor has killed by now (it asks for this only then)."""
-    while True:
-        try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
-        except ChildProcessError:
-            return
-        if pid == 0:
-            return
-
-
 def zygote_main(ctl, rep, cmd_fd):
     """The warm interpreter. Per call it forks one worker and reports its
     end; it does as little as possible in between, because every page it
@@ -865,7 +852,9 @@ def zygote_main(ctl, rep, cmd_fd):
         if not op:
             break
         if op == b"r":
-            reap_strays()
+            # Children a call made siblings of its worker (clone with
+            # CLONE_PARENT), killed by the monitor by now.
+            reap_orphans(None)
         pid = fork()
         if pid == 0:
             os.close(ctl)
