@@ -33,7 +33,10 @@
 # uid of the call user ends every process the call started (the kernel walks
 # the process list atomically, so a fork bomb cannot outrun it); every file
 # the call user owns in a writable directory is removed, and its System V
-# IPC objects, and the call's scratch directory.
+# IPC objects, and the call's scratch directory. A call that left no
+# process, created nothing in those directories and holds no IPC object
+# (most calls) skips the searches: see only_zygote_left, SweepWatch and
+# ipc_objects_exist.
 # Only what the zygote and its workers need is imported here: the zygote is
 # a fresh interpreter running this file (`--zygote`), and every page of its
 # heap is a page each fork copies the page-table entry of, and each worker
