@@ -48,16 +48,7 @@ one_run() { # LABEL DSEC [extra `dsec up` flags]
     # previous run's line must not be found first.
     : >"$WORK/dsec.log"
     bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS" --cpu-overcommit 64 "$@"
-    local ready=False
-    for _ in $(seq 1 150); do
-        ready=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" "$DSEC_ENDPOINT/v1/fncall/pools" |
-            "$PY" -c 'import json,sys
-try: print({x["language"]: x for x in json.load(sys.stdin)["pools"]}["python"]["idle"] == int(sys.argv[1]))
-except ValueError: print(False)' "$PY_RUNNERS" || true)
-        [ "$ready" = True ] && break
-        sleep 0.2
-    done
-    [ "$ready" = True ] || { echo "$label: the Python pool did not warm up" >&2; exit 1; }
+    bench_wait_python_pool "$PY_RUNNERS" || { echo "$label: the Python pool did not warm up" >&2; exit 1; }
     # Warm-up: a second of load, not counted.
     DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
     local c0 c1 out j

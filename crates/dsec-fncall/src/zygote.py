@@ -33,7 +33,10 @@
 # uid of the call user ends every process the call started (the kernel walks
 # the process list atomically, so a fork bomb cannot outrun it); every file
 # the call user owns in a writable directory is removed, and its System V
-# IPC objects, and the call's scratch directory.
+# IPC objects, and the call's scratch directory. A call that left no
+# process, created nothing in those directories and holds no IPC object
+# (most calls) skips the searches: see only_zygote_left, SweepWatch and
+# ipc_objects_exist.
 # Only what the zygote and its workers need is imported here: the zygote is
 # a fresh interpreter running this file (`--zygote`), and every page of its
 # heap is a page each fork copies the page-table entry of, and each worker
@@ -406,20 +409,52 @@ def kill_call_processes(keep):
     return False
 
 
+def children_of(pid):
+    """The pids of a (single-threaded) process's children, zombies included
+    (/proc/PID/task/PID/children)."""
+    return read_small("/proc/%d/task/%d/children" % (pid, pid)).split()
+
+
+def only_zygote_left(zygote):
+    """Whether the call left no process at all, known from two small files
+    instead of a scan of /proc. Every process a call starts descends from
+    its worker; when a process dies its children go to the nearest
+    subreaper above it, which is us (the zygote is not one), so a process
+    that outlived the worker is our child or a descendant of one. The only
+    way to get another parent is clone(CLONE_PARENT), which makes a sibling
+    of the caller: from the worker, a child of the zygote, so the zygote
+    must have no children left either (its worker is reaped before it
+    reports; such strays are killed on the full path and reaped by the
+    zygote before its next fork). Anything unexpected, or a file we cannot
+    read, takes the full path (kill, scan, reap)."""
+    try:
+        return children_of(os.getpid()) == [str(zygote).encode()] and not children_of(zygote)
+    except OSError:
+        return False
+
+
 def call_processes_left():
-    """Whether a process of the call user still exists (in our namespace)."""
+    """Whether a live process of the call user still exists (in our
+    namespace). Zombies are dead: ours are reaped by our caller, the
+    zygote's (see only_zygote_left) by the zygote before its next fork."""
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
-                if os.stat("/proc/" + p).st_uid == CALL_UID:
+                if os.stat("/proc/" + p).st_uid == CALL_UID and not is_zombie(p):
                     return True
             except OSError:
                 pass
     return False
 
 
+def is_zombie(pid):
+    """Whether /proc/PID/stat says the process has exited (Z or X)."""
+    st = read_small("/proc/%s/stat" % pid)
+    return st[st.rindex(b")") + 2:][:1] in (b"Z", b"X")
+
+
 def reap_orphans(keep):
-    """Reap the calls' orphans that have ended (never the zygote)."""
+    """Reap the calls' orphans that have ended (never `keep`, the zygote)."""
     while True:
         try:
             pid, _ = os.waitpid(-1, os.WNOHANG)
@@ -432,6 +467,14 @@ def reap_orphans(keep):
 
 
 def remove_owned(dirs):
+    """Removes every entry the call user owns in `dirs`; returns whether
+    all of them went."""
+    complete = True
+
+    def failed(*_):
+        nonlocal complete
+        complete = False
+
     for d in dirs:
         try:
             entries = list(os.scandir(d))
@@ -445,12 +488,84 @@ def remove_owned(dirs):
             if st.st_uid != CALL_UID:
                 continue
             if stat.S_ISDIR(st.st_mode):
-                shutil.rmtree(e.path, ignore_errors=True)
+                shutil.rmtree(e.path, onerror=failed)
             else:
                 try:
                     os.unlink(e.path)
-                except OSError:
+                except FileNotFoundError:
                     pass
+                except OSError:
+                    complete = False
+    return complete
+
+
+# inotify(7): what a call can do to a watched directory's entries (create,
+# mkdir, link, mknod, bind a socket: IN_CREATE; rename into it:
+# IN_MOVED_TO), and what ends a watch (the directory deleted or moved:
+# IN_DELETE_SELF, IN_MOVE_SELF, then IN_IGNORED) or loses events
+# (IN_Q_OVERFLOW).
+IN_CREATE = 0x100
+IN_MOVED_TO = 0x80
+IN_DELETE_SELF = 0x400
+IN_MOVE_SELF = 0x800
+IN_Q_OVERFLOW = 0x4000
+IN_IGNORED = 0x8000
+IN_ONLYDIR = 0x1000000
+IN_DONT_FOLLOW = 0x2000000
+IN_NONBLOCK = 0o4000
+IN_CLOEXEC = 0o2000000
+WATCH_LOST = IN_DELETE_SELF | IN_MOVE_SELF | IN_Q_OVERFLOW | IN_IGNORED
+
+
+class SweepWatch:
+    """Tells whether a call created anything in the directories the
+    cleanup sweeps, so that a call that did not (most calls) costs no
+    directory listing. An inotify event is queued by the system call that
+    creates the entry, before it returns, and every process of the call is
+    dead before we look, so an empty queue means nothing was created. Any
+    doubt (no inotify, a watch lost, events dropped, a sweep that could not
+    remove everything) means sweeping after every call from then on, as
+    without the watch."""
+
+    def __init__(self, dirs):
+        self.fd = libc.inotify_init1(IN_NONBLOCK | IN_CLOEXEC)
+        if self.fd < 0:
+            return
+        for d in dirs:
+            wd = libc.inotify_add_watch(self.fd, d.encode(), IN_CREATE | IN_MOVED_TO | IN_DELETE_SELF
+                                        | IN_MOVE_SELF | IN_ONLYDIR | IN_DONT_FOLLOW)
+            if wd < 0:
+                self.give_up()
+                return
+
+    def give_up(self):
+        if self.fd >= 0:
+            os.close(self.fd)
+        self.fd = -1
+
+    def changed(self):
+        """Whether anything was created since the last call (drains the
+        queue); always True once the watch is given up."""
+        if self.fd < 0:
+            return True
+        seen = False
+        while True:
+            try:
+                data = os.read(self.fd, 1 << 16)
+            except BlockingIOError:
+                return seen
+            if not data:
+                self.give_up()
+                return True
+            seen = True
+            # struct inotify_event: wd, mask, cookie, len, then len bytes of name.
+            off = 0
+            while off + 16 <= len(data):
+                mask = int.from_bytes(data[off + 4:off + 8], sys.byteorder)
+                if mask & WATCH_LOST:
+                    self.give_up()
+                    return True
+                off += 16 + int.from_bytes(data[off + 12:off + 16], sys.byteorder)
 
 
 def read_small(path):
@@ -467,26 +582,56 @@ def read_small(path):
         os.close(fd)
 
 
+# IPC_INFO-style commands that count a namespace's objects: shmctl
+# SHM_INFO (struct shm_info: used_ids first), msgctl MSG_INFO (struct
+# msginfo: msgpool, the number of queues, first), semctl SEM_INFO (struct
+# seminfo: semusz, the number of sets, eighth int).
+SHM_INFO = 14
+MSG_INFO = 12
+SEM_INFO = 19
+
+
+def ipc_objects_exist():
+    """Whether the runner's IPC namespace holds any System V object (we make
+    none): three system calls instead of reading three /proc files."""
+    buf = ctypes.create_string_buffer(128)
+    if libc.shmctl(0, SHM_INFO, buf) < 0 or int.from_bytes(buf.raw[0:4], sys.byteorder):
+        return True
+    if libc.msgctl(0, MSG_INFO, buf) < 0 or int.from_bytes(buf.raw[0:4], sys.byteorder):
+        return True
+    return libc.semctl(0, 0, SEM_INFO, buf) < 0 or int.from_bytes(buf.raw[28:32], sys.byteorder) != 0
+
+
 def remove_ipc():
-    for kind, fn in (("shm", libc.shmctl), ("msg", libc.msgctl), ("sem", None)):
-        try:
-            lines = read_small("/proc/sysvipc/" + kind).split(b"\n")[1:]
-        except OSError:
-            continue
-        for line in lines:
-            cols = line.split()
-            # key id perms ... uid is column 7 (shm), 7 (msg), 4 (sem).
-            uid_col = 4 if kind == "sem" else 7
+    """Removes every System V IPC object of the runner's IPC namespace: we
+    make none, so all are the call's. Removal needs CAP_SYS_ADMIN, which
+    the runner does not have, or the object's owner or creator as effective
+    uid, so it runs as the call user (whose objects record it as creator
+    even after an IPC_SET handed them to another uid). Returns whether none
+    is left."""
+    if not ipc_objects_exist():
+        return True
+    os.setresuid(CALL_UID, CALL_UID, 0)
+    try:
+        for kind in ("shm", "msg", "sem"):
             try:
-                ident, uid = int(cols[1]), int(cols[uid_col])
-            except (IndexError, ValueError):
+                lines = read_small("/proc/sysvipc/" + kind).split(b"\n")[1:]
+            except OSError:
                 continue
-            if uid != CALL_UID:
-                continue
-            if kind == "sem":
-                libc.semctl(ident, 0, IPC_RMID)
-            else:
-                fn(ident, IPC_RMID, None)
+            for line in lines:
+                cols = line.split()  # key, id, ...
+                if len(cols) < 2 or not cols[1].isdigit():
+                    continue
+                ident = int(cols[1])
+                if kind == "shm":
+                    libc.shmctl(ident, IPC_RMID, None)
+                elif kind == "msg":
+                    libc.msgctl(ident, IPC_RMID, None)
+                else:
+                    libc.semctl(ident, 0, IPC_RMID)
+    finally:
+        os.setresuid(0, 0, 0)
+    return not ipc_objects_exist()
 
 
 # Every call's working directory (one call at a time per runner).
@@ -705,7 +850,14 @@ def zygote_main(ctl, rep, cmd_fd):
     zygote_setup()
     os.write(rep, (",".join(loaded) + "\n").encode())
     read, fork, wait4, write = os.read, os.fork, os.wait4, os.write
-    while read(ctl, 1):
+    while True:
+        op = read(ctl, 1)
+        if not op:
+            break
+        if op == b"r":
+            # Children a call made siblings of its worker (clone with
+            # CLONE_PARENT), killed by the monitor by now.
+            reap_orphans(None)
         pid = fork()
         if pid == 0:
             os.close(ctl)
@@ -763,12 +915,17 @@ class Monitor:
         os.close(ctl_r)
         os.close(rep_w)
         self.zygote, self.cmd, self.ctl, self.rep = pid, cmd_w, ctl_w, rep_r
+        self.watch = SweepWatch(self.sweep)
         self.loaded = [m for m in read_line(rep_r, "the zygote did not start").decode().strip().split(",") if m]
         self.worker_ready = False
+        self.zygote_reaps = False
 
     def prefork(self):
         if not self.worker_ready:
-            os.write(self.ctl, b"g")
+            # "r": reap the zombies a call left as the zygote's children
+            # before forking; "g": just fork.
+            os.write(self.ctl, b"r" if self.zygote_reaps else b"g")
+            self.zygote_reaps = False
             self.worker_ready = True
 
     def run_in_worker(self, req, scratch, argv, python, stdin, limits, source=None):
@@ -799,7 +956,9 @@ class Monitor:
             kill_all_of_call_user()
         _, status, utime, stime, maxrss = read_report(self.rep)
         result = outcome(status, utime, stime, maxrss, timed_out, t0)
-        clean = kill_call_processes(self.zygote)
+        fast = only_zygote_left(self.zygote)
+        clean = fast or kill_call_processes(self.zygote)
+        self.zygote_reaps = not fast
         if not clean:
             result["unclean"] = True
         return result, fds[1], fds[2]
@@ -883,8 +1042,10 @@ class Monitor:
             result["raw"] = raw
             return result, parts
         finally:
-            remove_owned(self.sweep)
-            remove_ipc()
+            if self.watch.changed() and not remove_owned(self.sweep):
+                self.watch.give_up()
+            if not remove_ipc():
+                raise SystemExit("System V IPC objects of a call could not be removed")
             remove_scratch(scratch)
 
     def serve(self):

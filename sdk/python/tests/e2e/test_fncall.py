@@ -87,6 +87,35 @@ print(sorted(os.environ))
     assert "K" not in lines[1], "the environment is reset"
 
 
+async def test_ipc_objects_and_clone_parent_children_do_not_survive(client: DSecClient) -> None:
+    # System V IPC objects (removed as the call user: the runner has no
+    # CAP_SYS_ADMIN), a process made the zygote's child with
+    # clone(CLONE_PARENT) (not reparented to the monitor), and a file
+    # renamed into /tmp (the sweep's inotify watch sees IN_MOVED_TO).
+    first = await call(client, """
+import ctypes, os, time
+libc = ctypes.CDLL(None, use_errno=True)
+ids = [libc.shmget(0, 4096, 0o1600), libc.msgget(0, 0o1600), libc.semget(0, 1, 0o1600)]
+pid = libc.syscall(56, 0x8000 | 17, 0, 0, 0, 0)   # clone(CLONE_PARENT | SIGCHLD)
+if pid == 0:
+    time.sleep(1000)
+    os._exit(0)
+open('moved', 'w').write('m')
+os.rename('moved', '/tmp/moved')
+print(all(i >= 0 for i in ids), pid > 0)
+""")
+    assert first.ok and first.stdout == "True True\n", first
+    second = await call(client, """
+import os
+left = [p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).st_uid == os.getuid()
+        and int(p) != os.getpid()]
+ipc = [len(open('/proc/sysvipc/' + k).read().splitlines()) - 1 for k in ('shm', 'msg', 'sem')]
+print(os.path.exists('/tmp/moved'), left, ipc)
+""")
+    assert second.runner == first.runner, "sequential calls should reuse the warm runner"
+    assert second.ok and second.stdout == "False [] [0, 0, 0]\n", second
+
+
 async def test_misbehaving_code_gets_a_verdict_and_the_runner_recovers(client: DSecClient) -> None:
     fork_bomb = await call(client, "import os\nwhile True:\n    try: os.fork()\n    except OSError: pass",
                            time_limit=2)
