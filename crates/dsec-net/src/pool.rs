@@ -189,6 +189,23 @@ impl Pool {
         Err(io::Error::other("no free veth slot (old links are still being removed)"))
     }
 
+    /// Makes a namespace for a slot a sandbox already holds (its earlier
+    /// namespace is gone), on a thread of its own. The old veth of the
+    /// slot may still be on its way out (EEXIST): retried for a while.
+    pub fn make_for(&self, slot: u32) -> io::Result<OwnedFd> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let p = self.clone();
+            let made = std::thread::spawn(move || p.make_in(slot)).join().map_err(|_| io::Error::other("the namespace builder panicked"))?;
+            match made {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
+    }
+
     fn make_in(&self, slot: u32) -> io::Result<OwnedFd> {
         let (host_ip, sandbox_ip) = self.inner.cfg.slot_addrs(slot);
         let host_name = host_link(&self.inner.tag, slot);

@@ -320,7 +320,7 @@ pub(crate) fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> 
 
 /// Points the sandbox's resolver at the node's (the sandbox may change the
 /// file; its allowlist decides what any resolver could reach).
-async fn write_resolv_conf(agent: &AgentClient, conf: String) -> Result<(), EdgeError> {
+pub(crate) async fn write_resolv_conf(agent: &AgentClient, conf: String) -> Result<(), EdgeError> {
     let spec = dsec_agent_proto::WriteFileSpec {
         path: "/etc/resolv.conf".into(),
         mode: 0o644,
