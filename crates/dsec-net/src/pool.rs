@@ -24,6 +24,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use crate::config::NetConfig;
 use crate::netlink::{link_index, Batch, Netlink};
 
+/// How long the refill waits after a take while the pool is not empty.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// A namespace ready for a sandbox.
 pub struct Warm {
     pub slot: u32,
@@ -137,6 +140,13 @@ impl Pool {
                         break;
                     }
                     warm = self.inner.wake.wait(warm).unwrap_or_else(|p| p.into_inner());
+                }
+                // A take wakes us in the middle of a creation: while the
+                // pool still has a namespace to give, let that creation
+                // finish before competing with it for the CPU (making a
+                // namespace and its veth costs about a millisecond).
+                if !warm.is_empty() {
+                    let _ = self.inner.wake.wait_timeout(warm, REFILL_DELAY);
                 }
             }
             match self.make() {

@@ -310,7 +310,7 @@ impl MicroVmBackend {
         let booted = async {
             let agent = boot_agent(&files.agent_socket(), &pidfd, setup).await?;
             if let Some(conf) = resolv_conf {
-                crate::container::write_resolv_conf(&agent, conf).await?;
+                net::write_resolv_conf(&agent, conf).await?;
             }
             Ok::<_, EdgeError>(agent)
         };

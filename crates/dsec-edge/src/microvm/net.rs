@@ -28,6 +28,8 @@
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 
+use crate::error::EdgeError;
+
 /// The guest's fixed addressing, QEMU's user-mode defaults: the kernel
 /// command line hands it to the guest agent (`dsec.net=`).
 pub const GUEST_APPEND: &str = "dsec.net=10.0.2.15/24,10.0.2.2";
@@ -65,6 +67,28 @@ pub struct QemuNet {
     pub netns: OwnedFd,
     /// `cgroup.procs` of the sandbox's cgroup2 directory.
     pub procs: PathBuf,
+}
+
+/// Points the sandbox's resolver at the node's (the sandbox may change the
+/// file; its allowlist decides what any resolver could reach).
+pub(crate) async fn write_resolv_conf(agent: &dsec_agent_proto::client::AgentClient, conf: String) -> Result<(), EdgeError> {
+    let spec = dsec_agent_proto::WriteFileSpec {
+        path: "/etc/resolv.conf".into(),
+        mode: 0o644,
+        append: false,
+        create_parents: true,
+        max_bytes: 4096,
+        owner: None,
+    };
+    let call = agent.open(dsec_agent_proto::Op::WriteFile(spec)).await?;
+    call.send_data(conf.as_bytes()).await?;
+    call.send_eof()?;
+    let (_, reply) = call.collect().await?;
+    match reply {
+        Ok(dsec_agent_proto::Reply::Written { .. }) => Ok(()),
+        Err(e) => Err(EdgeError::SetupFailed(format!("writing /etc/resolv.conf: {}", e.message))),
+        other => Err(EdgeError::SetupFailed(format!("unexpected reply writing /etc/resolv.conf: {other:?}"))),
+    }
 }
 
 #[cfg(test)]
