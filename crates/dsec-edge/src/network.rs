@@ -47,8 +47,9 @@ pub(crate) fn take_rules(edge: &Edge, mut req: SandboxRequest) -> Result<(Sandbo
         None | Some(BackendKind::Container) => true,
         Some(BackendKind::Microvm) => match &edge.inner.backends.microvm {
             Ok(vm) => vm.network_ready().map(|()| true).map_err(|why| EdgeError::UnsupportedNetwork(format!("microVMs cannot have network rules here: {why}")))?,
-            // The backend check reports it.
-            Err(_) => false,
+            // No microVMs on this node: the backend check after the spec's
+            // says so (rather than the spec's "no network here").
+            Err(_) => true,
         },
         Some(BackendKind::Vm) if req.network_rules.values().any(|allow| *allow) => {
             return Err(EdgeError::UnsupportedNetwork(
