@@ -135,7 +135,30 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
         readonly_paths: &cfg.readonly_paths,
         hostname: &cfg.hostname,
     };
-    assemble(&plan, pivot)
+    let upper = assemble(&plan, pivot)?;
+    if let Some(conf) = &cfg.resolv_conf {
+        write_resolv_conf(conf)?;
+    }
+    Ok(upper)
+}
+
+/// Replaces the new root's /etc/resolv.conf with a file of `conf` (a
+/// symlink the image had there is removed, never followed).
+fn write_resolv_conf(conf: &str) -> Result<()> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let step = |what: &str| {
+        let what = what.to_string();
+        move |e: std::io::Error| SetupError { step: format!("{what} /etc/resolv.conf"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) }
+    };
+    std::fs::create_dir_all("/etc").map_err(step("mkdir for"))?;
+    match std::fs::remove_file("/etc/resolv.conf") {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(step("remove")(e)),
+    }
+    let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o644).open("/etc/resolv.conf").map_err(step("create"))?;
+    f.write_all(conf.as_bytes()).map_err(step("write"))
 }
 
 /// The root a sandbox gets, whatever holds its writable layer.

@@ -41,6 +41,7 @@ mod tamper;
 mod tar;
 mod users;
 mod vm_init;
+mod vm_net;
 
 use std::fs::File;
 use std::os::fd::OwnedFd;

@@ -50,6 +50,7 @@ pub fn boot() -> std::result::Result<(), String> {
             .map_err(|e| format!("mount {}: {e}", dir.to_string_lossy()))?;
     }
     load_modules()?;
+    crate::vm_net::boot()?;
     apply_page_reporting_order();
     if probe_requested() {
         // The edge's accelerator probe: reaching here proves the kernel
@@ -89,7 +90,12 @@ fn probe_requested() -> bool {
 /// finit_module on every `*.ko` in [`MODULES_DIR`], in name order; then
 /// the files go (their memory is the guest's).
 fn load_modules() -> std::result::Result<(), String> {
-    let Ok(dir) = std::fs::read_dir(MODULES_DIR) else { return Ok(()) };
+    load_modules_from(MODULES_DIR)
+}
+
+/// finit_module on every `*.ko` in `dir`, in name order; then the files go.
+pub(crate) fn load_modules_from(dir: &str) -> std::result::Result<(), String> {
+    let Ok(dir) = std::fs::read_dir(dir) else { return Ok(()) };
     let mut files: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "ko")).collect();
     files.sort();
     for path in &files {

@@ -162,6 +162,7 @@ async fn container_mode_end_to_end() {
         env: vec![("PATH".into(), "/bin".into()), ("IMAGE_VAR".into(), "1".into())],
         workdir: "/root".into(),
         default_user: "root".into(),
+        resolv_conf: Some("nameserver 192.0.2.53\n".into()),
     };
     let t = Instant::now();
     assert_eq!(client.call(Op::SetupContainer(setup.clone())).await.unwrap(), Reply::Ready);
@@ -172,6 +173,8 @@ async fn container_mode_end_to_end() {
     // PID 1, hostname, image env and workdir.
     let r = sh(&client, "echo $PPID; cat /proc/1/comm; hostname; echo $IMAGE_VAR; pwd; cat /etc/image-file").await;
     assert_eq!(text(&r.stdout), "1\ndsec-agent\nsbx-test\n1\n/root\nfrom the image\n", "{}", text(&r.stderr));
+    // The resolver the setup named, in the sandbox's own root.
+    assert_eq!(text(&sh(&client, "cat /etc/resolv.conf").await.stdout), "nameserver 192.0.2.53\n");
 
     // Writes land in the tmpfs upper layer, never in the image.
     sh(&client, "echo data > /newfile").await;
@@ -339,6 +342,7 @@ async fn container_setup_failure_is_reported() {
         env: vec![],
         workdir: "/".into(),
         default_user: "root".into(),
+        resolv_conf: None,
     };
     let e = client.call(Op::SetupContainer(setup)).await.unwrap_err();
     let ClientError::Agent(e) = e else { panic!("{e}") };

@@ -336,6 +336,10 @@ impl Edge {
                 &config.state_dir,
                 config.vm_boot_timeout,
             )
+            .map(|m| match &egress {
+                Some(e) => m.with_egress(e.clone()),
+                None => m,
+            })
             .map(Arc::new),
         };
         if let Err(why) = &microvm {

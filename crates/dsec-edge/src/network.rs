@@ -2,8 +2,9 @@
 //! which requests get a network, changing a running sandbox's rules, and
 //! turning denials into audit events in the sandbox's ring.
 //!
-//! A container sandbox created with any network rule (even all `false`)
-//! gets a veth and an allowlist; one created without rules keeps the
+//! A container or microVM sandbox created with any network rule (even all
+//! `false`) gets a veth and an allowlist (a microVM's QEMU is placed under
+//! it, `microvm::net`); one created without rules keeps the
 //! loopback-only namespace (the fast path), and its rules cannot change.
 //! On a node started without a network configuration every allow rule is
 //! refused (`unsupported_network_policy`), as before.
@@ -42,8 +43,22 @@ impl From<RuleError> for EdgeError {
 /// egress); they go back into the spec after it.
 pub(crate) fn take_rules(edge: &Edge, mut req: SandboxRequest) -> Result<(SandboxRequest, Option<BTreeMap<String, bool>>), EdgeError> {
     let Some(egress) = edge.inner.egress.as_ref() else { return Ok((req, None)) };
-    let container = matches!(req.backend, None | Some(BackendKind::Container));
-    if !container || req.network_rules.is_empty() {
+    let networked = match req.backend {
+        None | Some(BackendKind::Container) => true,
+        Some(BackendKind::Microvm) => match &edge.inner.backends.microvm {
+            Ok(vm) => vm.network_ready().map(|()| true).map_err(|why| EdgeError::UnsupportedNetwork(format!("microVMs cannot have network rules here: {why}")))?,
+            // No microVMs on this node: the backend check after the spec's
+            // says so (rather than the spec's "no network here").
+            Err(_) => true,
+        },
+        Some(BackendKind::Vm) if req.network_rules.values().any(|allow| *allow) => {
+            return Err(EdgeError::UnsupportedNetwork(
+                "full VMs (backend \"vm\") cannot have network rules yet; use a container or a microVM".into(),
+            ))
+        }
+        _ => false,
+    };
+    if !networked || req.network_rules.is_empty() {
         return Ok((req, None));
     }
     egress.validate(&req.network_rules)?;

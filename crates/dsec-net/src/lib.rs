@@ -1,4 +1,5 @@
-//! Per-sandbox egress for container sandboxes.
+//! Per-sandbox egress for container and microVM sandboxes (a microVM's
+//! QEMU joins the namespace and cgroup2 directory itself: `prepare`).
 //!
 //! A sandbox created with network rules joins a pre-warmed network
 //! namespace with a veth to the host (`pool`), its processes live in a
@@ -68,6 +69,9 @@ struct SandboxNet {
     rules: RuleSet,
     /// Addresses allowed domains resolved to, with the domain's ports.
     learned: Vec<(Ipv4Addr, String, Vec<rules::PortRange>)>,
+    /// The namespace itself, for a sandbox whose processes come and go
+    /// (a microVM's QEMU ends at suspend and starts again at resume).
+    netns: Option<OwnedFd>,
 }
 
 /// What is persisted per networked sandbox (`<state>/net/<id>.json`), for
@@ -200,11 +204,28 @@ impl Egress {
         self.inner.v2_parent.join(id)
     }
 
+    /// `cgroup.procs` of sandbox `id`'s cgroup2 directory (for a process
+    /// that joins it itself; `prepare` made it).
+    pub fn cgroup_procs(&self, id: &str) -> PathBuf {
+        self.cgroup_dir(id).join("cgroup.procs")
+    }
+
     /// Puts the sandbox's agent `pid` (already in `warm`'s namespace) under
     /// its allowlist: cgroup2 directory, programs, entries, then the pid.
     /// Nothing untrusted runs before this returns (the agent is still
     /// setting up).
     pub fn attach(&self, id: &str, pid: i32, slot: u32, rules_map: &BTreeMap<String, bool>) -> Result<(), NetError> {
+        let procs = self.prepare(id, slot, rules_map)?;
+        std::fs::write(&procs, pid.to_string()).map_err(io(format!("moving {pid} into {}", procs.display()))).inspect_err(|_| {
+            self.release(id);
+        })
+    }
+
+    /// Everything of `attach` but the move: for a sandbox whose first
+    /// process joins the cgroup2 directory itself before it execs (a
+    /// microVM's QEMU). Returns that directory's `cgroup.procs`. On error
+    /// nothing is left (the slot is released too).
+    pub fn prepare(&self, id: &str, slot: u32, rules_map: &BTreeMap<String, bool>) -> Result<PathBuf, NetError> {
         let rules = self.validate(rules_map)?;
         let dir = self.cgroup_dir(id);
         match std::fs::create_dir(&dir) {
@@ -222,11 +243,10 @@ impl Egress {
                 progs.set_entries(cgid, &rules::compile(&rules, &[], self.inner.cfg.subnet)?)?;
                 progs.attach(dfd.as_fd(), id)?;
             }
-            std::fs::write(dir.join("cgroup.procs"), pid.to_string()).map_err(io(format!("moving {pid} into {}", dir.display())))?;
             self.persist(id, slot, rules_map)?;
-            let net = SandboxNet { slot, cgid, rules_map: rules_map.clone(), rules, learned: Vec::new() };
+            let net = SandboxNet { slot, cgid, rules_map: rules_map.clone(), rules, learned: Vec::new(), netns: None };
             self.inner.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).insert(id.to_string(), net);
-            Ok(())
+            Ok(dir.join("cgroup.procs"))
         })();
         if result.is_err() {
             self.release(id);
@@ -273,6 +293,33 @@ impl Egress {
         format!("# written by dsec: the node's resolver answers for the domains the sandbox's rules allow\nnameserver {}\noptions attempts:1 timeout:2\n", self.inner.cfg.resolver_ip())
     }
 
+    /// Keeps the network namespace of sandbox `id` open while none of its
+    /// processes is (a suspended microVM), so it and its veth survive.
+    pub fn keep_netns(&self, id: &str, netns: OwnedFd) {
+        if let Some(n) = self.inner.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).get_mut(id) {
+            n.netns = Some(netns);
+        }
+    }
+
+    /// The network namespace of sandbox `id`, for a process that joins it
+    /// (a resumed microVM's QEMU): the one kept, or, when none was (the
+    /// edge restarted while the sandbox had no process), a new one for the
+    /// sandbox's slot, so its address and allowlist stay as they were.
+    pub fn netns_of(&self, id: &str) -> Result<OwnedFd, NetError> {
+        let slot = {
+            let all = self.inner.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
+            let net = all.get(id).ok_or_else(|| NetError::NotNetworked(id.to_string()))?;
+            if let Some(ns) = &net.netns {
+                return ns.try_clone().map_err(io("duplicating a network namespace"));
+            }
+            net.slot
+        };
+        let ns = self.inner.pool.make_for(slot).map_err(io(format!("remaking the network namespace of {id}")))?;
+        let copy = ns.try_clone().map_err(io("duplicating a network namespace"))?;
+        self.keep_netns(id, ns);
+        Ok(copy)
+    }
+
     /// Removes everything of a sandbox whose processes are gone (or never
     /// started): allowlist entries, the cgroup2 directory (detaching the
     /// programs), the slot, the persisted state. Idempotent.
@@ -303,7 +350,7 @@ impl Egress {
         let dir = self.cgroup_dir(id);
         let cgid = std::fs::metadata(&dir).map_err(io(dir.display().to_string()))?.ino();
         let rules = self.validate(&p.rules).unwrap_or_default();
-        let net = SandboxNet { slot: p.slot, cgid, rules_map: p.rules.clone(), rules, learned: Vec::new() };
+        let net = SandboxNet { slot: p.slot, cgid, rules_map: p.rules.clone(), rules, learned: Vec::new(), netns: None };
         self.inner.sandboxes.lock().unwrap_or_else(|e| e.into_inner()).insert(id.to_string(), net);
         Ok(true)
     }

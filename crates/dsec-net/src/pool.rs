@@ -24,6 +24,9 @@ use std::sync::{Arc, Condvar, Mutex};
 use crate::config::NetConfig;
 use crate::netlink::{link_index, Batch, Netlink};
 
+/// How long the refill waits after a take while the pool is not empty.
+const REFILL_DELAY: std::time::Duration = std::time::Duration::from_millis(20);
+
 /// A namespace ready for a sandbox.
 pub struct Warm {
     pub slot: u32,
@@ -138,6 +141,13 @@ impl Pool {
                     }
                     warm = self.inner.wake.wait(warm).unwrap_or_else(|p| p.into_inner());
                 }
+                // A take wakes us in the middle of a creation: while the
+                // pool still has a namespace to give, let that creation
+                // finish before competing with it for the CPU (making a
+                // namespace and its veth costs about a millisecond).
+                if !warm.is_empty() {
+                    let _ = self.inner.wake.wait_timeout(warm, REFILL_DELAY);
+                }
             }
             match self.make() {
                 Ok(w) => {
@@ -187,6 +197,23 @@ impl Pool {
             }
         }
         Err(io::Error::other("no free veth slot (old links are still being removed)"))
+    }
+
+    /// Makes a namespace for a slot a sandbox already holds (its earlier
+    /// namespace is gone), on a thread of its own. The old veth of the
+    /// slot may still be on its way out (EEXIST): retried for a while.
+    pub fn make_for(&self, slot: u32) -> io::Result<OwnedFd> {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        loop {
+            let p = self.clone();
+            let made = std::thread::spawn(move || p.make_in(slot)).join().map_err(|_| io::Error::other("the namespace builder panicked"))?;
+            match made {
+                Err(e) if e.kind() == io::ErrorKind::AlreadyExists && std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(100));
+                }
+                other => return other,
+            }
+        }
     }
 
     fn make_in(&self, slot: u32) -> io::Result<OwnedFd> {

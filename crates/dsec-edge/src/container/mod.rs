@@ -178,12 +178,16 @@ impl ContainerBackend {
             undo(&pidfd);
             return Err(EdgeError::Internal(e.to_string()));
         }
-        if let (Some(eg), Some(slot)) = (egress, slot) {
-            if let Err(e) = eg.attach(id, pid, slot, &spec.network_rules) {
-                undo(&pidfd);
-                return Err(e.into());
+        // The allowlist is attached while the agent sets the root up: the
+        // agent starts nothing before it answers Ready, and nothing of the
+        // sandbox's own runs before this creation returns, after both.
+        let attaching = match (egress, slot) {
+            (Some(eg), Some(slot)) => {
+                let (eg, id, rules) = (eg.clone(), id.to_string(), spec.network_rules.clone());
+                Some(tokio::task::spawn_blocking(move || eg.attach(&id, pid, slot, &rules)))
             }
-        }
+            _ => None,
+        };
         let resolv_conf = egress.map(|e| e.resolv_conf());
         let t_attach = t0.elapsed();
         let setup = ContainerSetup {
@@ -199,6 +203,7 @@ impl ContainerBackend {
             env: merged_env(&plan.env, spec),
             workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
             default_user: spec.init_user.clone(),
+            resolv_conf,
         };
         let channel = spawned.channel;
         let handshake = async move {
@@ -210,14 +215,21 @@ impl ContainerBackend {
                 Reply::Ready => {}
                 other => return Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
             }
-            if let Some(conf) = resolv_conf {
-                write_resolv_conf(&agent, conf).await?;
-            }
             Ok((agent, t_hello))
         };
-        match tokio::time::timeout(self.setup_timeout, handshake).await {
+        let outcome = tokio::time::timeout(self.setup_timeout, handshake).await;
+        let t_setup = t0.elapsed();
+        // Whatever the handshake did, the attach ends before anything else.
+        let attached = match attaching {
+            Some(task) => task.await.map_err(|e| EdgeError::Internal(format!("attaching the allowlist: {e}"))).and_then(|r| r.map_err(EdgeError::from)),
+            None => Ok(()),
+        };
+        if let Err(e) = attached {
+            undo(&pidfd);
+            return Err(e);
+        }
+        match outcome {
             Ok(Ok((agent, t_hello))) => {
-                let t_setup = t0.elapsed();
                 if let Some(m) = &self.masks {
                     m.watch(id, &pidfd);
                 }
@@ -351,24 +363,3 @@ pub(crate) fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> 
     env
 }
 
-/// Points the sandbox's resolver at the node's (the sandbox may change the
-/// file; its allowlist decides what any resolver could reach).
-async fn write_resolv_conf(agent: &AgentClient, conf: String) -> Result<(), EdgeError> {
-    let spec = dsec_agent_proto::WriteFileSpec {
-        path: "/etc/resolv.conf".into(),
-        mode: 0o644,
-        append: false,
-        create_parents: true,
-        max_bytes: 4096,
-        owner: None,
-    };
-    let call = agent.open(Op::WriteFile(spec)).await?;
-    call.send_data(conf.as_bytes()).await?;
-    call.send_eof()?;
-    let (_, reply) = call.collect().await?;
-    match reply {
-        Ok(Reply::Written { .. }) => Ok(()),
-        Err(e) => Err(EdgeError::SetupFailed(format!("writing /etc/resolv.conf: {}", e.message))),
-        other => Err(EdgeError::SetupFailed(format!("unexpected reply writing /etc/resolv.conf: {other:?}"))),
-    }
-}

@@ -148,7 +148,7 @@ impl FullVmBackend {
     async fn restore_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
         let files = self.files(id);
         let args = cmdline::qemu_args(&self.launch(self.accel().await, spec, plan, &files, true));
-        microvm::restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), true).await
+        microvm::restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), true, None).await
     }
 
     pub fn files(&self, id: &str) -> VmFiles {
@@ -231,7 +231,7 @@ impl FullVmBackend {
         }
         let accel = self.accel().await;
         let launch = self.launch(accel, spec, plan, &files, false);
-        let (pid, pidfd) = match microvm::spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(&launch), &files.run_dir, None) {
+        let (pid, pidfd) = match microvm::spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(&launch), &files.run_dir, None, None) {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.cleanup(id);

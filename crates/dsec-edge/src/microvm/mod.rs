@@ -17,6 +17,7 @@
 
 mod accel;
 pub mod cmdline;
+pub mod net;
 pub mod disk;
 pub mod qmp;
 pub mod snapshot;
@@ -104,6 +105,10 @@ pub struct MicroVmBackend {
     suspend_dir: PathBuf,
     /// The node's disk snapshots.
     pub snapshots: snapshot::SnapshotDir,
+    /// Per-sandbox egress, for microVMs created with network rules.
+    egress: Option<dsec_net::Egress>,
+    /// The guest kernel has the NIC's modules.
+    guest_nic: bool,
 }
 
 impl MicroVmBackend {
@@ -122,6 +127,7 @@ impl MicroVmBackend {
         let kernel = dsec_image::vm::find_kernel(&cfg.vm_dir).map_err(|e| e.to_string())?;
         let vm_state = state_dir.join("vm");
         let initramfs = dsec_image::vm::build_initramfs(&kernel, agent, &vm_state).map_err(|e| format!("building the initramfs: {e}"))?;
+        let guest_nic = !kernel.net_modules.is_empty();
         let disk_dir = vm_state.join("disks");
         let (ram_dir, suspend_dir) = (vm_state.join("ram"), vm_state.join("suspend"));
         for d in [&disk_dir, &ram_dir, &suspend_dir] {
@@ -147,7 +153,37 @@ impl MicroVmBackend {
             tb_size_mb: cfg.tb_size_mb,
             suspend_dir,
             snapshots: snapshot::SnapshotDir::open(vm_state.join("snapshots"))?,
+            egress: None,
+            guest_nic,
         })
+    }
+
+    /// Gives microVMs created with network rules the node's egress.
+    pub fn with_egress(mut self, egress: dsec_net::Egress) -> Self {
+        self.egress = Some(egress);
+        self
+    }
+
+    /// Whether this node can give a microVM a network under its rules;
+    /// if not, why.
+    pub(crate) fn network_ready(&self) -> Result<(), String> {
+        if self.egress.is_none() {
+            return Err("outbound network is not enabled on this node".into());
+        }
+        if !self.guest_nic {
+            return Err(format!(
+                "the microVM kernel in {} has no NIC driver (virtio_net): run `dsec image setup` again to fetch it",
+                self.kernel.dir.display()
+            ));
+        }
+        Ok(())
+    }
+
+    /// The egress of sandbox `id` if it has a network (taken back from its
+    /// persisted state after an edge restart).
+    fn egress_of(&self, id: &str) -> Option<&dsec_net::Egress> {
+        let eg = self.egress.as_ref()?;
+        (eg.is_networked(id) || eg.adopt(id).unwrap_or(false)).then_some(eg)
     }
 
     /// Where the VMs' writable disks live.
@@ -233,8 +269,25 @@ impl MicroVmBackend {
         }
         let accel = self.accel().await;
         let ram = self.ram_path(id);
-        let launch = self.launch(accel, spec, plan, &files, ram.as_deref());
-        let (pid, pidfd) = match self.spawn_qemu(id, &launch, None) {
+        let net = match self.egress.as_ref().filter(|_| !spec.network_rules.is_empty()) {
+            None => None,
+            Some(eg) => match prepare_network(eg, id, spec) {
+                Ok(n) => Some(n),
+                Err(e) => {
+                    let _ = self.cleanup(id);
+                    return Err(e);
+                }
+            },
+        };
+        let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
+        let args = net::with_nic(&mut launch, net.is_some());
+        let spawned = spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, net.as_ref());
+        if let (Some(eg), Some(n)) = (&self.egress, net) {
+            // The edge holds the namespace for the sandbox's life: a
+            // suspended VM has no QEMU to hold it.
+            eg.keep_netns(id, n.netns);
+        }
+        let (pid, pidfd) = match spawned {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.cleanup(id);
@@ -253,7 +306,15 @@ impl MicroVmBackend {
             workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
             default_user: spec.init_user.clone(),
         };
-        let outcome = tokio::time::timeout(self.boot_timeout, boot_agent(&files.agent_socket(), &pidfd, setup)).await;
+        let resolv_conf = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty()).map(|e| e.resolv_conf());
+        let booted = async {
+            let agent = boot_agent(&files.agent_socket(), &pidfd, setup).await?;
+            if let Some(conf) = resolv_conf {
+                net::write_resolv_conf(&agent, conf).await?;
+            }
+            Ok::<_, EdgeError>(agent)
+        };
+        let outcome = tokio::time::timeout(self.boot_timeout, booted).await;
         let failure = match outcome {
             Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
             Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
@@ -271,14 +332,6 @@ impl MicroVmBackend {
         Err(failure)
     }
 
-    /// Starts QEMU inside the sandbox's cgroup, in a session of its own
-    /// (a terminal's Ctrl-C to the edge must not reach the VMs it leaves
-    /// for re-adoption).
-    /// `incoming`, if given, becomes QEMU's fd `INCOMING_FD`.
-    fn spawn_qemu(&self, id: &str, launch: &VmLaunch<'_>, incoming: Option<&std::os::fd::OwnedFd>) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
-        spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(launch), &launch.files.run_dir, incoming)
-    }
-
     async fn suspend_vm(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<crate::backend::SuspendOutcome, EdgeError> {
         let ram = self.ram_path(id);
         let ignore_shared = ram.is_some();
@@ -291,8 +344,14 @@ impl MicroVmBackend {
         let ram = self.ram_path(id);
         let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
         launch.incoming_fd = Some(suspend::INCOMING_FD);
-        let args = cmdline::qemu_args(&launch);
-        restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), ram.is_some()).await
+        // The same devices as at boot, in the same namespace and cgroup2
+        // directory.
+        let net = match self.egress_of(id) {
+            None => None,
+            Some(eg) => Some(net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) }),
+        };
+        let args = net::with_nic(&mut launch, net.is_some());
+        restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), ram.is_some(), net.as_ref()).await
     }
 }
 
@@ -351,6 +410,9 @@ pub(crate) async fn suspend_qemu(
 /// usual command line plus `-incoming defer`) loads the image, continues,
 /// and its agent greets as ready (shared by both VM backends). The image
 /// is deleted once the VM runs; on failure it is kept and no QEMU is left.
+/// With `net`, QEMU is placed in a networked sandbox's namespace and
+/// cgroup2 directory.
+#[allow(clippy::too_many_arguments)]
 pub(crate) async fn restore_qemu(
     cgroups: &Cgroups,
     qemu: &Path,
@@ -359,6 +421,7 @@ pub(crate) async fn restore_qemu(
     files: &VmFiles,
     image: &Path,
     ignore_shared: bool,
+    net: Option<&net::QemuNet>,
 ) -> Result<Instance, EdgeError> {
     let state = std::fs::File::open(image).map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
     // Sockets of the previous QEMU: the new one makes its own.
@@ -366,7 +429,7 @@ pub(crate) async fn restore_qemu(
         let _ = std::fs::remove_file(stale);
     }
     let state = std::os::fd::OwnedFd::from(state);
-    let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state))?;
+    let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state), net)?;
     drop(state);
     let restored = async {
         let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
@@ -409,7 +472,10 @@ pub(crate) fn console_tail(files: &VmFiles) -> String {
 /// Starts `qemu args` inside the cgroup of sandbox `id`, in a session of
 /// its own, its output to `run_dir/qemu.log` (shared by both VM backends).
 /// `incoming`, if given, becomes QEMU's fd `suspend::INCOMING_FD` (a
-/// restore's saved state).
+/// restore's saved state). With `net`, QEMU also joins the sandbox's
+/// cgroup2 directory and network namespace before it execs (so no socket
+/// of it is ever opened outside the sandbox's allowlist).
+#[allow(clippy::too_many_arguments)]
 pub(crate) fn spawn_qemu(
     cgroups: &Cgroups,
     qemu: &Path,
@@ -417,12 +483,15 @@ pub(crate) fn spawn_qemu(
     args: Vec<String>,
     run_dir: &Path,
     incoming: Option<&std::os::fd::OwnedFd>,
+    net: Option<&net::QemuNet>,
 ) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
     use std::os::fd::AsRawFd;
     let incoming = incoming.map(|f| f.as_raw_fd());
+    let netns = net.map(|n| n.netns.as_raw_fd());
     let procs: Vec<CString> = cgroups
         .procs_files(id)
         .iter()
+        .chain(net.map(|n| &n.procs))
         .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
         .collect();
     let log_path = run_dir.join("qemu.log");
@@ -431,7 +500,7 @@ pub(crate) fn spawn_qemu(
     let mut cmd = std::process::Command::new(qemu);
     cmd.args(args).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
     // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (setsid, dup2, open, write, close) on data
+    // async-signal-safe calls (setsid, dup2, open, write, close, setns) on data
     // prepared before the fork.
     unsafe {
         cmd.pre_exec(move || {
@@ -452,6 +521,11 @@ pub(crate) fn spawn_qemu(
                 let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
                 libc::close(fd);
                 if !ok {
+                    return Err(std::io::Error::last_os_error());
+                }
+            }
+            if let Some(ns) = netns {
+                if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }
@@ -574,6 +648,20 @@ pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(p)).find(|c| c.is_file())
 }
 
+/// A warm namespace and the allowlist of sandbox `id`, ready for its QEMU
+/// to join (nothing is left on error).
+fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpec) -> Result<net::QemuNet, EdgeError> {
+    let warm = eg.take()?;
+    let procs = match eg.prepare(id, warm.slot, &spec.network_rules) {
+        Ok(p) => p,
+        Err(e) => {
+            drop(warm.netns); // `prepare` released the slot
+            return Err(e.into());
+        }
+    };
+    Ok(net::QemuNet { netns: warm.netns, procs })
+}
+
 impl Backend for MicroVmBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Microvm
@@ -584,13 +672,26 @@ impl Backend for MicroVmBackend {
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(async move { reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await })
+        Box::pin(async move {
+            let instance = reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
+            if let Some(eg) = self.egress_of(id) {
+                // QEMU holds the namespace; the edge keeps it too, for a
+                // later suspend.
+                let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| EdgeError::Internal(format!("the network namespace of {id}: {e}")))?;
+                eg.keep_netns(id, ns.into());
+            }
+            Ok(instance)
+        })
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
         // The RAM file whatever the node's setting now (it may have
         // changed across a restart), and any suspend image.
-        cleanup_vm(&self.cgroups, id, &self.files(id), &[self.ram_dir.join(format!("{id}.ram")), self.image_path(id)])
+        let done = cleanup_vm(&self.cgroups, id, &self.files(id), &[self.ram_dir.join(format!("{id}.ram")), self.image_path(id)]);
+        if let Some(eg) = &self.egress {
+            eg.release(id);
+        }
+        done
     }
 
     fn can_suspend(&self) -> bool {

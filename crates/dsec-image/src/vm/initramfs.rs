@@ -14,7 +14,9 @@ use crate::build::{io_err, BuildError};
 
 /// Where the agent finds its modules (see the agent's `vm_init`).
 const MODULES_DIR: &str = "lib/modules/dsec";
-const DIRS: &[&str] = &["dev", "proc", "sys", "lib", "lib/modules", MODULES_DIR, "layers", "scratch"];
+/// The NIC's modules, loaded only by a networked microVM.
+const NET_MODULES_DIR: &str = "lib/modules/dsec/net";
+const DIRS: &[&str] = &["dev", "proc", "sys", "lib", "lib/modules", MODULES_DIR, NET_MODULES_DIR, "layers", "scratch"];
 
 /// The cache name of the initramfs for this kernel and agent: a digest of
 /// both, so a rebuilt agent gets a new archive and an unchanged one is
@@ -24,6 +26,9 @@ pub fn initramfs_name(kernel: &VmKernel, agent: &[u8]) -> String {
     h.update(kernel.version.as_bytes());
     h.update([0]);
     h.update(agent);
+    if !kernel.net_modules.is_empty() {
+        h.update(b"\0net");
+    }
     format!("initramfs-{}.cpio", &hex::encode(h.finalize())[..16])
 }
 
@@ -55,6 +60,11 @@ pub fn build_initramfs(kernel: &VmKernel, agent: &Path, out_dir: &Path) -> Resul
         let data = std::fs::read(m).map_err(io_err("reading", m))?;
         let file = m.file_name().and_then(|n| n.to_str()).unwrap_or("module.ko");
         w.entry(&format!("{MODULES_DIR}/{i:02}-{file}"), 0o100644, 0, &data);
+    }
+    for (i, m) in kernel.net_modules.iter().enumerate() {
+        let data = std::fs::read(m).map_err(io_err("reading", m))?;
+        let file = m.file_name().and_then(|n| n.to_str()).unwrap_or("module.ko");
+        w.entry(&format!("{NET_MODULES_DIR}/{i:02}-{file}"), 0o100644, 0, &data);
     }
     let bytes = w.finish();
     let tmp = out_dir.join(format!(".{name}.{}", std::process::id()));
@@ -178,14 +188,14 @@ mod tests {
         assert!(!is_static_elf(&dynamic));
         assert!(!is_static_elf(b"#!/bin/sh\n"));
         let dir = tempfile::tempdir().unwrap();
-        let k = VmKernel { dir: dir.path().into(), version: "6.1".into(), vmlinuz: "/k/vmlinuz".into(), modules: vec![] };
+        let k = VmKernel { dir: dir.path().into(), version: "6.1".into(), vmlinuz: "/k/vmlinuz".into(), modules: vec![], net_modules: vec![] };
         let e = build_initramfs(&k, Path::new("/bin/sh"), dir.path()).unwrap_err().to_string();
         assert!(e.contains("statically linked"), "{e}");
     }
 
     #[test]
     fn the_cache_name_follows_the_agent() {
-        let k = VmKernel { dir: "/k".into(), version: "6.1".into(), vmlinuz: "/k/vmlinuz".into(), modules: vec![] };
+        let k = VmKernel { dir: "/k".into(), version: "6.1".into(), vmlinuz: "/k/vmlinuz".into(), modules: vec![], net_modules: vec![] };
         assert_eq!(initramfs_name(&k, b"a"), initramfs_name(&k, b"a"));
         assert_ne!(initramfs_name(&k, b"a"), initramfs_name(&k, b"b"));
     }

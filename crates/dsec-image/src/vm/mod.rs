@@ -41,6 +41,13 @@ pub const GUEST_MODULES: &[&str] = &[
     "virtio_balloon",
 ];
 
+/// Modules a networked microVM loads after [`GUEST_MODULES`] (asked for on
+/// the kernel command line): the virtio NIC its QEMU's user-mode network
+/// sits behind. Optional: a kernel directory set up before networked
+/// microVMs existed lacks them, and such a node refuses microVMs with
+/// network rules until `dsec image setup` runs again.
+pub const NET_MODULES: &[&str] = &["failover", "net_failover", "virtio_net"];
+
 /// A kernel ready to boot, as kept by setup.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VmKernel {
@@ -51,6 +58,9 @@ pub struct VmKernel {
     pub vmlinuz: PathBuf,
     /// The modules of [`GUEST_MODULES`], in load order.
     pub modules: Vec<PathBuf>,
+    /// The modules of [`NET_MODULES`], in load order; empty if any is
+    /// missing (the guest then has no NIC driver).
+    pub net_modules: Vec<PathBuf>,
 }
 
 /// Where the VM assets live in an image store directory.
@@ -68,15 +78,22 @@ pub fn find_kernel(vm_dir: &Path) -> Result<VmKernel, BuildError> {
     if version.is_empty() || !vmlinuz.is_file() || modules.iter().any(|m| !m.is_file()) {
         return Err(missing());
     }
-    Ok(VmKernel { dir, version, vmlinuz, modules })
+    let net_modules: Vec<PathBuf> = NET_MODULES.iter().map(|m| dir.join("modules").join(format!("{m}.ko"))).collect();
+    let net_modules = if net_modules.iter().all(|m| m.is_file()) { net_modules } else { Vec::new() };
+    Ok(VmKernel { dir, version, vmlinuz, modules, net_modules })
 }
 
 /// The kernel in `vm_dir`, fetched first if absent. `package` is normally
 /// [`KERNEL_PACKAGE`].
 pub fn ensure_kernel(vm_dir: &Path, package: &str, progress: &dyn Progress) -> Result<VmKernel, BuildError> {
-    if let Ok(k) = find_kernel(vm_dir) {
-        progress.stage(&format!("microVM kernel {} already present", k.version));
-        return Ok(k);
+    match find_kernel(vm_dir) {
+        Ok(k) if !k.net_modules.is_empty() => {
+            progress.stage(&format!("microVM kernel {} already present", k.version));
+            return Ok(k);
+        }
+        // Set up before networked microVMs: fetched again, with them.
+        Ok(k) => progress.stage(&format!("microVM kernel {} lacks the network modules: fetching again", k.version)),
+        Err(_) => {}
     }
     std::fs::create_dir_all(vm_dir).map_err(io_err("creating", vm_dir))?;
     let work = tempfile_dir(vm_dir)?;
@@ -121,7 +138,7 @@ fn fetch_into(work: &Path, package: &str, progress: &dyn Progress) -> Result<Pat
     let vmlinuz = unpacked.join("boot").join(format!("vmlinuz-{version}"));
     std::fs::copy(&vmlinuz, staged.join("vmlinuz")).map_err(io_err("copying", &vmlinuz))?;
     let tree = unpacked.join("lib/modules").join(&version).join("kernel");
-    for m in GUEST_MODULES {
+    for m in GUEST_MODULES.iter().chain(NET_MODULES) {
         let found = find_module(&tree, m).ok_or_else(|| BuildError::InvalidRecipe(format!("{image_pkg} has no module {m}.ko")))?;
         std::fs::copy(&found, modules_out.join(format!("{m}.ko"))).map_err(io_err("copying", &found))?;
     }

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from dsec import DSecClient
+from dsec import DSecClient, DSecRunArgs
 from dsec import errors as E
 from dsec.sandbox import Sandbox
 
@@ -74,6 +74,16 @@ try:
                 found.append(p)
             s.close()
         print("ok", found)
+    elif kind == "rawdns":
+        # An A query for "other.dsec.test" straight to host:port.
+        q = b"\x12\x34\x01\x00\x00\x01\x00\x00\x00\x00\x00\x00\x05other\x04dsec\x04test\x00\x00\x01\x00\x01"
+        s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        s.settimeout(2)
+        s.sendto(q, (host, port))
+        try:
+            print("ok answer", s.recv(512)[3] & 15)
+        except socket.timeout:
+            print("err timeout")
     elif kind == "self":
         s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         s.connect((host, 53))
@@ -501,3 +511,84 @@ async def test_allowlists_hold_across_an_edge_restart(mirrors: str, dns_upstream
     finally:
         shutil.rmtree(cfg_dir, ignore_errors=True)
         shutil.rmtree(data_dir, ignore_errors=True)
+
+
+# -- microVMs: the same allowlist, enforced on QEMU's sockets --------------
+
+#: What a guest sees when the host refuses its QEMU's connect (EPERM):
+#: QEMU's user-mode network answers with ICMP network unreachable.
+REFUSED = "err ENETUNREACH"
+
+#: Runs several PROBEs in one Python (its start costs most of a probe
+#: in a TCG guest): one argument "KIND HOST PORT" per probe, one line each.
+MULTI_PROBE = """
+import sys
+src = open("/tmp/probe.py").read()
+for spec in sys.argv[1:]:
+    sys.argv = ["probe"] + spec.split()
+    exec(src, {"__name__": "__main__"})
+"""
+
+
+async def probes(sb: Sandbox, *specs: tuple[str, str, int]) -> list[str]:
+    r = await sb.run_shell("python3 /tmp/multi.py " + " ".join(f"'{k} {h} {p}'" for k, h, p in specs), timeout=120)
+    assert r.exit_code == 0, r
+    return r.stdout.strip().split("\n")
+
+
+async def test_a_microvm_obeys_the_same_policy_outside_its_guest(
+        nclient: DSecClient, net_server: tuple[Server, str, str], dns_upstream: socketserver.UDPServer) -> None:
+    """One boot: a microVM with rules reaches what they allow and nothing
+    else (mirrors, the host, another sandbox, QEMU's own DNS forwarder),
+    refusals are audit events, a rule change applies to new connections,
+    and a suspend and resume keeps its network."""
+    server, node, subnet = net_server
+    vm = await nclient.run(DSecRunArgs(backend="microvm", image=IMAGE, memory_limit_mb=384, cpu_cores_limit=1,
+                                       disk_limit_mb=64, init_user="root", ttl_running_stop=600,
+                                       network_rules={"npm": False, "pypi": True, "mirror.dsec.test": True},
+                                       labels={"suite": "security-egress"}), timeout=180)
+    other = await networked(nclient, {"pypi": True})
+    try:
+        assert (await vm.run_shell("uname -r")).stdout.strip().endswith("-cloud-amd64"), "a guest kernel"
+        await vm.write_file("/tmp/probe.py", PROBE)
+        await vm.write_file("/tmp/multi.py", MULTI_PROBE)
+        assert "nameserver " + resolver_of(subnet) in (await vm.run_shell("cat /etc/resolv.conf")).stdout
+        # QEMU's connect is refused on the host, the guest sees unreachable;
+        # domains go through the edge's resolver, as for a container.
+        assert await probes(vm, ("tcp", PYPI, MIRROR_PORT), ("tcp", NPM, MIRROR_PORT), ("dns", "mirror.dsec.test", 0),
+                            ("tcp", MIRROR_DOMAIN_IP, MIRROR_PORT)) == [
+            f"ok mirror {PYPI}", REFUSED, f"ok {MIRROR_DOMAIN_IP}", f"ok mirror {MIRROR_DOMAIN_IP}"]
+        asked = len(dns_upstream.queries)  # type: ignore[attr-defined]
+        # The host: QEMU's gateway alias is the sandbox's own loopback
+        # (nothing listens there); the host's addresses and another
+        # sandbox are refused; QEMU's DNS forwarder reaches no nameserver
+        # the rules do not allow; a datagram leaves the guest and is
+        # refused on the host.
+        edge_port = int(server.url.rsplit(":", 1)[1])
+        other_ip = await own_address(other, subnet)
+        await other.run_shell(f"nohup python3 -c '{MIRROR_SERVER.replace(str(MIRROR_PORT), '9000')}' >/dev/null 2>&1 &")
+        for _ in range(50):
+            if (await probe(other, "tcp", "127.0.0.1", 9000)).startswith("ok"):
+                break
+        host_addrs = [a.split()[3].split("/")[0] for a in sh("ip", "-4", "-o", "addr").splitlines()
+                      if not a.split()[3].startswith(("127.", "198.18.", ".".join(subnet.split(".")[:2]) + "."))]
+        hosts = [host_side(other_ip), *host_addrs]
+        out = await probes(vm, ("dns", "other.dsec.test", 0), ("rawdns", "10.0.2.3", 53), ("tcp", "10.0.2.2", edge_port),
+                           ("tcp", other_ip, 9000), ("udp", "198.18.7.4", 53), *[("tcp", h, edge_port) for h in hosts])
+        assert out == ["err gaierror", "err timeout", "err ECONNREFUSED", REFUSED, "ok sent"] + [REFUSED] * len(hosts), out
+        assert len(dns_upstream.queries) == asked, "a refused query reached upstream"  # type: ignore[attr-defined]
+        for needle in [f"connect to {NPM}:{MIRROR_PORT}/tcp refused", f"connect to {other_ip}:9000/tcp refused",
+                       "198.18.7.4:53/udp", "DNS query for other.dsec.test refused",
+                       *[f"connect to {h}:{edge_port}/tcp refused" for h in hosts]]:
+            assert any(needle in e for e in await wait_event(vm, needle)), needle
+        # Rules changed while it runs: new connections follow at once.
+        await vm.set_network_rules({"npm": True, "pypi": False})
+        after = [f"ok mirror {NPM}", REFUSED]
+        assert await probes(vm, ("tcp", NPM, MIRROR_PORT), ("tcp", PYPI, MIRROR_PORT)) == after
+        # Suspended to disk and resumed: the same namespace and allowlist.
+        await vm.pause()
+        assert await probes(vm, ("tcp", NPM, MIRROR_PORT), ("tcp", PYPI, MIRROR_PORT)) == after
+    finally:
+        await other.delete()
+        await vm.delete()
+    assert not Path(f"/sys/fs/cgroup/unified/dsec/{node}/{vm.id}").exists(), "the VM's cgroup2 directory"

@@ -1,0 +1,175 @@
+//! A networked microVM's NIC, set up at boot when the kernel command line
+//! carries `dsec.net=ADDR/LEN,GATEWAY` (the edge adds it only for a
+//! sandbox created with network rules).
+//!
+//! The NIC is a virtio-net device whose other end is QEMU's user-mode
+//! network inside the sandbox's host network namespace and cgroup: every
+//! connection the guest makes becomes a socket QEMU opens on the host,
+//! where the sandbox's eBPF allowlist decides it. Nothing configured here
+//! is trusted: a guest that changes its address or routes only changes
+//! what it asks QEMU for. The NIC's driver is loaded from the initramfs's
+//! `net/` directory (other microVMs never load it); then, as three ioctls
+//! would with `ip`: address, link up, default route. No DHCP client: the
+//! addressing is QEMU's, fixed, and comes on the command line.
+
+use std::net::Ipv4Addr;
+
+/// Where the initramfs keeps the NIC's modules.
+const NET_MODULES_DIR: &str = "/lib/modules/dsec/net";
+/// The interface the kernel names the first NIC (no udev renames it).
+const NIC: &[u8] = b"eth0";
+/// How long the NIC may take to appear once its driver is loaded.
+const NIC_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The guest's side of a networked microVM.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NetPlan {
+    pub addr: Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: Ipv4Addr,
+}
+
+/// The plan on a kernel command line, if any.
+pub fn plan_from_cmdline(cmdline: &str) -> Result<Option<NetPlan>, String> {
+    let Some(v) = cmdline.split_whitespace().find_map(|w| w.strip_prefix("dsec.net=")) else { return Ok(None) };
+    let bad = || format!("bad dsec.net={v:?} (want ADDR/LEN,GATEWAY)");
+    let (cidr, gw) = v.split_once(',').ok_or_else(bad)?;
+    let (addr, len) = cidr.split_once('/').ok_or_else(bad)?;
+    let prefix: u8 = len.parse().map_err(|_| bad())?;
+    if prefix > 32 {
+        return Err(bad());
+    }
+    Ok(Some(NetPlan { addr: addr.parse().map_err(|_| bad())?, prefix, gateway: gw.parse().map_err(|_| bad())? }))
+}
+
+/// Loads the NIC's driver and configures it, if the command line asks.
+pub fn boot() -> Result<(), String> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("reading /proc/cmdline: {e}"))?;
+    let Some(plan) = plan_from_cmdline(&cmdline)? else { return Ok(()) };
+    crate::vm_init::load_modules_from(NET_MODULES_DIR)?;
+    let t0 = std::time::Instant::now();
+    let s = Sock::open()?;
+    loop {
+        match s.configure(&plan) {
+            Ok(()) => return Ok(()),
+            // The driver binds the device as it registers; ENODEV only
+            // while that is still under way.
+            Err(e) if e.raw_os_error() == Some(libc::ENODEV) && t0.elapsed() < NIC_WAIT => {
+                std::thread::sleep(std::time::Duration::from_millis(10));
+            }
+            Err(e) => return Err(format!("configuring eth0 ({}/{} via {}): {e}", plan.addr, plan.prefix, plan.gateway)),
+        }
+    }
+}
+
+/// The kernel's `struct rtentry` (linux/route.h) for SIOCADDRT; the libc
+/// crate defines it only for some C libraries.
+#[repr(C)]
+struct RtEntry {
+    rt_pad1: libc::c_ulong,
+    rt_dst: libc::sockaddr,
+    rt_gateway: libc::sockaddr,
+    rt_genmask: libc::sockaddr,
+    rt_flags: libc::c_ushort,
+    rt_pad2: libc::c_short,
+    rt_pad3: libc::c_ulong,
+    rt_pad4: *mut libc::c_void,
+    rt_metric: libc::c_short,
+    rt_dev: *mut libc::c_char,
+    rt_mtu: libc::c_ulong,
+    rt_window: libc::c_ulong,
+    rt_irtt: libc::c_ushort,
+}
+
+/// An AF_INET datagram socket for the interface ioctls.
+struct Sock(std::os::fd::OwnedFd);
+
+fn sockaddr(ip: Ipv4Addr) -> libc::sockaddr {
+    let sin = libc::sockaddr_in {
+        sin_family: libc::AF_INET as libc::sa_family_t,
+        sin_port: 0,
+        sin_addr: libc::in_addr { s_addr: u32::from_ne_bytes(ip.octets()) },
+        sin_zero: [0; 8],
+    };
+    // SAFETY: sockaddr_in and sockaddr have the same size; this is how the
+    // kernel's interface ioctls take an IPv4 address.
+    unsafe { std::mem::transmute::<libc::sockaddr_in, libc::sockaddr>(sin) }
+}
+
+fn netmask(prefix: u8) -> Ipv4Addr {
+    Ipv4Addr::from(if prefix == 0 { 0 } else { u32::MAX << (32 - u32::from(prefix)) })
+}
+
+impl Sock {
+    fn open() -> Result<Sock, String> {
+        use std::os::fd::FromRawFd;
+        // SAFETY: socket(2); the result is checked and owned.
+        let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(format!("socket: {}", std::io::Error::last_os_error()));
+        }
+        // SAFETY: a fresh descriptor of ours.
+        Ok(Sock(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
+    }
+
+    fn ioctl<T>(&self, req: libc::c_ulong, arg: &mut T) -> std::io::Result<()> {
+        use std::os::fd::AsRawFd;
+        // SAFETY: `arg` is the struct `req` takes (ifreq or rtentry),
+        // valid for the call.
+        if unsafe { libc::ioctl(self.0.as_raw_fd(), req, arg as *mut T) } < 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+        Ok(())
+    }
+
+    fn ifreq() -> libc::ifreq {
+        // SAFETY: ifreq is plain data; all zeroes is a valid value.
+        let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
+        for (i, b) in NIC.iter().enumerate() {
+            ifr.ifr_name[i] = *b as libc::c_char;
+        }
+        ifr
+    }
+
+    fn configure(&self, p: &NetPlan) -> std::io::Result<()> {
+        let mut ifr = Self::ifreq();
+        ifr.ifr_ifru.ifru_addr = sockaddr(p.addr);
+        self.ioctl(libc::SIOCSIFADDR, &mut ifr)?;
+        let mut ifr = Self::ifreq();
+        ifr.ifr_ifru.ifru_netmask = sockaddr(netmask(p.prefix));
+        self.ioctl(libc::SIOCSIFNETMASK, &mut ifr)?;
+        let mut ifr = Self::ifreq();
+        self.ioctl(libc::SIOCGIFFLAGS, &mut ifr)?;
+        // SAFETY: the kernel filled the flags member of the union.
+        unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
+        self.ioctl(libc::SIOCSIFFLAGS, &mut ifr)?;
+        // SAFETY: RtEntry is plain data; all zeroes (null pointers
+        // included) is a valid value.
+        let mut rt: RtEntry = unsafe { std::mem::zeroed() };
+        rt.rt_dst = sockaddr(Ipv4Addr::UNSPECIFIED);
+        rt.rt_genmask = sockaddr(Ipv4Addr::UNSPECIFIED);
+        rt.rt_gateway = sockaddr(p.gateway);
+        rt.rt_flags = libc::RTF_UP | libc::RTF_GATEWAY;
+        match self.ioctl(libc::SIOCADDRT, &mut rt) {
+            Err(e) if e.raw_os_error() == Some(libc::EEXIST) => Ok(()),
+            other => other,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_plan_comes_from_the_command_line() {
+        assert_eq!(plan_from_cmdline("console=ttyS0 quiet").unwrap(), None);
+        let p = plan_from_cmdline("console=ttyS0 dsec.net=10.0.2.15/24,10.0.2.2 quiet").unwrap().unwrap();
+        assert_eq!(p, NetPlan { addr: Ipv4Addr::new(10, 0, 2, 15), prefix: 24, gateway: Ipv4Addr::new(10, 0, 2, 2) });
+        for bad in ["dsec.net=10.0.2.15", "dsec.net=10.0.2.15/33,10.0.2.2", "dsec.net=x/24,10.0.2.2", "dsec.net=10.0.2.15/24"] {
+            assert!(plan_from_cmdline(bad).is_err(), "{bad}");
+        }
+        assert_eq!(netmask(24), Ipv4Addr::new(255, 255, 255, 0));
+        assert_eq!(netmask(0), Ipv4Addr::UNSPECIFIED);
+    }
+}
