@@ -8,6 +8,11 @@
 #      defaults (balloon free page reporting at 128 KiB blocks, a 16 MiB
 #      TCG translation cache), without free page reporting, and with the
 #      old 64 MiB translation cache (--vm-tb-size-mb, TB_BIG)
+#   3. node templates vs cold boots: create -> first exec of busybox microVMs
+#      of 128 MiB restored from the node's template (the default) and booted
+#      cold (--vm-templates false), and N idle ones of each: PSS, RSS, the
+#      guest RAM private to each VM, the host's MemAvailable drop per VM
+#      (TPL_ONLY=1 runs only this part)
 # The accelerator is whatever the edge's probe chose (TCG on hosts whose KVM
 # cannot run the guest kernel; the edge logs it).
 # Usage: bench/microvm.sh [REPS] [IDLE_VMS]   (~2 min under TCG)
@@ -17,6 +22,24 @@ IDLE_VMS=${2:-4}
 bench_init microvm
 bench_build
 GEN="$PY $BENCH_DIR/microvm_bench.py"
+
+# 3. node templates vs cold boots, each under its own `dsec up`.
+templates_vs_cold() {
+    bench_log "3. templates: $REPS creations and $IDLE_VMS idle VMs restored from the node template"
+    bench_start_dsec
+    $GEN start --reps "$REPS" --n "$IDLE_VMS" --label "template" --out "$RESULTS/microvm_start_tpl.json"
+    bench_stop_dsec >/dev/null
+    bench_log "3'. the same, booted cold (--vm-templates false)"
+    bench_start_dsec --vm-templates false
+    $GEN start --reps "$REPS" --n "$IDLE_VMS" --label "cold boot" --out "$RESULTS/microvm_start_cold.json"
+    bench_stop_dsec >/dev/null
+}
+
+if [ -n "${TPL_ONLY:-}" ]; then
+    templates_vs_cold
+    $GEN report "$RESULTS/microvm_start_tpl.json" "$RESULTS/microvm_start_cold.json"
+    exit 0
+fi
 
 bench_start_dsec
 KERNEL=$IMAGES_DIR/vm/kernel/vmlinuz
@@ -37,4 +60,7 @@ bench_start_dsec --vm-tb-size-mb "$TB_BIG"
 $GEN idle --n "$IDLE_VMS" --label "free page reporting, tb-size $TB_BIG MiB" --out "$RESULTS/microvm_idle_tb.json"
 bench_stop_dsec >/dev/null
 
-$GEN report "$RESULTS/microvm_boot.json" "$RESULTS/microvm_idle.json" "$RESULTS/microvm_idle_no_fpr.json" "$RESULTS/microvm_idle_tb.json"
+templates_vs_cold
+
+$GEN report "$RESULTS/microvm_boot.json" "$RESULTS/microvm_idle.json" "$RESULTS/microvm_idle_no_fpr.json" "$RESULTS/microvm_idle_tb.json" \
+    "$RESULTS/microvm_start_tpl.json" "$RESULTS/microvm_start_cold.json"

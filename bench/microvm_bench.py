@@ -7,6 +7,12 @@
         marker and ends the VM), with the same tuned command line
     microvm_bench.py idle --n N --label L --out F
         N idle busybox microVMs of 128 MiB: host PSS of each VM's QEMU
+    microvm_bench.py start --reps R --n N --label L --out F
+        node templates vs cold boots (run once per `dsec up`, with and without
+        --vm-templates): the first busybox microVM of 128 MiB (which makes
+        the template), R more one at a time (create -> first exec ->
+        delete), then N idle ones: PSS, RSS and the private part of guest
+        RAM of each QEMU, and the host's MemAvailable drop per VM
     microvm_bench.py report FILE...
 
 The server is the one in DSEC_ENDPOINT / DSEC_TOKEN (bench/lib.sh starts it).
@@ -127,7 +133,7 @@ def pss_breakdown_kb(sandbox_id: str, guest_mb: int) -> dict[str, int]:
         if "-" in head[0] and len(head) >= 5 and ":" not in head[0]:
             lo, hi = (int(x, 16) for x in head[0].split("-"))
             path = head[5] if len(head) > 5 else ""
-            if path.endswith(".ram") or (not path and hi - lo >= guest_mb * MIB):
+            if path.endswith(".ram") or "dsec-template-ram" in path or (not path and hi - lo >= guest_mb * MIB):
                 kind = "guest_ram"
             elif not path and head[1] == "rwxp":
                 kind = "tcg_cache"
@@ -157,6 +163,76 @@ async def idle(a: argparse.Namespace) -> None:
                                        "breakdown_median_mb": breakdown}))
 
 
+def smaps_kb(sandbox_id: str) -> dict[str, int]:
+    """Totals of one QEMU's smaps_rollup (Rss, Pss, Anonymous...)."""
+    out = {}
+    for line in Path(f"/proc/{qemu_pid(sandbox_id)}/smaps_rollup").read_text().splitlines()[1:]:
+        k, v = line.split(":", 1)
+        out[k] = int(v.split()[0])
+    return out
+
+
+def guest_ram_private_kb(sandbox_id: str) -> int:
+    """Pages of guest RAM this VM alone holds: of a private mapping of a
+    template, its copy-on-write copies (Anonymous); of its own RAM file,
+    every resident page."""
+    total, in_ram, key = 0, False, "Anonymous:"
+    for line in Path(f"/proc/{qemu_pid(sandbox_id)}/smaps").read_text().splitlines():
+        head = line.split()
+        if "-" in head[0] and ":" not in head[0] and len(head) >= 5:
+            path = head[5] if len(head) > 5 else ""
+            in_ram = path.endswith(".ram") or "dsec-template-ram" in path
+            key = "Rss:" if path.endswith(".ram") else "Anonymous:"
+        elif in_ram and head[0] == key:
+            total += int(head[1])
+    return total
+
+
+def mem_available_kb() -> int:
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1])
+    raise SystemExit("no MemAvailable")
+
+
+async def start(a: argparse.Namespace) -> None:
+    out: dict[str, object] = {"kind": "start", "label": a.label, "guest_mb": 128}
+    async with client() as c:
+        t0 = time.perf_counter()
+        sb = await c.run(args("microvm", memory_mb=128), timeout=180)
+        assert (await sb.run_shell("echo ready")).stdout == "ready\n"
+        out["first_ms"] = (time.perf_counter() - t0) * 1000
+        await sb.delete()
+        ms = []
+        for i in range(a.reps):
+            t0 = time.perf_counter()
+            sb = await c.run(args("microvm", memory_mb=128), timeout=180)
+            assert (await sb.run_shell("echo ready")).stdout == "ready\n"
+            ms.append((time.perf_counter() - t0) * 1000)
+            await sb.delete()
+            print(f"{a.label} rep {i + 1}: {ms[-1]:.0f} ms", file=sys.stderr)
+        out["ms"] = ms
+        await asyncio.sleep(2)
+        avail0 = mem_available_kb()
+        sbs = [await c.run(args("microvm", memory_mb=128), timeout=180) for _ in range(a.n)]
+        try:
+            for sb in sbs:
+                assert (await sb.run_shell("echo up")).stdout == "up\n"
+            await asyncio.sleep(a.settle)
+            out["mem_available_drop_per_vm_mb"] = (avail0 - mem_available_kb()) / 1024 / a.n
+            rollups = [smaps_kb(sb.id) for sb in sbs]
+            out["pss_mb"] = [r["Pss"] / 1024 for r in rollups]
+            out["rss_mb"] = [r["Rss"] / 1024 for r in rollups]
+            out["guest_ram_private_mb"] = [guest_ram_private_kb(sb.id) / 1024 for sb in sbs]
+            parts = [pss_breakdown_kb(sb.id, 128) for sb in sbs]
+            out["breakdown_median_mb"] = {k: statistics.median(p[k] / 1024 for p in parts) for k in parts[0]}
+        finally:
+            for sb in sbs:
+                await sb.delete()
+    out["n"] = a.n
+    Path(a.out).write_text(json.dumps(out))
+
+
 def report(files: list[str]) -> None:
     for f in files:
         d = json.loads(Path(f).read_text())
@@ -168,6 +244,14 @@ def report(files: list[str]) -> None:
                 print(f"  {k:12s} {med[k]:8.0f} ms   (min {min(ms[k]):.0f}, max {max(ms[k]):.0f})")
             print(f"  microvm / plain qemu boot: {med['microvm'] / med['plain_qemu']:.2f}x;"
                   f" microvm / container: {med['microvm'] / med['container']:.0f}x")
+        elif d["kind"] == "start":
+            med = statistics.median
+            print(f"{d['label']}: first microVM of the shape {d['first_ms']:.0f} ms; create -> first exec, "
+                  f"median of {len(d['ms'])}: {med(d['ms']):.0f} ms (min {min(d['ms']):.0f}, max {max(d['ms']):.0f})")
+            print(f"  {d['n']} idle VMs of {d['guest_mb']} MiB, medians: PSS {med(d['pss_mb']):.1f} MB, "
+                  f"RSS {med(d['rss_mb']):.1f} MB, guest RAM private to the VM {med(d['guest_ram_private_mb']):.1f} MB; "
+                  f"host MemAvailable drop {d['mem_available_drop_per_vm_mb']:.1f} MB per VM")
+            print("  PSS by kind (medians, MiB): " + ", ".join(f"{k} {v:.1f}" for k, v in d["breakdown_median_mb"].items()))
         else:
             p = d["pss_mb"]
             print(f"idle microVM host PSS at {d['guest_mb']} MiB guest RAM, {d['label']}, {len(p)} VMs: "
@@ -189,6 +273,12 @@ def main() -> None:
     i.add_argument("--settle", type=float, default=10.0)
     i.add_argument("--label", default="")
     i.add_argument("--out", required=True)
+    st = sub.add_parser("start")
+    st.add_argument("--reps", type=int, default=5)
+    st.add_argument("--n", type=int, default=4)
+    st.add_argument("--settle", type=float, default=10.0)
+    st.add_argument("--label", default="")
+    st.add_argument("--out", required=True)
     r = sub.add_parser("report")
     r.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -196,6 +286,8 @@ def main() -> None:
         asyncio.run(boot(a))
     elif a.cmd == "idle":
         asyncio.run(idle(a))
+    elif a.cmd == "start":
+        asyncio.run(start(a))
     else:
         report(a.files)
 

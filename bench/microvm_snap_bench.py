@@ -12,7 +12,7 @@ One busybox microVM of 256 MiB (warmed by an exec), then in one run:
      second QEMU with the same command line (anonymous RAM, `-incoming`),
      timed until the migration completed;
   3. cold boot to the first exec, for the resume-vs-boot ratio;
-  4. a snapshot of the suspended VM and `fork(snapshot, N)` until every
+  4. a memory snapshot of the suspended VM and `fork(snapshot, N)` until every
      child answers an exec.
     microvm_snap_bench.py report FILE
 
@@ -199,7 +199,7 @@ async def run(a: argparse.Namespace) -> None:
                       f"resume {r.duration_ms:.0f} ms; peer save {peer['save_ms']:.0f} ms "
                       f"{peer['bytes'] / MIB:.0f} MiB, restore {peer['restore_ms']:.0f} ms", flush=True)
         await sb.suspend()
-        snap = await sb.snapshot(f"bench-{sb.id.split('.')[1]}")
+        snap = await sb.snapshot(f"bench-{sb.id.split('.')[1]}", memory=True)
         await sb.delete()
         t2 = time.perf_counter()
         kids = await c.fork(snap, a.fork, vm_args())

@@ -67,6 +67,25 @@ pub enum Op {
     /// agent's own (their `seq` is ignored; the ring numbers them).
     /// Reply: `Done`.
     RecordAudit { events: Vec<AuditEvent> },
+    /// A microVM started from a memory image (a node template, or a fork
+    /// of another sandbox) takes its own identity: sandbox id (its next
+    /// greeting names it), hostname, wall clock, and fresh randomness
+    /// mixed into the guest kernel's pool, which is then reseeded (every
+    /// VM of one image would otherwise draw the same random numbers).
+    /// Reply: `Done`.
+    Reidentify(VmIdentity),
+}
+
+/// Who a microVM restored from a memory image is (`Op::Reidentify`).
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct VmIdentity {
+    pub sandbox_id: String,
+    pub hostname: String,
+    /// The host's wall clock, ms since the epoch.
+    pub now_ms: u64,
+    /// Random bytes from the host, for the guest's entropy pool.
+    #[serde(with = "serde_bytes")]
+    pub seed: Vec<u8>,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -37,7 +37,9 @@ pub struct Identity {
 
 pub struct Agent {
     pub mode: Mode,
-    pub sandbox_id: String,
+    /// Changes once, in a microVM restored from a memory image
+    /// (`vm_identity`).
+    pub sandbox_id: RefCell<String>,
     pub root: Root,
     /// Plain mode: the root directory's path as the kernel reports cwds
     /// (to map a session's `$PWD` back to a sandbox path).
@@ -70,7 +72,7 @@ impl Agent {
     pub fn new(mode: Mode, id: Identity, root: Root, root_path: Option<String>, devnull: OwnedFd, policy: ChildPolicy) -> Rc<Agent> {
         Rc::new(Agent {
             mode,
-            sandbox_id: id.sandbox_id,
+            sandbox_id: RefCell::new(id.sandbox_id),
             root,
             root_path,
             image_env: id.image_env,

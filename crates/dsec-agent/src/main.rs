@@ -40,6 +40,7 @@ mod startup;
 mod tamper;
 mod tar;
 mod users;
+mod vm_identity;
 mod vm_init;
 mod vm_net;
 
@@ -225,6 +226,9 @@ fn container(chan: OwnedFd) -> Result<(), String> {
 }
 
 fn vm(chan: OwnedFd) -> Result<(), String> {
+    // After the process hygiene (which closes stray descriptors), before
+    // the root is the sandbox's.
+    vm_identity::open_random_device();
     serve_sandbox(chan, Mode::Vm, |op| match op {
         Op::SetupVm(cfg) => {
             let ident = vm_identity(&cfg);

@@ -121,10 +121,10 @@ enum Start {
 async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, start: Start) -> bool {
     let mut reader = FrameReader::default();
     if start == Start::Answer {
-        let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.clone() }));
+        let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.borrow().clone() }));
     }
     if start == Start::Greet {
-        let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.clone() }));
+        let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.borrow().clone() }));
         match reader.next(conn).await {
             Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if h.protocol_version == PROTOCOL_VERSION => {
                 reattach::release();

@@ -32,6 +32,9 @@ use crate::container_setup::{assemble, check_abs, cstr, fail, mkdir, mount, Resu
 pub const PORT_NAME: &str = "dsec.agent";
 /// Where the initramfs keeps the modules to load, as `NN-name.ko`.
 pub const MODULES_DIR: &str = "/lib/modules/dsec";
+/// What the agent prints on the console once booted, while it waits for
+/// the host to connect (the edge's cue for a template's memory image).
+pub const BOOTED_MARKER: &str = "dsec-agent: booted, waiting for the host";
 /// How long boot waits for the port (and setup for a disk) to appear.
 const DEVICE_WAIT: Duration = Duration::from_secs(20);
 
@@ -79,6 +82,12 @@ pub fn port_to_channel() -> std::result::Result<(), String> {
     }
     // SAFETY: fd 3 now refers to the port; borrowed only for the wait.
     let chan = unsafe { std::os::fd::BorrowedFd::borrow_raw(crate::reattach::CHANNEL_FD) };
+    if !host_connected(chan) {
+        // The edge takes a node template's memory image at this line
+        // (microvm/template.rs): nothing of any one sandbox is in the
+        // guest yet, and the port is still unused.
+        eprintln!("{BOOTED_MARKER}");
+    }
     wait_host_connected_blocking(chan);
     Ok(())
 }
@@ -268,8 +277,10 @@ pub fn set_clock(now_ms: u64) {
 /// host side has a client again.
 pub async fn next_channel(port: &OwnedFd) -> std::io::Result<OwnedFd> {
     use std::os::fd::AsFd;
+    // Short: after a restore the edge is waiting on the other side, and
+    // every tick is resume latency.
     while !host_connected(port.as_fd()) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(2)).await;
     }
     // SAFETY: F_DUPFD_CLOEXEC returns a new fd we own.
     let fd = unsafe { libc::fcntl(port.as_raw_fd(), libc::F_DUPFD_CLOEXEC, 5) };

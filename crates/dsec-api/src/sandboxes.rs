@@ -92,6 +92,11 @@ pub struct CreateSandboxRequest {
 pub struct SnapshotRequest {
     /// The snapshot's name, unique per tenant: letters, digits, `._:-`.
     pub name: String,
+    /// A memory snapshot (microVMs only): the VM is suspended (it resumes
+    /// on its next request) and its RAM and device state are kept too, so
+    /// sandboxes started from the snapshot continue its processes.
+    #[serde(default)]
+    pub memory: bool,
 }
 
 /// A VM disk snapshot (a microVM's writable disk, or a full VM's disk).
@@ -121,6 +126,9 @@ pub struct Snapshot {
     /// How long the source's vCPUs were stopped for the copy.
     #[serde(default)]
     pub frozen_ms: f64,
+    /// A memory snapshot: its sandboxes continue the source's processes.
+    #[serde(default)]
+    pub memory: bool,
 }
 
 fn microvm_backend() -> Backend {

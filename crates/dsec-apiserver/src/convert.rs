@@ -71,6 +71,7 @@ pub fn snapshot_out(m: dsec_edge::SnapshotMeta, created: bool, frozen_ms: f64) -
         created_at: rfc3339(m.created_at_ms),
         created,
         frozen_ms,
+        memory: m.memory.is_some(),
     }
 }
 

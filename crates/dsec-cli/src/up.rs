@@ -155,6 +155,11 @@ pub struct EdgeArgs {
     /// this much translated code resident; unused under KVM).
     #[arg(long, default_value_t = dsec_edge::microvm::cmdline::DEFAULT_TB_SIZE_MB)]
     pub vm_tb_size_mb: u32,
+    /// New microVMs restore a memory image of a freshly booted guest of
+    /// their shape (one per shape, made by the first) instead of booting;
+    /// `false`: every microVM boots cold.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
+    pub vm_templates: bool,
     /// Seconds a microVM may take to boot to its agent.
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
@@ -281,6 +286,7 @@ impl EdgeArgs {
         vm.free_page_reporting = self.vm_free_page_reporting;
         vm.ram_file = self.vm_ram_file;
         vm.tb_size_mb = self.vm_tb_size_mb;
+        vm.templates = self.vm_templates;
         let mut fullvm = dsec_edge::fullvm::FullVmConfig::new(
             self.vm_images_dir.clone().unwrap_or_else(|| dsec_image::vm::base_image::images_dir(&dsec_image::vm::vm_dir(&images_dir))),
         );

@@ -163,7 +163,7 @@ impl Client {
 
     /// Snapshots a microVM's disk as `name`.
     pub async fn snapshot(&self, id: &str, name: &str, idempotency_key: Option<&str>) -> Result<api::Snapshot, ClientError> {
-        let req = api::SnapshotRequest { name: name.to_string() };
+        let req = api::SnapshotRequest { name: name.to_string(), memory: false };
         let headers: Vec<(&str, &str)> = idempotency_key.map(|k| ("idempotency-key", k)).into_iter().collect();
         self.json_with(Method::POST, &format!("/v1/sandboxes/{id}/snapshot"), Some(&req), &headers).await
     }

@@ -15,7 +15,7 @@ use dsec_agent_proto::{Command, ExecSpec, Stdin};
 use crate::edge::Edge;
 use crate::error::EdgeError;
 use crate::microvm::cmdline::VmFiles;
-use crate::microvm::snapshot::{validate_name, SnapshotDir, SnapshotMeta};
+use crate::microvm::snapshot::{validate_name, SnapshotDir, SnapshotMemory, SnapshotMeta};
 use crate::model::{now_ms, BackendKind, Caller, State};
 use crate::spec::SandboxRequest;
 
@@ -73,18 +73,26 @@ impl Edge {
     /// Snapshots the writable disk of microVM `id` as `name` (unique per
     /// tenant). With `key`, a retry returns the first request's snapshot.
     pub async fn snapshot(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>) -> Result<SnapshotOutcome, EdgeError> {
+        self.snapshot_with(caller, id, name, key, false).await
+    }
+
+    /// `snapshot`; with `memory`, a memory snapshot of a microVM: the VM
+    /// is suspended (if it is not already; it resumes on its next request)
+    /// and its RAM and device state are kept with the disk, so sandboxes
+    /// started from the snapshot continue its processes.
+    pub async fn snapshot_with(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>, memory: bool) -> Result<SnapshotOutcome, EdgeError> {
         validate_name(name)?;
         let (edge, caller, id, name, key) = (self.clone(), caller.clone(), id.to_string(), name.to_string(), key.map(str::to_string));
         // Finish even if the caller goes away (a retry must find it).
-        tokio::spawn(async move { edge.snapshot_keyed(&caller, &id, &name, key.as_deref()).await })
+        tokio::spawn(async move { edge.snapshot_keyed(&caller, &id, &name, key.as_deref(), memory).await })
             .await
             .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))?
     }
 
-    async fn snapshot_keyed(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>) -> Result<SnapshotOutcome, EdgeError> {
-        let Some(key) = key else { return self.snapshot_now(caller, id, name).await };
+    async fn snapshot_keyed(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>, memory: bool) -> Result<SnapshotOutcome, EdgeError> {
+        let Some(key) = key else { return self.snapshot_now(caller, id, name, memory).await };
         let work = async {
-            let out = self.snapshot_now(caller, id, name).await?;
+            let out = self.snapshot_now(caller, id, name, memory).await?;
             let snap = out.snapshot.id.clone();
             Ok((out, snap))
         };
@@ -92,10 +100,11 @@ impl Edge {
             let snapshot = self.snapshot_dir()?.get(snap).ok_or_else(|| EdgeError::SnapshotNotFound(name.to_string()))?;
             Ok(SnapshotOutcome { snapshot, created: false, frozen_ms: 0.0 })
         };
-        self.once(&caller.tenant, SCOPE_SNAPSHOT, key, &format!("{id}\n{name}"), work, replay).await
+        let what = if memory { format!("{id}\n{name}\nmemory") } else { format!("{id}\n{name}") };
+        self.once(&caller.tenant, SCOPE_SNAPSHOT, key, &what, work, replay).await
     }
 
-    async fn snapshot_now(&self, caller: &Caller, id: &str, name: &str) -> Result<SnapshotOutcome, EdgeError> {
+    async fn snapshot_now(&self, caller: &Caller, id: &str, name: &str, memory: bool) -> Result<SnapshotOutcome, EdgeError> {
         let snaps = self.snapshot_dir()?;
         let entry = self.entry(caller, id)?;
         let rec = entry.record();
@@ -105,12 +114,18 @@ impl Edge {
         if rec.state.is_paused() && !rec.suspended {
             self.running(caller, id).await?;
         }
+        if memory {
+            self.suspend_with_ram_file(caller, id).await?;
+        }
         let _op = entry.op_lock.lock().await;
         let rec = entry.record();
         if snaps.find(&rec.tenant, name).is_some() {
             return Err(EdgeError::AlreadyExists(format!("a snapshot named {name:?} exists already")));
         }
         let running = match rec.state {
+            State::Running if memory => {
+                return Err(EdgeError::Invalid(format!("sandbox {id} was resumed while its memory snapshot was being taken: try again")))
+            }
             State::Running => true,
             State::Paused if rec.suspended => false,
             s if s.is_terminal() => return Err(EdgeError::Ended { id: id.to_string(), state: s.as_str() }),
@@ -120,7 +135,7 @@ impl Edge {
             let _activity = entry.begin();
             self.guest_sync(&entry).await?;
         }
-        let meta = SnapshotMeta {
+        let mut meta = SnapshotMeta {
             id: format!("snap-{}", crate::ids::short_id(&crate::ids::new_sandbox_id("x"))),
             name: name.to_string(),
             tenant: rec.tenant.clone(),
@@ -133,9 +148,58 @@ impl Edge {
             backend: rec.spec.backend,
             created_at_ms: now_ms(),
             bytes: 0,
+            memory: None,
         };
-        let (snapshot, frozen_ms) = crate::microvm::snapshot_disk(snaps, files, running, meta).await?;
+        if memory {
+            meta = self.copy_memory(&rec, meta).await?;
+        }
+        let snap_id = meta.id.clone();
+        let taken = crate::microvm::snapshot_disk(snaps, files, running, meta).await;
+        if taken.is_err() {
+            // The memory files copied before (the snapshot is not listed).
+            let _ = snaps.remove(&snap_id);
+        }
+        let (snapshot, frozen_ms) = taken?;
         Ok(SnapshotOutcome { snapshot, created: true, frozen_ms })
+    }
+
+    /// Leaves microVM `id` suspended with a RAM file of its own (a VM
+    /// restored from a template or a memory snapshot maps that image
+    /// privately and suspends its RAM into the stream instead: a resume
+    /// loads it into a file of its own, and a second suspend keeps it
+    /// there).
+    async fn suspend_with_ram_file(&self, caller: &Caller, id: &str) -> Result<(), EdgeError> {
+        let vm = self.inner.backends.microvm.as_ref().map_err(|e| EdgeError::UnsupportedBackend(e.clone()))?;
+        let rec = self.entry(caller, id)?.record();
+        if rec.spec.backend != BackendKind::Microvm {
+            return Err(EdgeError::Invalid(format!("sandbox {id}: memory snapshots are of microVMs; snapshot a full VM's disk")));
+        }
+        if !rec.suspended {
+            self.pause_with(caller, id, crate::suspend::PauseMode::Suspend).await?;
+        }
+        if !vm.has_own_ram_file(id) {
+            self.resume(caller, id).await?;
+            self.pause_with(caller, id, crate::suspend::PauseMode::Suspend).await?;
+        }
+        if !vm.has_own_ram_file(id) {
+            return Err(EdgeError::Invalid("memory snapshots need guest RAM files on this node (dsec up --vm-ram-file true)".into()));
+        }
+        Ok(())
+    }
+
+    /// Copies suspended microVM `rec`'s RAM file and device state into the
+    /// snapshot `meta` will list, and records what its sandboxes must
+    /// match.
+    async fn copy_memory(&self, rec: &crate::model::SandboxRecord, mut meta: SnapshotMeta) -> Result<SnapshotMeta, EdgeError> {
+        let vm = self.inner.backends.microvm.as_ref().map_err(|e| EdgeError::UnsupportedBackend(e.clone()))?;
+        let plan = self.plan_blocking(&rec.spec).await?;
+        meta.memory = Some(SnapshotMemory { memory_mb: rec.spec.limits.memory_mb, cpu_cores: rec.spec.limits.cpu_cores, layer_files: plan.layer_files });
+        let (ram, vmstate) = vm.memory_files(&rec.id);
+        let (snaps, id) = (self.snapshot_dir()?.clone(), meta.id.clone());
+        tokio::task::spawn_blocking(move || snaps.write_memory(&id, &ram, &vmstate))
+            .await
+            .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))??;
+        Ok(meta)
     }
 
     /// Flushes the guest's dirty pages to its disks (`sync` in the guest).
@@ -204,6 +268,9 @@ impl Edge {
             )));
         }
         snaps.remove(&snap.id)?;
+        if let Ok(vm) = &self.inner.backends.microvm {
+            vm.forget_snapshot_image(&snap.id);
+        }
         if let Err(e) = self.inner.journal.forget_target(SCOPE_SNAPSHOT, &snap.id) {
             tracing::warn!(snapshot = %snap.id, error = %e, "dropping the idempotency keys of a deleted snapshot");
         }
@@ -226,6 +293,11 @@ impl Edge {
         req.workspace = snap.workspace;
         req.toolkits = snap.toolkits;
         req.disk_mb = Some(snap.disk_mb);
+        if let Some(mem) = &snap.memory {
+            // The machine its memory was saved from.
+            req.memory_mb = Some(mem.memory_mb);
+            req.cpu_cores = Some(mem.cpu_cores);
+        }
         Ok(Some(snap.id))
     }
 }

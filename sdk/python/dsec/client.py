@@ -221,11 +221,13 @@ class DSecClient:
 
         A container :class:`Sandbox` source is packed first
         (:meth:`Sandbox.pack_diff` into ``name``, default
-        ``fork-<id>:<random>``); a microVM or full VM source is snapshotted
-        (:meth:`Sandbox.snapshot`, default name ``fork-<id>-<random>``; a
-        suspended microVM stays suspended). The children start from that
-        image or snapshot and do not depend on the parent, which may be
-        stopped right after. ``args`` are the children's run arguments
+        ``fork-<id>:<random>``); a full VM source is snapshotted
+        (:meth:`Sandbox.snapshot`, default name ``fork-<id>-<random>``), a
+        microVM source too, with its memory (``memory=True``: it is
+        suspended, and its children continue its processes, memory and
+        files, each with its own id, hostname, clock and random seed). The
+        children start from that image or snapshot and do not depend on
+        the parent, which may be stopped right after. ``args`` are the children's run arguments
         (their image is replaced by the source's); by default the parent's
         backend, limits, user, job and labels, or plain defaults for an
         image source. All or nothing: if one child cannot start, the others
@@ -239,7 +241,8 @@ class DSecClient:
             tag = secrets.token_hex(4)
             stem = "".join(c if c.isalnum() or c in "-." else "-" for c in source.id.lower())
             if source.info.backend in ("microvm", "vm"):
-                snapshot = await source.snapshot(name or f"fork-{stem}-{tag}")
+                snapshot = await source.snapshot(name or f"fork-{stem}-{tag}",
+                                                 memory=source.info.backend == "microvm")
                 image = snapshot.image
             else:
                 packed = await source.pack_diff(name or f"fork-{stem}:{tag}")

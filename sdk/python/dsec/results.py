@@ -397,6 +397,8 @@ class SnapshotInfo:
         bytes: bytes its own layer takes (what the source changed).
         created: False if an earlier call with the same idempotency key made it.
         frozen_ms: how long the source's vCPUs were stopped for the copy.
+        memory: a memory snapshot (microVMs): sandboxes started from it
+            continue the source's processes instead of booting.
     """
 
     name: str
@@ -412,6 +414,7 @@ class SnapshotInfo:
     backend: str = "microvm"
     created: bool = True
     frozen_ms: float = 0.0
+    memory: bool = False
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> SnapshotInfo:
@@ -421,7 +424,8 @@ class SnapshotInfo:
                    toolkits=list(d.get("toolkits", ())), disk_limit_mb=d.get("disk_limit_mb", 0),
                    parent=d.get("parent"), bytes=d.get("bytes", 0),
                    created_at=d.get("created_at", ""), created=bool(d.get("created", True)),
-                   frozen_ms=d.get("frozen_ms", 0.0), backend=d.get("backend", "microvm"))
+                   frozen_ms=d.get("frozen_ms", 0.0), backend=d.get("backend", "microvm"),
+                   memory=bool(d.get("memory", False)))
 
 
 @dataclass(slots=True)

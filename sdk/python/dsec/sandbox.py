@@ -189,7 +189,7 @@ class Sandbox:
         """Suspend a VM (microVM or full VM) to disk: ``pause(mode="suspend")``."""
         return await self.pause(timeout, mode="suspend")
 
-    async def snapshot(self, name: str, *, idempotency_key: str | None = None,
+    async def snapshot(self, name: str, *, memory: bool = False, idempotency_key: str | None = None,
                        timeout: float | None = 600) -> SnapshotInfo:
         """Snapshot a VM's disk as ``name`` (unique among your snapshots):
         a microVM's writable disk, or a full VM's whole disk. A running VM's
@@ -199,10 +199,19 @@ class Sandbox:
         VMs of the same backend from it with
         ``DSecRunArgs(backend=..., image=..., snapshot=name)`` or
         :meth:`DSecClient.fork`. Retrying with the same ``idempotency_key``
-        returns the first snapshot (``created`` False)."""
+        returns the first snapshot (``created`` False).
+
+        With ``memory`` (microVMs only), a memory snapshot: the VM is
+        suspended (it resumes on its next request) and its RAM and device
+        state are kept too, so sandboxes started from the snapshot continue
+        its processes, memory and files instead of booting (docs/microvm.md
+        says what a child inherits)."""
         headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}
+        body: dict[str, Any] = {"name": name}
+        if memory:
+            body["memory"] = True
         d = await self._t.request("POST", self._t.url(self._base + "/snapshot"),
-                                  json_body={"name": name}, headers=headers,
+                                  json_body=body, headers=headers,
                                   timeout=self._t.timeout_for(timeout))
         return SnapshotInfo.from_json(d)
 

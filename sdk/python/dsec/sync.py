@@ -339,10 +339,11 @@ class Sandbox:
         """Suspend a microVM to disk."""
         return self._run(self.aio.suspend(timeout=timeout))
 
-    def snapshot(self, name: str, *, idempotency_key: str | None = None,
+    def snapshot(self, name: str, *, memory: bool = False, idempotency_key: str | None = None,
                  timeout: float | None = 600) -> SnapshotInfo:
-        """Snapshot a microVM's disk as ``name``."""
-        return self._run(self.aio.snapshot(name, idempotency_key=idempotency_key, timeout=timeout))
+        """Snapshot a VM's disk (with ``memory``, a microVM's memory too) as ``name``."""
+        return self._run(self.aio.snapshot(name, memory=memory, idempotency_key=idempotency_key,
+                                           timeout=timeout))
 
     def pack_diff(self, name: str, *, scrub: Sequence[str] | None = None,
                   idempotency_key: str | None = None,

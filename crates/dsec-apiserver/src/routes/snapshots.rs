@@ -15,7 +15,9 @@ use crate::state::AppState;
 /// Snapshot a microVM's writable disk as `name` (running: its guest syncs
 /// and its vCPUs stop for the copy; suspended: as it lies, without
 /// resuming it). The snapshot holds only what this sandbox wrote and
-/// chains onto the snapshot it started from. With an `Idempotency-Key`
+/// chains onto the snapshot it started from. With `memory`, a microVM is
+/// suspended first and its RAM and device state are kept as well: its
+/// sandboxes continue its processes. With an `Idempotency-Key`
 /// header, a retry returns the first snapshot (`created: false`).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/snapshot", tag = "images",
     params(("id" = String, Path), ("idempotency-key" = Option<String>, Header)), request_body = api::SnapshotRequest,
@@ -27,7 +29,7 @@ pub async fn take(
     IdempotencyKey(key): IdempotencyKey,
     ApiJson(req): ApiJson<api::SnapshotRequest>,
 ) -> ApiResult<Json<api::Snapshot>> {
-    let o = st.nodes.owner(&id)?.snapshot(&caller, &id, &req.name, key.as_deref()).await?;
+    let o = st.nodes.owner(&id)?.snapshot_with(&caller, &id, &req.name, key.as_deref(), req.memory).await?;
     Ok(Json(convert::snapshot_out(o.snapshot, o.created, o.frozen_ms)))
 }
 

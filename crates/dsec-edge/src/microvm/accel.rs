@@ -35,6 +35,7 @@ pub async fn probe_kvm(qemu: &Path, kernel: &Path, initramfs: &Path, run_root: &
         extra_append: "dsec.probe",
         free_page_reporting: false,
         ram_file: None,
+        ram_private: false,
         incoming_fd: None,
         tb_size_mb: 64,
     };

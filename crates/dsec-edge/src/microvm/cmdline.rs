@@ -113,6 +113,11 @@ pub struct VmLaunch<'a> {
     /// memory). A suspend then saves only device state: the RAM is
     /// already in the file (`x-ignore-shared`).
     pub ram_file: Option<&'a Path>,
+    /// Map `ram_file` privately (`share=off`): the guest's writes are
+    /// copy-on-write pages of this QEMU, the file is never written, and
+    /// pages the guest only reads stay one copy in the host's cache for
+    /// every VM mapping the file (a memory image's restores, template.rs).
+    pub ram_private: bool,
     /// TCG's translation cache in MiB (ignored under KVM): each VM's QEMU
     /// keeps up to this much translated code resident.
     pub tb_size_mb: u32,
@@ -161,7 +166,8 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
         None => push(&["-M", "microvm,x-option-roms=off,isa-serial=on"]),
         Some(file) => {
             push(&["-M", "microvm,x-option-roms=off,isa-serial=on,memory-backend=ram"]);
-            let ram = format!("memory-backend-file,id=ram,size={}M,mem-path={},share=on", l.memory_mb, drive_path(file));
+            let share = if l.ram_private { "off" } else { "on" };
+            let ram = format!("memory-backend-file,id=ram,size={}M,mem-path={},share={share}", l.memory_mb, drive_path(file));
             push(&["-object", &ram]);
         }
     }
@@ -261,6 +267,7 @@ mod tests {
             extra_append: "",
             free_page_reporting: true,
             ram_file: None,
+            ram_private: false,
             incoming_fd: None,
             tb_size_mb: 64,
         }
@@ -342,6 +349,8 @@ mod tests {
         assert_eq!(value_after(&args, "-incoming"), ["defer"]);
         let plain = qemu_args(&launch(&f, &layers, Accel::Tcg));
         assert!(value_after(&plain, "-object").is_empty() && value_after(&plain, "-incoming").is_empty());
+        l.ram_private = true;
+        assert!(value_after(&qemu_args(&l), "-object")[0].ends_with(",share=off"));
     }
 
     #[test]

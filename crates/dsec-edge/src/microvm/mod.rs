@@ -22,6 +22,7 @@ pub mod disk;
 pub mod qmp;
 pub mod snapshot;
 mod suspend;
+pub mod template;
 
 use std::collections::HashSet;
 use std::ffi::CString;
@@ -66,6 +67,10 @@ pub struct VmConfig {
     pub ram_file: bool,
     /// TCG translation cache per VM, MiB.
     pub tb_size_mb: u32,
+    /// New microVMs restore a memory image of a freshly booted guest of
+    /// their shape (template.rs) instead of booting; `false`: every one
+    /// boots.
+    pub templates: bool,
 }
 
 impl VmConfig {
@@ -78,6 +83,7 @@ impl VmConfig {
             free_page_reporting: true,
             ram_file: true,
             tb_size_mb: cmdline::DEFAULT_TB_SIZE_MB,
+            templates: true,
         }
     }
 }
@@ -109,6 +115,10 @@ pub struct MicroVmBackend {
     egress: Option<dsec_net::Egress>,
     /// The guest kernel has the NIC's modules.
     guest_nic: bool,
+    /// Memory images new microVMs start from (`None`: boot every one).
+    templates: Option<template::ImageCache>,
+    /// Memory snapshots' images, loaded for their forks.
+    snapshot_images: template::ImageCache,
 }
 
 impl MicroVmBackend {
@@ -155,6 +165,8 @@ impl MicroVmBackend {
             snapshots: snapshot::SnapshotDir::open(vm_state.join("snapshots"))?,
             egress: None,
             guest_nic,
+            templates: cfg.templates.then(template::ImageCache::default),
+            snapshot_images: template::ImageCache::default(),
         })
     }
 
@@ -196,6 +208,17 @@ impl MicroVmBackend {
         self.ram_file.then(|| self.ram_dir.join(format!("{id}.ram")))
     }
 
+    /// Whether VM `id` has a RAM file of its own (one restored from a
+    /// memory image maps that image privately instead).
+    pub(crate) fn has_own_ram_file(&self, id: &str) -> bool {
+        self.ram_path(id).is_some_and(|p| p.is_file())
+    }
+
+    /// The RAM file and suspend image of VM `id`.
+    pub(crate) fn memory_files(&self, id: &str) -> (PathBuf, PathBuf) {
+        (self.ram_dir.join(format!("{id}.ram")), self.image_path(id))
+    }
+
     /// The suspend image of `id` (device state, and RAM without a RAM file).
     fn image_path(&self, id: &str) -> PathBuf {
         self.suspend_dir.join(format!("{id}.vmstate"))
@@ -215,6 +238,7 @@ impl MicroVmBackend {
             extra_append: "",
             free_page_reporting: self.free_page_reporting,
             ram_file: ram,
+            ram_private: false,
             incoming_fd: None,
             tb_size_mb: self.tb_size_mb,
         }
@@ -281,19 +305,6 @@ impl MicroVmBackend {
         };
         let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
         let args = net::with_nic(&mut launch, net.is_some());
-        let spawned = spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, net.as_ref());
-        if let (Some(eg), Some(n)) = (&self.egress, net) {
-            // The edge holds the namespace for the sandbox's life: a
-            // suspended VM has no QEMU to hold it.
-            eg.keep_netns(id, n.netns);
-        }
-        let (pid, pidfd) = match spawned {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = self.cleanup(id);
-                return Err(e);
-            }
-        };
         let setup = VmSetup {
             sandbox_id: id.to_string(),
             hostname: crate::ids::short_id(id).to_string(),
@@ -305,6 +316,52 @@ impl MicroVmBackend {
             env: crate::container::merged_env(&plan.env, spec),
             workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
             default_user: spec.init_user.clone(),
+        };
+        // A networked VM boots cold: its NIC and addresses are not in any
+        // memory image (a fork of one with rules boots from the disk
+        // snapshot alone).
+        let memory_snapshot = spec.snapshot.as_ref().and_then(|s| self.snapshots.get(s)).filter(|m| m.memory.is_some() && net.is_none());
+        if let Some(snap) = memory_snapshot {
+            return match self.start_from_memory_snapshot(id, &launch, &snap).await {
+                Ok(instance) => Ok(instance),
+                Err(e) => {
+                    let _ = self.cleanup(id);
+                    Err(e)
+                }
+            };
+        }
+        // A fork's disk holds what its snapshot wrote: only fresh disks
+        // match a template's.
+        let mut booted = None;
+        if self.templates.is_some() && spec.snapshot.is_none() && net.is_none() {
+            match self.start_from_template(id, &launch, disk_mb, &setup).await {
+                Ok(instance) => return Ok(instance),
+                Err(template::Miss::Running(pid, pidfd)) => booted = Some((pid, pidfd)),
+                Err(template::Miss::ColdBoot(why)) => {
+                    tracing::warn!(%id, %why, "no template: booting cold");
+                    // A failed restore's sockets: the cold QEMU makes its own.
+                    for stale in [files.agent_socket(), files.qmp_socket()] {
+                        let _ = std::fs::remove_file(stale);
+                    }
+                }
+                Err(template::Miss::Failed(e)) => {
+                    let _ = self.cleanup(id);
+                    return Err(e);
+                }
+            }
+        }
+        let spawned = booted.map(Ok).unwrap_or_else(|| spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, net.as_ref()));
+        if let (Some(eg), Some(n)) = (&self.egress, net) {
+            // The edge holds the namespace for the sandbox's life: a
+            // suspended VM has no QEMU to hold it.
+            eg.keep_netns(id, n.netns);
+        }
+        let (pid, pidfd) = match spawned {
+            Ok(p) => p,
+            Err(e) => {
+                let _ = self.cleanup(id);
+                return Err(e);
+            }
         };
         let resolv_conf = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty()).map(|e| e.resolv_conf());
         let booted = async {
@@ -333,7 +390,10 @@ impl MicroVmBackend {
     }
 
     async fn suspend_vm(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<crate::backend::SuspendOutcome, EdgeError> {
-        let ram = self.ram_path(id);
+        // A VM restored from a template has no RAM file of its own (its
+        // RAM is a private mapping of the template): its RAM goes into
+        // the stream.
+        let ram = self.ram_path(id).filter(|p| p.exists());
         let ignore_shared = ram.is_some();
         suspend_qemu(&self.cgroups, id, self.files(id).qmp_socket(), self.image_path(id), ram, ignore_shared, pidfd).await
     }
@@ -342,6 +402,18 @@ impl MicroVmBackend {
         let files = self.files(id);
         let accel = self.accel().await;
         let ram = self.ram_path(id);
+        // Without its own RAM file (a template's VM), the image holds the
+        // RAM: QEMU makes the file and loads the pages into it, and the
+        // VM has a RAM file of its own from then on.
+        let own_ram = ram.as_ref().is_some_and(|p| p.exists());
+        if let Some(ram) = ram.as_ref().filter(|_| own_ram) {
+            // The suspend dropped the RAM file from the page cache: start
+            // reading it back now, while QEMU starts, rather than one guest
+            // page fault at a time once it runs.
+            if let Ok(f) = std::fs::File::open(ram) {
+                let _ = rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::WillNeed);
+            }
+        }
         let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
         launch.incoming_fd = Some(suspend::INCOMING_FD);
         // The same devices as at boot, in the same namespace and cgroup2
@@ -351,7 +423,12 @@ impl MicroVmBackend {
             Some(eg) => Some(net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) }),
         };
         let args = net::with_nic(&mut launch, net.is_some());
-        restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), ram.is_some(), net.as_ref()).await
+        let restored = restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), own_ram, net.as_ref()).await;
+        if let (Err(_), Some(ram), false) = (&restored, &ram, own_ram) {
+            // Half loaded: the image still holds the RAM.
+            let _ = std::fs::remove_file(ram);
+        }
+        restored
     }
 }
 
@@ -432,10 +509,7 @@ pub(crate) async fn restore_qemu(
     let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state), net)?;
     drop(state);
     let restored = async {
-        let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
-        tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ignore_shared))
-            .await
-            .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))??;
+        load_incoming(files, &pidfd, ignore_shared).await?;
         attach_ready(id, &pidfd, &files.agent_socket()).await
     };
     match restored.await {
@@ -450,6 +524,15 @@ pub(crate) async fn restore_qemu(
             Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(files))))
         }
     }
+}
+
+/// Has a QEMU started with `-incoming defer` (`pidfd`) load its state
+/// and continue (`suspend::finish_restore`, on a blocking thread).
+pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd, ignore_shared: bool) -> Result<(), EdgeError> {
+    let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
+    tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ignore_shared))
+        .await
+        .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))?
 }
 
 /// The last lines QEMU and the guest printed, for an error message.
@@ -485,8 +568,30 @@ pub(crate) fn spawn_qemu(
     incoming: Option<&std::os::fd::OwnedFd>,
     net: Option<&net::QemuNet>,
 ) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
+    let fds: Vec<(&std::os::fd::OwnedFd, i32)> = incoming.map(|f| (f, suspend::INCOMING_FD)).into_iter().collect();
+    spawn_qemu_fds(cgroups, qemu, id, args, run_dir, &fds, net)
+}
+
+/// `spawn_qemu` with descriptors QEMU inherits: each `(fd, n)` becomes
+/// its fd `n` (at most 4 of them).
+pub(crate) fn spawn_qemu_fds(
+    cgroups: &Cgroups,
+    qemu: &Path,
+    id: &str,
+    args: Vec<String>,
+    run_dir: &Path,
+    fds: &[(&std::os::fd::OwnedFd, i32)],
+    net: Option<&net::QemuNet>,
+) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
     use std::os::fd::AsRawFd;
-    let incoming = incoming.map(|f| f.as_raw_fd());
+    if fds.len() > 4 {
+        return Err(EdgeError::Internal("QEMU inherits at most 4 descriptors".into()));
+    }
+    // Fixed-size and copied before the fork: the child only reads it.
+    let mut inherit = [(-1i32, -1i32); 4];
+    for (slot, (fd, n)) in inherit.iter_mut().zip(fds) {
+        *slot = (fd.as_raw_fd(), *n);
+    }
     let netns = net.map(|n| n.netns.as_raw_fd());
     let procs: Vec<CString> = cgroups
         .procs_files(id)
@@ -507,9 +612,20 @@ pub(crate) fn spawn_qemu(
             if libc::setsid() < 0 {
                 return Err(std::io::Error::last_os_error());
             }
-            // dup2 clears close-on-exec on the copy.
-            if let Some(fd) = incoming {
-                if libc::dup2(fd, suspend::INCOMING_FD) < 0 {
+            // First every source out of the way of the targets (one may
+            // sit on another's number), then onto its target; dup2 clears
+            // close-on-exec on the copy.
+            let mut high = [-1i32; 4];
+            for (h, &(fd, _)) in high.iter_mut().zip(&inherit) {
+                if fd >= 0 {
+                    *h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16);
+                    if *h < 0 {
+                        return Err(std::io::Error::last_os_error());
+                    }
+                }
+            }
+            for (&h, &(_, n)) in high.iter().zip(&inherit) {
+                if h >= 0 && libc::dup2(h, n) < 0 {
                     return Err(std::io::Error::last_os_error());
                 }
             }

@@ -68,6 +68,21 @@ pub struct SnapshotMeta {
     pub created_at_ms: u64,
     /// Bytes its own layer occupies on disk.
     pub bytes: u64,
+    /// A memory snapshot (microVMs): the source's RAM and device state
+    /// too (`<id>.ram`, `<id>.vmstate`), so sandboxes started from it
+    /// continue the source's processes instead of booting.
+    #[serde(default)]
+    pub memory: Option<SnapshotMemory>,
+}
+
+/// What a memory snapshot's sandboxes must match: the machine the memory
+/// was saved from.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct SnapshotMemory {
+    pub memory_mb: u64,
+    pub cpu_cores: f64,
+    /// The image's layer files, topmost first: the guest has them mounted.
+    pub layer_files: Vec<PathBuf>,
 }
 
 /// The node's snapshots directory.
@@ -105,7 +120,7 @@ impl SnapshotDir {
         for e in dir.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
             let orphan = name.ends_with(".json.tmp")
-                || name.strip_suffix(".qcow2").is_some_and(|id| !self.meta_path(id).is_file());
+                || [".qcow2", ".ram", ".vmstate"].iter().any(|sfx| name.strip_suffix(sfx).is_some_and(|id| !self.meta_path(id).is_file()));
             if orphan && std::fs::remove_file(e.path()).is_ok() {
                 gone += 1;
             }
@@ -129,7 +144,7 @@ impl SnapshotDir {
     /// Deletes snapshot `id` (metadata first: unlisted at once). The
     /// caller holds `guard` and checked that nothing backs onto it.
     pub fn remove(&self, id: &str) -> Result<(), EdgeError> {
-        for path in [self.meta_path(id), self.layer(id)] {
+        for path in [self.meta_path(id), self.layer(id), self.ram(id), self.vmstate(id)] {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
@@ -149,6 +164,27 @@ impl SnapshotDir {
     pub fn id_of_layer(&self, path: &Path) -> Option<String> {
         let id = path.strip_prefix(&self.dir).ok()?.to_str()?.strip_suffix(".qcow2")?;
         self.meta_path(id).is_file().then(|| id.to_string())
+    }
+
+    /// The guest RAM of memory snapshot `id`.
+    pub fn ram(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.ram"))
+    }
+
+    /// The device state of memory snapshot `id`.
+    pub fn vmstate(&self, id: &str) -> PathBuf {
+        self.dir.join(format!("{id}.vmstate"))
+    }
+
+    /// Copies a suspended VM's RAM file and device state as those of
+    /// snapshot `id` (before `write` lists it; removed again on error).
+    pub fn write_memory(&self, id: &str, ram: &Path, vmstate: &Path) -> Result<(), EdgeError> {
+        let copied = super::disk::sparse_copy(ram, &self.ram(id)).and_then(|()| super::disk::sparse_copy(vmstate, &self.vmstate(id)));
+        copied.map_err(|e| {
+            let _ = std::fs::remove_file(self.ram(id));
+            let _ = std::fs::remove_file(self.vmstate(id));
+            EdgeError::Internal(format!("copying the memory of {} into snapshot {id}: {e}", ram.display()))
+        })
     }
 
     fn meta_path(&self, id: &str) -> PathBuf {
@@ -336,6 +372,7 @@ mod tests {
             backend: BackendKind::Microvm,
             created_at_ms: 1,
             bytes: 0,
+            memory: None,
         };
         let written = snaps.write(&overlay, meta).unwrap();
         assert_eq!(std::fs::read(snaps.layer("snap-1")).unwrap(), std::fs::read(&overlay).unwrap());
@@ -368,6 +405,7 @@ mod tests {
             backend: BackendKind::Microvm,
             created_at_ms: 1,
             bytes: 0,
+            memory: None,
         };
         snaps.write(&overlay, meta("snap-a", None)).unwrap();
         snaps.write(&overlay, meta("snap-b", Some("snap-a"))).unwrap();

@@ -79,7 +79,11 @@ fn migrate_out(s: &mut Session, tmp: &Path) -> Result<(), EdgeError> {
     s.call_with_fd("getfd", serde_json::json!({ "fdname": "suspend" }), file.as_fd())?;
     s.call("migrate", serde_json::json!({ "uri": "fd:suspend" }))?;
     wait_migration(s)?;
-    file.sync_all().map_err(|e| io_err("flushing", tmp, e))
+    file.sync_all().map_err(|e| io_err("flushing", tmp, e))?;
+    // The image is on disk: its page cache (charged to the VM's cgroup,
+    // all of RAM when RAM is in the stream) need not stay.
+    let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
+    Ok(())
 }
 
 /// Polls `query-migrate` until the migration completed (error if it
