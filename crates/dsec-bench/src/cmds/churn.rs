@@ -37,8 +37,12 @@ pub async fn run(a: ChurnArgs) -> anyhow::Result<()> {
     let cl = client(&a.common)?;
     cl.health().await.context("the platform does not answer")?;
     // One sandbox first so every lazy, once-per-node resource (layer mounts,
-    // the node's cgroup parents, database pages) exists before counting.
+    // the node's cgroup parents, database pages, and with an exec the
+    // trajectory journal's files) exists before counting.
     let warm = cl.create(&create_request(&a.common)).await?;
+    if a.exec {
+        dsec_exec_true(&cl, &warm.id, &exec_true()).await?;
+    }
     cl.delete(&warm.id).await?;
     tokio::time::sleep(Duration::from_millis(500)).await;
     let count = || host::counts(Some(pid), a.data_dir.as_deref(), a.node.as_deref());
