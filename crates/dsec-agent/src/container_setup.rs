@@ -276,7 +276,9 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
         readonly(p)?;
     }
     rustix::system::sethostname(plan.hostname.as_bytes()).map_err(fail("sethostname"))?;
-    loopback_up().map_err(fail("bring up lo"))?;
+    // A namespace from the edge's pool has lo up already; one made by the
+    // clone does not.
+    dsec_spawn::set_loopback_up().map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO)).map_err(fail("bring up lo"))?;
     // The memcg OOM killer must never pick the agent: the sandbox would lose
     // its init and its channel. Children reset this to 0 before exec.
     // Lowering it needs CAP_SYS_RESOURCE; a host that withholds it from the
@@ -442,35 +444,6 @@ fn readonly(p: &str) -> Result<()> {
         }
     }
     mount(None, &target, None, flags, None).map_err(fail(format!("remount {p} read-only")))
-}
-
-/// `ip link set lo up`, as one ioctl: the only interface of a fresh network
-/// namespace.
-fn loopback_up() -> std::result::Result<(), Errno> {
-    // SAFETY: a socket used only for the two ioctls below on a zeroed,
-    // correctly sized ifreq; closed before returning.
-    unsafe {
-        let s = libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0);
-        if s < 0 {
-            return Err(errno());
-        }
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            ifr.ifr_name[i] = *b as libc::c_char;
-        }
-        let mut r = libc::ioctl(s, libc::SIOCGIFFLAGS, &mut ifr);
-        if r == 0 {
-            ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            r = libc::ioctl(s, libc::SIOCSIFFLAGS, &ifr);
-        }
-        let e = errno();
-        libc::close(s);
-        if r == 0 {
-            Ok(())
-        } else {
-            Err(e)
-        }
-    }
 }
 
 #[cfg(test)]

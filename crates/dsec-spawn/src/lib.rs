@@ -8,9 +8,11 @@
 
 mod clone_exec;
 mod clone_fork;
+mod loopback;
 mod pidfd;
 pub mod protocol;
 
 pub use clone_exec::{spawn, spawn_in, AGENT_CHANNEL_FD};
 pub use clone_fork::{clone_fork, single_threaded, Forked};
+pub use loopback::{loopback_flags, set_loopback_up};
 pub use pidfd::{pidfd_getfd, pidfd_kill, pidfd_open, reap};

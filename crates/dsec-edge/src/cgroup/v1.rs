@@ -81,21 +81,14 @@ impl V1Cgroups {
                 Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
                 Err(e) => return Err(io_err(&dir, e)),
             }
-            for ctrl in ctrls {
-                match ctrl.as_str() {
-                    "memory" => {
-                        write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?;
-                        // A running sandbox that reaches its limit is
-                        // OOM-killed, never swapped, even on a host with swap
-                        // (v1 limit reclaim honours swappiness 0 strictly);
-                        // only a pause swaps (see squeeze).
-                        write_file(&dir.join("memory.swappiness"), "0")?;
-                    }
-                    "cpu" => write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?,
-                    "pids" => write_file(&dir.join("pids.max"), &l.pids.to_string())?,
-                    _ => {}
-                }
+            if ctrls.iter().any(|c| c == "memory") {
+                // A running sandbox that reaches its limit is OOM-killed,
+                // never swapped, even on a host with swap (v1 limit reclaim
+                // honours swappiness 0 strictly); only a pause swaps (see
+                // squeeze). Pooled cgroups get this when they are made.
+                write_file(&dir.join("memory.swappiness"), "0")?;
             }
+            write_limits(&dir, ctrls, l)?;
         }
         Ok(())
     }
@@ -255,6 +248,20 @@ impl V1Cgroups {
         }
         restored
     }
+}
+
+/// Writes a sandbox's limits into its directory `dir` of a hierarchy that
+/// carries `ctrls`.
+pub(super) fn write_limits(dir: &Path, ctrls: &[String], l: &CgroupLimits) -> Result<(), CgroupError> {
+    for ctrl in ctrls {
+        match ctrl.as_str() {
+            "memory" => write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?,
+            "cpu" => write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?,
+            "pids" => write_file(&dir.join("pids.max"), &l.pids.to_string())?,
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// How long a squeeze goes on without reclaiming anything more.

@@ -18,7 +18,7 @@
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use super::{io_err, rmdir_retry, write_file, CgroupError, CgroupLimits};
+use super::{io_err, rmdir_retry, CgroupError, CgroupLimits};
 use crate::prewarm::Prewarm;
 
 /// Directories of an edge run's pool start with this, plus the run token.
@@ -106,15 +106,7 @@ fn rename_and_limit(parents: &[(PathBuf, Vec<String>)], pooled: &str, name: &str
         std::fs::rename(parent.join(pooled), &to).map_err(|e| io_err(&to, e))?;
     }
     for (parent, ctrls) in parents {
-        let dir = parent.join(name);
-        for ctrl in ctrls {
-            match ctrl.as_str() {
-                "memory" => write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?,
-                "cpu" => write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?,
-                "pids" => write_file(&dir.join("pids.max"), &l.pids.to_string())?,
-                _ => {}
-            }
-        }
+        super::v1::write_limits(&parent.join(name), ctrls, l)?;
     }
     Ok(())
 }

@@ -46,43 +46,8 @@ fn make_one() -> std::io::Result<OwnedFd> {
     // moves, and it runs nothing but this pool.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET)? };
     let fd = rustix::fs::open("/proc/thread-self/ns/net", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
-    set_loopback_up()?;
+    dsec_spawn::set_loopback_up()?;
     Ok(fd)
-}
-
-/// `ip link set lo up` in the calling thread's network namespace.
-fn set_loopback_up() -> std::io::Result<()> {
-    loopback_flags(true).map(|_| ())
-}
-
-/// The flags of `lo` in the calling thread's network namespace, after
-/// setting IFF_UP if `up`.
-fn loopback_flags(up: bool) -> std::io::Result<libc::c_short> {
-    use std::os::fd::AsRawFd;
-    let s = rustix::net::socket_with(
-        rustix::net::AddressFamily::INET,
-        rustix::net::SocketType::DGRAM,
-        rustix::net::SocketFlags::CLOEXEC,
-        None,
-    )?;
-    // SAFETY: a zeroed ifreq of the right size, naming "lo", passed to
-    // ioctls that read and write only that struct; `s` is an open socket.
-    unsafe {
-        let mut ifr: libc::ifreq = std::mem::zeroed();
-        for (i, b) in b"lo".iter().enumerate() {
-            ifr.ifr_name[i] = *b as libc::c_char;
-        }
-        if libc::ioctl(s.as_raw_fd(), libc::SIOCGIFFLAGS, &mut ifr) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-        if up {
-            ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short;
-            if libc::ioctl(s.as_raw_fd(), libc::SIOCSIFFLAGS, &ifr) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-        }
-        Ok(ifr.ifr_ifru.ifru_flags)
-    }
 }
 
 #[cfg(test)]
@@ -118,7 +83,7 @@ mod tests {
         // lo is up inside: join it from a scratch thread and look.
         let flags = std::thread::spawn(move || {
             rustix::thread::move_into_link_name_space(a.as_fd(), Some(rustix::thread::LinkNameSpaceType::Network)).unwrap();
-            loopback_flags(false).unwrap()
+            dsec_spawn::loopback_flags().unwrap()
         })
         .join()
         .unwrap();
