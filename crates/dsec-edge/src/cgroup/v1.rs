@@ -131,6 +131,11 @@ impl V1Cgroups {
             }
             std::thread::sleep(std::time::Duration::from_millis(1));
         }
+        // Never leave it frozen (it was empty at once, or the loop gave up):
+        // whatever is attached to it later must run.
+        if let Some(f) = &freezer {
+            let _ = std::fs::write(f.join("freezer.state"), "THAWED");
+        }
     }
 
     pub(super) fn remove(&self, name: &str) -> Result<(), CgroupError> {
@@ -311,6 +316,17 @@ mod tests {
         cg.attach("sb1", 42).unwrap();
         assert_eq!(read("freezer/dsec/n1/sb1/cgroup.procs"), "42");
         assert_eq!(cg.list(), vec!["sb1".to_string()]);
+    }
+
+    #[test]
+    fn killing_an_empty_cgroup_leaves_it_thawed() {
+        let t = tempfile::tempdir().unwrap();
+        let cg = fake(t.path(), true);
+        cg.init().unwrap();
+        create_sb1_and_check_its_limits(&cg, t.path());
+        cg.kill_all("sb1");
+        let state = std::fs::read_to_string(t.path().join("freezer/dsec/n1/sb1/freezer.state")).unwrap();
+        assert_eq!(state, "THAWED", "a later process attached to it must run");
     }
 
     #[test]

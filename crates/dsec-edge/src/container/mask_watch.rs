@@ -39,8 +39,18 @@ pub(crate) type MaskedOpen = crate::audit_forward::Refused;
 /// The node's fanotify group and which sandbox each watched tmpfs is.
 pub struct MaskWatch {
     group: Arc<AsyncFd<OwnedFd>>,
+    by_dev: Mutex<Watched>,
+}
+
+/// Which sandbox each watched tmpfs is, both ways: events name a device,
+/// removals name a sandbox (and a node tearing down thousands must not
+/// scan the whole map for each).
+#[derive(Default)]
+struct Watched {
     /// st_dev of a sandbox's tmpfs -> its id.
-    by_dev: Mutex<HashMap<u64, String>>,
+    sandbox: HashMap<u64, String>,
+    /// Its id -> st_dev.
+    dev: HashMap<String, u64>,
 }
 
 impl MaskWatch {
@@ -70,7 +80,7 @@ impl MaskWatch {
                 return None;
             }
         };
-        let watch = Arc::new(MaskWatch { group, by_dev: Mutex::new(HashMap::new()) });
+        let watch = Arc::new(MaskWatch { group, by_dev: Mutex::new(Watched::default()) });
         let (tx, rx) = tokio::sync::mpsc::channel(QUEUE);
         tokio::spawn(watch.clone().read_events(tx));
         Some((watch, rx))
@@ -101,13 +111,26 @@ impl MaskWatch {
             }
         }
         if let Some(dev) = dev {
-            crate::edge::lock(&self.by_dev).insert(dev, id.to_string());
+            let mut w = crate::edge::lock(&self.by_dev);
+            if let Some(old) = w.dev.insert(id.to_string(), dev) {
+                if w.sandbox.get(&old).is_some_and(|v| v == id) {
+                    w.sandbox.remove(&old);
+                }
+            }
+            w.sandbox.insert(dev, id.to_string());
         }
     }
 
     /// Forgets a removed sandbox (its marks went with its tmpfs).
     pub(crate) fn forget(&self, id: &str) {
-        crate::edge::lock(&self.by_dev).retain(|_, v| v != id);
+        let mut w = crate::edge::lock(&self.by_dev);
+        if let Some(dev) = w.dev.remove(id) {
+            // A device number is reused once its tmpfs is gone: drop the
+            // entry only if it still names this sandbox.
+            if w.sandbox.get(&dev).is_some_and(|v| v == id) {
+                w.sandbox.remove(&dev);
+            }
+        }
     }
 
     async fn read_events(self: Arc<Self>, tx: tokio::sync::mpsc::Sender<MaskedOpen>) {
@@ -146,7 +169,7 @@ impl MaskWatch {
             return None;
         };
         let st = rustix::fs::fstat(&fd).ok()?;
-        let sandbox_id = crate::edge::lock(&self.by_dev).get(&st.st_dev)?.clone();
+        let sandbox_id = crate::edge::lock(&self.by_dev).sandbox.get(&st.st_dev)?.clone();
         let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "a masked path".into());
