@@ -11,6 +11,7 @@ bench_init density
 bench_build
 # One agent process per sandbox (+ short-lived ones): keep pid headroom.
 bench_raise_pid_max 131072
+bench_wait_kernel_settled
 # Small sandboxes: 16 MiB, 0.05 CPU, 16 MiB disk, 32 pids. Admission is
 # sized for big ones by default; overcommit and raise the count limit.
 "$BENCH" counts --data-dir "$WORK/data" --node "$NODE" >"$WORK/counts-before.json"

@@ -10,6 +10,7 @@ CYCLES=${1:-10000}
 CONC=${2:-16}
 bench_init leaks
 bench_build
+bench_wait_kernel_settled
 "$BENCH" counts --data-dir "$WORK/data" --node "$NODE" >"$WORK/counts-before-up.json"
 bench_start_dsec
 "$BENCH" churn --dsec-pid "$DSEC_PID" --data-dir "$DATA_DIR" --node "$NODE" --cycles "$CYCLES" \

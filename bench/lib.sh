@@ -139,6 +139,29 @@ bench_raise_pid_max() {
     fi
 }
 
+# Waits (at most $1 seconds, default 180) until the kernel has finished
+# tearing down an earlier run's network namespaces: their cleanup runs in
+# kernel workers and would otherwise land on this run's first creations.
+# A namespace count that has not fallen for 3 s counts as settled. Logs the
+# host's free memory too: a page cache that fills memory makes later
+# allocations reclaim, which shows in creation times.
+bench_wait_kernel_settled() {
+    local limit=${1:-180} start=$SECONDS last="" same=0 now
+    while [ $((SECONDS - start)) -lt "$limit" ]; do
+        now=$(awk '$1 == "net_namespace" {print $2}' /proc/slabinfo 2>/dev/null)
+        [ -n "$now" ] || break
+        if [ "$now" = "$last" ]; then
+            same=$((same + 1))
+            [ "$same" -ge 3 ] && break
+        else
+            same=0
+        fi
+        last=$now
+        sleep 1
+    done
+    bench_log "kernel settled after $((SECONDS - start)) s: ${last:-?} network namespaces, MemFree $(awk '/^MemFree/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo), page cache $(awk '/^Cached/ {printf "%.1f GiB", $2 / 1048576}' /proc/meminfo)"
+}
+
 # Kills agents left in this node's cgroups (only if dsec itself could not
 # stop them) and removes the node's cgroups.
 bench_reap_node() {

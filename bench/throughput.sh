@@ -8,6 +8,7 @@ BURST=${1:-1000}
 CYCLES=${2:-1000}
 bench_init throughput
 bench_build
+bench_wait_kernel_settled
 bench_need_hugetlb
 # A burst of 1000 sandboxes at 64 MiB / 0.5 CPU each is more than the
 # default admission (2x RAM, 16x cores) allows: overcommit for the test.
