@@ -309,7 +309,9 @@ impl FullVmBackend {
         let booted = async {
             let agent = microvm::boot_agent(&files.agent_socket(), &pidfd, setup).await?;
             if let Some(conf) = resolv_conf {
+                let t0 = std::time::Instant::now();
                 net::configure_guest(&agent, conf).await?;
+                tracing::info!(%id, ms = t0.elapsed().as_millis() as u64, "full VM network up");
             }
             Ok::<_, EdgeError>(agent)
         };

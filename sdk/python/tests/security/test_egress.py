@@ -699,7 +699,8 @@ async def test_a_full_vm_obeys_the_same_policy_outside_its_guest(
     t0 = time.monotonic()
     vm = await nclient.run(vm_args(network_rules={"npm": False, "pypi": True, "mirror.dsec.test": True},
                                    labels={"suite": "security-egress"}), timeout=400)
-    print(f"networked full VM booted in {time.monotonic() - t0:.1f} s")
+    up = [l for l in server.log.read_text(errors="replace").splitlines() if "full VM network up" in l and vm.id in l]
+    print(f"networked full VM booted in {time.monotonic() - t0:.1f} s; {up[-1] if up else 'no log line'}")
     try:
         assert (await vm.refresh()).backend == "vm"
         await vm.write_file("/root/probe.sh", GUEST_PROBE)
