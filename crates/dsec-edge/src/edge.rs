@@ -348,6 +348,10 @@ impl Edge {
         let fullvm = match &config.fullvm {
             None => Err("the edge was started without full VM support".to_string()),
             Some(cfg) => crate::fullvm::FullVmBackend::new(cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
+                .map(|f| match &egress {
+                    Some(e) => f.with_egress(e.clone()),
+                    None => f,
+                })
                 .map(Arc::new),
         };
         if let Err(why) = &fullvm {

@@ -2,9 +2,9 @@
 //! which requests get a network, changing a running sandbox's rules, and
 //! turning denials into audit events in the sandbox's ring.
 //!
-//! A container or microVM sandbox created with any network rule (even all
-//! `false`) gets a veth and an allowlist (a microVM's QEMU is placed under
-//! it, `microvm::net`); one created without rules keeps the
+//! A container, microVM or full VM sandbox created with any network rule
+//! (even all `false`) gets a veth and an allowlist (a VM's QEMU is placed
+//! under it, `microvm::net`, `fullvm::net`); one created without rules keeps the
 //! loopback-only namespace (the fast path), and its rules cannot change.
 //! On a node started without a network configuration every allow rule is
 //! refused (`unsupported_network_policy`), as before.
@@ -51,11 +51,10 @@ pub(crate) fn take_rules(edge: &Edge, mut req: SandboxRequest) -> Result<(Sandbo
             // says so (rather than the spec's "no network here").
             Err(_) => true,
         },
-        Some(BackendKind::Vm) if req.network_rules.values().any(|allow| *allow) => {
-            return Err(EdgeError::UnsupportedNetwork(
-                "full VMs (backend \"vm\") cannot have network rules yet; use a container or a microVM".into(),
-            ))
-        }
+        Some(BackendKind::Vm) => match &edge.inner.backends.fullvm {
+            Ok(vm) => vm.network_ready().map(|()| true).map_err(|why| EdgeError::UnsupportedNetwork(format!("full VMs cannot have network rules here: {why}")))?,
+            Err(_) => true,
+        },
         _ => false,
     };
     if !networked || req.network_rules.is_empty() {

@@ -1,8 +1,9 @@
 //! The node's tasks: the DNS resolver sandboxes ask (its address is a /32
 //! on the host's loopback device: a local address the sandboxes route to
 //! through their veth, owned by no interface a sandbox has; dummy
-//! interfaces are not available on every kernel), and the reader of the
-//! eBPF denials.
+//! interfaces are not available on every kernel), over UDP and over TCP
+//! (RFC 7766: two-byte length, then the message; the same decisions and
+//! audit events), and the reader of the eBPF denials.
 
 use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
@@ -10,7 +11,8 @@ use std::time::Duration;
 
 use aya::maps::{MapData, RingBuf};
 use tokio::io::unix::AsyncFd;
-use tokio::net::UdpSocket;
+use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+use tokio::net::{TcpListener, TcpStream, UdpSocket};
 
 use crate::netlink::{link_index, Batch, Netlink};
 use crate::{dns, now_ms, Denial, Egress};
@@ -19,6 +21,11 @@ const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 /// Queries answered at once; more wait (a sandbox flooding its resolver
 /// slows only the resolver's answers, never the edge).
 const MAX_IN_FLIGHT: usize = 256;
+/// TCP connections served at once; more wait in the listen backlog.
+const MAX_TCP_CONNECTIONS: usize = 64;
+/// A TCP client that sends nothing for this long is dropped (RFC 7766
+/// suggests seconds), so idle connections cannot hold the slots.
+const TCP_IDLE: Duration = Duration::from_secs(10);
 
 /// Puts the resolver's address on the host's loopback (kept if a crashed
 /// edge left it there).
@@ -42,6 +49,7 @@ pub fn remove_address(ip: Ipv4Addr) {
 
 pub fn spawn(egress: Egress) -> std::io::Result<()> {
     let addr = SocketAddr::from((egress.config().resolver_ip(), 53));
+    spawn_tcp(egress.clone(), addr)?;
     let std_sock = std::net::UdpSocket::bind(addr)?;
     std_sock.set_nonblocking(true)?;
     let sock = Arc::new(UdpSocket::from_std(std_sock)?);
@@ -69,6 +77,58 @@ pub fn spawn(egress: Egress) -> std::io::Result<()> {
         }
     });
     Ok(())
+}
+
+/// The resolver over TCP, on the same address and port.
+fn spawn_tcp(egress: Egress, addr: SocketAddr) -> std::io::Result<()> {
+    let std_listener = std::net::TcpListener::bind(addr)?;
+    std_listener.set_nonblocking(true)?;
+    let listener = TcpListener::from_std(std_listener)?;
+    let limit = Arc::new(tokio::sync::Semaphore::new(MAX_TCP_CONNECTIONS));
+    tokio::spawn(async move {
+        loop {
+            let Ok(permit) = limit.clone().acquire_owned().await else { return };
+            let (stream, from) = match listener.accept().await {
+                Ok(v) => v,
+                Err(e) => {
+                    tracing::warn!(error = %e, "resolver TCP socket");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            };
+            let egress = egress.clone();
+            tokio::spawn(async move {
+                let _permit = permit;
+                serve_tcp(&egress, stream, from).await;
+            });
+        }
+    });
+    Ok(())
+}
+
+/// Answers the queries of one TCP connection, in order, until it closes,
+/// idles or sends what is not DNS.
+async fn serve_tcp(egress: &Egress, mut stream: TcpStream, from: SocketAddr) {
+    loop {
+        let mut len = [0u8; 2];
+        match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut len)).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+        let mut query = vec![0u8; usize::from(u16::from_be_bytes(len))];
+        match tokio::time::timeout(TCP_IDLE, stream.read_exact(&mut query)).await {
+            Ok(Ok(_)) => {}
+            _ => return,
+        }
+        let Some(reply) = answer(egress, &query, from).await else { return };
+        let Ok(n) = u16::try_from(reply.len()) else { return };
+        let mut out = Vec::with_capacity(reply.len() + 2);
+        out.extend_from_slice(&n.to_be_bytes());
+        out.extend_from_slice(&reply);
+        if stream.write_all(&out).await.is_err() {
+            return;
+        }
+    }
 }
 
 async fn answer(egress: &Egress, query: &[u8], from: SocketAddr) -> Option<Vec<u8>> {

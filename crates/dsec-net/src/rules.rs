@@ -195,6 +195,10 @@ fn parse_key(key: &str, cfg: &NetConfig) -> Result<Parsed, RuleError> {
         Some(("icmp", r)) => (PROTO_ICMP, r, true),
         _ => (PROTO_TCP | PROTO_UDP, key, false),
     };
+    // The allowlist is keyed by IPv4 prefix; IPv6 is refused whole.
+    if rest.starts_with('[') || rest.matches(':').count() > 1 {
+        return Err(bad("IPv6 destinations cannot be allowed: sandboxes have IPv4 egress only (IPv6 is refused whole)".into()));
+    }
     let (target, ports) = match rest.rsplit_once(':') {
         Some((t, p)) => (t, Some(p)),
         None => (rest, None),
@@ -352,6 +356,15 @@ mod tests {
             vec![PortRange { lo: 8080, hi: 8080, protos: PROTO_TCP }, PortRange { lo: 80, hi: 81, protos: tu }, PortRange { lo: 443, hi: 443, protos: tu }]
         );
         assert_eq!(get("10.213.0.0/16"), vec![], "the subnet stays denied");
+    }
+
+    #[test]
+    fn ipv6_destinations_are_refused_with_a_reason() {
+        for key in ["2001:db8::/32", "tcp:2001:db8::1:443", "[2001:db8::1]:443", "::ffff:198.18.0.1"] {
+            let err = parse(&rules(&[(key, true)]), &cfg()).unwrap_err().to_string();
+            assert!(err.contains("IPv6"), "{key}: {err}");
+        }
+        assert!(parse(&rules(&[("tcp:198.18.0.7:443", true)]), &cfg()).is_ok());
     }
 
     #[test]

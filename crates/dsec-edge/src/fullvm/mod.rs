@@ -23,9 +23,15 @@
 //! it. A snapshot is a copy of the VM's overlay, whose backing file is the
 //! image's base disk (or the snapshot the VM started from); a VM started
 //! from one boots from a new overlay on it.
+//!
+//! Network rules (`net`): a virtio-net NIC on QEMU's user-mode network,
+//! QEMU in the sandbox's warm namespace and cgroup2 directory, as for a
+//! microVM; the guest's addressing is written by the edge through the
+//! agent.
 
 pub mod cmdline;
 pub mod input;
+pub mod net;
 pub mod pmem;
 pub mod screen;
 
@@ -102,6 +108,8 @@ pub struct FullVmBackend {
     suspend_dir: PathBuf,
     /// The node's disk snapshots (the same directory as microVMs').
     pub snapshots: microvm::snapshot::SnapshotDir,
+    /// Per-sandbox egress, for VMs created with network rules.
+    egress: Option<dsec_net::Egress>,
 }
 
 impl FullVmBackend {
@@ -118,7 +126,25 @@ impl FullVmBackend {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
         let snapshots = microvm::snapshot::SnapshotDir::open(vm_state.join("snapshots"))?;
-        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, pmem_dir, probe, suspend_dir, snapshots })
+        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, pmem_dir, probe, suspend_dir, snapshots, egress: None })
+    }
+
+    /// Gives VMs created with network rules the node's egress.
+    pub fn with_egress(mut self, egress: dsec_net::Egress) -> Self {
+        self.egress = Some(egress);
+        self
+    }
+
+    /// Whether this node can give a full VM a network under its rules.
+    pub(crate) fn network_ready(&self) -> Result<(), String> {
+        self.egress.as_ref().map(drop).ok_or_else(|| "outbound network is not enabled on this node".into())
+    }
+
+    /// The egress of sandbox `id` if it has a network (taken back from its
+    /// persisted state after an edge restart).
+    fn egress_of(&self, id: &str) -> Option<&dsec_net::Egress> {
+        let eg = self.egress.as_ref()?;
+        (eg.is_networked(id) || eg.adopt(id).unwrap_or(false)).then_some(eg)
     }
 
     /// Where the VMs' overlays live.
@@ -147,8 +173,17 @@ impl FullVmBackend {
 
     async fn restore_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
         let files = self.files(id);
-        let args = cmdline::qemu_args(&self.launch(self.accel().await, spec, plan, &files, true));
-        microvm::restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), true, None).await
+        let mut args = cmdline::qemu_args(&self.launch(self.accel().await, spec, plan, &files, true));
+        // The same NIC as at boot, in the same namespace and cgroup2
+        // directory.
+        let net = match self.egress_of(id) {
+            None => None,
+            Some(eg) => Some(microvm::net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) }),
+        };
+        if net.is_some() {
+            args.extend(net::qemu_args());
+        }
+        microvm::restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), true, net.as_ref()).await
     }
 
     pub fn files(&self, id: &str) -> VmFiles {
@@ -231,7 +266,25 @@ impl FullVmBackend {
         }
         let accel = self.accel().await;
         let launch = self.launch(accel, spec, plan, &files, false);
-        let (pid, pidfd) = match microvm::spawn_qemu(&self.cgroups, &self.qemu, id, cmdline::qemu_args(&launch), &files.run_dir, None, None) {
+        let mut args = cmdline::qemu_args(&launch);
+        let egress = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty());
+        let qemu_net = match egress.map(|eg| microvm::prepare_network(eg, id, spec)).transpose() {
+            Ok(n) => n,
+            Err(e) => {
+                let _ = self.cleanup(id);
+                return Err(e);
+            }
+        };
+        if qemu_net.is_some() {
+            args.extend(net::qemu_args());
+        }
+        let spawned = microvm::spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, qemu_net.as_ref());
+        if let (Some(eg), Some(n)) = (egress, qemu_net) {
+            // The edge holds the namespace for the sandbox's life: a
+            // suspended VM has no QEMU to hold it.
+            eg.keep_netns(id, n.netns);
+        }
+        let (pid, pidfd) = match spawned {
             Ok(p) => p,
             Err(e) => {
                 let _ = self.cleanup(id);
@@ -252,7 +305,17 @@ impl FullVmBackend {
             workdir: spec.workdir.clone().unwrap_or_else(|| "/root".into()),
             default_user: spec.init_user.clone(),
         };
-        let outcome = tokio::time::timeout(self.cfg.boot_timeout, microvm::boot_agent(&files.agent_socket(), &pidfd, setup)).await;
+        let resolv_conf = egress.map(|e| e.resolv_conf());
+        let booted = async {
+            let agent = microvm::boot_agent(&files.agent_socket(), &pidfd, setup).await?;
+            if let Some(conf) = resolv_conf {
+                let t0 = std::time::Instant::now();
+                net::configure_guest(&agent, conf).await?;
+                tracing::info!(%id, ms = t0.elapsed().as_millis() as u64, "full VM network up");
+            }
+            Ok::<_, EdgeError>(agent)
+        };
+        let outcome = tokio::time::timeout(self.cfg.boot_timeout, booted).await;
         let failure = match outcome {
             Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
             Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
@@ -325,11 +388,21 @@ impl Backend for FullVmBackend {
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(async move { microvm::reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await })
+        Box::pin(async move {
+            let instance = microvm::reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
+            if let Some(eg) = self.egress_of(id) {
+                microvm::keep_netns_of(eg, id, pid)?;
+            }
+            Ok(instance)
+        })
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
-        microvm::cleanup_vm(&self.cgroups, id, &self.files(id), &[self.image_path(id)])
+        let done = microvm::cleanup_vm(&self.cgroups, id, &self.files(id), &[self.image_path(id)]);
+        if let Some(eg) = &self.egress {
+            eg.release(id);
+        }
+        done
     }
 
     fn can_suspend(&self) -> bool {

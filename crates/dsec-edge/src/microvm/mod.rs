@@ -766,7 +766,7 @@ pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
 
 /// A warm namespace and the allowlist of sandbox `id`, ready for its QEMU
 /// to join (nothing is left on error).
-fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpec) -> Result<net::QemuNet, EdgeError> {
+pub(crate) fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpec) -> Result<net::QemuNet, EdgeError> {
     let warm = eg.take()?;
     let procs = match eg.prepare(id, warm.slot, &spec.network_rules) {
         Ok(p) => p,
@@ -776,6 +776,14 @@ fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpec) -> Resul
         }
     };
     Ok(net::QemuNet { netns: warm.netns, procs })
+}
+
+/// After an edge restart, the namespace of a networked VM's running QEMU
+/// (`pid`): QEMU holds it; the edge keeps it too, for a later suspend.
+pub(crate) fn keep_netns_of(eg: &dsec_net::Egress, id: &str, pid: i32) -> Result<(), EdgeError> {
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| EdgeError::Internal(format!("the network namespace of {id}: {e}")))?;
+    eg.keep_netns(id, ns.into());
+    Ok(())
 }
 
 impl Backend for MicroVmBackend {
@@ -791,10 +799,7 @@ impl Backend for MicroVmBackend {
         Box::pin(async move {
             let instance = reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
             if let Some(eg) = self.egress_of(id) {
-                // QEMU holds the namespace; the edge keeps it too, for a
-                // later suspend.
-                let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| EdgeError::Internal(format!("the network namespace of {id}: {e}")))?;
-                eg.keep_netns(id, ns.into());
+                keep_netns_of(eg, id, pid)?;
             }
             Ok(instance)
         })

@@ -34,18 +34,13 @@ use crate::error::EdgeError;
 /// command line hands it to the guest agent (`dsec.net=`).
 pub const GUEST_APPEND: &str = "dsec.net=10.0.2.15/24,10.0.2.2";
 
-/// The QEMU arguments of the NIC: user-mode network, nothing offered but
-/// NAT (no IPv6, no TFTP/SMB, no forwards).
+/// The NIC's backend, shared by both VM backends: user-mode network,
+/// nothing offered but NAT (no IPv6, no TFTP/SMB, no forwards).
+pub const NETDEV: &str = "user,id=net0,net=10.0.2.0/24,host=10.0.2.2,dns=10.0.2.3,ipv4=on,ipv6=off,restrict=off";
+
+/// The QEMU arguments of the microVM's NIC (virtio-mmio).
 pub fn qemu_args() -> Vec<String> {
-    [
-        "-netdev",
-        "user,id=net0,net=10.0.2.0/24,host=10.0.2.2,dns=10.0.2.3,ipv4=on,ipv6=off,restrict=off",
-        "-device",
-        "virtio-net-device,netdev=net0",
-    ]
-    .iter()
-    .map(|s| s.to_string())
-    .collect()
+    ["-netdev", NETDEV, "-device", "virtio-net-device,netdev=net0"].iter().map(|s| s.to_string()).collect()
 }
 
 /// QEMU's argv for `launch`, with the NIC and the guest's addressing if
@@ -72,8 +67,14 @@ pub struct QemuNet {
 /// Points the sandbox's resolver at the node's (the sandbox may change the
 /// file; its allowlist decides what any resolver could reach).
 pub(crate) async fn write_resolv_conf(agent: &dsec_agent_proto::client::AgentClient, conf: String) -> Result<(), EdgeError> {
+    write_guest_file(agent, "/etc/resolv.conf", conf.as_bytes()).await
+}
+
+/// Writes `path` in the guest (root's, mode 0644, parents made) through
+/// its agent.
+pub(crate) async fn write_guest_file(agent: &dsec_agent_proto::client::AgentClient, path: &str, content: &[u8]) -> Result<(), EdgeError> {
     let spec = dsec_agent_proto::WriteFileSpec {
-        path: "/etc/resolv.conf".into(),
+        path: path.into(),
         mode: 0o644,
         append: false,
         create_parents: true,
@@ -81,13 +82,13 @@ pub(crate) async fn write_resolv_conf(agent: &dsec_agent_proto::client::AgentCli
         owner: None,
     };
     let call = agent.open(dsec_agent_proto::Op::WriteFile(spec)).await?;
-    call.send_data(conf.as_bytes()).await?;
+    call.send_data(content).await?;
     call.send_eof()?;
     let (_, reply) = call.collect().await?;
     match reply {
         Ok(dsec_agent_proto::Reply::Written { .. }) => Ok(()),
-        Err(e) => Err(EdgeError::SetupFailed(format!("writing /etc/resolv.conf: {}", e.message))),
-        other => Err(EdgeError::SetupFailed(format!("unexpected reply writing /etc/resolv.conf: {other:?}"))),
+        Err(e) => Err(EdgeError::SetupFailed(format!("writing {path}: {}", e.message))),
+        other => Err(EdgeError::SetupFailed(format!("unexpected reply writing {path}: {other:?}"))),
     }
 }
 
