@@ -179,12 +179,17 @@ def peer_restore(argv: list[str], image: Path, scratch: Path) -> float:
         try:
             q.wait_migration()
         except (OSError, RuntimeError) as e:
-            p.wait(timeout=30)
             raise SystemExit(f"peer restore failed ({e}): {(scratch / 'qemu.log').read_text()[-800:]}")
         ms = (time.perf_counter() - t0) * 1000
         q.cmd("quit")
     finally:
-        p.wait(timeout=30)
+        # On any failure the peer QEMU may still wait for its stream: it
+        # must not outlive the benchmark.
+        try:
+            p.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
     return ms
 
 
