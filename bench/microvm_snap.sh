@@ -13,5 +13,8 @@ bench_build
 bench_start_dsec
 $PY "$BENCH_DIR/microvm_snap_bench.py" run --reps "$REPS" --fork "$FORK_N" --out "$RESULTS/microvm_snap.json"
 grep -o 'microVM acceleration.*' "$WORK/dsec.log" | head -1 >&2 || true
+# Where each resume's time went, as the edge logged it (QEMU start to QMP,
+# device state load, cont, the agent's greeting; the plan and the total).
+grep -o 'restored a VM.*\|resumed from suspend.*' "$WORK/dsec.log" | sed 's/\x1b\[[0-9;]*m//g' >"$RESULTS/microvm_snap_restores.log" || true
 bench_stop_dsec >/dev/null
-$PY "$BENCH_DIR/microvm_snap_bench.py" report "$RESULTS/microvm_snap.json"
+$PY "$BENCH_DIR/microvm_snap_bench.py" report "$RESULTS/microvm_snap.json" "$RESULTS/microvm_snap_restores.log"

@@ -85,6 +85,13 @@ pub trait Backend: Send + Sync + 'static {
         0
     }
 
+    /// Cgroup names the backend holds for itself, not for a sandbox
+    /// (microVM standby QEMUs): the reaper leaves them alone. A name is
+    /// listed before its cgroup exists.
+    fn reserved(&self) -> HashSet<String> {
+        HashSet::new()
+    }
+
     /// Releases node-wide resources at edge shutdown.
     fn release(&self) {}
 }

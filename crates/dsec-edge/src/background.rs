@@ -20,10 +20,14 @@ impl Edge {
             // here that belongs to a sandbox is in the set read after it.
             // (The other order would kill a sandbox created in between.)
             let names = cgroups.list();
-            let live: HashSet<String> = {
+            let mut live: HashSet<String> = {
                 let reg = edge.inner.registry.read().unwrap_or_else(|p| p.into_inner());
                 reg.iter().filter(|(_, e)| !e.state().is_terminal()).map(|(id, _)| id.clone()).collect()
             };
+            // What backends hold for themselves (read after the list too).
+            for b in edge.inner.backends.all() {
+                live.extend(b.reserved());
+            }
             for name in names {
                 if live.contains(&name) {
                     continue;

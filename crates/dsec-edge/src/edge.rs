@@ -449,12 +449,14 @@ impl Edge {
         let _ = self.inner.store.sync().await;
         let rootfs = self.inner.rootfs.clone();
         let _ = tokio::task::spawn_blocking(move || rootfs.release()).await;
-        // Empty once every sandbox is gone (it fails harmlessly otherwise:
-        // sandboxes left running for re-adoption keep it).
-        self.inner.cgroups.remove_parent();
+        // Before the parent cgroup goes: a backend's own processes (microVM
+        // standby QEMUs) have cgroups under it.
         for b in self.inner.backends.all() {
             b.release();
         }
+        // Empty once every sandbox is gone (it fails harmlessly otherwise:
+        // sandboxes left running for re-adoption keep it).
+        self.inner.cgroups.remove_parent();
         // Host swap is never left on behind the edge. Paused sandboxes that
         // stay (no --stop-sandboxes-on-exit) get their pages back in RAM
         // from swapoff: nothing is lost, they just hold memory again.

@@ -131,7 +131,10 @@ impl Edge {
             // freezer left FROZEN would stop the new QEMU as it joins.
             self.inner.cgroups.thaw(&rec.id)?;
             let plan = self.plan_blocking(&rec.spec).await?;
-            backend.restore(&rec.id, &rec.spec, &plan).await
+            let plan_ms = ms(t0);
+            let instance = backend.restore(&rec.id, &rec.spec, &plan).await?;
+            tracing::info!(id = %rec.id, plan_ms, total_ms = ms(t0), "resumed from suspend");
+            Ok::<_, EdgeError>(instance)
         };
         match restored.await {
             Ok(instance) => {

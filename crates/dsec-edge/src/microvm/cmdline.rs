@@ -189,8 +189,16 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
         (true, "") => format!("page_reporting.page_reporting_order={PAGE_REPORTING_ORDER}"),
         (true, extra) => format!("page_reporting.page_reporting_order={PAGE_REPORTING_ORDER} {extra}"),
     };
-    let append = kernel_cmdline(l.accel, l.tsc_khz, &extra);
-    push(&["-kernel", &path(l.kernel), "-initrd", &path(l.initramfs), "-append", &append]);
+    if l.incoming_fd.is_none() {
+        let append = kernel_cmdline(l.accel, l.tsc_khz, &extra);
+        push(&["-kernel", &path(l.kernel), "-initrd", &path(l.initramfs), "-append", &append]);
+    }
+    // A restore gives no kernel: the guest's kernel is already in the RAM
+    // it continues from, and microvm hands a kernel to the guest through
+    // fw_cfg, which is not part of the migrated state, so the set of RAM
+    // blocks stays the same. Loading vmlinuz and the initramfs into
+    // fw_cfg was measured at ~90 ms of a restoring QEMU's start under TCG
+    // (docs/benchmarks.md).
     let console = format!("file,id=con,path={}", path(&l.files.console_log()));
     push(&["-chardev", &console, "-serial", "chardev:con"]);
     if l.extra_append.contains("dsec.probe") {
@@ -216,6 +224,53 @@ pub fn qemu_args(l: &VmLaunch<'_>) -> Vec<String> {
         push(&["-incoming", "defer"]);
     }
     a
+}
+
+/// The argv of a standby QEMU for restores of `l`'s shape (standby.rs):
+/// the restore's command line without what belongs to one sandbox (the
+/// guest RAM backend and the disks' backing files, which the edge adds over
+/// QMP when a resume takes the QEMU), stopped before the machine is built
+/// (`--preconfig`). Its sockets and logs are in `l.files.run_dir`.
+pub fn standby_args(l: &VmLaunch<'_>) -> Vec<String> {
+    let ram = Path::new("/standby-ram");
+    let mut full = l.clone();
+    full.ram_file = Some(ram);
+    full.ram_private = false;
+    full.incoming_fd = Some(3);
+    let mut out = Vec::new();
+    let mut it = qemu_args(&full).into_iter();
+    while let Some(a) = it.next() {
+        match a.as_str() {
+            "-M" => {
+                let machine = it.next().unwrap_or_default();
+                out.push(a);
+                out.push(machine.replace(",memory-backend=ram", ""));
+            }
+            "-object" | "-drive" => {
+                it.next();
+            }
+            _ => out.push(a),
+        }
+    }
+    out.push("--preconfig".into());
+    out
+}
+
+/// What a standby QEMU gets over QMP when it becomes sandbox `l`'s VM:
+/// `blockdev-add` arguments for the layers (`l<i>`, read-only raw) and
+/// the writable disk (`wr`), the node names the `-device` lines of
+/// [`standby_args`] refer to.
+pub fn standby_blockdevs(l: &VmLaunch<'_>) -> Vec<serde_json::Value> {
+    let file = |p: &Path, ro: bool| serde_json::json!({ "driver": "file", "filename": p.display().to_string(), "read-only": ro });
+    let mut out: Vec<serde_json::Value> = l
+        .layers
+        .iter()
+        .enumerate()
+        .map(|(i, layer)| serde_json::json!({ "driver": "raw", "node-name": format!("l{i}"), "read-only": true, "file": file(layer, true) }))
+        .collect();
+    let disk = &l.files.disk;
+    out.push(serde_json::json!({ "driver": disk_format(disk), "node-name": "wr", "discard": "unmap", "file": file(disk, false) }));
+    out
 }
 
 /// A disk's format by its name: `.qcow2` files are qcow2 overlays, the
@@ -347,10 +402,35 @@ mod tests {
         assert_eq!(value_after(&args, "-M"), ["microvm,x-option-roms=off,isa-serial=on,memory-backend=ram"]);
         assert_eq!(value_after(&args, "-object"), ["memory-backend-file,id=ram,size=256M,mem-path=/state/vm/ram/n.abc.ram,share=on"]);
         assert_eq!(value_after(&args, "-incoming"), ["defer"]);
+        assert!(value_after(&args, "-kernel").is_empty() && value_after(&args, "-initrd").is_empty(), "a restore loads no kernel");
         let plain = qemu_args(&launch(&f, &layers, Accel::Tcg));
         assert!(value_after(&plain, "-object").is_empty() && value_after(&plain, "-incoming").is_empty());
         l.ram_private = true;
         assert!(value_after(&qemu_args(&l), "-object")[0].ends_with(",share=off"));
+    }
+
+    #[test]
+    fn a_standby_has_the_restore_line_without_ram_and_disk_files() {
+        let f = files();
+        let layers = [PathBuf::from("/b0"), PathBuf::from("/b1")];
+        let l = launch(&f, &layers, Accel::Tcg);
+        let args = standby_args(&l);
+        assert_eq!(value_after(&args, "-M"), ["microvm,x-option-roms=off,isa-serial=on"]);
+        assert!(value_after(&args, "-object").is_empty() && value_after(&args, "-drive").is_empty());
+        assert!(value_after(&args, "-kernel").is_empty());
+        assert_eq!(value_after(&args, "-incoming"), ["defer"]);
+        assert_eq!(args.last().map(String::as_str), Some("--preconfig"));
+        // The devices stay, naming the nodes the takeover adds.
+        let devices = value_after(&args, "-device");
+        for node in ["drive=l0,", "drive=l1,", "drive=wr,"] {
+            assert!(devices.iter().any(|d| d.contains(node)), "{node} in {devices:?}");
+        }
+        let nodes = standby_blockdevs(&l);
+        let names: Vec<&str> = nodes.iter().filter_map(|n| n["node-name"].as_str()).collect();
+        assert_eq!(names, ["l0", "l1", "wr"]);
+        assert_eq!(nodes[1]["file"]["filename"], "/b1");
+        assert_eq!(nodes[2]["driver"], "raw");
+        assert_eq!(nodes[0]["read-only"], true);
     }
 
     #[test]

@@ -21,6 +21,7 @@ pub mod net;
 pub mod disk;
 pub mod qmp;
 pub mod snapshot;
+pub mod standby;
 mod suspend;
 pub mod template;
 
@@ -119,6 +120,8 @@ pub struct MicroVmBackend {
     templates: Option<template::ImageCache>,
     /// Memory snapshots' images, loaded for their forks.
     snapshot_images: template::ImageCache,
+    /// QEMUs started ahead for resumes (standby.rs).
+    standbys: Arc<standby::Standbys>,
 }
 
 impl MicroVmBackend {
@@ -144,7 +147,9 @@ impl MicroVmBackend {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
         std::fs::create_dir_all(&cfg.run_root).map_err(|e| format!("creating {}: {e}", cfg.run_root.display()))?;
+        let standbys = Arc::new(standby::Standbys::new(cgroups.clone(), qemu.clone(), cfg.run_root.clone(), node));
         Ok(Self {
+            standbys,
             cgroups,
             node: node.to_string(),
             qemu,
@@ -422,6 +427,28 @@ impl MicroVmBackend {
             None => None,
             Some(eg) => Some(net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) }),
         };
+        // The fast path (a RAM file of its own, no network) continues in
+        // a standby QEMU when one of its shape waits (standby.rs).
+        let standby_ok = own_ram && net.is_none();
+        if let (true, Some(ram_file)) = (standby_ok, ram.as_ref()) {
+            let limits = crate::backend::cgroup_limits(spec);
+            let taken = self.standbys.take(&standby::Standbys::shape(&launch));
+            self.standbys.refill(&launch, limits, standby::REFILL_DELAY);
+            if let Some(sb) = taken {
+                let to = standby::Takeover {
+                    id: id.to_string(),
+                    run_dir: files.run_dir.clone(),
+                    memory_mb: launch.memory_mb,
+                    blockdevs: cmdline::standby_blockdevs(&launch),
+                    ram: ram_file.clone(),
+                    image: self.image_path(id),
+                };
+                match self.resume_on_standby(sb, &to).await {
+                    Ok(instance) => return Ok(instance),
+                    Err(e) => tracing::warn!(%id, error = %e, "resuming in a standby QEMU failed; starting a QEMU of its own"),
+                }
+            }
+        }
         let args = net::with_nic(&mut launch, net.is_some());
         let restored = restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), own_ram, net.as_ref()).await;
         if let (Err(_), Some(ram), false) = (&restored, &ram, own_ram) {
@@ -429,6 +456,32 @@ impl MicroVmBackend {
             let _ = std::fs::remove_file(ram);
         }
         restored
+    }
+}
+
+impl MicroVmBackend {
+    /// Resumes sandbox `to.id` in standby QEMU `sb`: the takeover, then
+    /// the agent's greeting. Leaves no QEMU on error; before the guest ran
+    /// (the takeover failed) its RAM file and image are untouched.
+    async fn resume_on_standby(&self, sb: standby::Standby, to: &standby::Takeover) -> Result<Instance, EdgeError> {
+        let (standbys, to2) = (self.standbys.clone(), to.clone());
+        let (pid, pidfd, times) = tokio::task::spawn_blocking(move || standbys.take_over(sb, &to2))
+            .await
+            .map_err(|e| EdgeError::Internal(format!("standby takeover task failed: {e}")))??;
+        let t1 = Instant::now();
+        let files = self.files(&to.id);
+        match attach_ready(&to.id, &pidfd, &files.agent_socket()).await {
+            Ok(agent) => {
+                tracing::info!(id = %to.id, standby = true, attach_ms = times.attach_ms, devices_ms = times.devices_ms, machine_ms = times.machine_ms, load_ms = times.load_ms, agent_ms = ms_since(t1), "restored a VM");
+                let _ = std::fs::remove_file(&to.image);
+                Ok(Instance::new(pid, pidfd, agent))
+            }
+            Err(e) => {
+                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
+                reap(&pidfd);
+                Err(EdgeError::SetupFailed(format!("restoring {} in a standby QEMU: {e}{}", to.id, console_tail(&files))))
+            }
+        }
     }
 }
 
@@ -506,11 +559,16 @@ pub(crate) async fn restore_qemu(
         let _ = std::fs::remove_file(stale);
     }
     let state = std::os::fd::OwnedFd::from(state);
+    let t0 = Instant::now();
     let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state), net)?;
     drop(state);
+    let spawn_ms = ms_since(t0);
     let restored = async {
-        load_incoming(files, &pidfd, ignore_shared).await?;
-        attach_ready(id, &pidfd, &files.agent_socket()).await
+        let times = load_incoming(files, &pidfd, ignore_shared).await?;
+        let t1 = Instant::now();
+        let agent = attach_ready(id, &pidfd, &files.agent_socket()).await?;
+        tracing::info!(%id, spawn_ms, qmp_ready_ms = times.qmp_ready_ms, load_ms = times.load_ms, agent_ms = ms_since(t1), "restored a VM");
+        Ok::<_, EdgeError>(agent)
     };
     match restored.await {
         Ok(agent) => {
@@ -528,11 +586,15 @@ pub(crate) async fn restore_qemu(
 
 /// Has a QEMU started with `-incoming defer` (`pidfd`) load its state
 /// and continue (`suspend::finish_restore`, on a blocking thread).
-pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd, ignore_shared: bool) -> Result<(), EdgeError> {
+pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd, ignore_shared: bool) -> Result<suspend::RestoreTimes, EdgeError> {
     let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
     tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ignore_shared))
         .await
         .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))?
+}
+
+fn ms_since(t0: Instant) -> f64 {
+    t0.elapsed().as_secs_f64() * 1000.0
 }
 
 /// The last lines QEMU and the guest printed, for an error message.
@@ -839,10 +901,19 @@ impl Backend for MicroVmBackend {
         Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
     }
 
+    fn reserved(&self) -> HashSet<String> {
+        self.standbys.names()
+    }
+
+    fn release(&self) {
+        self.standbys.end_all();
+    }
+
     fn reap_files(&self, live: &HashSet<String>) -> usize {
         let prefix = format!("{}.", self.node);
         let mut gone = 0;
-        let mut ours = |name: &str| name.starts_with(&prefix) && !live.contains(name);
+        let standbys = self.standbys.names();
+        let mut ours = |name: &str| name.starts_with(&prefix) && !live.contains(name) && !standbys.contains(name);
         if let Ok(dir) = std::fs::read_dir(&self.run_root) {
             for e in dir.flatten() {
                 if ours(&e.file_name().to_string_lossy()) && std::fs::remove_dir_all(e.path()).is_ok() {

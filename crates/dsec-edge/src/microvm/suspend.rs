@@ -110,10 +110,22 @@ fn set_capabilities(s: &mut Session, ignore_shared: bool) -> Result<(), EdgeErro
     s.call("migrate-set-capabilities", caps).map(drop)
 }
 
+/// Where a restore's time went, ms (logged with every resume).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RestoreTimes {
+    /// From the call until QEMU's QMP socket answered (QEMU's own start:
+    /// exec, dynamic linking, machine and device creation).
+    pub qmp_ready_ms: f64,
+    /// `migrate-incoming` until the device state was loaded and the
+    /// guest continued.
+    pub load_ms: f64,
+}
+
 /// After a restoring QEMU started: has it load the image (inherited at
 /// `INCOMING_FD`), then lets the guest run.
-pub fn finish_restore(qmp: &Path, pidfd: &OwnedFd, ignore_shared: bool) -> Result<(), EdgeError> {
-    let deadline = Instant::now() + MIGRATE_TIMEOUT;
+pub fn finish_restore(qmp: &Path, pidfd: &OwnedFd, ignore_shared: bool) -> Result<RestoreTimes, EdgeError> {
+    let t0 = Instant::now();
+    let deadline = t0 + MIGRATE_TIMEOUT;
     let mut s = loop {
         match Session::connect(qmp) {
             Ok(s) => break s,
@@ -128,9 +140,18 @@ pub fn finish_restore(qmp: &Path, pidfd: &OwnedFd, ignore_shared: bool) -> Resul
             }
         }
     };
-    set_capabilities(&mut s, ignore_shared)?;
-    s.call("migrate-incoming", serde_json::json!({ "uri": format!("fd:{INCOMING_FD}") }))?;
-    wait_migration(&mut s)?;
+    let qmp_ready_ms = ms(t0);
+    let t1 = Instant::now();
+    load_and_continue(&mut s, &format!("fd:{INCOMING_FD}"), ignore_shared)?;
+    Ok(RestoreTimes { qmp_ready_ms, load_ms: ms(t1) })
+}
+
+/// Loads the state a QEMU waiting with `-incoming defer` reads from `uri`
+/// (same capabilities as the save) and lets the guest run.
+pub fn load_and_continue(s: &mut Session, uri: &str, ignore_shared: bool) -> Result<(), EdgeError> {
+    set_capabilities(s, ignore_shared)?;
+    s.call("migrate-incoming", serde_json::json!({ "uri": uri }))?;
+    wait_migration(s)?;
     s.call("cont", serde_json::Value::Null).map(drop)
 }
 

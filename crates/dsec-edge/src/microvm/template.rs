@@ -303,7 +303,8 @@ impl MicroVmBackend {
         let (pid, pidfd) = spawn_qemu_fds(&self.cgroups, &self.qemu, id, args, &files.run_dir, &[(&state, suspend::INCOMING_FD), (&image.ram, RAM_FD)], None)?;
         drop(state);
         let started = async {
-            super::load_incoming(files, &pidfd, true).await?;
+            let times = super::load_incoming(files, &pidfd, true).await?;
+            tracing::debug!(%id, qmp_ready_ms = times.qmp_ready_ms, load_ms = times.load_ms, "restored a memory image");
             let agent = match setup {
                 Some(setup) => boot_agent(&files.agent_socket(), &pidfd, setup.clone()).await?,
                 None => attach_saved(&files.agent_socket(), &pidfd).await?,

@@ -3,7 +3,8 @@ QEMU ``microvm`` booting the guest kernel (under TCG where KVM cannot run
 it, about 3 s per boot). Boots are slow, so one busybox microVM is shared by
 the tests of this file in order (exec, files, sessions, a PTY, the disk
 limit, pause and transparent resume, suspend to disk and transparent
-resume, a memory snapshot of the suspended VM and its deletion), and the last of them stops it and
+resume, a later resume in a standby QEMU, a memory snapshot of the
+suspended VM and its deletion), and the last of them stops it and
 checks that nothing of it is left on the host; one more restores the node's
 template of its shape, two more are forks that continue the snapshot's
 memory, one more boots the python image, and one more is suspended
@@ -14,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -202,6 +203,52 @@ async def test_suspend_ends_qemu_and_a_request_restores_it(server: Server, clien
         await sb.pause(mode="hibernate")
 
 
+def _pids_by_cgroup(matches: Callable[[str], bool]) -> list[int]:
+    """Processes whose /proc/PID/cgroup text `matches` (a VM's QEMU is
+    found by its sandbox's cgroup: one resumed in a standby QEMU has a
+    command line that names no sandbox)."""
+    found = set()
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            if matches(Path(f"/proc/{pid}/cgroup").read_text()):
+                found.add(int(pid))
+        except OSError:
+            continue
+    return sorted(found)
+
+
+def _pids_in_cgroup(suffix: str) -> list[int]:
+    return _pids_by_cgroup(lambda text: any(line.endswith(suffix) for line in text.splitlines()))
+
+
+def _standbys(node: str) -> list[int]:
+    """The node's standby QEMUs (started ahead for resumes)."""
+    return _pids_by_cgroup(lambda text: f"/dsec/{node}/{node}.standby-" in text)
+
+
+async def test_a_later_resume_continues_in_a_standby_qemu(client: DSecClient, vm_id: str) -> None:
+    """After the first resume of a shape the node keeps one QEMU of that
+    shape started ahead; the next resume continues the VM in it (its
+    processes and files as they were) and a new standby follows."""
+    sb = client.sandbox(vm_id)
+    node = vm_id.split(".")[0]
+    for _ in range(300):
+        if _standbys(node):
+            break
+        await asyncio.sleep(0.1)
+    standby = _standbys(node)
+    assert len(standby) == 1, standby
+    assert (await sb.suspend()).suspended
+    r = await sb.run_shell("cat /root/kept.txt; kill -0 $(cat /tmp/sleeper) && echo alive")
+    assert r.stdout == "kept\nalive\n", r
+    assert _pids_in_cgroup(f"/{vm_id}") == standby, "the standby QEMU runs the VM, in its cgroup"
+    for _ in range(300):
+        if _standbys(node):
+            break
+        await asyncio.sleep(0.1)
+    assert len(_standbys(node)) == 1 and _standbys(node) != standby, "a new standby follows"
+
+
 async def test_a_snapshot_of_a_suspended_vm_forks_children(server: Server, tenant: Tenant, client: DSecClient,
                                                            vm_id: str) -> None:
     sb = client.sandbox(vm_id)
@@ -365,5 +412,6 @@ async def test_a_suspended_microvm_survives_an_edge_crash() -> None:
             assert _host_traces(sb.id) == []
         finally:
             second.close()
+        assert _standbys(node) == [], "the edge ends its standby QEMUs when it stops"
     finally:
         shutil.rmtree(data_dir, ignore_errors=True)
