@@ -20,9 +20,9 @@
 #      and every worker write only in the scratch directory, the temporary
 #      directories and /dev (LANDLOCK_WRITABLE), both set before its exec.
 #      Per call it forks one worker ahead of time and reports the worker's
-#      end (wait status, rusage). It does as little as possible, because
-#      every page it writes after a fork is copied; it never sees a call's
-#      code, input or output.
+#      end (wait status, rusage), then forks the next at once. It does as
+#      little as possible, because every page it writes after a fork is
+#      copied; it never sees a call's code, input or output.
 #      `- worker: receives what to run and the call's stdio memfds, drops to
 #         uid nobody, no capabilities, rlimits, and becomes the call (a
 #         Python call runs in this warm interpreter; other programs,
@@ -308,23 +308,26 @@ def zygote_setup():
 
 # The zygote's address space: a Python call may grow this much beyond it.
 ZYGOTE_VM_BYTES = 0
+# A module object's type (what types.ModuleType is), without importing types.
+ModuleType = type(sys)
 
 
-def run_python_here(path, extra_env, compiled):
+def run_python_here(path, scratch, extra_env, compiled):
     """Run a script in this (forked, warm) interpreter like `python3 path`.
     The zygote's environment is already the calls' base environment, and
     its sys.stdin/stdout/stderr already wrap fds 0-2 (now the call's
     memfds, and never used by the zygote), so both are kept as they are.
     `compiled` is the monitor's marshalled code object (compiling there,
-    in a process that never forks, saves this one the copied pages)."""
+    in a process that never forks, saves this one the copied pages). Every
+    object this touches is a page copied, so no helper runs here that the
+    zygote could have run once (os.path, the import system)."""
     if extra_env:
         os.environ.update(extra_env)
     sys.argv = [path]
-    # As `python3 path` would: the script's directory first on the path.
-    sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
-    import types
-
-    main = types.ModuleType("__main__")
+    # As `python3 path` would: the script's directory first on the path
+    # (the script is always scratch/<name>, see Monitor.handle).
+    sys.path.insert(0, scratch)
+    main = ModuleType("__main__")
     main.__file__ = path
     main.__builtins__ = __builtins__
     sys.modules["__main__"] = main
@@ -415,20 +418,24 @@ def children_of(pid):
     return read_small("/proc/%d/task/%d/children" % (pid, pid)).split()
 
 
-def only_zygote_left(zygote):
-    """Whether the call left no process at all, known from two small files
-    instead of a scan of /proc. Every process a call starts descends from
-    its worker; when a process dies its children go to the nearest
-    subreaper above it, which is us (the zygote is not one), so a process
-    that outlived the worker is our child or a descendant of one. The only
-    way to get another parent is clone(CLONE_PARENT), which makes a sibling
-    of the caller: from the worker, a child of the zygote, so the zygote
-    must have no children left either (its worker is reaped before it
-    reports; such strays are killed on the full path and reaped by the
-    zygote before its next fork). Anything unexpected, or a file we cannot
-    read, takes the full path (kill, scan, reap)."""
+def only_zygote_left(monitor, zygote, zygote_strays):
+    """Whether the call left no process at all, known from one small file
+    and the zygote's report instead of a scan of /proc. Every process a
+    call starts descends from its worker; when a process dies its children
+    go to the nearest subreaper above it, which is us (the zygote is not
+    one), so a process that outlived the worker is our child or a
+    descendant of one. The only way to get another parent is
+    clone(CLONE_PARENT), which makes a sibling of the caller: from the
+    worker, a child of the zygote, so the zygote must have had no other
+    child when it reaped the worker (`zygote_strays`, from its report; only
+    such a stray could make another one later). Strays are killed on the
+    full path and reaped by the zygote before its next fork. Anything
+    unexpected, or a file we cannot read, takes the full path (kill, scan,
+    reap)."""
+    if zygote_strays:
+        return False
     try:
-        return children_of(os.getpid()) == [str(zygote).encode()] and not children_of(zygote)
+        return children_of(monitor) == [str(zygote).encode()]
     except OSError:
         return False
 
@@ -436,7 +443,9 @@ def only_zygote_left(zygote):
 def call_processes_left():
     """Whether a live process of the call user still exists (in our
     namespace). Zombies are dead: ours are reaped by our caller, the
-    zygote's (see only_zygote_left) by the zygote before its next fork."""
+    zygote's (see only_zygote_left) by the zygote before its next fork.
+    The worker the zygote forks for the next call runs as root until it
+    receives that call, so it is never among them."""
     for p in os.listdir("/proc"):
         if p.isdigit():
             try:
@@ -702,11 +711,27 @@ def prepare_scratch():
     return scratch
 
 
-def remove_scratch(scratch):
-    """Removes the call's directory. Its plain entries go with one unlink
-    each; anything else (directories, or a scratch we cannot list) takes
-    shutil.rmtree, which never follows symlinks. BASE is root's, so the
-    call cannot have moved or replaced the directory itself."""
+def remove_scratch(scratch, written):
+    """Removes the call's directory. BASE is root's, so the call cannot
+    have moved or replaced the directory itself. Most calls leave in it
+    only what the monitor wrote (`written`, plain names): unlinking those
+    (unlink never follows a symlink) and removing the then empty directory
+    takes a system call each, and a failure of either (something else is
+    there, or a name became a directory) takes the general path. There,
+    its plain entries go with one unlink each; anything else (directories,
+    or a scratch we cannot list) takes shutil.rmtree, which never follows
+    symlinks."""
+    for name in written:
+        try:
+            os.unlink(scratch + "/" + name)
+        except OSError:
+            break
+    else:
+        try:
+            os.rmdir(scratch)
+            return
+        except OSError:
+            pass
     try:
         fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
     except FileNotFoundError:
@@ -790,9 +815,10 @@ def read_line(fd, gone):
 
 def read_report(rep):
     """The zygote's line about one worker: pid, wait status, user and
-    system seconds, peak RSS (KiB)."""
+    system seconds, peak RSS (KiB), and whether the zygote has other
+    children left (other_children_left)."""
     f = read_line(rep, "the zygote is gone").split()
-    return int(f[0]), int(f[1]), float(f[2]), float(f[3]), int(f[4])
+    return int(f[0]), int(f[1]), float(f[2]), float(f[3]), int(f[4]), f[5] != b"0"
 
 
 def recv_with_fds(sock, size, max_fds):
@@ -802,7 +828,8 @@ def recv_with_fds(sock, size, max_fds):
     fds = []
     for level, kind, data in ancillary:
         if level == _socket.SOL_SOCKET and kind == _socket.SCM_RIGHTS:
-            fds += [int.from_bytes(data[i:i + 4], sys.byteorder, signed=True) for i in range(0, len(data) - 3, 4)]
+            # C ints, native order; a truncated one is dropped (as socket.recv_fds).
+            fds += memoryview(data)[:len(data) & ~3].cast("i").tolist()
     return msg, fds
 
 
@@ -818,7 +845,7 @@ def worker_main(cmd):
         w, compiled = marshal.loads(msg)
         become_call_process(w, w["scratch"], fds, w.get("python") is not None)
         if w.get("python") is not None:
-            run_python_here(w["python"], w["env"], compiled)
+            run_python_here(w["python"], w["scratch"], w["env"], compiled)
         os.execve(w["argv"][0], w["argv"], dict(BASE_ENV, **w["env"]))
     except BaseException as e:  # noqa: BLE001 - the call must exit
         try:
@@ -828,19 +855,70 @@ def worker_main(cmd):
     os._exit(127)
 
 
+def cheaper_random_reseed():
+    """Has `random` (imported by the preload) reseed each worker with its C
+    method instead of its Python one. `random` registers the bound method
+    `_inst.seed` to run in every forked child; that Python function (type
+    checks, a super() call) touches objects on about 20 pages the worker
+    would otherwise not write, each a copied page. The C method it ends in
+    draws the same fresh seed from the kernel, so every call still gets its
+    own random sequence, as a fresh interpreter would. Returns the function
+    that puts os.register_at_fork back."""
+    register = os.register_at_fork
+
+    def register_cheaper(*, before=None, after_in_child=None, after_in_parent=None):
+        owner = getattr(after_in_child, "__self__", None)
+        if getattr(after_in_child, "__name__", None) == "seed" and type(owner).__module__ == "random":
+            import _random
+
+            # A builtin method bound to the instance: no Python frame. The
+            # Python seed() also resets gauss_next; the zygote resets it
+            # once (zygote_main), so every worker inherits None.
+            after_in_child = _random.Random.seed.__get__(owner)
+        hooks = {"before": before, "after_in_child": after_in_child, "after_in_parent": after_in_parent}
+        register(**{k: v for k, v in hooks.items() if v is not None})
+
+    os.register_at_fork = register_cheaper
+
+    def restore():
+        os.register_at_fork = register
+
+    return restore
+
+
+def other_children_left(children_file):
+    """In the zygote, once its worker is reaped: whether it still has a
+    child, which can only be one a call made a sibling of its worker
+    (clone with CLONE_PARENT). Read from /proc (`children_file`, opened
+    once) rather than asked of waitpid, whose usual answer (no child at
+    all) is an exception: objects on pages this process would copy after
+    each fork."""
+    return os.pread(children_file, 1, 0) != b""
+
+
 def zygote_main(ctl, rep, cmd_fd):
-    """The warm interpreter. Per call it forks one worker and reports its
-    end; it does as little as possible in between, because every page it
-    writes after a fork is copied (the worker shares them all). It never
-    sees a call's code, input or output."""
+    """The warm interpreter. It forks one worker ahead of each call and
+    reports the worker's end, then forks the next one at once: no word from
+    the monitor is needed (one wake-up and two pipe operations per call
+    fewer), unless the call left the zygote other children. Those the
+    monitor kills, then says so on `ctl`, and the zygote reaps them before
+    it forks, so that the next call cannot see them. It does as little as
+    possible in between, because every page it writes after a fork is
+    copied (the worker shares them all). It never sees a call's code,
+    input or output. It ends with the monitor (PR_SET_PDEATHSIG, or `ctl`
+    closed)."""
     preload = [m for m in os.environ.get("DSEC_FNCALL_PRELOAD", "").split(",") if m]
     loaded = []
+    restore_register = cheaper_random_reseed()
     for m in preload:
         try:
             __import__(m)
             loaded.append(m)
         except Exception:  # noqa: BLE001 - a missing library is reported, not fatal
             pass
+    restore_register()
+    if "random" in sys.modules:
+        sys.modules["random"]._inst.gauss_next = None
     # The workers' socket object, made once here rather than in each worker.
     cmd = _socket.socket(fileno=cmd_fd)
     # Everything allocated so far is shared by every fork: keep the
@@ -849,23 +927,23 @@ def zygote_main(ctl, rep, cmd_fd):
     gc.freeze()
     zygote_setup()
     os.write(rep, (",".join(loaded) + "\n").encode())
-    read, fork, wait4, write = os.read, os.fork, os.wait4, os.write
+    # Our children (a single-threaded process: the main thread's list).
+    children = os.open("/proc/self/task/%d/children" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
+    fork, wait4, write, strays = os.fork, os.wait4, os.write, other_children_left
     while True:
-        op = read(ctl, 1)
-        if not op:
-            break
-        if op == b"r":
-            # Children a call made siblings of its worker (clone with
-            # CLONE_PARENT), killed by the monitor by now.
-            reap_orphans(None)
         pid = fork()
         if pid == 0:
             os.close(ctl)
             os.close(rep)
+            os.close(children)
             worker_main(cmd)
         _, status, ru = wait4(pid, 0)
-        write(rep, b"%d %d %.6f %.6f %d\n" % (pid, status, ru.ru_utime, ru.ru_stime, ru.ru_maxrss))
-    os._exit(0)
+        left = strays(children)
+        write(rep, b"%d %d %.6f %.6f %d %d\n" % (pid, status, ru.ru_utime, ru.ru_stime, ru.ru_maxrss, left))
+        if left:
+            if not os.read(ctl, 1):
+                os._exit(0)
+            reap_orphans(None)
 
 
 class Monitor:
@@ -914,19 +992,9 @@ class Monitor:
         cmd_r.close()
         os.close(ctl_r)
         os.close(rep_w)
-        self.zygote, self.cmd, self.ctl, self.rep = pid, cmd_w, ctl_w, rep_r
+        self.pid, self.zygote, self.cmd, self.ctl, self.rep = monitor, pid, cmd_w, ctl_w, rep_r
         self.watch = SweepWatch(self.sweep)
         self.loaded = [m for m in read_line(rep_r, "the zygote did not start").decode().strip().split(",") if m]
-        self.worker_ready = False
-        self.zygote_reaps = False
-
-    def prefork(self):
-        if not self.worker_ready:
-            # "r": reap the zombies a call left as the zygote's children
-            # before forking; "g": just fork.
-            os.write(self.ctl, b"r" if self.zygote_reaps else b"g")
-            self.zygote_reaps = False
-            self.worker_ready = True
 
     def run_in_worker(self, req, scratch, argv, python, stdin, limits, source=None):
         """Runs one step in the pre-forked worker; returns (result, stdout fd,
@@ -944,21 +1012,22 @@ class Monitor:
         # Output past the limit: one byte beyond it proves the overflow.
         limits = dict(limits, file_bytes=max(limits.get("file_bytes", 0), limits["output_bytes"] + 1))
         w = {"scratch": scratch, "argv": argv, "python": python, "env": req.get("env") or {}, "limits": limits}
-        self.prefork()
         t0 = time.monotonic()
         # marshal, not JSON: the worker decodes it with fewer objects (and so
-        # fewer copied pages).
+        # fewer copied pages). The zygote forked the worker that receives
+        # it after the previous call (or is about to: the message waits in
+        # the socket).
         socket.send_fds(self.cmd, [marshal.dumps((w, compiled))], list(fds))
-        self.worker_ready = False
         os.close(fds[0])
         timed_out = not select.select([self.rep], [], [], limits["time_ms"] / 1000.0)[0]
         if timed_out:
             kill_all_of_call_user()
-        _, status, utime, stime, maxrss = read_report(self.rep)
+        _, status, utime, stime, maxrss, strays = read_report(self.rep)
         result = outcome(status, utime, stime, maxrss, timed_out, t0)
-        fast = only_zygote_left(self.zygote)
-        clean = fast or kill_call_processes(self.zygote)
-        self.zygote_reaps = not fast
+        clean = only_zygote_left(self.pid, self.zygote, strays) or kill_call_processes(self.zygote)
+        if strays:
+            # Killed now: the zygote may reap them and fork the next worker.
+            os.write(self.ctl, b"r")
         if not clean:
             result["unclean"] = True
         return result, fds[1], fds[2]
@@ -978,6 +1047,8 @@ class Monitor:
         if op not in ("run", "compile"):
             return {"error": "unknown op %r" % op}, []
         scratch = prepare_scratch()
+        # Plain names the monitor created in scratch (remove_scratch).
+        written = []
         try:
             write_files(scratch, req.get("files"))
             python, argv, source = None, None, None
@@ -992,6 +1063,7 @@ class Monitor:
                         view = view[os.write(fd, view):]
                 finally:
                     os.close(fd)
+                written.append(spec["file"])
             if op == "compile":
                 argv = list(spec["compile"])
                 argv[0] = which(argv[0]) or argv[0]
@@ -1046,14 +1118,12 @@ class Monitor:
                 self.watch.give_up()
             if not remove_ipc():
                 raise SystemExit("System V IPC objects of a call could not be removed")
-            remove_scratch(scratch)
+            remove_scratch(scratch, written)
 
     def serve(self):
         write_line({"ready": True, "languages": available_langs(), "preloaded": self.loaded, "sweep": self.sweep})
         requests = RequestReader(0)
         while True:
-            # The next call's worker is forked while we wait for its request.
-            self.prefork()
             try:
                 line = requests.next()
             except ValueError as e:

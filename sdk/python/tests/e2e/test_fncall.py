@@ -32,6 +32,18 @@ async def call(client: DSecClient, code: str, language: str = "python", **kw: ob
     return await client.fncall(language, code, **kw)
 
 
+async def test_each_python_call_gets_its_own_random_sequence(client: DSecClient) -> None:
+    # Every worker is forked from the same warm interpreter; the zygote's
+    # after-fork reseed (random's, by its C method) must still give each
+    # call a fresh seed, as a fresh interpreter would.
+    # (And, as under `python3 main.py`, the script's directory first on sys.path.)
+    code = "import os, random, sys\nprint(random.getrandbits(64), sys.path[0] == os.getcwd())"
+    first, second = await call(client, code), await call(client, code)
+    assert first.ok and second.ok, (first, second)
+    assert first.stdout.endswith(" True\n") and second.stdout.endswith(" True\n"), (first, second)
+    assert first.stdout != second.stdout, (first, second)
+
+
 async def test_python_snippet_stdin_and_errors(client: DSecClient) -> None:
     r = await call(client, "import sys\nprint(input()[::-1], sys.argv[0].endswith('main.py'))", stdin="abc\n")
     assert r.ok and r.stdout == "cba True\n", r
