@@ -386,6 +386,7 @@ mod tests {
     fn the_boot_config_names_the_root_and_both_consoles() {
         let cfg = syslinux_cfg(&kernel_cmdline("0123abcd-0000-4000-8000-000000000000"));
         assert!(cfg.contains("APPEND root=UUID=0123abcd-0000-4000-8000-000000000000 ro"));
+        assert!(cfg.contains(" swiotlb=1024"), "a 2 MiB bounce buffer, not 64 MiB per VM");
         assert!(cfg.contains("console=ttyS0 console=tty0"), "the screen is the last console: {cfg}");
         assert!(cfg.contains("TIMEOUT 0"));
         let u = random_uuid();
