@@ -161,8 +161,10 @@ async def guest_meminfo_kb(sb) -> dict[str, int]:  # noqa: ANN001
 
 async def layers(a: argparse.Namespace) -> None:
     async with client() as c:
+        # No idle TTL: on a loaded machine booting 8 VMs one at a time takes
+        # longer than the default 300 s, and the first ones would be stopped.
         run = DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=a.memory_mb, cpu_cores_limit=1,
-                          toolkits=[a.toolkit], labels={"suite": "bench-vm"})
+                          toolkits=[a.toolkit], ttl_running_stop=0, labels={"suite": "bench-vm"})
         # One at a time: N guests booting at once under TCG starve each
         # other's udev past the agent's wait for its pmem devices.
         sbs = [await c.run(run, timeout=900) for _ in range(a.n)]
