@@ -6,7 +6,9 @@
 #      agent greets on its port; alternated, one at a time
 #   2. host memory of LAYER_VMS full VMs that all read one read-only layer
 #      (the `python` image's, as a toolkit): shared by virtio-pmem with DAX
-#      vs attached as virtio-blk disks
+#      vs attached as virtio-blk disks; both rounds with the same VMs and
+#      node settings, only --vm-layers differs (vm_bench.py layers says
+#      exactly what is summed)
 #   3. one full VM's cold boot vs SUSPEND_REPS rounds of suspend to disk and
 #      restore to first exec
 # Accelerator: TCG where KVM cannot run the guest (the edge's probe).

@@ -7,11 +7,18 @@
         guest agent, started by the guest's systemd, greets on its
         virtio-serial socket
     vm_bench.py layers --n N --label L --toolkit IMAGE --out F
-        N full VMs started together with IMAGE's layers as a toolkit (the
-        edge's --vm-layers decides pmem+DAX or virtio-blk), each reading
-        every file of the layer; then the host memory they hold: the sum of
-        their cgroups' memory usage (guest RAM, QEMU, the page cache they
-        brought in) and of their QEMUs' PSS
+        N full VMs (768 MiB, 1 vCPU each) created one after the other with
+        IMAGE's layers as a toolkit (the edge's --vm-layers decides
+        pmem+DAX or virtio-blk); the host's page cache is dropped once they
+        all run; then each reads every file of the layer (tar of it to
+        wc), and a few seconds later the host memory they hold is summed:
+        their memory cgroups' usage (guest RAM QEMU has touched, QEMU's own
+        memory, and the host page cache their reads brought in, e.g. the
+        one shared copy of a pmem layer file, charged to the VM that read
+        it first) and their QEMUs' PSS. Also recorded, per VM, before and
+        after the reads: QEMU's PSS by kind of mapping (guest RAM, TCG
+        cache, QEMU's files, the rest) and the guest's own view
+        (MemTotal - MemFree, page cache, anonymous memory)
     vm_bench.py suspend --reps N --out F
         one `debian-vm` full VM: its cold boot to first exec, then N rounds
         of suspend to disk (memory and devices, QEMU ends) and restore to
@@ -38,7 +45,7 @@ from pathlib import Path
 from dsec import DSecClient, DSecRunArgs
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from microvm_bench import qemu_pss_kb  # noqa: E402  (a sibling script)
+from microvm_bench import pss_breakdown_kb, qemu_pss_kb  # noqa: E402  (a sibling script)
 
 
 def client() -> DSecClient:
@@ -144,10 +151,20 @@ def cgroup_bytes(sandbox_id: str) -> int:
     raise SystemExit(f"no memory cgroup for {sandbox_id}")
 
 
+async def guest_meminfo_kb(sb) -> dict[str, int]:  # noqa: ANN001
+    """The guest's own view: memory in use (MemTotal - MemFree) and its
+    page cache, KiB."""
+    r = await sb.run_shell("cat /proc/meminfo")
+    m = {line.split(":")[0]: int(line.split()[1]) for line in r.stdout.splitlines() if line.endswith(" kB")}
+    return {"used": m["MemTotal"] - m["MemFree"], "cached": m["Cached"], "anon": m["AnonPages"]}
+
+
 async def layers(a: argparse.Namespace) -> None:
     async with client() as c:
+        # No idle TTL: on a loaded machine booting 8 VMs one at a time takes
+        # longer than the default 300 s, and the first ones would be stopped.
         run = DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=a.memory_mb, cpu_cores_limit=1,
-                          toolkits=[a.toolkit], labels={"suite": "bench-vm"})
+                          toolkits=[a.toolkit], ttl_running_stop=0, labels={"suite": "bench-vm"})
         # One at a time: N guests booting at once under TCG starve each
         # other's udev past the agent's wait for its pmem devices.
         sbs = [await c.run(run, timeout=900) for _ in range(a.n)]
@@ -159,6 +176,8 @@ async def layers(a: argparse.Namespace) -> None:
             subprocess.run(["sync"], check=True)
             Path("/proc/sys/vm/drop_caches").write_text("1")
             base = [cgroup_bytes(sb.id) for sb in sbs]
+            base_parts = [pss_breakdown_kb(sb.id, a.memory_mb) for sb in sbs]
+            guest_before = await asyncio.gather(*[guest_meminfo_kb(sb) for sb in sbs])
             reads = await asyncio.gather(*[sb.run_shell(
                 "mount | grep -c /opt/dsec/layers/0; tar cf - /opt/dsec/layers/0 2>/dev/null | wc -c", timeout=900)
                 for sb in sbs])
@@ -168,10 +187,14 @@ async def layers(a: argparse.Namespace) -> None:
             await asyncio.sleep(a.settle)
             used = [cgroup_bytes(sb.id) for sb in sbs]
             pss = [qemu_pss_kb(sb.id) * 1024 for sb in sbs]
+            parts = [pss_breakdown_kb(sb.id, a.memory_mb) for sb in sbs]
+            guest_after = await asyncio.gather(*[guest_meminfo_kb(sb) for sb in sbs])
         finally:
             await asyncio.gather(*[sb.delete() for sb in sbs])
     Path(a.out).write_text(json.dumps({"kind": "layers", "label": a.label, "n": a.n, "read_bytes": int(size),
-                                       "before_read": base, "cgroup": used, "pss": pss}))
+                                       "before_read": base, "cgroup": used, "pss": pss,
+                                       "pss_parts_before": base_parts, "pss_parts": parts,
+                                       "guest_before": guest_before, "guest_after": guest_after}))
 
 
 def report_layers(files: list[str]) -> None:
@@ -183,6 +206,14 @@ def report_layers(files: list[str]) -> None:
         print(f"{d['n']} full VMs reading a {d['read_bytes'] / mib:.0f} MiB layer, {d['label']}: "
               f"cgroups {sum(d['cgroup']) / mib:.0f} MiB (grew {(sum(d['cgroup']) - sum(d['before_read'])) / mib:.0f} MiB "
               f"while reading), QEMU PSS {sum(d['pss']) / mib:.0f} MiB")
+        if "pss_parts" in d:
+            n, kib = d["n"], 1024
+            for when, parts, guest in (("before reading", d["pss_parts_before"], d["guest_before"]),
+                                       ("after reading", d["pss_parts"], d["guest_after"])):
+                avg = {k: sum(p[k] for p in parts) / n / kib for k in parts[0]}
+                g = {k: sum(x[k] for x in guest) / n / kib for k in guest[0]}
+                print(f"    per VM {when}: QEMU PSS " + ", ".join(f"{k} {v:.0f}" for k, v in avg.items())
+                      + f" MiB; guest used {g['used']:.0f} (page cache {g['cached']:.0f}, anon {g['anon']:.0f}) MiB")
     if len(rows) == 2:
         a, b = rows
         print(f"  {a['label']} / {b['label']}: cgroups {sum(a['cgroup']) / sum(b['cgroup']):.2f}x, "

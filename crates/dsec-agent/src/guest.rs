@@ -63,9 +63,10 @@ fn mount_layer(i: usize, name: &str) -> Result<(), SetupError> {
 }
 
 /// The guest's udev loads the pmem drivers from the device's modalias; the
-/// node appears a moment after boot.
+/// node appears a moment after boot, or tens of seconds on a loaded host
+/// under TCG (several guests booting at once: 20 s was seen to be short).
 fn wait_for(dev: &str) -> Result<(), SetupError> {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(90);
     while !std::path::Path::new(dev).exists() {
         if std::time::Instant::now() >= deadline {
             return Err(SetupError { step: format!("wait for {dev}"), errno: Errno::NODEV });

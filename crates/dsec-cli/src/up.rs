@@ -151,8 +151,8 @@ pub struct EdgeArgs {
     /// guest RAM, and a suspend writes all of it.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set)]
     pub vm_ram_file: bool,
-    /// TCG translation cache per microVM, MiB (each VM's QEMU keeps up to
-    /// this much translated code resident; unused under KVM).
+    /// TCG translation cache per microVM and full VM, MiB (each VM's QEMU
+    /// keeps up to this much translated code resident; unused under KVM).
     #[arg(long, default_value_t = dsec_edge::microvm::cmdline::DEFAULT_TB_SIZE_MB)]
     pub vm_tb_size_mb: u32,
     /// New microVMs restore a memory image of a freshly booted guest of
@@ -297,6 +297,7 @@ impl EdgeArgs {
         fullvm.free_page_reporting = self.vm_free_page_reporting;
         fullvm.boot_timeout = Duration::from_secs(self.full_vm_boot_timeout_s);
         fullvm.layer_bus = self.vm_layers;
+        fullvm.tb_size_mb = self.vm_tb_size_mb;
         config.fullvm = Some(fullvm);
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);

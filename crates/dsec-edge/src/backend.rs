@@ -94,6 +94,13 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Releases node-wide resources at edge shutdown.
     fn release(&self) {}
+
+    /// Something about a running sandbox its owner should know, for its
+    /// `state_reason` (a full VM at its disk write limit). Checked by the
+    /// sweeper: cheap (a stat), blocking.
+    fn condition(&self, _id: &str) -> Option<String> {
+        None
+    }
 }
 
 /// What one suspend to disk did.

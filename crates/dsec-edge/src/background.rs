@@ -100,6 +100,7 @@ impl Edge {
         let retention_ms = self.inner.config.retention.as_millis() as u64;
         let mut expired: Vec<(String, String)> = Vec::new();
         let mut forget: Vec<String> = Vec::new();
+        let mut watched = Vec::new();
         {
             let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
             for (id, e) in reg.iter() {
@@ -109,6 +110,9 @@ impl Edge {
                     // included; the idle TTL does not run while paused (a
                     // paused sandbox waits for its preempted trainer).
                     State::Running | State::Paused => {
+                        if r.state == State::Running && r.reason.is_none() {
+                            watched.push((id.clone(), r.spec.backend, e.clone()));
+                        }
                         if r.spec.max_lifetime_s > 0 && now.saturating_sub(r.created_at_ms) > r.spec.max_lifetime_s * 1000 {
                             expired.push((id.clone(), format!("maximum lifetime of {} s reached", r.spec.max_lifetime_s)));
                         } else if r.state == State::Running && r.spec.idle_ttl_s > 0 {
@@ -126,6 +130,19 @@ impl Edge {
                     }
                     _ => {}
                 }
+            }
+        }
+        // Conditions a running sandbox's owner should see (once).
+        for (id, kind, entry) in watched {
+            let Ok(backend) = self.inner.backends.get(kind) else { continue };
+            if let Some(note) = backend.condition(&id) {
+                tracing::warn!(%id, %note, "sandbox condition");
+                let rec = {
+                    let mut r = lock(&entry.record);
+                    r.reason = Some(note);
+                    r.clone()
+                };
+                self.save(&rec);
             }
         }
         for (id, reason) in expired {

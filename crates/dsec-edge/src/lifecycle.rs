@@ -41,8 +41,8 @@ impl Edge {
         let inner = &self.inner;
         let (mut req, network_rules) = crate::network::take_rules(self, req)?;
         let snapshot = self.apply_snapshot(caller, &mut req)?;
-        // A full VM's disk is by default its image's size (`fullvm::plan`
-        // refuses less).
+        // A full VM may by default write as much as its image's disk holds
+        // (`disk_limit_mb` caps its writes on the host, `fullvm::disk_cap`).
         if let (Some(BackendKind::Vm), None, Ok(vm)) = (req.backend, req.disk_mb, &inner.backends.fullvm) {
             req.disk_mb = vm.image_disk_mb(&req.image).ok();
         }

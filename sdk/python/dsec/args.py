@@ -32,8 +32,9 @@ class BaseRunArgs:
         toolkits: toolkit layers placed above the workspace; the last is topmost.
         memory_limit_mb: memory limit in MiB.
         cpu_cores_limit: CPU limit in cores (fractions allowed).
-        disk_limit_mb: size of the writable layer in MiB (a full VM: of
-            its whole disk, by default and at least its image's).
+        disk_limit_mb: size of the writable layer in MiB (a full VM: the
+            most its writes may take on the host, by default its image's
+            disk size, at least 64; past it the guest gets I/O errors).
         pids_limit: maximum number of processes.
         ttl_running_stop: idle lifetime in seconds: the sandbox is stopped after
             this long without any request (0 disables the idle timeout).

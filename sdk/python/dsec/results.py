@@ -138,7 +138,9 @@ class SandboxInfo:
         state: ``queued``, ``creating``, ``running``, ``pausing``, ``paused``,
             ``resuming``, ``stopping``, ``stopped``, ``failed`` or ``unknown``
             (the owning node cannot be reached).
-        state_reason: why the sandbox stopped or failed (``idle timeout``...).
+        state_reason: why the sandbox stopped or failed (``idle timeout``...),
+            or, while it runs, a condition to know of (a full VM at its
+            disk limit: ``disk limit reached: ...``).
         node: the node that runs it.
         limits: the limits in force.
         created_at, last_active_at, stopped_at: RFC 3339 times.

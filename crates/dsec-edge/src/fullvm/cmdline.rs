@@ -78,7 +78,13 @@ pub struct FullVmLaunch<'a> {
     pub firmware: Firmware,
     pub memory_mb: u64,
     pub vcpus: u32,
+    /// TCG's translation cache, MiB: QEMU keeps all of it resident once a
+    /// guest has run that much code (a Debian boot fills 64 MiB).
+    pub tb_size_mb: u32,
     pub files: &'a VmFiles,
+    /// The most the VM's overlay may hold on the host (`disk_limit_mb`),
+    /// bytes: see `disk_drive`.
+    pub disk_limit_bytes: u64,
     /// Guests report freed pages to the host (virtio-balloon).
     pub free_page_reporting: bool,
     /// Read-only EROFS layer files, topmost first, and how they are
@@ -98,7 +104,7 @@ pub fn qemu_args(l: &FullVmLaunch<'_>) -> Vec<String> {
     push(&["-M", "q35"]);
     match l.accel {
         Accel::Kvm => push(&["-accel", "kvm", "-cpu", "host"]),
-        Accel::Tcg => push(&["-accel", "tcg,tb-size=64"]),
+        Accel::Tcg => push(&["-accel", &format!("tcg,tb-size={}", l.tb_size_mb.max(1))]),
     }
     let pmem: &[PathBuf] = if l.layer_bus == LayerBus::Pmem { l.layers } else { &[] };
     let (smp, mem) = (l.vcpus.max(1).to_string(), memory_arg(l.memory_mb, pmem));
@@ -112,7 +118,7 @@ pub fn qemu_args(l: &FullVmLaunch<'_>) -> Vec<String> {
     }
     // The screen; its keyboard is q35's PS/2 controller.
     push(&["-device", "VGA", "-device", "virtio-tablet-pci"]);
-    let disk = format!("id=disk,file={},format=qcow2,if=none,discard=unmap", path(&l.files.disk));
+    let disk = disk_drive(&path(&l.files.disk), l.disk_limit_bytes);
     push(&["-drive", &disk, "-device", "virtio-blk-pci,drive=disk,bootindex=0"]);
     let agent = format!("socket,id=agent,path={},server=on,wait=off", path(&l.files.agent_socket()));
     let port = format!("virtserialport,chardev=agent,name={AGENT_PORT}");
@@ -147,6 +153,20 @@ pub fn qemu_args(l: &FullVmLaunch<'_>) -> Vec<String> {
     a
 }
 
+/// The VM's disk: its qcow2 overlay read through a `raw` node of fixed
+/// size (`limit` bytes), so the overlay file can never grow past it on the
+/// host: qcow2 allocates its clusters inside the file (made that long and
+/// sparse, `overlay::cap`), and a cluster it would need beyond `limit` is a
+/// write the raw node refuses with ENOSPC. `werror=report` hands that
+/// error to the guest as an I/O error (QEMU's default would pause the whole
+/// VM instead).
+fn disk_drive(overlay: &str, limit: u64) -> String {
+    format!(
+        "id=disk,if=none,driver=qcow2,discard=unmap,werror=report,\
+         file.driver=raw,file.size={limit},file.file.driver=file,file.file.filename={overlay}"
+    )
+}
+
 /// `-m`: guest RAM, plus address space (slots, maxmem) for the pmem
 /// devices, which are hot-pluggable memory on q35.
 fn memory_arg(memory_mb: u64, pmem: &[PathBuf]) -> String {
@@ -167,7 +187,7 @@ mod tests {
     }
 
     fn launch(f: &VmFiles) -> FullVmLaunch<'_> {
-        FullVmLaunch { accel: Accel::Tcg, firmware: Firmware::Seabios, memory_mb: 512, vcpus: 2, files: f, free_page_reporting: true, layers: &[], layer_bus: LayerBus::Pmem, incoming: false }
+        FullVmLaunch { accel: Accel::Tcg, firmware: Firmware::Seabios, memory_mb: 512, vcpus: 2, tb_size_mb: 16, files: f, disk_limit_bytes: 1 << 30, free_page_reporting: true, layers: &[], layer_bus: LayerBus::Pmem, incoming: false }
     }
 
     fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {
@@ -181,7 +201,13 @@ mod tests {
         assert_eq!(values(&args, "-M"), ["q35"]);
         assert_eq!(values(&args, "-m"), ["512M"]);
         assert_eq!(values(&args, "-smp"), ["2"]);
-        assert_eq!(values(&args, "-drive"), ["id=disk,file=/data/vm/n.abc.qcow2,format=qcow2,if=none,discard=unmap"]);
+        // The overlay, capped on the host at disk_limit_mb; a write past it
+        // is an I/O error in the guest, not a paused VM.
+        assert_eq!(
+            values(&args, "-drive"),
+            ["id=disk,if=none,driver=qcow2,discard=unmap,werror=report,file.driver=raw,file.size=1073741824,\
+              file.file.driver=file,file.file.filename=/data/vm/n.abc.qcow2"]
+        );
         let dev = values(&args, "-device");
         assert!(dev.contains(&"virtio-blk-pci,drive=disk,bootindex=0"));
         assert!(dev.contains(&"VGA") && dev.contains(&"virtio-tablet-pci"));
@@ -225,9 +251,9 @@ mod tests {
         let args = qemu_args(&l);
         assert_eq!(values(&args, "-accel"), ["kvm"]);
         assert_eq!(values(&args, "-cpu"), ["host"]);
-        assert!(values(&args, "-drive")[0].contains("file=/d/x,,y.qcow2,"));
+        assert!(values(&args, "-drive")[0].ends_with("filename=/d/x,,y.qcow2"));
         assert!(!args.iter().any(|a| a.contains("balloon")));
-        assert_eq!(values(&qemu_args(&launch(&f)), "-accel"), ["tcg,tb-size=64"]);
+        assert_eq!(values(&qemu_args(&launch(&f)), "-accel"), ["tcg,tb-size=16"]);
     }
 
     #[test]

@@ -30,6 +30,7 @@
 //! agent.
 
 pub mod cmdline;
+pub mod disk_cap;
 pub mod input;
 pub mod net;
 pub mod pmem;
@@ -75,6 +76,8 @@ pub struct FullVmConfig {
     pub boot_timeout: Duration,
     /// How toolkit layers reach the guest.
     pub layer_bus: LayerBus,
+    /// TCG's translation cache per VM, MiB (the node's, as microVMs').
+    pub tb_size_mb: u32,
 }
 
 impl FullVmConfig {
@@ -88,6 +91,7 @@ impl FullVmConfig {
             free_page_reporting: true,
             boot_timeout: Duration::from_secs(300),
             layer_bus: LayerBus::Pmem,
+            tb_size_mb: microvm::cmdline::DEFAULT_TB_SIZE_MB,
         }
     }
 }
@@ -163,7 +167,9 @@ impl FullVmBackend {
             firmware: self.cfg.firmware,
             memory_mb: spec.limits.memory_mb,
             vcpus: microvm::cmdline::vcpus_for(spec.limits.cpu_cores),
+            tb_size_mb: self.cfg.tb_size_mb,
             files,
+            disk_limit_bytes: spec.limits.disk_mb << 20,
             free_page_reporting: self.cfg.free_page_reporting,
             layers: &plan.layer_files,
             layer_bus: self.cfg.layer_bus,
@@ -173,6 +179,8 @@ impl FullVmBackend {
 
     async fn restore_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan) -> Result<Instance, EdgeError> {
         let files = self.files(id);
+        // An overlay suspended before the write cap existed is shorter.
+        disk_cap::cap(&files.disk, spec.limits.disk_mb << 20)?;
         let mut args = cmdline::qemu_args(&self.launch(self.accel().await, spec, plan, &files, true));
         // The same NIC as at boot, in the same namespace and cgroup2
         // directory.
@@ -208,11 +216,14 @@ impl FullVmBackend {
     /// request's `toolkits`, last = topmost), mounted in the guest at
     /// `/opt/dsec/layers/<i>`. The base image is the VM image itself.
     pub fn plan(&self, rootfs: &dyn RootfsProvider, spec: &SandboxSpec) -> Result<RootfsPlan, EdgeError> {
-        let image_mb = self.image_disk_mb(&spec.image)?;
-        if spec.limits.disk_mb < image_mb {
+        // disk_limit_mb caps what the VM may write (disk_cap); its disk
+        // is the image's, larger only if the limit is.
+        self.image_disk_mb(&spec.image)?;
+        if spec.limits.disk_mb < disk_cap::MIN_LIMIT_MB {
             return Err(EdgeError::InvalidLimits(format!(
-                "a full VM's disk holds its whole image: disk_limit_mb must be at least {image_mb} for {:?} (the default), not {}",
-                spec.image, spec.limits.disk_mb
+                "a full VM needs room for the writes of its boot: disk_limit_mb must be at least {}, not {}",
+                disk_cap::MIN_LIMIT_MB,
+                spec.limits.disk_mb
             )));
         }
         if spec.workspace.is_some() {
@@ -256,7 +267,8 @@ impl FullVmBackend {
             Some(snap) => Backing::Snapshot(self.snapshots.clone(), snap.clone()),
             None => Backing::Base(base, spec.limits.disk_mb << 20),
         };
-        let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, backing, firmware))
+        let limit = spec.limits.disk_mb << 20;
+        let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, backing, limit, firmware))
             .await
             .map_err(|e| EdgeError::Internal(e.to_string()))
             .and_then(|r| r);
@@ -360,8 +372,9 @@ enum Backing {
 }
 
 /// The run directory, the overlay (`qemu-img create`: a few KiB, the
-/// backing disk's size) and, for OVMF, a private copy of its variables.
-fn prepare_files(files: &VmFiles, backing: Backing, firmware: Firmware) -> Result<(), EdgeError> {
+/// backing disk's size; capped at `limit` bytes on the host) and, for
+/// OVMF, a private copy of its variables.
+fn prepare_files(files: &VmFiles, backing: Backing, limit: u64, firmware: Firmware) -> Result<(), EdgeError> {
     std::fs::create_dir_all(&files.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", files.run_dir.display())))?;
     match backing {
         Backing::Base(base, size) => {
@@ -371,6 +384,7 @@ fn prepare_files(files: &VmFiles, backing: Backing, firmware: Firmware) -> Resul
         }
         Backing::Snapshot(snaps, id) => snaps.chain_onto(&id, &files.disk)?,
     }
+    disk_cap::cap(&files.disk, limit)?;
     if firmware == Firmware::Ovmf {
         let vars = cmdline::ovmf_vars(files);
         std::fs::copy(cmdline::OVMF_VARS, &vars).map_err(|e| EdgeError::Internal(format!("copying {}: {e}", cmdline::OVMF_VARS)))?;
@@ -427,6 +441,10 @@ impl Backend for FullVmBackend {
 
     fn after_thaw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
         Box::pin(async move { microvm::qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
+    }
+
+    fn condition(&self, id: &str) -> Option<String> {
+        disk_cap::limit_reached(&self.files(id).disk).map(|(held, limit)| disk_cap::reason(held, limit))
     }
 
     fn reap_files(&self, live: &HashSet<String>) -> usize {

@@ -3,9 +3,10 @@ qcow2 overlay under SeaBIOS (a whole Debian with systemd: tens of seconds
 under TCG). One VM is booted for the whole file and shared by the tests in
 order (exec and files through the guest agent, the screen, input, bad
 input, its toolkit layer read through virtio-pmem DAX, pause, suspend and
-restore, a snapshot and a fork of it, which boots a second VM); the last
-test stops it and checks that nothing of it is left on the
-host. The image comes from ``dsec image setup`` (``DSEC_TEST_IMAGES_DIR``)
+restore, a snapshot and a fork of it, which boots a second VM, then
+writes past its disk limit); the last test stops it and checks that
+nothing of it is left on the host. One more VM boots under OVMF (UEFI) on
+a server of its own. The image comes from ``dsec image setup`` (``DSEC_TEST_IMAGES_DIR``)
 or ``DSEC_TEST_VM_IMAGES_DIR``."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ import pytest
 import dsec
 from dsec import DSecClient, DSecRunArgs
 
-from .conftest import Server, Tenant, _http
+from .conftest import Server, Tenant, _create_tenant, _http, serve_dsec
 from .test_microvm import _host_traces, _qemu_of
 
 pytestmark = pytest.mark.e2e
@@ -32,8 +33,8 @@ pytestmark = pytest.mark.e2e
 MEMORY_MB = 512
 # The shared VM's read-only layer (virtio-pmem + DAX, the edge's default).
 TOOLKIT = "python"
-#: Larger than debian-vm's disk (4,161 MiB): the guest sees a disk of this size.
-DISK_MB = 4608
+#: What the VM may write on the host (its disk is the image's, 4,161 MiB).
+DISK_MB = 512
 
 
 def vm_args(image: str = "debian-vm", **kw: object) -> DSecRunArgs:
@@ -42,6 +43,12 @@ def vm_args(image: str = "debian-vm", **kw: object) -> DSecRunArgs:
                                    labels={"suite": "sdk-e2e-vm"})
     base.update(kw)
     return DSecRunArgs(**base)  # type: ignore[arg-type]
+
+
+def _image_disk_bytes() -> int:
+    """The virtual size of debian-vm's disk (from its qcow2 header)."""
+    with open(_vm_image(), "rb") as f:
+        return struct.unpack(">Q", f.read(32)[24:32])[0]
 
 
 def _vm_image() -> Path:
@@ -104,9 +111,9 @@ async def test_commands_and_files_run_in_the_guest_os(client: DSecClient, vm_id:
     # A whole OS: its own init, booted from the image's disk.
     assert init == "systemd" and debian.startswith("12")
     assert r.stderr == "err\n" and r.exit_code == 3
-    # disk_limit_mb is the size of the guest's disk (its overlay's).
+    # disk_limit_mb caps the VM's writes; its disk is the image's.
     assert info.limits.disk_limit_mb == DISK_MB
-    assert (await sb.run_shell("cat /sys/block/vda/size")).stdout == f"{DISK_MB * 2048}\n"
+    assert (await sb.run_shell("cat /sys/block/vda/size")).stdout == f"{_image_disk_bytes() // 512}\n"
     blob = os.urandom(2 << 20)
     await sb.write_file("/root/blob.bin", blob)
     assert await sb.read_file("/root/blob.bin") == blob
@@ -175,13 +182,10 @@ async def test_a_missing_vm_image_or_too_little_memory_is_refused(client: DSecCl
     with pytest.raises(dsec.DSecError) as e2:
         await client.run(vm_args(memory_limit_mb=128))
     assert e2.value.status == 400 and "at least" in e2.value.message
-    # A disk smaller than the image's cannot hold it.
+    # Too small a write limit for the guest's own boot.
     with pytest.raises(dsec.InvalidLimits) as e3:
-        await client.run(vm_args(disk_limit_mb=1024))
-    with open(_vm_image(), "rb") as f:
-        header = f.read(32)
-    image_mb = -(-struct.unpack(">Q", header[24:32])[0] // (1 << 20))
-    assert e3.value.status == 400 and f"disk_limit_mb must be at least {image_mb}" in e3.value.message
+        await client.run(vm_args(disk_limit_mb=32))
+    assert e3.value.status == 400 and "disk_limit_mb must be at least 64" in e3.value.message
 
 
 async def test_pause_suspend_snapshot_and_fork_of_a_full_vm(server: Server, client: DSecClient,
@@ -249,6 +253,29 @@ async def test_a_toolkit_layer_is_read_through_dax(client: DSecClient, vm_id: st
     assert cache_growth < read // 4, f"the guest cached {cache_growth} bytes for {read} read through DAX"
 
 
+async def test_writes_past_the_disk_limit_fail_in_the_guest_not_on_the_host(
+        server: Server, client: DSecClient, vm_id: str, image: str) -> None:
+    """disk_limit_mb caps what the host holds of the VM's writes: the guest
+    gets I/O errors past it, the sandbox says why, its neighbours write on."""
+    sb = client.sandbox(vm_id)
+    (overlay,) = server.data_dir.glob(f"edge/*/vm/overlays/{vm_id}.qcow2")
+    r = await sb.run_shell(f"dd if=/dev/zero of=/root/fill bs=1M count={DISK_MB + 64} conv=fsync 2>&1; "
+                           "echo dd=$?; sync; touch /root/after 2>&1; echo touch=$?", timeout=600)
+    assert "dd=0" not in r.stdout or "touch=0" not in r.stdout, r.stdout
+    held = overlay.stat().st_blocks * 512
+    assert held <= DISK_MB << 20 and overlay.stat().st_size == DISK_MB << 20, (held, overlay.stat().st_size)
+    deadline = time.monotonic() + 20
+    while "disk limit reached" not in ((await sb.refresh()).state_reason or ""):
+        assert time.monotonic() < deadline, "the sandbox does not say its disk is full"
+        await _sleep(0.5)
+    info = await sb.refresh()
+    assert info.state == "running" and f"of {DISK_MB} MiB" in (info.state_reason or ""), info.state_reason
+    # The guest still answers (its disk reads), and a neighbour still writes.
+    assert (await sb.run_shell("cat /etc/debian_version")).exit_code == 0
+    async with await client.run(DSecRunArgs(backend="container", image=image, memory_limit_mb=64)) as box:
+        assert (await box.run_shell("head -c 1048576 /dev/zero > /tmp/x && echo ok")).stdout == "ok\n"
+
+
 async def test_stop_leaves_nothing_behind(server: Server, client: DSecClient, vm_id: str) -> None:
     sb = client.sandbox(vm_id)
     assert _host_traces(vm_id), "a running VM must be visible (its QEMU names it)"
@@ -260,3 +287,26 @@ async def test_stop_leaves_nothing_behind(server: Server, client: DSecClient, vm
     assert not overlays[0].exists()
     with pytest.raises(dsec.SandboxNotRunning):
         await sb.screenshot()
+
+
+@pytest.fixture(scope="module")
+def ovmf_server() -> Iterator[Server]:
+    """A node whose full VMs boot under OVMF (UEFI) instead of SeaBIOS."""
+    yield from serve_dsec(["--no-fncall", "--vm-firmware", "ovmf"])
+
+
+async def test_a_full_vm_boots_under_ovmf(ovmf_server: Server) -> None:
+    """The same debian-vm image boots by UEFI (its EFI system partition's
+    EFI/BOOT/BOOTX64.EFI) and its agent answers."""
+    tenant = _create_tenant(ovmf_server, "e2e-ovmf")
+    async with DSecClient(ovmf_server.url, tenant.token) as c:
+        t0 = time.monotonic()
+        sb = await c.run(vm_args(ttl_running_stop=600), timeout=600)
+        try:
+            print(f"full VM under OVMF booted to its agent in {time.monotonic() - t0:.1f} s")
+            r = await sb.run_shell("test -d /sys/firmware/efi && echo uefi; cat /proc/1/comm")
+            assert r.stdout == "uefi\nsystemd\n", r
+            assert [p for p in _qemu_of(sb.id) if b"OVMF_CODE" in Path(f"/proc/{p}/cmdline").read_bytes()]
+        finally:
+            await sb.delete()
+        assert _host_traces(sb.id) == []
