@@ -291,7 +291,9 @@ impl Edge {
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
         raise_fd_limit();
-        let node_lock = lock_node_name(&config.node)?;
+        let lock_dir = std::path::Path::new(crate::node_lock::LOCK_DIR);
+        let node_lock = crate::node_lock::lock(lock_dir, &config.node)?;
+        crate::node_lock::sweep_stale(lock_dir, &config.node);
         let cgroups = Arc::new(
             Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?,
         );
@@ -467,34 +469,8 @@ impl Edge {
         }
         // Still locked by us, so no other edge holds this file: remove it so
         // a host that saw many short-lived edges (tests) keeps no litter.
-        let _ = std::fs::remove_file(node_lock_path(&self.inner.config.node));
+        let _ = std::fs::remove_file(crate::node_lock::path(std::path::Path::new(crate::node_lock::LOCK_DIR), &self.inner.config.node));
     }
-}
-
-fn node_lock_path(node: &str) -> PathBuf {
-    PathBuf::from(format!("/run/dsec/node-{node}.lock"))
-}
-
-/// Two edges with one node name on one host would share a cgroup parent
-/// and reap each other's sandboxes; a lock under /run refuses the second.
-fn lock_node_name(node: &str) -> Result<std::fs::File, EdgeError> {
-    use std::os::fd::AsRawFd;
-    let path = node_lock_path(node);
-    let dir = path.parent().unwrap_or(std::path::Path::new("/"));
-    std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
-    let f = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| EdgeError::Internal(format!("opening {}: {e}", path.display())))?;
-    // SAFETY: flock on an fd we own.
-    if unsafe { libc::flock(f.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } != 0 {
-        return Err(EdgeError::Invalid(format!(
-            "node name {node:?} is already used by another edge on this host; give this one another name (--node)"
-        )));
-    }
-    Ok(f)
 }
 
 /// Thousands of sandboxes mean thousands of channel and pid fds.

@@ -38,6 +38,7 @@ pub mod metrics;
 pub mod microvm;
 pub mod model;
 mod network;
+mod node_lock;
 mod pack;
 mod pause;
 mod prefetch;
