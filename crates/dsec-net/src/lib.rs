@@ -18,6 +18,7 @@ pub mod netlink;
 pub mod pool;
 mod resolver;
 pub mod rules;
+mod upstream;
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::net::Ipv4Addr;

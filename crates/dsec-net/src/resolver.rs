@@ -17,7 +17,6 @@ use tokio::net::{TcpListener, TcpStream, UdpSocket};
 use crate::netlink::{link_index, Batch, Netlink};
 use crate::{dns, now_ms, Denial, Egress};
 
-const UPSTREAM_TIMEOUT: Duration = Duration::from_secs(3);
 /// Queries answered at once; more wait (a sandbox flooding its resolver
 /// slows only the resolver's answers, never the edge).
 const MAX_IN_FLIGHT: usize = 256;
@@ -70,7 +69,7 @@ pub fn spawn(egress: Egress) -> std::io::Result<()> {
             let (egress, sock) = (egress.clone(), sock.clone());
             tokio::spawn(async move {
                 let _permit = permit;
-                if let Some(answer) = answer(&egress, &query, from).await {
+                if let Some(answer) = answer(&egress, &query, from, false).await {
                     let _ = sock.send_to(&answer, from).await;
                 }
             });
@@ -120,7 +119,7 @@ async fn serve_tcp(egress: &Egress, mut stream: TcpStream, from: SocketAddr) {
             Ok(Ok(_)) => {}
             _ => return,
         }
-        let Some(reply) = answer(egress, &query, from).await else { return };
+        let Some(reply) = answer(egress, &query, from, true).await else { return };
         let Ok(n) = u16::try_from(reply.len()) else { return };
         let mut out = Vec::with_capacity(reply.len() + 2);
         out.extend_from_slice(&n.to_be_bytes());
@@ -131,7 +130,8 @@ async fn serve_tcp(egress: &Egress, mut stream: TcpStream, from: SocketAddr) {
     }
 }
 
-async fn answer(egress: &Egress, query: &[u8], from: SocketAddr) -> Option<Vec<u8>> {
+/// `over_tcp`: the sandbox asked over TCP, so it gets a whole answer.
+async fn answer(egress: &Egress, query: &[u8], from: SocketAddr, over_tcp: bool) -> Option<Vec<u8>> {
     let SocketAddr::V4(from4) = from else { return None };
     let q = dns::parse_query(query)?;
     let (sandbox, allowed) = egress.sandbox_by_ip(*from4.ip(), &q.name)?;
@@ -144,32 +144,13 @@ async fn answer(egress: &Egress, query: &[u8], from: SocketAddr) -> Option<Vec<u
         });
         return Some(dns::refused(query));
     }
-    let Some(reply) = ask_upstream(egress, query).await else { return Some(dns::servfail(query)) };
+    let Some(reply) = crate::upstream::ask(&egress.config().dns_upstream, query, over_tcp).await else { return Some(dns::servfail(query)) };
     if q.qtype == dns::TYPE_A {
         let addrs = dns::answer_addrs(&reply);
         // Open the addresses before the sandbox sees them.
         egress.learn(*from4.ip(), &q.name, &addrs);
     }
     Some(reply)
-}
-
-async fn ask_upstream(egress: &Egress, query: &[u8]) -> Option<Vec<u8>> {
-    for up in &egress.config().dns_upstream {
-        let bind: SocketAddr = if up.is_ipv4() { "0.0.0.0:0".parse().ok()? } else { "[::]:0".parse().ok()? };
-        let Ok(s) = UdpSocket::bind(bind).await else { continue };
-        if s.connect(up).await.is_err() || s.send(query).await.is_err() {
-            continue;
-        }
-        let mut buf = vec![0u8; 4096];
-        if let Ok(Ok(n)) = tokio::time::timeout(UPSTREAM_TIMEOUT, s.recv(&mut buf)).await {
-            // The answer must be to our question (same id).
-            if n >= 12 && buf[..2] == query[..2] {
-                buf.truncate(n);
-                return Some(buf);
-            }
-        }
-    }
-    None
 }
 
 fn proto_name(p: u8) -> &'static str {
