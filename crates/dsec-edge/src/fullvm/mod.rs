@@ -144,13 +144,6 @@ impl FullVmBackend {
         self.egress.as_ref().map(drop).ok_or_else(|| "outbound network is not enabled on this node".into())
     }
 
-    /// The egress of sandbox `id` if it has a network (taken back from its
-    /// persisted state after an edge restart).
-    fn egress_of(&self, id: &str) -> Option<&dsec_net::Egress> {
-        let eg = self.egress.as_ref()?;
-        (eg.is_networked(id) || eg.adopt(id).unwrap_or(false)).then_some(eg)
-    }
-
     /// Where the VMs' overlays live.
     pub(crate) fn overlay_dir(&self) -> &Path {
         &self.overlay_dir
@@ -184,10 +177,7 @@ impl FullVmBackend {
         let mut args = cmdline::qemu_args(&self.launch(self.accel().await, spec, plan, &files, true));
         // The same NIC as at boot, in the same namespace and cgroup2
         // directory.
-        let net = match self.egress_of(id) {
-            None => None,
-            Some(eg) => Some(microvm::net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) }),
-        };
+        let net = microvm::network_of(self.egress.as_ref(), id)?;
         if net.is_some() {
             args.extend(net::qemu_args());
         }
@@ -404,7 +394,7 @@ impl Backend for FullVmBackend {
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
         Box::pin(async move {
             let instance = microvm::reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
-            if let Some(eg) = self.egress_of(id) {
+            if let Some(eg) = microvm::egress_of(self.egress.as_ref(), id) {
                 microvm::keep_netns_of(eg, id, pid)?;
             }
             Ok(instance)

@@ -196,13 +196,6 @@ impl MicroVmBackend {
         Ok(())
     }
 
-    /// The egress of sandbox `id` if it has a network (taken back from its
-    /// persisted state after an edge restart).
-    fn egress_of(&self, id: &str) -> Option<&dsec_net::Egress> {
-        let eg = self.egress.as_ref()?;
-        (eg.is_networked(id) || eg.adopt(id).unwrap_or(false)).then_some(eg)
-    }
-
     /// Where the VMs' writable disks live.
     pub(crate) fn disk_dir(&self) -> &Path {
         &self.disk_dir
@@ -423,10 +416,7 @@ impl MicroVmBackend {
         launch.incoming_fd = Some(suspend::INCOMING_FD);
         // The same devices as at boot, in the same namespace and cgroup2
         // directory.
-        let net = match self.egress_of(id) {
-            None => None,
-            Some(eg) => Some(net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) }),
-        };
+        let net = network_of(self.egress.as_ref(), id)?;
         // The fast path (a RAM file of its own, no network) continues in
         // a standby QEMU when one of its shape waits (standby.rs).
         let standby_ok = own_ram && net.is_none();
@@ -826,6 +816,22 @@ pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
     std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(p)).find(|c| c.is_file())
 }
 
+/// The node's egress if VM `id` has a network (taken back from its
+/// persisted state after an edge restart). Shared by both VM backends.
+pub(crate) fn egress_of<'a>(egress: Option<&'a dsec_net::Egress>, id: &str) -> Option<&'a dsec_net::Egress> {
+    let eg = egress?;
+    (eg.is_networked(id) || eg.adopt(id).unwrap_or(false)).then_some(eg)
+}
+
+/// The namespace and cgroup2 directory a restored QEMU of VM `id` joins:
+/// those of its boot. None for a VM without a network.
+pub(crate) fn network_of(egress: Option<&dsec_net::Egress>, id: &str) -> Result<Option<net::QemuNet>, EdgeError> {
+    match egress_of(egress, id) {
+        None => Ok(None),
+        Some(eg) => Ok(Some(net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) })),
+    }
+}
+
 /// A warm namespace and the allowlist of sandbox `id`, ready for its QEMU
 /// to join (nothing is left on error).
 pub(crate) fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpec) -> Result<net::QemuNet, EdgeError> {
@@ -860,7 +866,7 @@ impl Backend for MicroVmBackend {
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
         Box::pin(async move {
             let instance = reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
-            if let Some(eg) = self.egress_of(id) {
+            if let Some(eg) = egress_of(self.egress.as_ref(), id) {
                 keep_netns_of(eg, id, pid)?;
             }
             Ok(instance)

@@ -42,6 +42,7 @@ use super::qmp::Session;
 use super::suspend;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::container::spawn::{pidfd_kill, reap};
+use crate::edge::lock;
 use crate::error::EdgeError;
 
 /// Most shapes a node keeps a standby for.
@@ -78,10 +79,6 @@ pub struct Standbys {
     closed: AtomicBool,
 }
 
-fn locked<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|p| p.into_inner())
-}
-
 impl Standbys {
     pub fn new(cgroups: Arc<Cgroups>, qemu: PathBuf, run_root: PathBuf, node: &str) -> Self {
         Self {
@@ -108,12 +105,12 @@ impl Standbys {
 
     /// The names of every standby's cgroup (live, or being made).
     pub fn names(&self) -> HashSet<String> {
-        locked(&self.names).clone()
+        lock(&self.names).clone()
     }
 
     /// Takes the standby of `shape`, if one waits.
     pub fn take(&self, shape: &str) -> Option<Standby> {
-        let sb = locked(&self.ready).remove(shape)?;
+        let sb = lock(&self.ready).remove(shape)?;
         if super::process_exited(&sb.pidfd) {
             // It died while waiting (killed by hand, OOM): clean up.
             self.discard(sb);
@@ -131,8 +128,8 @@ impl Standbys {
             return;
         }
         {
-            let ready = locked(&self.ready);
-            let mut making = locked(&self.making);
+            let ready = lock(&self.ready);
+            let mut making = lock(&self.making);
             if ready.contains_key(&shape) || making.contains(&shape) || ready.len() + making.len() >= MAX_SHAPES {
                 return;
             }
@@ -153,13 +150,13 @@ impl Standbys {
                 let name = name.clone();
                 tokio::task::spawn_blocking(move || me.start(&name, &run_dir, args, &limits)).await
             };
-            locked(&me.making).remove(&shape);
+            lock(&me.making).remove(&shape);
             match made {
                 // The edge began shutting down meanwhile.
                 Ok(Ok(sb)) if me.closed.load(Ordering::Acquire) => me.discard(sb),
                 Ok(Ok(sb)) => {
                     tracing::debug!(standby = %sb.name, pid = sb.pid, "standby QEMU ready");
-                    if let Some(old) = locked(&me.ready).insert(shape, sb) {
+                    if let Some(old) = lock(&me.ready).insert(shape, sb) {
                         me.discard(old);
                     }
                 }
@@ -175,7 +172,7 @@ impl Standbys {
         if self.closed.load(Ordering::Acquire) {
             return Err(EdgeError::Internal("the edge is shutting down".into()));
         }
-        locked(&self.names).insert(name.to_string());
+        lock(&self.names).insert(name.to_string());
         let started = (|| {
             self.cgroups.create(name, limits).map_err(|e| EdgeError::Internal(e.to_string()))?;
             std::fs::create_dir_all(run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", run_dir.display())))?;
@@ -217,13 +214,13 @@ impl Standbys {
         self.cgroups.kill_all(name);
         let _ = self.cgroups.remove(name);
         let _ = std::fs::remove_dir_all(run_dir);
-        locked(&self.names).remove(name);
+        lock(&self.names).remove(name);
     }
 
     /// Ends every standby (edge shutdown).
     pub fn end_all(&self) {
         self.closed.store(true, Ordering::Release);
-        let all: Vec<Standby> = locked(&self.ready).drain().map(|(_, sb)| sb).collect();
+        let all: Vec<Standby> = lock(&self.ready).drain().map(|(_, sb)| sb).collect();
         for sb in all {
             self.discard(sb);
         }
@@ -248,7 +245,7 @@ impl Standbys {
         }
         // The QEMU is the sandbox's now: its old cgroup and name go.
         let _ = self.cgroups.remove(&sb.name);
-        locked(&self.names).remove(&sb.name);
+        lock(&self.names).remove(&sb.name);
         let attach_ms = ms(t0);
         match load(to) {
             Ok(mut times) => {
