@@ -440,6 +440,6 @@ impl Backend for FullVmBackend {
     fn reap_files(&self, live: &HashSet<String>) -> usize {
         let prefix = format!("{}.", self.node);
         let ours = |id: &str| id.starts_with(&prefix) && !live.contains(id);
-        microvm::reap_dir(&self.overlay_dir, ".qcow2", ours) + microvm::reap_dir(&self.suspend_dir, ".vmstate", ours)
+        microvm::reap_dir(&self.overlay_dir, ".qcow2", ours) + microvm::reap_dir(&self.suspend_dir, ".vmstate", ours) + pmem::reap(&self.pmem_dir)
     }
 }

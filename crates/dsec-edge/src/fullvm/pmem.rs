@@ -14,7 +14,14 @@
 //! host mount with inline data off, padded with a hole to 2 MiB (made once,
 //! ~8 s for a 291 MiB layer). Every VM maps that one file, so the host's
 //! page cache holds the layer once for all of them.
+//!
+//! Beside each copy, `NAME.dax.src` holds the path of the layer it was made
+//! from. A copy whose layer is gone (its image removed and collected, or a
+//! toolkit upgraded away) can never be asked for again, so the reaper
+//! removes it (`reap`); a VM still running on it keeps its mapping, as the
+//! kernel keeps an unlinked file's pages for whoever maps them.
 
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use crate::error::EdgeError;
@@ -44,14 +51,53 @@ pub fn dax_copy(dir: &Path, layer: &Path, mounted: &Path) -> Result<PathBuf, Edg
     std::fs::create_dir_all(dir).map_err(|e| err("creating the directory of", e.to_string()))?;
     let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
     let _ = std::fs::remove_file(&tmp);
-    let made = dsec_image::build::build_dax_image(mounted, &tmp, ALIGN)
+    // The source record first: a copy is never there without one (a crash
+    // in between leaves a record the reaper removes with its missing copy).
+    let made = std::fs::write(source_record(&out), layer.as_os_str().as_bytes())
         .map_err(|e| e.to_string())
+        .and_then(|()| dsec_image::build::build_dax_image(mounted, &tmp, ALIGN).map_err(|e| e.to_string()))
         .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| e.to_string()));
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
         return Err(err("making", e));
     }
     Ok(out)
+}
+
+fn source_record(copy: &Path) -> PathBuf {
+    let mut name = copy.as_os_str().to_owned();
+    name.push(".src");
+    PathBuf::from(name)
+}
+
+/// Removes from `dir` what no VM can be given again: copies whose layer is
+/// gone (or whose record is), records without a copy, copies in the format
+/// before `.dax` (never reused), and temporary files of copies no longer
+/// being made. Returns how many files went. Blocking; call it with no copy
+/// being made in this process (it takes the same lock).
+pub fn reap(dir: &Path) -> usize {
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    let _one = MAKING.lock().unwrap_or_else(|p| p.into_inner());
+    let names: Vec<String> = entries.flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+    // A copy is stale without a record or when its layer is gone; its
+    // record goes with it.
+    let copy_stale = |copy: &str| match std::fs::read(dir.join(format!("{copy}.src"))) {
+        Ok(src) => !Path::new(std::ffi::OsStr::from_bytes(&src)).exists(),
+        Err(_) => true,
+    };
+    let stale = |name: &str| -> bool {
+        if name.starts_with('.') && name.ends_with(".tmp") {
+            return true; // nobody is making a copy: we hold the lock
+        }
+        if let Some(copy) = name.strip_suffix(".src") {
+            return !names.iter().any(|n| n == copy) || copy_stale(copy);
+        }
+        if name.ends_with(".dax") {
+            return copy_stale(name);
+        }
+        true // a copy of the old format
+    };
+    names.iter().filter(|n| stale(n)).filter(|n| std::fs::remove_file(dir.join(n)).is_ok()).count()
 }
 
 #[cfg(test)]
@@ -76,5 +122,32 @@ mod tests {
         let e = dax_copy(&cache, &dir.path().join("other.erofs"), &dir.path().join("missing")).unwrap_err().to_string();
         assert!(e.contains("pmem copy"), "{e}");
         assert!(!std::fs::read_dir(&cache).unwrap().flatten().any(|e| e.file_name().to_string_lossy().ends_with(".tmp")));
+    }
+
+    #[test]
+    fn copies_of_layers_that_are_gone_are_reaped_and_the_rest_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let tree = dir.path().join("tree");
+        std::fs::create_dir_all(&tree).unwrap();
+        std::fs::write(tree.join("f"), b"x").unwrap();
+        let cache = dir.path().join("pmem");
+        let (kept, gone) = (dir.path().join("kept.erofs"), dir.path().join("gone.erofs"));
+        std::fs::write(&kept, b"layer").unwrap();
+        std::fs::write(&gone, b"layer").unwrap();
+        let kept_copy = dax_copy(&cache, &kept, &tree).unwrap();
+        dax_copy(&cache, &gone, &tree).unwrap();
+        std::fs::remove_file(&gone).unwrap();
+        // Leftovers: the old format, a crashed copy's temp file, a record
+        // whose copy never came.
+        for junk in ["old.erofs", ".x.erofs.123.tmp", "lost.erofs.dax.src"] {
+            std::fs::write(cache.join(junk), b"").unwrap();
+        }
+        assert_eq!(reap(&cache), 5, "the gone layer's copy and record, and the three leftovers");
+        let mut left: Vec<String> = std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        left.sort();
+        assert_eq!(left, ["kept.erofs.dax", "kept.erofs.dax.src"]);
+        assert_eq!(dax_copy(&cache, &kept, &tree).unwrap(), kept_copy, "the kept copy is still used");
+        assert_eq!(reap(&cache), 0);
+        assert_eq!(reap(&dir.path().join("no-such-dir")), 0);
     }
 }

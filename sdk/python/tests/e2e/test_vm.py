@@ -235,11 +235,17 @@ async def test_pause_suspend_snapshot_and_fork_of_a_full_vm(server: Server, clie
     assert not [p for p in server.data_dir.glob("edge/*/vm/snapshots/*") if snap.id in p.name]
 
 
-async def test_a_toolkit_layer_is_read_through_dax(client: DSecClient, vm_id: str) -> None:
+async def test_a_toolkit_layer_is_read_through_dax(server: Server, client: DSecClient, vm_id: str) -> None:
     """The toolkit's layer is a virtio-pmem region mounted with DAX: reading
     tens of MiB of its files barely grows the guest's page cache (through a
     block device, or on a layer whose files are not all flat-plain, it
-    grows by what was read)."""
+    grows by what was read). The node's DAX copy records the layer it was
+    made from, so that the reaper can remove it once the layer is gone."""
+    copies = list(server.data_dir.glob("edge/*/vm/pmem/*.dax"))
+    assert copies, "no DAX copy on the node"
+    for copy in copies:
+        source = Path(Path(f"{copy}.src").read_text())
+        assert source.is_file() and copy.name == f"{source.name}.dax", (copy, source)
     sb = client.sandbox(vm_id)
     r = await sb.run_shell(
         "grep ' /opt/dsec/layers/0 ' /proc/mounts; "
