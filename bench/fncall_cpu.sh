@@ -31,7 +31,8 @@ snapshot() {
         cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
         case "$cmd" in
             *--zygote*) role=zygote ;;
-            *fncall-zygote*) role=monitor ;;
+            *--compiler*) role=compiler ;;
+            *fncall-monitor*|*fncall-zygote*) role=monitor ;;
             *dsec-agent*) role=agent ;;
             *) role=other ;;
         esac

@@ -1,8 +1,9 @@
 # The FnCall runner's warm Python interpreter ("zygote") and its workers.
 #
 # The monitor (`dsec-agent fncall-monitor`, crates/dsec-agent/src/fncall/,
-# root, the process the edge starts in each runner) starts this file once
-# as `python3 -I zygote.py --zygote CTL REP CMD`: a fresh interpreter, not a
+# root, the process the edge starts in each runner) starts this file twice:
+# as the compiler (compiler_main) and as the zygote,
+# `python3 -I zygote.py --zygote CTL REP CMD`: a fresh interpreter, not a
 # fork of anything warm, so that it holds only its own few modules and the
 # preloaded ones (each fork copies the page-table entries of its whole
 # heap, so a smaller zygote makes every call cheaper). Before the exec the
@@ -17,6 +18,9 @@
 #   the writable directories, removes System V IPC objects and scratch).
 #   It never forks after starting the zygote, so no call inherits its
 #   memory.
+#   |- compiler (uid 65533, writes nowhere; this file with --compiler): turns
+#   |  a Python call's source into a marshalled code object, in a process
+#   |  that never forks (compiling in the worker would copy ~50 pages).
 #   `- zygote (root, warm: configured modules imported). Per call it forks
 #      one worker ahead of time and reports the worker's end (wait status,
 #      rusage) on REP, then forks the next at once. It does as little as
@@ -24,7 +28,7 @@
 #      never sees a call's code, input or output.
 #      `- worker: receives what to run and the call's stdio memfds on CMD,
 #         drops to uid nobody, no capabilities, rlimits, and becomes the
-#         call (a Python call is compiled and run in this warm interpreter;
+#         call (a Python call runs in this warm interpreter;
 #         other programs, compilers included, are exec'd).
 # Only what the zygote and its workers need is imported here: every page of
 # the zygote's heap is a page each fork copies the page-table entry of, and
@@ -50,8 +54,8 @@ BASE_ENV = {
     "LANG": "C.UTF-8",
     "PYTHONDONTWRITEBYTECODE": "1",
 }
-# Largest message to a worker (worker.rs MAX_WORKER_MSG); the monitor
-# leaves out a source that would not fit, and the worker reads its file.
+# Largest message to a worker (worker.rs MAX_WORKER_MSG); a code object
+# that would not fit is left to the worker to compile from its file.
 MAX_WORKER_MSG = 128 << 10
 
 
@@ -106,16 +110,17 @@ ZYGOTE_VM_BYTES = 0
 ModuleType = type(sys)
 
 
-def run_python_here(path, scratch, extra_env, source):
+def run_python_here(path, scratch, extra_env, marshalled):
     """Run a script in this (forked, warm) interpreter like `python3 path`.
     The zygote's environment is already the calls' base environment, and
     its sys.stdin/stdout/stderr already wrap fds 0-2 (now the call's
     memfds, and never used by the zygote), so both are kept as they are.
-    `source` is the script's text as the monitor sent it, or None when it
-    was too big for the message (then read from `path`). It is compiled
-    here, within the call's limits, as `python3 path` would. Every object
-    this touches is a page copied, so no helper runs here that the zygote
-    could have run once (os.path, the import system)."""
+    `marshalled` is the compiler's marshalled code object (compiling in a
+    process that never forks saves this one the copied pages), or None:
+    then the script is compiled here from `path`, within the call's limits,
+    as `python3 path` would. Every object this touches is a page copied, so
+    no helper runs here that the zygote could have run once (os.path, the
+    import system)."""
     if extra_env:
         os.environ.update(extra_env)
     sys.argv = [path]
@@ -128,14 +133,11 @@ def run_python_here(path, scratch, extra_env, source):
     sys.modules["__main__"] = main
     code = 0
     try:
-        if source is None:
+        if marshalled is not None:
+            code_obj = marshal.loads(marshalled)
+        else:
             with open(path, "rb") as f:
-                source = f.read()
-        try:
-            code_obj = compile(source, path, "exec", dont_inherit=True)
-        except ValueError as e:
-            # NUL bytes: a SyntaxError under `python3 path` (any version).
-            raise SyntaxError(str(e)) from None
+                code_obj = compile(f.read(), path, "exec", dont_inherit=True)
         exec(code_obj, main.__dict__)
     except SystemExit as e:
         if e.code is None:
@@ -208,10 +210,10 @@ def worker_main(cmd):
     try:
         # marshal, not JSON: fewer objects made here (and so fewer copied
         # pages). The layout is the monitor's (worker.rs, message()).
-        scratch, argv, python, env, limits, source = marshal.loads(msg)
+        scratch, argv, python, env, limits, marshalled = marshal.loads(msg)
         become_call_process(limits, scratch, fds, python is not None)
         if python is not None:
-            run_python_here(python, scratch, env, source)
+            run_python_here(python, scratch, env, marshalled)
         os.execve(argv[0], argv, dict(BASE_ENV, **env))
     except BaseException as e:  # noqa: BLE001 - the call must exit
         try:
@@ -312,7 +314,66 @@ def zygote_main(ctl, rep, cmd_fd):
             reap_strays()
 
 
+def read_message(fd, buf):
+    """The compiler's next message (8-byte length, then the bytes) and what
+    was read past it; (None, b"") at the end of the input."""
+    while len(buf) < 8:
+        b = os.read(fd, 1 << 16)
+        if not b:
+            return None, b""
+        buf += b
+    end = 8 + int.from_bytes(buf[:8], "little")
+    while len(buf) < end:
+        b = os.read(fd, max(1 << 16, end - len(buf)))
+        if not b:
+            return None, b""
+        buf += b
+    return buf[8:end], buf[end:]
+
+
+def write_answer(fd, kind, data):
+    view = memoryview(kind + len(data).to_bytes(8, "little") + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def compiler_main(src, out):
+    """The compiler (see the monitor's compiler.rs): a warm interpreter that
+    never forks, so compiling here copies no page; it never runs a call's
+    code. Its first message is the file name code objects carry; then each
+    message is a source, answered with its marshalled code (c), the text
+    `python3 main.py` prints for its SyntaxError (e), or "compile it in the
+    worker" (f)."""
+    import traceback
+
+    path, buf = read_message(src, b"")
+    if path is None:
+        os._exit(0)
+    path = path.decode()
+    write_answer(out, b"r", b"")
+    while True:
+        source, buf = read_message(src, buf)
+        if source is None:
+            os._exit(0)  # the monitor is gone
+        try:
+            try:
+                code = marshal.dumps(compile(source, path, "exec", dont_inherit=True))
+            except ValueError as e:
+                # NUL bytes: a SyntaxError under `python3 path` (any version).
+                raise SyntaxError(str(e)) from None
+            kind = b"c" if len(code) < MAX_WORKER_MSG - 4096 else b"f"
+            data = code if kind == b"c" else b""
+        except SyntaxError as e:
+            kind, data = b"e", "".join(traceback.format_exception_only(type(e), e)).encode()
+        except Exception:  # noqa: BLE001 - RecursionError, MemoryError...: the worker meets it within the call's limits
+            kind, data = b"f", b""
+        del source
+        write_answer(out, kind, data)
+
+
 if __name__ == "__main__":
-    if sys.argv[1:2] != ["--zygote"] or len(sys.argv) != 5:
-        sys.exit("usage: zygote.py --zygote CTL REP CMD (started by dsec-agent fncall-monitor)")
-    zygote_main(*(int(fd) for fd in sys.argv[2:5]))
+    if sys.argv[1:2] == ["--zygote"] and len(sys.argv) == 5:
+        zygote_main(*(int(fd) for fd in sys.argv[2:5]))
+    if sys.argv[1:2] == ["--compiler"] and len(sys.argv) == 4:
+        compiler_main(*(int(fd) for fd in sys.argv[2:4]))
+    sys.exit("usage: zygote.py --zygote CTL REP CMD | --compiler SRC OUT (started by dsec-agent fncall-monitor)")

@@ -29,18 +29,20 @@ pub struct Family {
     /// list: the monitor has one thread), opened once and read by pread.
     children: OwnedFd,
     pub zygote: i32,
+    pub compiler: i32,
 }
 
 impl Family {
-    pub fn new(zygote: i32) -> Result<Self, String> {
+    pub fn new(zygote: i32, compiler: i32) -> Result<Self, String> {
         let me = rustix::process::getpid().as_raw_nonzero().get();
         let path = format!("/proc/self/task/{me}/children");
         let children = rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
             .map_err(|e| format!("{path}: {e}"))?;
-        Ok(Family { children, zygote })
+        Ok(Family { children, zygote, compiler })
     }
 
-    /// Whether the call left no process at all, known from one small file
+    /// Whether the call left no process at all (our only children are the
+    /// zygote and the compiler), known from one small file
     /// and the zygote's report instead of a scan of /proc. Every process a
     /// call starts descends from its worker; when a process dies its
     /// children go to the nearest subreaper above it, which is us (the
@@ -52,12 +54,12 @@ impl Family {
     /// only such a stray could make another one later). Anything
     /// unexpected, or a file we cannot read, takes the full path (kill,
     /// scan, reap).
-    pub fn only_zygote_left(&self, zygote_strays: bool) -> bool {
+    pub fn only_helpers_left(&self, zygote_strays: bool) -> bool {
         if zygote_strays {
             return false;
         }
         match read_to_end_at(self.children.as_fd(), 0) {
-            Ok(list) => only_child_is(&list, self.zygote),
+            Ok(list) => children_are(&list, &[self.zygote, self.compiler]),
             Err(_) => false,
         }
     }
@@ -79,9 +81,7 @@ impl Family {
             if pid < 0 {
                 return Ok(true); // no child at all: nothing can be left
             }
-            if pid == self.zygote {
-                return Err("the zygote died".into());
-            }
+            self.not_a_helper(pid)?;
             if pid == 0 {
                 // Something still runs (or is dying): send again, wait a little.
                 kill_all_of_call_user()?;
@@ -100,17 +100,27 @@ impl Family {
             if pid <= 0 {
                 return Ok(());
             }
-            if pid == self.zygote {
-                return Err("the zygote died".into());
-            }
+            self.not_a_helper(pid)?;
+        }
+    }
+
+    /// Err if `pid`, just reaped, was the zygote or the compiler.
+    fn not_a_helper(&self, pid: i32) -> Result<(), String> {
+        match pid {
+            p if p == self.zygote => Err("the zygote died".into()),
+            p if p == self.compiler => Err("the compiler died".into()),
+            _ => Ok(()),
         }
     }
 }
 
-/// Whether a /proc children list names exactly `pid`.
-fn only_child_is(list: &[u8], pid: i32) -> bool {
-    let mut it = list.split(|b| b.is_ascii_whitespace()).filter(|s| !s.is_empty());
-    it.next() == Some(pid.to_string().as_bytes()) && it.next().is_none()
+/// Whether a /proc children list names exactly the processes `pids`.
+fn children_are(list: &[u8], pids: &[i32]) -> bool {
+    let mut listed: Vec<&[u8]> = list.split(|b| b.is_ascii_whitespace()).filter(|s| !s.is_empty()).collect();
+    let mut want: Vec<String> = pids.iter().map(|p| p.to_string()).collect();
+    listed.sort_unstable();
+    want.sort_unstable();
+    listed.len() == want.len() && listed.iter().zip(&want).all(|(a, b)| *a == b.as_bytes())
 }
 
 /// Whether a live process of the call user still exists (in our pid
@@ -149,11 +159,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn children_list_must_name_only_the_zygote() {
-        assert!(only_child_is(b"42 ", 42));
-        assert!(!only_child_is(b"42 43 ", 42));
-        assert!(!only_child_is(b"", 42));
-        assert!(!only_child_is(b"420 ", 42));
+    fn children_list_must_name_only_the_helpers() {
+        assert!(children_are(b"42 7 ", &[7, 42]));
+        assert!(!children_are(b"42 7 43 ", &[7, 42]));
+        assert!(!children_are(b"42 ", &[7, 42]));
+        assert!(!children_are(b"", &[7, 42]));
+        assert!(!children_are(b"420 7 ", &[7, 42]));
     }
 
     #[test]

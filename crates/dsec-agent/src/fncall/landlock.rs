@@ -34,10 +34,10 @@ struct PathBeneath {
     parent_fd: i32,
 }
 
-/// A ruleset confining writes to LANDLOCK_WRITABLE, or None on a kernel
-/// without Landlock (the call then runs without this layer; every other
-/// one still holds).
-pub fn ruleset() -> io::Result<Option<OwnedFd>> {
+/// A ruleset confining writes to beneath `writable` (LANDLOCK_WRITABLE for
+/// the calls, nothing for the compiler), or None on a kernel without
+/// Landlock (then this layer is missing; every other one still holds).
+pub fn ruleset(writable: &[&str]) -> io::Result<Option<OwnedFd>> {
     // SAFETY: the version query passes no memory.
     let abi = unsafe { libc::syscall(SYS_LANDLOCK_CREATE_RULESET, std::ptr::null::<u8>(), 0usize, LANDLOCK_CREATE_RULESET_VERSION) };
     if abi < 1 {
@@ -56,7 +56,7 @@ pub fn ruleset() -> io::Result<Option<OwnedFd>> {
     // SAFETY: `attr` lives across the call and its size is passed.
     let fd = unsafe { libc::syscall(SYS_LANDLOCK_CREATE_RULESET, &attr as *const u64, 8usize, 0u32) };
     let ruleset = owned(fd as i32).map_err(|e| io::Error::new(e.kind(), format!("landlock_create_ruleset: {e}")))?;
-    for path in LANDLOCK_WRITABLE {
+    for &path in writable {
         let dir = match rustix::fs::open(path, rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) {
             Ok(d) => d,
             Err(_) => continue, // not in this image

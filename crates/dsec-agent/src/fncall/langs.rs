@@ -15,8 +15,11 @@ pub struct Lang {
     pub interpreter: Option<&'static str>,
 }
 
+/// A Python call's file in scratch (the name its tracebacks show).
+pub const PYTHON_FILE: &str = "main.py";
+
 const LANGS: [Lang; 4] = [
-    Lang { name: "python", file: "main.py", compile: None, python: true, interpreter: None },
+    Lang { name: "python", file: PYTHON_FILE, compile: None, python: true, interpreter: None },
     Lang { name: "bash", file: "main.sh", compile: None, python: false, interpreter: Some("bash") },
     Lang { name: "c", file: "main.c", compile: Some(&["gcc", "-O2", "-std=gnu17", "-o", "prog", "main.c", "-lm"]), python: false, interpreter: None },
     Lang { name: "cpp", file: "main.cpp", compile: Some(&["g++", "-O2", "-std=gnu++17", "-o", "prog", "main.cpp"]), python: false, interpreter: None },

@@ -21,11 +21,12 @@
 //! call user owns in a writable directory is removed, and its System V IPC
 //! objects, and the scratch directory. A call that left no process,
 //! created nothing in those directories and holds no IPC object (most
-//! calls) skips the searches: see Family::only_zygote_left, SweepWatch and
+//! calls) skips the searches: see Family::only_helpers_left, SweepWatch and
 //! ipc::objects_exist.
 
 mod answer;
 mod cleanup;
+mod compiler;
 mod ipc;
 mod landlock;
 mod langs;
@@ -34,6 +35,7 @@ mod outcome;
 mod report;
 mod request;
 mod scratch;
+mod spawn;
 mod sweep;
 mod sys;
 mod worker;
@@ -47,6 +49,7 @@ use base64::Engine;
 
 use answer::{Answer, Part};
 use cleanup::Family;
+use compiler::{Compiled, Compiler};
 use langs::Lang;
 use request::{Parsed, Request, RequestReader};
 use sweep::SweepWatch;
@@ -55,6 +58,9 @@ use zygote::Zygote;
 
 pub const CALL_UID: u32 = 65534; // nobody
 pub const CALL_GID: u32 = 65534; // nogroup
+/// The compiler's own identity: neither root nor the call user.
+pub const COMPILER_UID: u32 = 65533;
+pub const COMPILER_GID: u32 = 65533;
 pub const ROOT_UID: u32 = 0;
 pub const BASE: &str = "/var/lib/dsec-fncall";
 /// Every call's working directory (one call at a time per runner).
@@ -87,6 +93,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
 
 struct Monitor {
     zygote: Zygote,
+    compiler: Compiler,
     family: Family,
     /// Every directory the call user could create files in.
     sweep: Vec<String>,
@@ -107,10 +114,12 @@ impl Monitor {
         // Rust ignores SIGPIPE; the edge gone means we are done.
         // SAFETY: restores a signal's default action; no handler runs.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-        let zygote = zygote::start(script)?;
-        let family = Family::new(zygote.pid)?;
+        let python = sys::which("python3").ok_or("the image has no python3")?;
+        let compiler = Compiler::start(&python, script, &format!("{SCRATCH}/{}", langs::PYTHON_FILE))?;
+        let zygote = zygote::start(&python, script)?;
+        let family = Family::new(zygote.pid, compiler.pid)?;
         let watch = SweepWatch::new(&sweep);
-        Ok(Monitor { zygote, family, sweep, watch, no_env: BTreeMap::new() })
+        Ok(Monitor { zygote, compiler, family, sweep, watch, no_env: BTreeMap::new() })
     }
 
     fn serve(mut self) -> Result<(), String> {
@@ -187,6 +196,7 @@ impl Monitor {
             scratch::write_new(&src_path, source, 0o644).map_err(|e| Failure::Answer(format!("writing {src_path}: {e}")))?;
             written.push(lang.file);
         }
+        let code;
         let program = match (compile, lang.compile) {
             (true, None) => return Err(Failure::Answer(format!("{} has no compile step", lang.name))),
             (true, Some(argv)) => Program::Exec { argv: langs::resolve(argv) },
@@ -196,7 +206,15 @@ impl Monitor {
                 }
                 Program::Exec { argv: vec![format!("{PROG_DIR}/prog")] }
             }
-            (false, None) if lang.python => Program::Python { path: &src_path, source },
+            (false, None) if lang.python => match self.compiler.compile(source).map_err(Failure::Fatal)? {
+                Compiled::Code(c) => {
+                    code = c;
+                    Program::Python { path: &src_path, code: Some(&code) }
+                }
+                Compiled::InWorker => Program::Python { path: &src_path, code: None },
+                // What `python3 main.py` prints and returns; no worker needed.
+                Compiled::SyntaxError(text) => return syntax_error(text, limits.output_bytes),
+            },
             (false, None) => Program::Exec { argv: langs::interpreter_argv(lang) },
         };
         let stdin = unb64("stdin", req.stdin.as_deref().unwrap_or(""))?;
@@ -254,6 +272,21 @@ impl Monitor {
         scratch::remove(written);
         Ok(())
     }
+}
+
+/// The answer to a Python call that does not compile: exit status 1 and
+/// the error on stderr, as from `python3 main.py`.
+fn syntax_error(text: Vec<u8>, output_bytes: u64) -> Result<(Answer, Vec<Part>), Failure> {
+    let stdout = sys::memfd("stdout", b"").map_err(answerable)?;
+    let stderr = sys::memfd("stderr", &text).map_err(answerable)?;
+    let len = (text.len() as u64).min(output_bytes);
+    let outcome = outcome::Outcome { exit_code: Some(1), output_exceeded: len < text.len() as u64, ..Default::default() };
+    let answer = Answer {
+        outcome: Some(outcome),
+        raw: Some(vec![("stdout".into(), 0), ("stderr".into(), len)]),
+        ..Default::default()
+    };
+    Ok((answer, vec![Part { fd: stdout, len: 0 }, Part { fd: stderr, len }]))
 }
 
 /// Adds the requested files of scratch to the answer's parts: regular

@@ -3,9 +3,10 @@
 //!
 //! The worker gets one SOCK_SEQPACKET message, a marshalled tuple
 //! `(scratch, argv, python, env, (time_ms, memory_bytes, file_bytes),
-//! source)`, with the call's stdin, stdout and stderr memfds; it runs
-//! `python` (a script path, in its warm interpreter, from `source` if
-//! given) or execs `argv`. zygote.py's worker_main reads it.
+//! code)`, with the call's stdin, stdout and stderr memfds; it runs
+//! `python` (a script path, in its warm interpreter: `code` is the
+//! compiler's marshalled code object, or None to compile the file) or
+//! execs `argv`. zygote.py's worker_main reads it.
 
 use std::collections::BTreeMap;
 use std::io::IoSlice;
@@ -25,14 +26,12 @@ use super::SCRATCH;
 
 /// The largest message the worker receives (MAX_WORKER_MSG in zygote.py).
 pub const MAX_WORKER_MSG: usize = 128 << 10;
-/// Room kept in a message for everything but the source: a bigger source
-/// is read by the worker from its file instead.
-const MESSAGE_ROOM: usize = 4096;
 
 /// What a step runs: a script in the warm interpreter, or a program.
 pub enum Program<'a> {
-    /// The script's path and source.
-    Python { path: &'a str, source: &'a [u8] },
+    /// The script's path and its marshalled code (None: the worker
+    /// compiles the file).
+    Python { path: &'a str, code: Option<&'a [u8]> },
     Exec { argv: Vec<String> },
 }
 
@@ -53,7 +52,8 @@ pub struct Finished {
     pub stderr: OwnedFd,
 }
 
-/// The worker's message for `step`: with the source inline if it fits.
+/// The worker's message for `step`; a code object that does not fit is
+/// left out (the worker then compiles the file).
 pub fn message(step: &Step<'_>) -> Result<Vec<u8>, String> {
     let encode = |inline: bool| {
         let mut m = Marshal::default();
@@ -75,13 +75,13 @@ pub fn message(step: &Step<'_>) -> Result<Vec<u8>, String> {
         m.int(step.memory_bytes);
         m.int(step.file_bytes.max(step.output_bytes.saturating_add(1)));
         match &step.program {
-            Program::Python { source, .. } if inline => m.bytes(source),
+            Program::Python { code: Some(code), .. } if inline => m.bytes(code),
             _ => m.none(),
         }
         m.out
     };
     let msg = encode(true);
-    if msg.len() + MESSAGE_ROOM <= MAX_WORKER_MSG {
+    if msg.len() <= MAX_WORKER_MSG {
         return Ok(msg);
     }
     let msg = encode(false);
@@ -115,7 +115,7 @@ pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdin: &[u8], time_
     }
     let end = zygote.reports.worker_end()?;
     let mut result = outcome(&end, timed_out, t0.elapsed());
-    let clean = family.only_zygote_left(end.strays) || family.kill_call_processes()?;
+    let clean = family.only_helpers_left(end.strays) || family.kill_call_processes()?;
     if end.strays {
         // Killed now: the zygote may reap them and fork the next worker.
         write_all(zygote.ctl.as_fd(), b"r").map_err(|e| format!("the zygote is gone: {e}"))?;
@@ -162,15 +162,15 @@ mod tests {
     }
 
     #[test]
-    fn python_steps_carry_their_source_until_it_is_too_big() {
+    fn python_steps_carry_their_code_until_it_is_too_big() {
         let env = BTreeMap::from([("A".to_string(), "1".to_string())]);
-        let small = message(&step(Program::Python { path: "/x/main.py", source: b"print(1)" }, &env)).unwrap();
-        assert!(small.ends_with(b"s\x08\x00\x00\x00print(1)"));
+        let small = message(&step(Program::Python { path: "/x/main.py", code: Some(b"CODE") }, &env)).unwrap();
+        assert!(small.ends_with(b"s\x04\x00\x00\x00CODE"));
         // file_bytes is raised to output_bytes + 1.
         assert!(small.windows(5).any(|w| w == b"i\x65\x00\x00\x00"));
         let big = vec![b'#'; MAX_WORKER_MSG];
-        let m = message(&step(Program::Python { path: "/x/main.py", source: &big }, &env)).unwrap();
-        assert!(m.len() < 1024 && m.ends_with(b"N"), "the worker reads a big source from its file");
+        let m = message(&step(Program::Python { path: "/x/main.py", code: Some(&big) }, &env)).unwrap();
+        assert!(m.len() < 1024 && m.ends_with(b"N"), "the worker compiles a big program from its file");
     }
 
     #[test]
