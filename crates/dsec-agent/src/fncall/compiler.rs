@@ -122,3 +122,30 @@ fn read_exact(fd: &OwnedFd, mut buf: &mut [u8]) -> Result<(), String> {
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The real compiler (this machine's python3, as root like the monitor).
+    #[test]
+    fn compiles_refuses_and_defers() {
+        let python = crate::fncall::sys::which("python3").expect("python3 is needed to test the compiler");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../dsec-fncall/src/zygote.py");
+        let mut c = Compiler::start(&python, script, "/x/main.py").unwrap();
+        let Compiled::Code(code) = c.compile(b"print(6 * 7)").unwrap() else { panic!("not compiled") };
+        assert_eq!(code[0] & 0x7f, b'c', "a marshalled code object");
+        let Compiled::SyntaxError(text) = c.compile(b"x = (1,\nprint(x").unwrap() else { panic!("no SyntaxError") };
+        let text = String::from_utf8(text).unwrap();
+        assert!(text.contains("/x/main.py\", line 2") && text.ends_with("SyntaxError: '(' was never closed\n"), "{text}");
+        let Compiled::SyntaxError(text) = c.compile(b"print(1)\0").unwrap() else { panic!("NUL accepted") };
+        assert!(String::from_utf8_lossy(&text).contains("null bytes"));
+        // Too deep for the compiler's stack: the worker meets it within the call's limits.
+        assert_eq!(c.compile(&[b"-".repeat(200_000), b"1".to_vec()].concat()).unwrap(), Compiled::InWorker);
+        // Neither root nor able to gain privileges.
+        let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid)).unwrap();
+        assert!(status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().skip(1).all(|u| u == COMPILER_UID.to_string())), "{status}");
+        assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "{status}");
+        drop(c);
+    }
+}
