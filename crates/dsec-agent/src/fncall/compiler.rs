@@ -43,10 +43,14 @@ pub struct Compiler {
     pub pid: i32,
     to: OwnedFd,
     from: OwnedFd,
+    /// A source was sent and its answer not read yet.
+    pending: bool,
 }
 
 /// Kind byte and length before every answer.
 const HEADER: usize = 9;
+/// Bytes asked of the pipe per read (a whole ordinary answer).
+const READ_CHUNK: usize = 64 << 10;
 /// More than this is not an answer (a code object is at most the worker's
 /// message; a SyntaxError's text holds one line of the source).
 const MAX_ANSWER: usize = 64 << 20;
@@ -70,7 +74,7 @@ impl Compiler {
         let keep = [src_theirs.as_raw_fd(), out_theirs.as_raw_fd()];
         let pid = python_helper(python, "-", "compiler", &keep, &confinement)?;
         drop((ruleset, script, src_theirs, out_theirs));
-        let mut c = Compiler { pid, to, from };
+        let mut c = Compiler { pid, to, from, pending: false };
         // Its first message: the file name the code objects carry.
         c.send(path.as_bytes())?;
         match c.answer()? {
@@ -86,22 +90,49 @@ impl Compiler {
         write_all(self.to.as_fd(), &msg).map_err(|e| format!("the compiler is gone: {e}"))
     }
 
+    #[cfg(test)]
+    fn compile(&mut self, source: &[u8]) -> Result<Compiled, String> {
+        self.submit(source)?;
+        self.result()
+    }
+
+    /// The next answer: kind and payload. The compiler writes each answer
+    /// at once and nothing before it is asked, so one read usually takes
+    /// it all.
     fn answer(&mut self) -> Result<(u8, Vec<u8>), String> {
-        let mut header = [0u8; HEADER];
-        read_exact(&self.from, &mut header)?;
-        let len = u64::from_le_bytes(header[1..].try_into().expect("8 bytes")) as usize;
+        let mut got = Vec::new();
+        read_at_least(&self.from, &mut got, HEADER)?;
+        let len = u64::from_le_bytes(got[1..HEADER].try_into().expect("8 bytes")) as usize;
         if len > MAX_ANSWER {
             return Err(format!("the compiler announced {len} bytes"));
         }
-        let mut payload = vec![0u8; len];
-        read_exact(&self.from, &mut payload)?;
-        Ok((header[0], payload))
+        read_at_least(&self.from, &mut got, HEADER + len)?;
+        if got.len() != HEADER + len {
+            return Err("the compiler answered more than it announced".into());
+        }
+        Ok((got[0], got.split_off(HEADER)))
     }
 
-    /// Compiles one source. Err means the compiler is gone or confused
-    /// (the runner is then retired).
-    pub fn compile(&mut self, source: &[u8]) -> Result<Compiled, String> {
+    /// Hands the compiler a source; `result` gets what became of it. The
+    /// monitor prepares the call meanwhile (on another core, if free). An
+    /// answer nobody asked for (the call failed before it needed its code)
+    /// is read and dropped here first. Err means the compiler is gone.
+    pub fn submit(&mut self, source: &[u8]) -> Result<(), String> {
+        if self.pending {
+            self.answer()?;
+        }
         self.send(source)?;
+        self.pending = true;
+        Ok(())
+    }
+
+    /// What became of the source last submitted. Err means the compiler is
+    /// gone or confused (the runner is then retired).
+    pub fn result(&mut self) -> Result<Compiled, String> {
+        if !self.pending {
+            return Err("no source was submitted to the compiler".into());
+        }
+        self.pending = false;
         match self.answer()? {
             (b'c', code) => Ok(Compiled::Code(code)),
             (b'e', text) => Ok(Compiled::SyntaxError(text)),
@@ -111,12 +142,16 @@ impl Compiler {
     }
 }
 
-fn read_exact(fd: &OwnedFd, mut buf: &mut [u8]) -> Result<(), String> {
-    while !buf.is_empty() {
-        match rustix::io::read(fd, &mut *buf) {
+/// Reads into `buf` until it holds at least `want` bytes.
+fn read_at_least(fd: &OwnedFd, buf: &mut Vec<u8>, want: usize) -> Result<(), String> {
+    while buf.len() < want {
+        let have = buf.len();
+        buf.resize(have + (want - have).max(READ_CHUNK), 0);
+        let r = rustix::io::read(fd, &mut buf[have..]);
+        buf.truncate(have + *r.as_ref().unwrap_or(&0));
+        match r {
             Ok(0) => return Err("the compiler is gone".into()),
-            Ok(n) => buf = &mut buf[n..],
-            Err(rustix::io::Errno::INTR) => {}
+            Ok(_) | Err(rustix::io::Errno::INTR) => {}
             Err(e) => return Err(format!("reading from the compiler: {e}")),
         }
     }
@@ -142,6 +177,9 @@ mod tests {
         assert!(String::from_utf8_lossy(&text).contains("null bytes"));
         // Too deep for the compiler's stack: the worker meets it within the call's limits.
         assert_eq!(c.compile(&[b"-".repeat(200_000), b"1".to_vec()].concat()).unwrap(), Compiled::InWorker);
+        // An answer never asked for is dropped before the next one.
+        c.submit(b"print(1)").unwrap();
+        assert!(matches!(c.compile(b"x = (").unwrap(), Compiled::SyntaxError(_)));
         // Neither root nor able to gain privileges.
         let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid)).unwrap();
         assert!(status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().skip(1).all(|u| u == COMPILER_UID.to_string())), "{status}");

@@ -175,6 +175,10 @@ impl Monitor {
             op => return Err(Failure::Answer(format!("unknown op {op:?}"))),
         };
         let limits = req.limits.as_ref().ok_or_else(|| answerable("a run needs limits"))?;
+        if lang.python && !compile {
+            // Compiled while the call's directory is made (call() takes it).
+            self.compiler.submit(req.code.as_bytes()).map_err(Failure::Fatal)?;
+        }
         scratch::prepare().map_err(answerable)?;
         // Plain names the monitor created in scratch (scratch::remove).
         let mut written = Vec::new();
@@ -206,7 +210,7 @@ impl Monitor {
                 }
                 Program::Exec { argv: vec![format!("{PROG_DIR}/prog")] }
             }
-            (false, None) if lang.python => match self.compiler.compile(source).map_err(Failure::Fatal)? {
+            (false, None) if lang.python => match self.compiler.result().map_err(Failure::Fatal)? {
                 Compiled::Code(c) => {
                     code = c;
                     Program::Python { path: &src_path, code: Some(&code) }
