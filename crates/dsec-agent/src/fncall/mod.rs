@@ -202,6 +202,10 @@ impl Monitor {
             scratch::write_new(&src_path, source, 0o644).map_err(|e| Failure::Answer(format!("writing {src_path}: {e}")))?;
             written.push(lang.file);
         }
+        let stdin = unb64("stdin", req.stdin.as_deref().unwrap_or(""))?;
+        // Made before the compiler's answer is needed: more time for it to
+        // finish on the other core, so less waiting for it here.
+        let stdio = worker::Stdio::new(&stdin).map_err(|e| Failure::Answer(format!("memfd: {e}")))?;
         let code;
         let program = match (compile, lang.compile) {
             (true, None) => return Err(Failure::Answer(format!("{} has no compile step", lang.name))),
@@ -223,7 +227,6 @@ impl Monitor {
             },
             (false, None) => Program::Exec { argv: langs::interpreter_argv(lang) },
         };
-        let stdin = unb64("stdin", req.stdin.as_deref().unwrap_or(""))?;
         let step = Step {
             program,
             env: req.env.as_ref().unwrap_or(&self.no_env),
@@ -233,7 +236,7 @@ impl Monitor {
             output_bytes: limits.output_bytes,
         };
         let msg = worker::message(&step).map_err(Failure::Answer)?;
-        let done = worker::run(&mut self.zygote, &self.family, &msg, &stdin, step.time_ms).map_err(Failure::Fatal)?;
+        let done = worker::run(&mut self.zygote, &self.family, &msg, stdio, step.time_ms).map_err(Failure::Fatal)?;
         let mut outcome = done.outcome;
         let mut parts = Vec::new();
         let mut raw = Vec::new();

@@ -46,6 +46,19 @@ pub struct Step<'a> {
     pub output_bytes: u64,
 }
 
+/// The call's stdin (holding its input), stdout and stderr: memfds.
+pub struct Stdio {
+    stdin: OwnedFd,
+    stdout: OwnedFd,
+    stderr: OwnedFd,
+}
+
+impl Stdio {
+    pub fn new(input: &[u8]) -> std::io::Result<Stdio> {
+        Ok(Stdio { stdin: memfd("stdin", input)?, stdout: memfd("stdout", b"")?, stderr: memfd("stderr", b"")? })
+    }
+}
+
 pub struct Finished {
     pub outcome: Outcome,
     pub stdout: OwnedFd,
@@ -92,12 +105,10 @@ pub fn message(step: &Step<'_>) -> Result<Vec<u8>, String> {
 }
 
 /// Runs one step in the pre-forked worker (`msg`, from `message`, with
-/// `stdin` as its input); the outputs stay in memfds. Err means the runner
-/// is broken (the zygote is gone, or we cannot act as the call user).
-pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdin: &[u8], time_ms: u64) -> Result<Finished, String> {
-    let stdin = memfd("stdin", stdin).map_err(|e| format!("memfd: {e}"))?;
-    let stdout = memfd("stdout", b"").map_err(|e| format!("memfd: {e}"))?;
-    let stderr = memfd("stderr", b"").map_err(|e| format!("memfd: {e}"))?;
+/// `stdio`); the outputs stay in their memfds. Err means the runner is
+/// broken (the zygote is gone, or we cannot act as the call user).
+pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_ms: u64) -> Result<Finished, String> {
+    let Stdio { stdin, stdout, stderr } = stdio;
     let t0 = Instant::now();
     // The zygote forked the worker that receives this after the previous
     // call (or is about to: the message waits in the socket).
