@@ -2,7 +2,7 @@
 //! and the inotify watch that lets a call that created nothing there (most
 //! calls) skip the sweep.
 
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
 
 use super::{BASE, CALL_GID, CALL_UID};
@@ -101,7 +101,7 @@ impl SweepWatch {
         for d in dirs {
             let Ok(path) = std::ffi::CString::new(d.as_bytes()) else { return SweepWatch { fd: None } };
             // SAFETY: `path` is a C string that outlives the call.
-            if unsafe { libc::inotify_add_watch(super::sys::raw(&fd), path.as_ptr(), WATCHED) } < 0 {
+            if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), WATCHED) } < 0 {
                 return SweepWatch { fd: None };
             }
         }

@@ -2,7 +2,7 @@
 
 use std::ffi::CString;
 use std::io;
-use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
 
 use super::{CALL_UID, ROOT_UID};
 
@@ -34,7 +34,7 @@ pub fn as_call_user<T>(f: impl FnOnce() -> T) -> io::Result<T> {
 /// A small file's bytes (one open, a read or two, one close).
 pub fn read_small(path: &str) -> io::Result<Vec<u8>> {
     let fd = rustix::fs::open(path, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
-    read_to_end_at(fd_of(&fd), 0)
+    read_to_end_at(fd.as_fd(), 0)
 }
 
 /// Everything in `fd` from `offset` on, by pread (the file offset stays).
@@ -52,11 +52,6 @@ pub fn read_to_end_at(fd: BorrowedFd<'_>, mut offset: u64) -> io::Result<Vec<u8>
             Err(e) => return Err(e.into()),
         }
     }
-}
-
-fn fd_of(fd: &OwnedFd) -> BorrowedFd<'_> {
-    use std::os::fd::AsFd;
-    fd.as_fd()
 }
 
 /// Writes all of `data` to `fd`.
@@ -83,7 +78,6 @@ pub fn memfd(name: &str, data: &[u8]) -> io::Result<OwnedFd> {
     let name = CString::new(name).expect("memfd names are constants");
     let fd = rustix::fs::memfd_create(name.as_c_str(), rustix::fs::MemfdFlags::CLOEXEC)?;
     if !data.is_empty() {
-        use std::os::fd::AsFd;
         write_all(fd.as_fd(), data)?;
         rustix::fs::seek(&fd, rustix::fs::SeekFrom::Start(0))?;
     }
@@ -99,9 +93,4 @@ pub fn owned(fd: i32) -> io::Result<OwnedFd> {
     // SAFETY: `fd` was just returned to us by the kernel and nothing else
     // owns it.
     Ok(unsafe { OwnedFd::from_raw_fd(fd) })
-}
-
-/// The raw number of a descriptor, for the libc calls that want one.
-pub fn raw(fd: &impl AsRawFd) -> i32 {
-    fd.as_raw_fd()
 }
