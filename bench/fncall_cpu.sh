@@ -4,8 +4,9 @@
 # time every process of the node's runners and the dsec process used
 # meanwhile (/proc/PID/stat, before and after), by role, divided by the
 # calls: dsec (HTTP, edge), the guest agent (relay), the monitor (the
-# runner's per-call work), the zygote (its forks) and its children (the
-# workers that become the calls). Processes that lived only during the run
+# runner's per-call work: `dsec-agent fncall-monitor`, or a Python process
+# in builds before it), the compiler (Python source to code objects), the
+# zygote (its forks) and its children (the workers that become the calls). Processes that lived only during the run
 # count through their parent's reaped-children time.
 # Usage: bench/fncall_cpu.sh [SECONDS] [CLIENTS]   (defaults 8 s, 16)
 source "$(dirname "$0")/lib.sh"
@@ -31,7 +32,8 @@ snapshot() {
         cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null) || continue
         case "$cmd" in
             *--zygote*) role=zygote ;;
-            *fncall-zygote*) role=monitor ;;
+            *--compiler*) role=compiler ;;
+            *fncall-monitor*|*fncall-zygote*) role=monitor ;;
             *dsec-agent*) role=agent ;;
             *) role=other ;;
         esac

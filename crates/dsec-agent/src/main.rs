@@ -20,6 +20,7 @@ mod envs;
 mod errors;
 mod exec;
 mod files;
+mod fncall;
 mod guest;
 mod input;
 mod launch;
@@ -56,7 +57,7 @@ use agent::{Agent, Identity, Mode};
 use paths::Root;
 use spawn::ChildPolicy;
 
-const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner [--exec]";
+const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner [--exec]\n       dsec-agent fncall-monitor ZYGOTE_PY";
 
 enum Cli {
     Container,
@@ -102,6 +103,16 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
+    if args.first().map(String::as_str) == Some("fncall-monitor") {
+        // Not an agent: a command the agent of an FnCall runner started.
+        return match fncall::run(&args[1..]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("dsec-agent fncall-monitor: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let cli = match parse_args(&args) {
         Ok(c) => c,
         Err(e) => {

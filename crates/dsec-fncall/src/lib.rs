@@ -3,12 +3,13 @@
 //!
 //! A runner is an ordinary container sandbox of the edge (same namespaces,
 //! cgroup limits, no network, read-only image layers) in which the guest
-//! agent runs the *zygote* (`zygote.py`): a warm Python process that forks a
-//! handler per call, which forks the call's process as an unprivileged user
-//! and, afterwards, kills every process of that user and removes every file
-//! it wrote. The edge talks to the zygote over the agent channel (the
-//! zygote's stdin and stdout); nothing inside the runner can reach that
-//! channel.
+//! agent runs the *monitor* (`dsec-agent fncall-monitor`, a copy of the
+//! edge's agent binary): it prepares each call, has the *zygote*
+//! (`zygote.py`, a warm Python interpreter) fork a worker that becomes the
+//! call as an unprivileged user and, afterwards, kills every process of that
+//! user and removes every file and IPC object it left. The edge talks to the
+//! monitor over the agent channel (the monitor's stdin and stdout); nothing
+//! inside the runner can reach that channel.
 //!
 //! API boundary: [`FnCallService`] (`call`, `batch`, `status`, `shutdown`)
 //! speaks the public wire types of `dsec-api` (`FnCallRequest`,
@@ -17,7 +18,7 @@
 //!
 //! Invariants: a runner serves one call at a time; a runner whose call did
 //! not end cleanly (no answer, a protocol error, a process that would not
-//! die) is retired, never reused; a call's data lives only in the handler
+//! die) is retired, never reused; a call's data lives only in the monitor
 //! that served it and in the call's own processes and files, which are gone
 //! before the runner takes the next call.
 

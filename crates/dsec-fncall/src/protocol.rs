@@ -1,4 +1,4 @@
-//! The edge <-> zygote messages (see zygote.py): a request is
+//! The edge <-> monitor messages (see the guest agent's fncall/): a request is
 //! `<length>\n<JSON>`, a response one JSON line.
 
 use std::collections::BTreeMap;
@@ -12,7 +12,7 @@ pub struct ZLimits {
     /// interpreter for Python. 0: none.
     pub memory_bytes: u64,
     pub output_bytes: u64,
-    /// RLIMIT_FSIZE of the call (the zygote raises it to cover the output).
+    /// RLIMIT_FSIZE of the call (the monitor raises it to cover the output).
     pub file_bytes: u64,
 }
 
@@ -103,7 +103,7 @@ pub struct ZResponse {
     pub err: Vec<u8>,
     #[serde(skip)]
     pub fetched: BTreeMap<String, Vec<u8>>,
-    /// A call process did not die within the zygote's deadline.
+    /// A call process did not die within the monitor's deadline.
     #[serde(default)]
     pub unclean: bool,
 }
@@ -132,7 +132,7 @@ impl ZResponse {
     }
 }
 
-/// The zygote's first line.
+/// The monitor's first line.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ZReady {
     pub ready: bool,
@@ -144,7 +144,7 @@ pub struct ZReady {
 
 /// `<length>\n<JSON>`.
 pub fn frame(req: &ZRequest<'_>) -> Vec<u8> {
-    let body = serde_json::to_vec(req).expect("zygote requests always serialize");
+    let body = serde_json::to_vec(req).expect("runner requests always serialize");
     let mut out = format!("{}\n", body.len()).into_bytes();
     out.extend_from_slice(&body);
     out

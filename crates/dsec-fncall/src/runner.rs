@@ -1,5 +1,6 @@
-//! One runner: a container sandbox running the zygote, and the edge's end
-//! of the zygote's stdin/stdout.
+//! One runner: a container sandbox running the FnCall monitor (the guest
+//! agent's `fncall-monitor` mode, which starts the Python zygote), and the
+//! edge's end of the monitor's stdin/stdout.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
@@ -16,26 +17,31 @@ use crate::{RUNNER_LABEL, RUNNER_TENANT};
 /// The zygote's source, written into each runner (root-only) at start.
 pub const ZYGOTE: &str = include_str!("zygote.py");
 const ZYGOTE_PATH: &str = "/usr/local/lib/dsec-fncall-zygote.py";
+/// Where the runner gets a copy of the edge's (statically linked) guest
+/// agent binary, run as `fncall-monitor`: the image's own files stay as
+/// they are, and the monitor is the agent the edge already trusts.
+const MONITOR_PATH: &str = "/usr/local/lib/dsec-fncall-monitor";
 
-/// A response line longer than this is a protocol violation (the zygote
+/// A response line longer than this is a protocol violation (the monitor
 /// caps outputs and fetched files well below it).
 const MAX_LINE: usize = 96 << 20;
-/// Stderr of the zygote kept for diagnostics.
+/// Stderr of the monitor kept for diagnostics.
 const MAX_STDERR: usize = 16 << 10;
 
-/// Writes the zygote's source into the runner, readable by root only.
-async fn install_zygote(edge: &Edge, id: &str) -> Result<(), FnCallError> {
+/// Writes one of the runner's own files (the monitor, the monitor) into
+/// the runner, usable by root only.
+async fn install(edge: &Edge, id: &str, path: &str, data: &[u8]) -> Result<(), FnCallError> {
     let spec = WriteFileSpec {
-        path: ZYGOTE_PATH.into(),
+        path: path.into(),
         mode: 0o700,
         append: false,
         create_parents: true,
-        max_bytes: ZYGOTE.len() as u64,
+        max_bytes: data.len() as u64,
         owner: None,
     };
     let (call, _activity) = edge.open(&runner_caller(), id, Op::WriteFile(spec)).await?;
-    let failed = |e: &dyn std::fmt::Display| FnCallError::RunnerFailed(format!("writing the zygote into {id}: {e}"));
-    call.send_data(ZYGOTE.as_bytes()).await.map_err(|e| failed(&e))?;
+    let failed = |e: &dyn std::fmt::Display| FnCallError::RunnerFailed(format!("writing {path} into {id}: {e}"));
+    call.send_data(data).await.map_err(|e| failed(&e))?;
     call.send_eof().map_err(|e| failed(&e))?;
     match call.collect().await.map_err(|e| failed(&e))?.1 {
         Ok(_) => Ok(()),
@@ -63,7 +69,7 @@ pub struct Runner {
 }
 
 impl Runner {
-    /// Creates the runner's sandbox and starts the zygote in it. On any
+    /// Creates the runner's sandbox and starts the monitor in it. On any
     /// failure after the sandbox exists, the sandbox is removed.
     pub async fn start(edge: &Edge, cfg: &FnCallConfig, language: &str) -> Result<Runner, FnCallError> {
         let caller = runner_caller();
@@ -93,9 +99,14 @@ impl Runner {
     }
 
     async fn attach(edge: &Edge, cfg: &FnCallConfig, language: &str, id: String) -> Result<Runner, FnCallError> {
-        install_zygote(edge, &id).await?;
+        let agent_path = &edge.config().agent_path;
+        let monitor = tokio::fs::read(agent_path)
+            .await
+            .map_err(|e| FnCallError::RunnerFailed(format!("reading the guest agent {}: {e}", agent_path.display())))?;
+        install(edge, &id, MONITOR_PATH, &monitor).await?;
+        install(edge, &id, ZYGOTE_PATH, ZYGOTE.as_bytes()).await?;
         let spec = ExecSpec {
-            command: Command::Argv(vec!["python3".into(), "-I".into(), ZYGOTE_PATH.into()]),
+            command: Command::Argv(vec![MONITOR_PATH.into(), "fncall-monitor".into(), ZYGOTE_PATH.into()]),
             env: vec![("DSEC_FNCALL_PRELOAD".into(), cfg.preload.join(","))],
             cwd: Some("/".into()),
             user: Some("root".into()),
@@ -123,7 +134,7 @@ impl Runner {
         };
         let line = runner.read_line().await?;
         let ready: ZReady = serde_json::from_slice(&line)
-            .map_err(|e| FnCallError::RunnerFailed(format!("bad ready line from the zygote: {e}")))?;
+            .map_err(|e| FnCallError::RunnerFailed(format!("bad ready line from the monitor: {e}")))?;
         if !ready.ready || !ready.languages.iter().any(|l| l == language) {
             return Err(FnCallError::RunnerFailed(format!(
                 "image {:?} cannot run {language} (it has {:?})",
@@ -143,10 +154,10 @@ impl Runner {
         let bytes = frame(&req);
         let id = req.id;
         let exchange = async {
-            self.sender.send_data(&bytes).await.map_err(|e| FnCallError::RunnerFailed(format!("sending to the zygote: {e}")))?;
+            self.sender.send_data(&bytes).await.map_err(|e| FnCallError::RunnerFailed(format!("sending to the monitor: {e}")))?;
             let line = self.read_line().await?;
             let mut resp: ZResponse = serde_json::from_slice(&line)
-                .map_err(|e| FnCallError::RunnerFailed(format!("bad answer from the zygote: {e}")))?;
+                .map_err(|e| FnCallError::RunnerFailed(format!("bad answer from the monitor: {e}")))?;
             if resp.raw.is_empty() {
                 resp.out = crate::judge::unb64(&resp.stdout);
                 resp.err = crate::judge::unb64(&resp.stderr);
@@ -156,7 +167,7 @@ impl Runner {
             }
             if resp.fatal || resp.id != Some(id) {
                 return Err(FnCallError::RunnerFailed(format!(
-                    "the zygote answered out of turn: {}",
+                    "the monitor answered out of turn: {}",
                     resp.error.as_deref().unwrap_or("no id")
                 )));
             }
@@ -177,7 +188,7 @@ impl Runner {
                 return Ok(line);
             }
             if self.buf.len() > MAX_LINE {
-                return Err(FnCallError::RunnerFailed("the zygote sent an over-long line".into()));
+                return Err(FnCallError::RunnerFailed("the monitor sent an over-long line".into()));
             }
             self.fill().await?;
         }
@@ -185,7 +196,7 @@ impl Runner {
 
     async fn read_exact(&mut self, n: usize) -> Result<Vec<u8>, FnCallError> {
         if n > MAX_LINE {
-            return Err(FnCallError::RunnerFailed(format!("the zygote announced {n} bytes")));
+            return Err(FnCallError::RunnerFailed(format!("the monitor announced {n} bytes")));
         }
         while self.buf.len() < n {
             self.fill().await?;
@@ -194,7 +205,7 @@ impl Runner {
         Ok(std::mem::replace(&mut self.buf, rest))
     }
 
-    /// Appends the zygote's next stdout chunk to the buffer.
+    /// Appends the monitor's next stdout chunk to the buffer.
     async fn fill(&mut self) -> Result<(), FnCallError> {
         loop {
             match self.receiver.recv().await {
@@ -208,7 +219,7 @@ impl Runner {
                 }
                 Ok(Some(CallEvent::Reply(r))) => {
                     return Err(FnCallError::RunnerFailed(format!(
-                        "the zygote exited ({r:?}); its stderr: {}",
+                        "the monitor exited ({r:?}); its stderr: {}",
                         String::from_utf8_lossy(&self.stderr).trim()
                     )))
                 }
@@ -218,7 +229,7 @@ impl Runner {
         }
     }
 
-    /// Removes the runner's sandbox (ending the zygote and everything in it).
+    /// Removes the runner's sandbox (ending the monitor and everything in it).
     pub async fn retire(self, edge: &Edge) {
         let (id, language) = (self.id.clone(), self.language.clone());
         drop(self);

@@ -61,6 +61,18 @@ async def test_python_snippet_stdin_and_errors(client: DSecClient) -> None:
     assert r.ok and r.stdout == "42\n" and r.stderr == "err\n"
 
 
+async def test_sources_the_worker_compiles(client: DSecClient) -> None:
+    # The worker compiles a Python call itself (the monitor is not Python):
+    # a source too big for its message is read from main.py instead, and a
+    # NUL byte is the SyntaxError `python3 main.py` reports.
+    big = "x = 6 * 7\n" + "#" * (200 << 10) + "\nprint(x)\n"
+    r = await call(client, big)
+    assert r.ok and r.stdout == "42\n", r
+    r = await call(client, "print(1)\0")
+    assert (r.status, r.exit_code, r.stdout) == ("runtime_error", 1, ""), r
+    assert "SyntaxError" in r.stderr and "null bytes" in r.stderr and "Traceback" not in r.stderr, r
+
+
 async def test_files_env_and_fetch(client: DSecClient) -> None:
     r = await call(client, "import os\nprint(open('data/in.txt').read(), os.environ['K'])\n"
                            "open('out.bin', 'wb').write(bytes(range(5)))",

@@ -1,0 +1,318 @@
+//! `dsec-agent fncall-monitor ZYGOTE_PY`: the FnCall runner's monitor.
+//!
+//! The edge starts it once per runner, as root inside the runner's
+//! sandbox, its stdin and stdout connected to the edge through the guest
+//! agent (dsec-fncall's runner.rs). Requests are `<length>\n<JSON>`;
+//! answers are one JSON line each, the first line being {"ready": ...},
+//! followed by the raw parts the line announces.
+//!
+//! Per call it prepares the scratch directory and the stdio memfds, has
+//! the compiler (compiler.rs) turn a Python call's source into a code
+//! object, hands the call to the zygote's pre-forked worker (see
+//! zygote.py: a warm Python interpreter the monitor starts once and which
+//! forks one worker ahead of each call), waits for the worker's end,
+//! answers and cleans up. It holds calls' data but never forks after
+//! starting its two helpers, so no call inherits its memory. It is
+//! single-threaded and makes only blocking system calls: a call is about
+//! thirty of them, and in Rust they are most of its cost (the Python
+//! monitor it replaced spent ~0.4 ms per call, mostly interpretation).
+//!
+//! Cleanup after every call: kill(-1, SIGKILL) with the call user's real
+//! and effective uid ends every process the call started; every entry the
+//! call user owns in a writable directory is removed, and its System V IPC
+//! objects, and the scratch directory. A call that left no process,
+//! created nothing in those directories and holds no IPC object (most
+//! calls) skips the searches: see Family::only_helpers_left, SweepWatch and
+//! ipc::objects_exist.
+
+mod answer;
+mod cleanup;
+mod compiler;
+mod ipc;
+mod landlock;
+mod langs;
+mod marshal;
+mod outcome;
+mod report;
+mod request;
+mod scratch;
+mod spawn;
+mod sweep;
+mod sys;
+mod worker;
+mod zygote;
+
+use std::collections::BTreeMap;
+use std::os::fd::AsFd;
+use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
+
+use base64::Engine;
+
+use answer::{Answer, Part};
+use cleanup::Family;
+use compiler::{Compiled, Compiler};
+use langs::Lang;
+use request::{Parsed, Request, RequestReader};
+use sweep::SweepWatch;
+use worker::{Program, Step};
+use zygote::Zygote;
+
+pub const CALL_UID: u32 = 65534; // nobody
+pub const CALL_GID: u32 = 65534; // nogroup
+/// The compiler's own identity: neither root nor the call user.
+pub const COMPILER_UID: u32 = 65533;
+pub const COMPILER_GID: u32 = 65533;
+pub const ROOT_UID: u32 = 0;
+pub const BASE: &str = "/var/lib/dsec-fncall";
+/// Every call's working directory (one call at a time per runner).
+pub const SCRATCH: &str = "/var/lib/dsec-fncall/call";
+pub const PROG_DIR: &str = "/var/lib/dsec-fncall/prog";
+/// At most this many bytes of fetched files per call.
+const MAX_FETCH_BYTES: u64 = 8 << 20;
+
+/// Why a request got no result.
+enum Failure {
+    /// Answered with {"error": ...}; the monitor goes on.
+    Answer(String),
+    /// The runner cannot be trusted any more: the monitor exits (the edge
+    /// sees the runner's command end and retires it).
+    Fatal(String),
+}
+
+fn answerable(e: impl std::fmt::Display) -> Failure {
+    Failure::Answer(e.to_string())
+}
+
+fn unb64(what: &str, s: &str) -> Result<Vec<u8>, Failure> {
+    base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| Failure::Answer(format!("{what}: bad base64: {e}")))
+}
+
+pub fn run(args: &[String]) -> Result<(), String> {
+    let [script] = args else { return Err("usage: dsec-agent fncall-monitor ZYGOTE_PY".into()) };
+    Monitor::start(script)?.serve()
+}
+
+struct Monitor {
+    zygote: Zygote,
+    compiler: Compiler,
+    family: Family,
+    /// Every directory the call user could create files in.
+    sweep: Vec<String>,
+    watch: SweepWatch,
+    no_env: BTreeMap<String, String>,
+}
+
+impl Monitor {
+    fn start(script: &str) -> Result<Monitor, String> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(BASE).map_err(|e| format!("{BASE}: {e}"))?;
+        std::fs::set_permissions(BASE, std::fs::Permissions::from_mode(0o711)).map_err(|e| format!("{BASE}: {e}"))?;
+        let sweep = sweep::writable_dirs();
+        // Orphans of calls are reparented to us, and reaped here.
+        // SAFETY: prctl with integer arguments.
+        if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
+            return Err(format!("PR_SET_CHILD_SUBREAPER: {}", std::io::Error::last_os_error()));
+        }
+        // Rust ignores SIGPIPE; the edge gone means we are done.
+        // SAFETY: restores a signal's default action; no handler runs.
+        unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
+        let python = sys::which("python3").ok_or("the image has no python3")?;
+        let compiler = Compiler::start(&python, script, &format!("{SCRATCH}/{}", langs::PYTHON_FILE))?;
+        let zygote = zygote::start(&python, script)?;
+        let family = Family::new(zygote.pid, compiler.pid)?;
+        let watch = SweepWatch::new(&sweep);
+        Ok(Monitor { zygote, compiler, family, sweep, watch, no_env: BTreeMap::new() })
+    }
+
+    fn serve(mut self) -> Result<(), String> {
+        // SAFETY: fds 0 and 1 are the edge's stream, open for our life.
+        let (stdin, stdout) = unsafe { (std::os::fd::BorrowedFd::borrow_raw(0), std::os::fd::BorrowedFd::borrow_raw(1)) };
+        let ready = serde_json::json!({
+            "ready": true,
+            "languages": langs::available(),
+            "preloaded": self.zygote.loaded,
+            "sweep": self.sweep,
+        });
+        let mut line = ready.to_string().into_bytes();
+        line.push(b'\n');
+        sys::write_all(stdout, &line).map_err(|e| format!("writing to the edge: {e}"))?;
+        let mut requests = RequestReader::new(stdin);
+        loop {
+            let data = match requests.next() {
+                Ok(Some(d)) => d,
+                Ok(None) => return Ok(()), // the edge is done with this runner
+                Err(e) => {
+                    let answer = Answer { fatal: true, ..Answer::error(e) };
+                    return answer::send(stdout, &answer, &[]).map_err(|e| format!("writing to the edge: {e}"));
+                }
+            };
+            let (answer, parts) = match request::parse(&data) {
+                Parsed::Bad { id, error } => (Answer { id, ..Answer::error(error) }, Vec::new()),
+                Parsed::Ok(req) => match self.handle(&req) {
+                    Ok((answer, parts)) => (Answer { id: req.id, ..answer }, parts),
+                    Err(Failure::Answer(e)) => (Answer { id: req.id, ..Answer::error(e) }, Vec::new()),
+                    Err(Failure::Fatal(e)) => return Err(e),
+                },
+            };
+            answer::send(stdout, &answer, &parts).map_err(|e| format!("writing to the edge: {e}"))?;
+        }
+    }
+
+    /// Serves one request: its answer and raw parts.
+    fn handle(&mut self, req: &Request) -> Result<(Answer, Vec<Part>), Failure> {
+        match req.op.as_str() {
+            "ping" => return Ok((Answer::ok(), Vec::new())),
+            "install" => {
+                let binary = req.binary.as_deref().ok_or_else(|| answerable("install needs the binary"))?;
+                scratch::install_program(&unb64("binary", binary)?).map_err(answerable)?;
+                return Ok((Answer::ok(), Vec::new()));
+            }
+            _ => {}
+        }
+        let Some(lang) = req.language.as_deref().and_then(Lang::named) else {
+            return Err(Failure::Answer(format!("unsupported language {:?}", req.language)));
+        };
+        let compile = match req.op.as_str() {
+            "run" => false,
+            "compile" => true,
+            op => return Err(Failure::Answer(format!("unknown op {op:?}"))),
+        };
+        let limits = req.limits.as_ref().ok_or_else(|| answerable("a run needs limits"))?;
+        if lang.python && !compile {
+            // Compiled while the call's directory is made (call() takes it).
+            self.compiler.submit(req.code.as_bytes()).map_err(Failure::Fatal)?;
+        }
+        scratch::prepare().map_err(answerable)?;
+        // Plain names the monitor created in scratch (scratch::remove).
+        let mut written = Vec::new();
+        let served = self.call(req, lang, compile, limits, &mut written);
+        let cleaned = self.clean_up(&written);
+        // A fault of the cleanup outweighs the call's result.
+        cleaned.and(served)
+    }
+
+    fn call(&mut self, req: &Request, lang: &'static Lang, compile: bool, limits: &request::Limits, written: &mut Vec<&'static str>) -> Result<(Answer, Vec<Part>), Failure> {
+        let mut files = Vec::new();
+        for (name, content) in req.files.iter().flatten() {
+            files.push((name.clone(), unb64(&format!("file {name:?}"), content)?));
+        }
+        scratch::write_files(&files).map_err(answerable)?;
+        let source = req.code.as_bytes();
+        let src_path = format!("{SCRATCH}/{}", lang.file);
+        if compile || lang.compile.is_none() {
+            scratch::write_new(&src_path, source, 0o644).map_err(|e| Failure::Answer(format!("writing {src_path}: {e}")))?;
+            written.push(lang.file);
+        }
+        let stdin = unb64("stdin", req.stdin.as_deref().unwrap_or(""))?;
+        // Made before the compiler's answer is needed: more time for it to
+        // finish on the other core, so less waiting for it here.
+        let stdio = worker::Stdio::new(&stdin).map_err(|e| Failure::Answer(format!("memfd: {e}")))?;
+        let code;
+        let program = match (compile, lang.compile) {
+            (true, None) => return Err(Failure::Answer(format!("{} has no compile step", lang.name))),
+            (true, Some(argv)) => Program::Exec { argv: langs::resolve(argv) },
+            (false, Some(_)) => {
+                if !scratch::program_installed() {
+                    return Err(answerable("no compiled program installed"));
+                }
+                Program::Exec { argv: vec![format!("{PROG_DIR}/prog")] }
+            }
+            (false, None) if lang.python => match self.compiler.result().map_err(Failure::Fatal)? {
+                Compiled::Code(c) => {
+                    code = c;
+                    Program::Python { path: &src_path, code: Some(&code) }
+                }
+                Compiled::InWorker => Program::Python { path: &src_path, code: None },
+                // What `python3 main.py` prints and returns; no worker needed.
+                Compiled::SyntaxError(text) => return syntax_error(text, limits.output_bytes),
+            },
+            (false, None) => Program::Exec { argv: langs::interpreter_argv(lang) },
+        };
+        let step = Step {
+            program,
+            env: req.env.as_ref().unwrap_or(&self.no_env),
+            time_ms: limits.time_ms,
+            memory_bytes: limits.memory_bytes,
+            file_bytes: limits.file_bytes,
+            output_bytes: limits.output_bytes,
+        };
+        let msg = worker::message(&step).map_err(Failure::Answer)?;
+        let done = worker::run(&mut self.zygote, &self.family, &msg, stdio, step.time_ms).map_err(Failure::Fatal)?;
+        let mut outcome = done.outcome;
+        let mut parts = Vec::new();
+        let mut raw = Vec::new();
+        for (name, fd) in [("stdout", done.stdout), ("stderr", done.stderr)] {
+            let size = rustix::fs::fstat(&fd).map_err(answerable)?.st_size as u64;
+            if size > limits.output_bytes {
+                outcome.output_exceeded = true;
+            }
+            let len = size.min(limits.output_bytes);
+            parts.push(Part { fd, len });
+            raw.push((name.to_string(), len));
+        }
+        let mut answer = Answer { outcome: Some(outcome), ..Default::default() };
+        if compile {
+            answer.binary = Some(self.take_binary(answer.outcome.as_ref().and_then(|o| o.exit_code), req.max_binary_bytes)?);
+        } else {
+            fetch(req.fetch_files.iter().flatten(), &mut parts, &mut raw);
+        }
+        answer.raw = Some(raw);
+        Ok((answer, parts))
+    }
+
+    /// After a compile step: installs the program it made, and returns it
+    /// (base64) if it is no bigger than `max_bytes`.
+    fn take_binary(&self, exit_code: Option<i32>, max_bytes: u64) -> Result<Option<String>, Failure> {
+        if exit_code != Some(0) {
+            return Ok(None);
+        }
+        let Some(data) = scratch::read_compiled() else { return Ok(None) };
+        scratch::install_program(&data).map_err(answerable)?;
+        Ok((data.len() as u64 <= max_bytes).then(|| base64::engine::general_purpose::STANDARD.encode(&data)))
+    }
+
+    /// What every call ends with, whatever happened to it.
+    fn clean_up(&mut self, written: &[&str]) -> Result<(), Failure> {
+        if self.watch.changed() && !sweep::remove_owned(&self.sweep) {
+            self.watch.give_up();
+        }
+        if !ipc::remove_all().map_err(Failure::Fatal)? {
+            return Err(Failure::Fatal("System V IPC objects of a call could not be removed".into()));
+        }
+        scratch::remove(written);
+        Ok(())
+    }
+}
+
+/// The answer to a Python call that does not compile: exit status 1 and
+/// the error on stderr, as from `python3 main.py`.
+fn syntax_error(text: Vec<u8>, output_bytes: u64) -> Result<(Answer, Vec<Part>), Failure> {
+    let stdout = sys::memfd("stdout", b"").map_err(answerable)?;
+    let stderr = sys::memfd("stderr", &text).map_err(answerable)?;
+    let len = (text.len() as u64).min(output_bytes);
+    let outcome = outcome::Outcome { exit_code: Some(1), output_exceeded: len < text.len() as u64, ..Default::default() };
+    let answer = Answer {
+        outcome: Some(outcome),
+        raw: Some(vec![("stdout".into(), 0), ("stderr".into(), len)]),
+        ..Default::default()
+    };
+    Ok((answer, vec![Part { fd: stdout, len: 0 }, Part { fd: stderr, len }]))
+}
+
+/// Adds the requested files of scratch to the answer's parts: regular
+/// files only, opened without following symbolic links, at most
+/// MAX_FETCH_BYTES in all; the others are left out.
+fn fetch<'a>(names: impl Iterator<Item = &'a String>, parts: &mut Vec<Part>, raw: &mut Vec<(String, u64)>) {
+    let mut budget = MAX_FETCH_BYTES;
+    for name in names {
+        let Some(rel) = request::safe_rel(name) else { continue };
+        let Ok(fd) = scratch::open_beneath(&rel) else { continue };
+        let Ok(st) = rustix::fs::fstat(fd.as_fd()) else { continue };
+        let size = st.st_size as u64;
+        if st.st_mode & libc::S_IFMT != libc::S_IFREG || size > budget {
+            continue;
+        }
+        budget -= size;
+        parts.push(Part { fd, len: size });
+        raw.push((format!("file:{name}"), size));
+    }
+}

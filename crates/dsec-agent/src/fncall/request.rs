@@ -1,0 +1,224 @@
+//! The edge's requests: a decimal length, a newline, then that many bytes
+//! of JSON (see dsec-fncall's protocol.rs, which writes them).
+
+use std::collections::BTreeMap;
+use std::os::fd::BorrowedFd;
+
+use serde::Deserialize;
+
+/// A header longer than this (20 digits and the newline) is not a length.
+const MAX_HEADER: usize = 21;
+/// Bytes asked of stdin per read: a whole ordinary request at once.
+const READ_CHUNK: usize = 1 << 16;
+
+#[derive(Debug, Default, Deserialize)]
+pub struct Limits {
+    pub time_ms: u64,
+    #[serde(default)]
+    pub memory_bytes: u64,
+    pub output_bytes: u64,
+    #[serde(default)]
+    pub file_bytes: u64,
+}
+
+/// One request; fields an op does not use are left at their defaults.
+#[derive(Debug, Default, Deserialize)]
+pub struct Request {
+    /// Echoed in the answer, whatever it is.
+    #[serde(default)]
+    pub id: serde_json::Value,
+    #[serde(default)]
+    pub op: String,
+    #[serde(default)]
+    pub language: Option<String>,
+    #[serde(default)]
+    pub code: String,
+    /// base64.
+    #[serde(default)]
+    pub stdin: Option<String>,
+    /// relative path -> base64.
+    #[serde(default)]
+    pub files: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    pub fetch_files: Option<Vec<String>>,
+    #[serde(default)]
+    pub env: Option<BTreeMap<String, String>>,
+    pub limits: Option<Limits>,
+    #[serde(default)]
+    pub max_binary_bytes: u64,
+    /// `install`: the program, base64.
+    #[serde(default)]
+    pub binary: Option<String>,
+}
+
+/// What could be made of one request's bytes.
+pub enum Parsed {
+    Ok(Box<Request>),
+    /// Not a request we understand; the id, if one could be read.
+    Bad { id: serde_json::Value, error: String },
+}
+
+pub fn parse(data: &[u8]) -> Parsed {
+    match serde_json::from_slice::<Request>(data) {
+        Ok(r) => Parsed::Ok(Box::new(r)),
+        Err(e) => {
+            #[derive(Deserialize)]
+            struct IdOnly {
+                #[serde(default)]
+                id: serde_json::Value,
+            }
+            let id = serde_json::from_slice::<IdOnly>(data).map(|r| r.id).unwrap_or_default();
+            Parsed::Bad { id, error: format!("bad request: {e}") }
+        }
+    }
+}
+
+/// Reads framed requests from stdin. The monitor is the only reader of its
+/// stdin (calls get memfds), so it reads in large chunks and keeps what
+/// belongs to the next request: one read per request, not one per byte.
+pub struct RequestReader<'fd> {
+    fd: BorrowedFd<'fd>,
+    buf: Vec<u8>,
+}
+
+impl<'fd> RequestReader<'fd> {
+    pub fn new(fd: BorrowedFd<'fd>) -> Self {
+        RequestReader { fd, buf: Vec::new() }
+    }
+
+    /// Appends the next chunk; false at the end of the input.
+    fn more(&mut self) -> Result<bool, String> {
+        let len = self.buf.len();
+        self.buf.resize(len + READ_CHUNK, 0);
+        let r = loop {
+            match rustix::io::read(self.fd, &mut self.buf[len..]) {
+                Err(rustix::io::Errno::INTR) => continue,
+                r => break r,
+            }
+        };
+        let n = r.map_err(|e| format!("reading requests: {e}"))?;
+        self.buf.truncate(len + n);
+        Ok(n > 0)
+    }
+
+    /// The next request's bytes; None at a clean end of the input. Any
+    /// error means the stream cannot be trusted any more (fatal).
+    pub fn next(&mut self) -> Result<Option<Vec<u8>>, String> {
+        let nl = loop {
+            let head = &self.buf[..self.buf.len().min(MAX_HEADER)];
+            if let Some(nl) = head.iter().position(|b| *b == b'\n') {
+                break nl;
+            }
+            if self.buf.len() >= MAX_HEADER {
+                return Err("bad request header".into());
+            }
+            if !self.more()? {
+                if self.buf.is_empty() {
+                    return Ok(None);
+                }
+                return Err("truncated request".into());
+            }
+        };
+        let n: usize = std::str::from_utf8(&self.buf[..nl])
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .ok_or("bad request header")?;
+        let end = (nl + 1).checked_add(n).ok_or("bad request header")?;
+        while self.buf.len() < end {
+            if !self.more()? {
+                return Err("truncated request".into());
+            }
+        }
+        let rest = self.buf.split_off(end);
+        let mut data = std::mem::replace(&mut self.buf, rest);
+        data.drain(..nl + 1);
+        Ok(Some(data))
+    }
+}
+
+/// `path` made relative to the scratch directory (empty and `.` parts
+/// dropped), or None if it is absolute, empty, contains a NUL or a `..`.
+pub fn safe_rel(path: &str) -> Option<String> {
+    if path.is_empty() || path.contains('\0') || path.starts_with('/') {
+        return None;
+    }
+    let parts: Vec<&str> = path.split('/').filter(|p| !p.is_empty() && *p != ".").collect();
+    if parts.is_empty() || parts.contains(&"..") {
+        return None;
+    }
+    Some(parts.join("/"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+    use std::os::fd::AsFd;
+
+    fn reader_over(input: &[u8]) -> (std::fs::File, tempfile::NamedTempFile) {
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        f.write_all(input).unwrap();
+        (std::fs::File::open(f.path()).unwrap(), f)
+    }
+
+    #[test]
+    fn reads_consecutive_requests_then_a_clean_end() {
+        let (file, _keep) = reader_over(b"2\n{}10\n{\"op\":\"x\"}");
+        let mut r = RequestReader::new(file.as_fd());
+        assert_eq!(r.next().unwrap().unwrap(), b"{}");
+        assert_eq!(r.next().unwrap().unwrap(), b"{\"op\":\"x\"}");
+        assert_eq!(r.next().unwrap(), None);
+    }
+
+    #[test]
+    fn a_large_request_spans_several_reads() {
+        let body = vec![b'a'; 3 * READ_CHUNK + 17];
+        let mut input = format!("{}\n", body.len()).into_bytes();
+        input.extend_from_slice(&body);
+        let (file, _keep) = reader_over(&input);
+        let mut r = RequestReader::new(file.as_fd());
+        assert_eq!(r.next().unwrap().unwrap(), body);
+        assert_eq!(r.next().unwrap(), None);
+    }
+
+    #[test]
+    fn bad_headers_and_truncation_are_errors() {
+        for (input, want) in [
+            (&b"x\n{}"[..], "bad request header"),
+            (&b"123456789012345678901234"[..], "bad request header"),
+            (&b"99999999999999999999\n"[..], "bad request header"),
+            (&b"10\n{}"[..], "truncated request"),
+            (&b"10"[..], "truncated request"),
+        ] {
+            let (file, _keep) = reader_over(input);
+            let mut r = RequestReader::new(file.as_fd());
+            assert_eq!(r.next().unwrap_err(), want, "{:?}", String::from_utf8_lossy(input));
+        }
+    }
+
+    #[test]
+    fn parses_a_run_request_and_keeps_the_id_of_a_bad_one() {
+        let Parsed::Ok(r) = parse(br#"{"id":7,"op":"run","language":"python","code":"print(1)","limits":{"time_ms":1000,"memory_bytes":0,"output_bytes":10,"file_bytes":10},"max_binary_bytes":0}"#) else {
+            panic!("not parsed")
+        };
+        assert_eq!((r.id.as_u64(), r.op.as_str(), r.language.as_deref()), (Some(7), "run", Some("python")));
+        assert_eq!(r.limits.unwrap().output_bytes, 10);
+        match parse(br#"{"id":8,"op":"run","limits":"no"}"#) {
+            Parsed::Bad { id, error } => {
+                assert_eq!(id.as_u64(), Some(8));
+                assert!(error.starts_with("bad request"), "{error}");
+            }
+            Parsed::Ok(_) => panic!("accepted bad limits"),
+        }
+        assert!(matches!(parse(b"not json"), Parsed::Bad { id: serde_json::Value::Null, .. }));
+    }
+
+    #[test]
+    fn safe_rel_keeps_paths_inside_scratch() {
+        assert_eq!(safe_rel("a/./b//c").as_deref(), Some("a/b/c"));
+        assert_eq!(safe_rel("main.py").as_deref(), Some("main.py"));
+        for bad in ["", "/etc/passwd", "../x", "a/../../x", "a/..", ".", "./", "a\0b"] {
+            assert_eq!(safe_rel(bad), None, "{bad:?}");
+        }
+    }
+}

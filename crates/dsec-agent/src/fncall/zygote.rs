@@ -1,0 +1,48 @@
+//! Starting the zygote: `python3 -I zygote.py --zygote CTL REP CMD`, a
+//! fresh interpreter (never a fork of anything warm: it then holds only its
+//! own modules and the preloaded ones, so each of its forks copies less),
+//! root, in the Landlock domain of the calls (LANDLOCK_WRITABLE): it writes
+//! nothing itself after it starts, so its domain is the calls' domain,
+//! entered once here instead of by every worker.
+
+use std::os::fd::{AsRawFd, OwnedFd};
+
+use super::landlock::{self, LANDLOCK_WRITABLE};
+use super::report::Reports;
+use super::spawn::{python_helper, Confinement};
+
+/// Our ends of the zygote's descriptors, and what it said when ready.
+pub struct Zygote {
+    pub pid: i32,
+    /// SOCK_SEQPACKET: one message (and the call's stdio) per call.
+    pub cmd: OwnedFd,
+    /// "Its strays are killed, reap them" (see worker::run).
+    pub ctl: OwnedFd,
+    /// One line per worker that ended.
+    pub reports: Reports,
+    /// The preloaded modules it could import.
+    pub loaded: Vec<String>,
+}
+
+/// Starts the zygote from `script` (zygote.py) with `python` and waits for
+/// its first line (the modules it preloaded).
+pub fn start(python: &str, script: &str) -> Result<Zygote, String> {
+    let (cmd_ours, cmd_theirs) = rustix::net::socketpair(
+        rustix::net::AddressFamily::UNIX,
+        rustix::net::SocketType::SEQPACKET,
+        rustix::net::SocketFlags::CLOEXEC,
+        None,
+    )
+    .map_err(|e| format!("socketpair: {e}"))?;
+    let (ctl_theirs, ctl_ours) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let (rep_ours, rep_theirs) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    let ruleset = landlock::ruleset(&LANDLOCK_WRITABLE).map_err(|e| e.to_string())?;
+    let keep = [ctl_theirs.as_raw_fd(), rep_theirs.as_raw_fd(), cmd_theirs.as_raw_fd()];
+    let confinement = Confinement { ruleset: ruleset.as_ref().map(|r| r.as_raw_fd()), user: None, stdin: None };
+    let pid = python_helper(python, script, "zygote", &keep, &confinement)?;
+    drop((ruleset, ctl_theirs, rep_theirs, cmd_theirs));
+    let mut reports = Reports::new(rep_ours);
+    let line = reports.line().map_err(|e| format!("the zygote did not start: {e}"))?;
+    let loaded = line.split(',').filter(|m| !m.is_empty()).map(String::from).collect();
+    Ok(Zygote { pid, cmd: cmd_ours, ctl: ctl_ours, reports, loaded })
+}
