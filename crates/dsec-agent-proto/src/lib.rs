@@ -24,6 +24,7 @@
 //! no byte of process output is ever parsed as a control message.
 
 pub mod codec;
+pub mod fncall;
 #[cfg(feature = "async")]
 pub mod client;
 mod ops;

@@ -3,62 +3,10 @@
 
 use std::collections::BTreeMap;
 
-use serde::{Deserialize, Serialize};
+use serde::Deserialize;
 
-#[derive(Debug, Clone, Serialize)]
-pub struct ZLimits {
-    pub time_ms: u64,
-    /// RLIMIT_AS of a compiled program; growth allowed beyond the warm
-    /// interpreter for Python. 0: none.
-    pub memory_bytes: u64,
-    pub output_bytes: u64,
-    /// RLIMIT_FSIZE of the call (the monitor raises it to cover the output).
-    pub file_bytes: u64,
-}
-
-#[derive(Debug, Clone, Serialize)]
-pub struct ZRequest<'a> {
-    pub id: u64,
-    /// `run`, `compile`, `install`, `ping`.
-    pub op: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub language: &'a str,
-    #[serde(skip_serializing_if = "str::is_empty")]
-    pub code: &'a str,
-    /// base64.
-    #[serde(skip_serializing_if = "String::is_empty")]
-    pub stdin: String,
-    /// relative path -> base64.
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub files: BTreeMap<String, String>,
-    #[serde(skip_serializing_if = "<[String]>::is_empty")]
-    pub fetch_files: &'a [String],
-    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
-    pub env: BTreeMap<String, String>,
-    pub limits: ZLimits,
-    pub max_binary_bytes: u64,
-    /// `install`: the program, base64.
-    #[serde(skip_serializing_if = "Option::is_none")]
-    pub binary: Option<String>,
-}
-
-impl<'a> ZRequest<'a> {
-    pub fn new(op: &'a str, limits: ZLimits) -> Self {
-        ZRequest {
-            id: 0,
-            op,
-            language: "",
-            code: "",
-            stdin: String::new(),
-            files: BTreeMap::new(),
-            fetch_files: &[],
-            env: BTreeMap::new(),
-            limits,
-            max_binary_bytes: 0,
-            binary: None,
-        }
-    }
-}
+// The requests are the monitor's own definition (one for both ends).
+pub use dsec_agent_proto::fncall::{CallLimits as ZLimits, MonitorRequest as ZRequest};
 
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct ZResponse {
@@ -157,8 +105,8 @@ mod tests {
     #[test]
     fn frames_carry_the_exact_length() {
         let mut r = ZRequest::new("run", ZLimits { time_ms: 1, memory_bytes: 0, output_bytes: 1, file_bytes: 1 });
-        r.language = "python";
-        r.code = "print('é')";
+        r.language = "python".into();
+        r.code = "print('é')".into();
         let f = frame(&r);
         let nl = f.iter().position(|b| *b == b'\n').unwrap();
         let len: usize = std::str::from_utf8(&f[..nl]).unwrap().parse().unwrap();

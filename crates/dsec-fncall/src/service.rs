@@ -278,8 +278,8 @@ impl FnCallService {
         }
         let limits = ZLimits { time_ms: plan.compile_time_ms, memory_bytes: 0, output_bytes: COMPILE_OUTPUT_BYTES, file_bytes: COMPILE_FILE_BYTES };
         let mut z = ZRequest::new("compile", limits);
-        z.language = &req.language;
-        z.code = &req.code;
+        z.language = req.language.as_str().into();
+        z.code = req.code.as_str().into();
         z.files = req.files.clone();
         z.max_binary_bytes = self.cfg.max_cached_binary_bytes;
         let deadline = Duration::from_millis(plan.compile_time_ms) + ANSWER_SLACK;
@@ -298,13 +298,13 @@ impl FnCallService {
     async fn run_step(&self, lease: &mut Lease, req: &FnCallRequest, plan: &Plan, stdin: &[u8], fetch: &[String]) -> Result<ZResponse, FnCallError> {
         let limits = ZLimits { time_ms: plan.time_ms, memory_bytes: plan.memory_bytes, output_bytes: plan.output_bytes, file_bytes: plan.output_bytes + 1 };
         let mut z = ZRequest::new("run", limits);
-        z.language = &req.language;
+        z.language = req.language.as_str().into();
         if !plan.compiled {
-            z.code = &req.code;
+            z.code = req.code.as_str().into();
         }
         z.stdin = b64(stdin);
         z.files = req.files.clone();
-        z.fetch_files = fetch;
+        z.fetch_files = fetch.into();
         z.env = req.env.clone();
         let deadline = Duration::from_millis(plan.time_ms) + ANSWER_SLACK;
         answer(lease.runner().request(z, deadline).await?)
@@ -315,8 +315,8 @@ impl FnCallService {
         let checker = req.checker.as_ref().expect("check is called only with a checker");
         let limits = ZLimits { time_ms: plan.time_ms, memory_bytes: plan.memory_bytes, output_bytes: 64 << 10, file_bytes: 64 << 10 };
         let mut z = ZRequest::new("run", limits);
-        z.language = &checker.language;
-        z.code = &checker.code;
+        z.language = checker.language.as_str().into();
+        z.code = checker.code.as_str().into();
         z.files = BTreeMap::from([
             ("input.txt".to_string(), b64(input)),
             ("output.txt".to_string(), b64(output)),

@@ -42,7 +42,6 @@ mod sys;
 mod worker;
 mod zygote;
 
-use std::collections::BTreeMap;
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
@@ -99,7 +98,6 @@ struct Monitor {
     /// Every directory the call user could create files in.
     sweep: Vec<String>,
     watch: SweepWatch,
-    no_env: BTreeMap<String, String>,
 }
 
 impl Monitor {
@@ -120,7 +118,7 @@ impl Monitor {
         let zygote = zygote::start(&python, script)?;
         let family = Family::new(zygote.pid, compiler.pid)?;
         let watch = SweepWatch::new(&sweep);
-        Ok(Monitor { zygote, compiler, family, sweep, watch, no_env: BTreeMap::new() })
+        Ok(Monitor { zygote, compiler, family, sweep, watch })
     }
 
     fn serve(mut self) -> Result<(), String> {
@@ -148,8 +146,8 @@ impl Monitor {
             let (answer, parts) = match request::parse(&data) {
                 Parsed::Bad { id, error } => (Answer { id, ..Answer::error(error) }, Vec::new()),
                 Parsed::Ok(req) => match self.handle(&req) {
-                    Ok((answer, parts)) => (Answer { id: req.id, ..answer }, parts),
-                    Err(Failure::Answer(e)) => (Answer { id: req.id, ..Answer::error(e) }, Vec::new()),
+                    Ok((answer, parts)) => (Answer { id: req.id.into(), ..answer }, parts),
+                    Err(Failure::Answer(e)) => (Answer { id: req.id.into(), ..Answer::error(e) }, Vec::new()),
                     Err(Failure::Fatal(e)) => return Err(e),
                 },
             };
@@ -158,8 +156,8 @@ impl Monitor {
     }
 
     /// Serves one request: its answer and raw parts.
-    fn handle(&mut self, req: &Request) -> Result<(Answer, Vec<Part>), Failure> {
-        match req.op.as_str() {
+    fn handle(&mut self, req: &Request<'_>) -> Result<(Answer, Vec<Part>), Failure> {
+        match &*req.op {
             "ping" => return Ok((Answer::ok(), Vec::new())),
             "install" => {
                 let binary = req.binary.as_deref().ok_or_else(|| answerable("install needs the binary"))?;
@@ -168,10 +166,10 @@ impl Monitor {
             }
             _ => {}
         }
-        let Some(lang) = req.language.as_deref().and_then(Lang::named) else {
+        let Some(lang) = Lang::named(&req.language) else {
             return Err(Failure::Answer(format!("unsupported language {:?}", req.language)));
         };
-        let compile = match req.op.as_str() {
+        let compile = match &*req.op {
             "run" => false,
             "compile" => true,
             op => return Err(Failure::Answer(format!("unknown op {op:?}"))),
@@ -190,9 +188,9 @@ impl Monitor {
         cleaned.and(served)
     }
 
-    fn call(&mut self, req: &Request, lang: &'static Lang, compile: bool, limits: &request::Limits, written: &mut Vec<&'static str>) -> Result<(Answer, Vec<Part>), Failure> {
+    fn call(&mut self, req: &Request<'_>, lang: &'static Lang, compile: bool, limits: &request::Limits, written: &mut Vec<&'static str>) -> Result<(Answer, Vec<Part>), Failure> {
         let mut files = Vec::new();
-        for (name, content) in req.files.iter().flatten() {
+        for (name, content) in &req.files {
             files.push((name.clone(), unb64(&format!("file {name:?}"), content)?));
         }
         scratch::write_files(&files).map_err(answerable)?;
@@ -202,7 +200,7 @@ impl Monitor {
             scratch::write_new(&src_path, source, 0o644).map_err(|e| Failure::Answer(format!("writing {src_path}: {e}")))?;
             written.push(lang.file);
         }
-        let stdin = unb64("stdin", req.stdin.as_deref().unwrap_or(""))?;
+        let stdin = unb64("stdin", &req.stdin)?;
         // Made before the compiler's answer is needed: more time for it to
         // finish on the other core, so less waiting for it here.
         let stdio = worker::Stdio::new(&stdin).map_err(|e| Failure::Answer(format!("memfd: {e}")))?;
@@ -229,7 +227,7 @@ impl Monitor {
         };
         let step = Step {
             program,
-            env: req.env.as_ref().unwrap_or(&self.no_env),
+            env: &req.env,
             time_ms: limits.time_ms,
             memory_bytes: limits.memory_bytes,
             file_bytes: limits.file_bytes,
@@ -253,7 +251,7 @@ impl Monitor {
         if compile {
             answer.binary = Some(self.take_binary(answer.outcome.as_ref().and_then(|o| o.exit_code), req.max_binary_bytes)?);
         } else {
-            fetch(req.fetch_files.iter().flatten(), &mut parts, &mut raw);
+            fetch(req.fetch_files.iter(), &mut parts, &mut raw);
         }
         answer.raw = Some(raw);
         Ok((answer, parts))

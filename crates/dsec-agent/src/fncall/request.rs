@@ -1,7 +1,6 @@
 //! The edge's requests: a decimal length, a newline, then that many bytes
 //! of JSON (see dsec-fncall's protocol.rs, which writes them).
 
-use std::collections::BTreeMap;
 use std::os::fd::BorrowedFd;
 
 use serde::Deserialize;
@@ -11,54 +10,17 @@ const MAX_HEADER: usize = 21;
 /// Bytes asked of stdin per read: a whole ordinary request at once.
 const READ_CHUNK: usize = 1 << 16;
 
-#[derive(Debug, Default, Deserialize)]
-pub struct Limits {
-    pub time_ms: u64,
-    #[serde(default)]
-    pub memory_bytes: u64,
-    pub output_bytes: u64,
-    #[serde(default)]
-    pub file_bytes: u64,
-}
-
-/// One request; fields an op does not use are left at their defaults.
-#[derive(Debug, Default, Deserialize)]
-pub struct Request {
-    /// Echoed in the answer, whatever it is.
-    #[serde(default)]
-    pub id: serde_json::Value,
-    #[serde(default)]
-    pub op: String,
-    #[serde(default)]
-    pub language: Option<String>,
-    #[serde(default)]
-    pub code: String,
-    /// base64.
-    #[serde(default)]
-    pub stdin: Option<String>,
-    /// relative path -> base64.
-    #[serde(default)]
-    pub files: Option<BTreeMap<String, String>>,
-    #[serde(default)]
-    pub fetch_files: Option<Vec<String>>,
-    #[serde(default)]
-    pub env: Option<BTreeMap<String, String>>,
-    pub limits: Option<Limits>,
-    #[serde(default)]
-    pub max_binary_bytes: u64,
-    /// `install`: the program, base64.
-    #[serde(default)]
-    pub binary: Option<String>,
-}
+/// The request itself is defined once for the edge and the monitor.
+pub use dsec_agent_proto::fncall::{CallLimits as Limits, MonitorRequest as Request};
 
 /// What could be made of one request's bytes.
-pub enum Parsed {
-    Ok(Box<Request>),
+pub enum Parsed<'a> {
+    Ok(Box<Request<'a>>),
     /// Not a request we understand; the id, if one could be read.
     Bad { id: serde_json::Value, error: String },
 }
 
-pub fn parse(data: &[u8]) -> Parsed {
+pub fn parse(data: &[u8]) -> Parsed<'_> {
     match serde_json::from_slice::<Request>(data) {
         Ok(r) => Parsed::Ok(Box::new(r)),
         Err(e) => {
@@ -201,7 +163,7 @@ mod tests {
         let Parsed::Ok(r) = parse(br#"{"id":7,"op":"run","language":"python","code":"print(1)","limits":{"time_ms":1000,"memory_bytes":0,"output_bytes":10,"file_bytes":10},"max_binary_bytes":0}"#) else {
             panic!("not parsed")
         };
-        assert_eq!((r.id.as_u64(), r.op.as_str(), r.language.as_deref()), (Some(7), "run", Some("python")));
+        assert_eq!((r.id, &*r.op, &*r.language), (7, "run", "python"));
         assert_eq!(r.limits.unwrap().output_bytes, 10);
         match parse(br#"{"id":8,"op":"run","limits":"no"}"#) {
             Parsed::Bad { id, error } => {
