@@ -3,7 +3,7 @@
 # The monitor (`dsec-agent fncall-monitor`, crates/dsec-agent/src/fncall/,
 # root, the process the edge starts in each runner) starts this file twice:
 # as the compiler (compiler_main) and as the zygote,
-# `python3 -I zygote.py --zygote CTL REP CMD`: a fresh interpreter, not a
+# `python3 -s zygote.py --zygote CTL REP CMD`: a fresh interpreter, not a
 # fork of anything warm, so that it holds only its own few modules and the
 # preloaded ones (each fork copies the page-table entries of its whole
 # heap, so a smaller zygote makes every call cheaper). Before the exec the

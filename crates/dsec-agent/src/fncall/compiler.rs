@@ -72,7 +72,7 @@ impl Compiler {
             stdin: Some(script.as_raw_fd()),
         };
         let keep = [src_theirs.as_raw_fd(), out_theirs.as_raw_fd()];
-        let pid = python_helper(python, "-", "compiler", &keep, &confinement)?;
+        let pid = python_helper(python, "-", "compiler", &keep, &confinement, &[])?;
         drop((ruleset, script, src_theirs, out_theirs));
         let mut c = Compiler { pid, to, from, pending: false };
         // Its first message: the file name the code objects carry.

@@ -1,4 +1,4 @@
-//! Starting the zygote: `python3 -I zygote.py --zygote CTL REP CMD`, a
+//! Starting the zygote: `python3 -s zygote.py --zygote CTL REP CMD`, a
 //! fresh interpreter (never a fork of anything warm: it then holds only its
 //! own modules and the preloaded ones, so each of its forks copies less),
 //! root, in the Landlock domain of the calls (LANDLOCK_WRITABLE): it writes
@@ -9,7 +9,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::landlock::{self, LANDLOCK_WRITABLE};
 use super::report::Reports;
-use super::spawn::{python_helper, Confinement};
+use super::spawn::{python_helper, Confinement, ZYGOTE_ENV};
 
 /// Our ends of the zygote's descriptors, and what it said when ready.
 pub struct Zygote {
@@ -39,7 +39,7 @@ pub fn start(python: &str, script: &str) -> Result<Zygote, String> {
     let ruleset = landlock::ruleset(&LANDLOCK_WRITABLE).map_err(|e| e.to_string())?;
     let keep = [ctl_theirs.as_raw_fd(), rep_theirs.as_raw_fd(), cmd_theirs.as_raw_fd()];
     let confinement = Confinement { ruleset: ruleset.as_ref().map(|r| r.as_raw_fd()), user: None, stdin: None };
-    let pid = python_helper(python, script, "zygote", &keep, &confinement)?;
+    let pid = python_helper(python, script, "zygote", &keep, &confinement, ZYGOTE_ENV)?;
     drop((ruleset, ctl_theirs, rep_theirs, cmd_theirs));
     let mut reports = Reports::new(rep_ours);
     let line = reports.line().map_err(|e| format!("the zygote did not start: {e}"))?;

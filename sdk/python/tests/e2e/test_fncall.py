@@ -81,8 +81,22 @@ async def test_files_env_and_fetch(client: DSecClient) -> None:
     assert r.files == {"out.bin": bytes(range(5))}
 
 
+async def warm_pools(client: DSecClient, timeout: float = 60) -> None:
+    """Waits until no runner is starting: a runner that becomes ready
+    between two calls would take the second one."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    while True:
+        pools = await client.fncall_pools()
+        if all(p["starting"] == 0 and p["runners"] >= p["min_runners"] for p in pools):
+            return
+        assert loop.time() < deadline, f"the pools did not warm up: {pools}"
+        await asyncio.sleep(0.1)
+
+
 async def test_nothing_of_one_call_reaches_the_next(client: DSecClient) -> None:
     # Sequential calls go to the most recently freed runner: the same one.
+    await warm_pools(client)
     first = await call(client, """
 import os, subprocess
 open('/tmp/secret', 'w').write('s')
@@ -104,11 +118,18 @@ left = [p for p in os.listdir('/proc') if p.isdigit() and os.stat('/proc/' + p).
         and int(p) != os.getpid()]
 print(os.path.exists('/tmp/secret'), os.path.exists('/dev/shm/secret'), os.path.exists('/var/tmp/d'), left)
 print(sorted(os.environ))
+import sys
+print(sys.flags.no_user_site, sys.flags.ignore_environment, sys.flags.safe_path, sys.path[0] != '')
 """)
     assert second.runner == first.runner, "sequential calls should reuse the warm runner"
     lines = second.stdout.splitlines()
     assert lines[0] == "False False False []", second
     assert "K" not in lines[1], "the environment is reset"
+    # The zygote's own allocator settings (spawn.rs ZYGOTE_ENV) are not the calls'.
+    assert "PYTHONMALLOC" not in lines[1] and "GLIBC_TUNABLES" not in lines[1], lines[1]
+    # Isolated like `python3 -I` (user site off, no current directory on
+    # the path), without -E's effect on the zygote's own variables.
+    assert lines[2] == "1 0 True True", second
 
 
 async def test_ipc_objects_and_clone_parent_children_do_not_survive(client: DSecClient) -> None:
