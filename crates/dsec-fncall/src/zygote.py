@@ -254,6 +254,18 @@ def cheaper_random_reseed():
     return restore
 
 
+def settle_allocator():
+    """Has glibc's malloc (the zygote's allocator: spawn.rs ZYGOTE_ENV) sort
+    the free chunks the start-up left in its unsorted bin, once, here. A
+    request that no cached chunk fits makes malloc walk that bin and write
+    a header into each chunk it files away; done in a worker, each of those
+    writes is a copied page (a 4 KiB read in a worker copied ~55 pages
+    before this, ~12 after). Requests of the large-bin sizes do the walk
+    (and merge the fast bins) without keeping anything."""
+    for size in (1500, 3000, 6000, 12000, 50000):
+        bytearray(size)
+
+
 def other_children_left(children_file):
     """In the zygote, once its worker is reaped: whether it still has a
     child, which can only be one a call made a sibling of its worker
@@ -295,6 +307,7 @@ def zygote_main(ctl, rep, cmd_fd):
     gc.freeze()
     zygote_setup()
     os.write(rep, (",".join(loaded) + "\n").encode())
+    settle_allocator()
     # Our children (a single-threaded process: the main thread's list).
     children = os.open("/proc/self/task/%d/children" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
     fork, wait4, write, strays = os.fork, os.wait4, os.write, other_children_left
