@@ -42,6 +42,8 @@ pub fn create_request(r: api::CreateSandboxRequest) -> SandboxRequest {
         toolkits: r.toolkits,
         memory_mb: r.memory_limit_mb,
         cpu_cores: r.cpu_cores_limit,
+        // Internal (FnCall runners): users get a quota equal to their limit.
+        cpu_quota_cores: None,
         disk_mb: r.disk_limit_mb,
         pids: r.pids_limit,
         idle_ttl_s: r.ttl_running_stop,

@@ -83,7 +83,7 @@ mod tests {
     use super::*;
 
     fn limits(mem: u64, cpu: f64) -> Limits {
-        Limits { memory_mb: mem, cpu_cores: cpu, disk_mb: 1, pids: 1 }
+        Limits { memory_mb: mem, cpu_cores: cpu, disk_mb: 1, pids: 1, cpu_quota_cores: None }
     }
 
     #[test]

@@ -133,7 +133,7 @@ pub fn cgroup_memory_bytes(spec: &SandboxSpec) -> u64 {
 pub fn cgroup_limits(spec: &SandboxSpec) -> crate::cgroup::CgroupLimits {
     crate::cgroup::CgroupLimits {
         memory_bytes: cgroup_memory_bytes(spec),
-        cpu_quota_us: (spec.limits.cpu_cores * crate::cgroup::CPU_PERIOD_US as f64).round().max(1000.0) as u64,
+        cpu_quota_us: (spec.limits.cpu_quota_cores.unwrap_or(spec.limits.cpu_cores) * crate::cgroup::CPU_PERIOD_US as f64).round().max(1000.0) as u64,
         pids: spec.limits.pids,
     }
 }

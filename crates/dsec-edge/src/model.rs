@@ -18,9 +18,16 @@ pub enum BackendKind {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Limits {
     pub memory_mb: u64,
+    /// What the sandbox reserves of the node (admission, placement) and,
+    /// unless `cpu_quota_cores` says otherwise, its CPU quota.
     pub cpu_cores: f64,
     pub disk_mb: u64,
     pub pids: u64,
+    /// A CPU quota above the reservation, for the edge's own FnCall
+    /// runners (see SandboxRequest::cpu_quota_cores); None for every
+    /// sandbox a user creates.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cpu_quota_cores: Option<f64>,
 }
 
 /// A creation request, after defaults were applied.

@@ -57,6 +57,7 @@ fn request_from(spec: &SandboxSpec, source: &str) -> SandboxRequest {
         toolkits: spec.toolkits.clone(),
         memory_mb: Some(spec.limits.memory_mb),
         cpu_cores: Some(spec.limits.cpu_cores),
+        cpu_quota_cores: spec.limits.cpu_quota_cores,
         disk_mb: Some(spec.limits.disk_mb),
         pids: Some(spec.limits.pids),
         idle_ttl_s: Some(spec.idle_ttl_s),

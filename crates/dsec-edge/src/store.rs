@@ -208,7 +208,7 @@ mod tests {
                 image: "busybox".into(),
                 workspace: None,
                 toolkits: vec![],
-                limits: Limits { memory_mb: 64, cpu_cores: 1.0, disk_mb: 64, pids: 64 },
+                limits: Limits { memory_mb: 64, cpu_cores: 1.0, disk_mb: 64, pids: 64, cpu_quota_cores: None },
                 idle_ttl_s: 300,
                 max_lifetime_s: 3600,
                 init_user: "root".into(),

@@ -77,6 +77,7 @@ impl Runner {
             image: cfg.image.clone(),
             memory_mb: Some(cfg.runner_memory_mb),
             cpu_cores: Some(cfg.runner_cpu_cores),
+            cpu_quota_cores: Some(cfg.runner_cpu_quota_cores.max(cfg.runner_cpu_cores)),
             disk_mb: Some(cfg.runner_disk_mb),
             pids: Some(cfg.runner_pids),
             idle_ttl_s: Some(0),

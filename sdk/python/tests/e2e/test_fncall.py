@@ -434,6 +434,31 @@ def _runner_monitor_pid(runner: str) -> int:
     raise AssertionError(f"no monitor process found for runner {runner}")
 
 
+def _runner_cpu_quota_cores(runner: str) -> float:
+    """A runner's CPU quota in cores, from its cgroup (v1 or v2)."""
+    node = runner.split(".")[0]
+    for f in Path("/sys/fs/cgroup").glob(f"**/dsec/{node}/{runner}/cpu.cfs_quota_us"):
+        period = int((f.parent / "cpu.cfs_period_us").read_text())
+        return int(f.read_text()) / period
+    for f in Path("/sys/fs/cgroup").glob(f"**/dsec/{node}/{runner}/cpu.max"):
+        quota, period = f.read_text().split()
+        return int(quota) / int(period)
+    raise AssertionError(f"no CPU controller found for runner {runner}")
+
+
+async def test_a_runner_reserves_one_core_and_may_use_every_core(one_runner_server: Server) -> None:
+    # A call is a pipeline of processes that overlap on several cores; a
+    # one-core quota throttled a runner serving a single client.
+    srv = one_runner_server
+    async with DSecClient(srv.url, srv.admin_token) as c:
+        r = await c.fncall("python", "print('q')")
+        assert r.ok, r
+        cores = os.cpu_count() or 1
+        assert _runner_cpu_quota_cores(r.runner) == pytest.approx(max(cores, 1))
+        info = await c.get(r.runner)
+        assert info.limits.cpu_cores_limit == pytest.approx(min(1.0, cores)), "the reservation stays one core"
+
+
 async def test_a_runner_that_dies_is_replaced(one_runner_server: Server) -> None:
     srv = one_runner_server
     async with DSecClient(srv.url, srv.admin_token) as c:
