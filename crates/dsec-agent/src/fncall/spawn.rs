@@ -36,9 +36,13 @@ pub struct Confinement {
 /// pages (madvise; the host's THP mode "madvise" or "always" allows it),
 /// the zygote's objects sit in 2 MiB folios, which fork and exit handle a
 /// folio at a time. A worker's first write to a page still copies just
-/// that 4 KiB page. Older glibc ignores the tunable; hosts with THP off
-/// get the plain glibc heap.
-pub const ZYGOTE_ENV: &[(&str, &str)] = &[("PYTHONMALLOC", "malloc"), ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")];
+/// that 4 KiB page. The 8 MiB top pad makes glibc's first extension of
+/// the heap one mapping big enough to hold aligned 2 MiB blocks (with the
+/// default, the first 3 MiB, where the interpreter's start-up objects
+/// live, stayed in 4 KiB pages). Older glibc ignores the tunables; hosts
+/// with THP off get the plain glibc heap.
+pub const ZYGOTE_ENV: &[(&str, &str)] =
+    &[("PYTHONMALLOC", "malloc"), ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=8388608")];
 
 /// The helper's environment: `inherited` (the monitor's own) without any
 /// PYTHON* or GLIBC_TUNABLES variable, then PYTHONSAFEPATH and `extra`.
@@ -167,7 +171,7 @@ mod tests {
         let env: Vec<&str> = env.iter().map(|c| c.to_str().unwrap()).collect();
         assert_eq!(
             env,
-            ["PATH=/bin", "DSEC_FNCALL_PRELOAD=math", "PYTHONSAFEPATH=1", "PYTHONMALLOC=malloc", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1"]
+            ["PATH=/bin", "DSEC_FNCALL_PRELOAD=math", "PYTHONSAFEPATH=1", "PYTHONMALLOC=malloc", "GLIBC_TUNABLES=glibc.malloc.hugetlb=1:glibc.malloc.top_pad=8388608"]
         );
     }
 }
