@@ -35,7 +35,7 @@ from dsec import DSecClient, DSecRunArgs
 from dsec import errors as E
 from dsec.sandbox import Sandbox
 
-from ..e2e.conftest import IMAGE, Server, _create_tenant, run_args, serve_dsec
+from ..e2e.conftest import IMAGE, Server, _create_tenant, _mounts_under, run_args, serve_dsec
 
 PYPI, NPM, MIRROR_DOMAIN_IP, OTHER_DOMAIN_IP = "198.18.7.1", "198.18.7.2", "198.18.7.3", "198.18.7.4"
 MIRROR_PORT = 8080
@@ -573,9 +573,13 @@ async def test_allowlists_hold_across_an_edge_restart(mirrors: str, dns_upstream
             second.close()
         assert not cg.exists()
         assert not Path(f"/sys/fs/bpf/dsec/{node}").exists()
+        assert not _mounts_under(data_dir), "the edge left mounts in its data directory"
     finally:
         shutil.rmtree(cfg_dir, ignore_errors=True)
-        shutil.rmtree(data_dir, ignore_errors=True)
+        # Never rm -rf through a mount (an earlier run left the directory
+        # behind when it tried); a leftover mount fails the test above.
+        if not _mounts_under(data_dir):
+            shutil.rmtree(data_dir)
 
 
 # -- microVMs: the same allowlist, enforced on QEMU's sockets --------------
