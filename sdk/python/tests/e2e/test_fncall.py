@@ -137,6 +137,7 @@ async def test_ipc_objects_and_clone_parent_children_do_not_survive(client: DSec
     # CAP_SYS_ADMIN), a process made the zygote's child with
     # clone(CLONE_PARENT) (not reparented to the monitor), and a file
     # renamed into /tmp (the sweep's inotify watch sees IN_MOVED_TO).
+    await warm_pools(client)
     first = await call(client, """
 import ctypes, os, time
 libc = ctypes.CDLL(None, use_errno=True)
