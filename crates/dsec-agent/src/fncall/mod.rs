@@ -177,7 +177,7 @@ impl Monitor {
         let limits = req.limits.as_ref().ok_or_else(|| answerable("a run needs limits"))?;
         if lang.python && !compile {
             // Compiled while the call's directory is made (call() takes it).
-            self.compiler.submit(req.code.as_bytes()).map_err(Failure::Fatal)?;
+            self.compiler.submit_or_reuse(req.code.as_bytes(), req.same_code).map_err(Failure::Fatal)?;
         }
         scratch::prepare().map_err(answerable)?;
         // Plain names the monitor created in scratch (scratch::remove).

@@ -247,6 +247,27 @@ async def test_judge_compare_modes_and_checker(client: DSecClient) -> None:
     assert bad.verdict == "WA", bad
 
 
+async def test_a_python_submission_is_compiled_once_and_each_case_gets_its_input(client: DSecClient) -> None:
+    # The edge marks the runs after the first as the same code; the monitor
+    # then reuses its compiled form (compiler.rs). Each case keeps its own
+    # input, output and verdict.
+    cases = [TestCase(str(i), str(i * 2)) for i in range(6)]
+    ok = await call(client, "print(int(input()) * 2)", test_cases=cases)
+    assert ok.verdict == "AC" and [c.verdict for c in ok.cases] == ["AC"] * 6, ok
+    assert [c.run.stdout for c in ok.cases] == [f"{i * 2}\n" for i in range(6)], ok
+    one_wrong = await call(client, "n = int(input())\nprint(0 if n == 3 else n * 2)", test_cases=cases,
+                           stop_on_first_failure=False)
+    assert [c.verdict for c in one_wrong.cases] == ["AC", "AC", "AC", "WA", "AC", "AC"], one_wrong
+    broken = await call(client, "print(", test_cases=cases[:3], stop_on_first_failure=False)
+    verdicts = [c.verdict for c in broken.cases]
+    assert len(set(verdicts)) == 1 and verdicts[0] != "AC", broken
+    assert all("SyntaxError" in c.run.stderr for c in broken.cases), broken
+    # The next request with the same code is compiled again (nothing of one
+    # request is reused by another) and still right.
+    again = await call(client, "print(int(input()) * 2)", test_cases=cases[:2])
+    assert again.verdict == "AC", again
+
+
 async def test_batch_and_concurrency(client: DSecClient) -> None:
     calls = [dict(language="python", code=f"print({i} * {i})") for i in range(40)]
     calls.append(dict(language="cobol", code="DISPLAY 'HI'."))
