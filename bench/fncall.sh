@@ -8,7 +8,7 @@
 #      calls/s, p50, p99
 #   2. a C++ online-judge submission with 10 test cases: submissions/s with
 #      the compile cache warm (the same source every time) and cold (every
-#      request's source differs by a comment)
+#      request's source differs by a comment); the same judge in Python
 #   3. the Python SDK: DSecClient.fncall from one asyncio process
 # Usage: bench/fncall.sh [SECONDS per wrk run] (default 10; ~6 min)
 source "$(dirname "$0")/lib.sh"
@@ -37,12 +37,14 @@ done
 bench_log "baseline at $BASELINE (pid $BASELINE_PID)"
 
 printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
-"$PY" - "$WORK/cpp.json" "$WORK/cpp_nonce.json" <<'PYEOF'
+"$PY" - "$WORK/cpp.json" "$WORK/cpp_nonce.json" "$WORK/py_judge.json" <<'PYEOF'
 import json, sys
 src = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n"
 cases = [{"stdin": f"{i} {i * 7}\n", "expected_output": f"{i * 8}\n"} for i in range(10)]
 json.dump({"language": "cpp", "code": src, "test_cases": cases}, open(sys.argv[1], "w"))
 json.dump({"language": "cpp", "code": src + "// @NONCE@\n", "test_cases": cases}, open(sys.argv[2], "w"))
+py = "a, b = map(int, input().split())\nprint(a + b)\n"
+json.dump({"language": "python", "code": py, "test_cases": cases}, open(sys.argv[3], "w"))
 PYEOF
 
 # Sanity: both answer correctly before anything is timed.
@@ -53,7 +55,7 @@ check() { # URL BODY
     printf '%s' "$out" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); assert d["status"] == "ok", d' \
         || { echo "bad answer from $1: $out" >&2; exit 1; }
 }
-for target in "$DSEC_ENDPOINT" "$BASELINE"; do check "$target" "$WORK/py.json"; check "$target" "$WORK/cpp.json"; done
+for target in "$DSEC_ENDPOINT" "$BASELINE"; do check "$target" "$WORK/py.json"; check "$target" "$WORK/cpp.json"; check "$target" "$WORK/py_judge.json"; done
 # Pools are warm once their runners have started.
 for _ in $(seq 1 100); do
     ready=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" "$DSEC_ENDPOINT/v1/fncall/pools" |
@@ -90,6 +92,11 @@ wrk_run() { # NAME TARGET URL BODY CONNS [nonce]
         echo ","; wrk_run "cpp judge 10 cases, cache warm" "$t" "$url" "$WORK/cpp.json" 8
         bench_log "C++ judge, 10 cases, $t, every source new"
         echo ","; wrk_run "cpp judge 10 cases, cache cold" "$t" "$url" "$WORK/cpp_nonce.json" 8 1
+    done
+    for t in dsec baseline; do
+        url=$DSEC_ENDPOINT; [ "$t" = baseline ] && url=$BASELINE
+        bench_log "Python judge, 10 cases, $t"
+        echo ","; wrk_run "python judge 10 cases" "$t" "$url" "$WORK/py_judge.json" 8
     done
     echo ']}'
 } >"$RESULTS/fncall.json"
