@@ -14,10 +14,7 @@ SECS=${1:-8}
 CONNS=${2:-16}
 bench_init fncall_cpu
 bench_build
-PY_RUNNERS=$((2 * $(nproc)))
-bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS" --cpu-overcommit 64
-printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
-bench_wait_python_pool "$PY_RUNNERS" || { echo "the Python pool did not warm up" >&2; exit 1; }
+bench_start_python_pool
 DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
 
 # One line per process of the node (and dsec): pid role utime stime cutime cstime.

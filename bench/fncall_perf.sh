@@ -17,10 +17,7 @@ CONNS=${1:-64}
 command -v perf >/dev/null || { echo "needs perf (Debian: linux-perf)" >&2; exit 1; }
 bench_init fncall_perf
 bench_build
-PY_RUNNERS=$((2 * $(nproc)))
-bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS" --cpu-overcommit 64
-printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
-bench_wait_python_pool "$PY_RUNNERS" || { echo "the Python pool did not warm up" >&2; exit 1; }
+bench_start_python_pool
 load() {
     DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d"$1" --timeout 30s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT"
 }

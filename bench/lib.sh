@@ -100,6 +100,16 @@ except ValueError: print(False)' "$1" || true)
     return 1
 }
 
+# FnCall benchmarks of Python calls: starts the platform with a fixed pool
+# of 2 Python runners per core (PY_RUNNERS), writes the benchmark snippet's
+# request to $WORK/py.json and waits until every runner is idle.
+bench_start_python_pool() {
+    PY_RUNNERS=$((2 * $(nproc)))
+    bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS" --cpu-overcommit 64
+    printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
+    bench_wait_python_pool "$PY_RUNNERS" || { echo "the Python pool did not warm up" >&2; exit 1; }
+}
+
 # Stops the platform (its sandboxes stop with it) and waits; prints seconds.
 bench_stop_dsec() {
     [ -n "$DSEC_PID" ] || return 0
