@@ -34,13 +34,27 @@ PACKAGES=(
   openssh-sftp-server # ...the SFTP server behind that link
 )
 
-missing=()
-for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || missing+=("$p")
-done
-if ((${#missing[@]})); then
+missing_packages() {
+  for p in "${PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "ok installed" || echo "$p"
+  done
+}
+
+# Two passes: apt may remove an installed package to satisfy another one's
+# dependencies (a machine with qemu-utils from bookworm-backports loses it
+# when qemu-system-x86 comes from bookworm), and the second pass installs the
+# version that fits. Whatever is still missing after that is an error.
+updated=
+for pass in 1 2; do
+  mapfile -t missing < <(missing_packages)
+  ((${#missing[@]})) || break
   echo "==> installing Debian packages: ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
+  [[ -n $updated ]] || { apt-get update -qq; updated=1; }
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+done
+mapfile -t missing < <(missing_packages)
+if ((${#missing[@]})); then
+  echo "error: Debian packages still missing after installing: ${missing[*]}" >&2
+  exit 1
 fi
