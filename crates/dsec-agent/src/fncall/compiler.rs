@@ -127,6 +127,8 @@ impl Compiler {
     /// monitor prepares the call meanwhile (on another core, if free). An
     /// answer nobody asked for (the call failed before it needed its code)
     /// is read and dropped here first. Err means the compiler is gone.
+    /// (The monitor calls `submit_or_reuse`; tests call this.)
+    #[cfg(test)]
     pub fn submit(&mut self, source: &[u8]) -> Result<(), String> {
         self.submit_or_reuse(source, false)
     }
