@@ -38,28 +38,42 @@ pub fn parse(data: &[u8]) -> Parsed<'_> {
 /// Reads framed requests from stdin. The monitor is the only reader of its
 /// stdin (calls get memfds), so it reads in large chunks and keeps what
 /// belongs to the next request: one read per request, not one per byte.
+/// The buffer is allocated (and zeroed) once and grows only for a request
+/// bigger than it: `start..end` is what has been read and not yet handed
+/// out.
 pub struct RequestReader<'fd> {
     fd: BorrowedFd<'fd>,
     buf: Vec<u8>,
+    start: usize,
+    end: usize,
 }
 
 impl<'fd> RequestReader<'fd> {
     pub fn new(fd: BorrowedFd<'fd>) -> Self {
-        RequestReader { fd, buf: Vec::new() }
+        RequestReader { fd, buf: Vec::new(), start: 0, end: 0 }
     }
 
-    /// Appends the next chunk; false at the end of the input.
+    /// Reads the next chunk after what is kept; false at the end of the
+    /// input.
     fn more(&mut self) -> Result<bool, String> {
-        let len = self.buf.len();
-        self.buf.resize(len + READ_CHUNK, 0);
-        let r = loop {
-            match rustix::io::read(self.fd, &mut self.buf[len..]) {
+        if self.end == self.buf.len() {
+            // Full: move what is kept to the front, or grow.
+            if self.start > 0 {
+                self.buf.copy_within(self.start..self.end, 0);
+                self.end -= self.start;
+                self.start = 0;
+            } else {
+                let grown = (self.buf.len() * 2).max(READ_CHUNK);
+                self.buf.resize(grown, 0);
+            }
+        }
+        let n = loop {
+            match rustix::io::read(self.fd, &mut self.buf[self.end..]) {
                 Err(rustix::io::Errno::INTR) => continue,
-                r => break r,
+                r => break r.map_err(|e| format!("reading requests: {e}"))?,
             }
         };
-        let n = r.map_err(|e| format!("reading requests: {e}"))?;
-        self.buf.truncate(len + n);
+        self.end += n;
         Ok(n > 0)
     }
 
@@ -67,33 +81,37 @@ impl<'fd> RequestReader<'fd> {
     /// error means the stream cannot be trusted any more (fatal).
     pub fn next(&mut self) -> Result<Option<Vec<u8>>, String> {
         let nl = loop {
-            let head = &self.buf[..self.buf.len().min(MAX_HEADER)];
+            let kept = &self.buf[self.start..self.end];
+            let head = &kept[..kept.len().min(MAX_HEADER)];
             if let Some(nl) = head.iter().position(|b| *b == b'\n') {
                 break nl;
             }
-            if self.buf.len() >= MAX_HEADER {
+            if kept.len() >= MAX_HEADER {
                 return Err("bad request header".into());
             }
             if !self.more()? {
-                if self.buf.is_empty() {
+                if self.start == self.end {
                     return Ok(None);
                 }
                 return Err("truncated request".into());
             }
         };
-        let n: usize = std::str::from_utf8(&self.buf[..nl])
+        let header = &self.buf[self.start..self.start + nl];
+        let n: usize = std::str::from_utf8(header)
             .ok()
             .and_then(|s| s.trim().parse().ok())
             .ok_or("bad request header")?;
         let end = (nl + 1).checked_add(n).ok_or("bad request header")?;
-        while self.buf.len() < end {
+        while self.end - self.start < end {
             if !self.more()? {
                 return Err("truncated request".into());
             }
         }
-        let rest = self.buf.split_off(end);
-        let mut data = std::mem::replace(&mut self.buf, rest);
-        data.drain(..nl + 1);
+        let data = self.buf[self.start + nl + 1..self.start + end].to_vec();
+        self.start += end;
+        if self.start == self.end {
+            (self.start, self.end) = (0, 0);
+        }
         Ok(Some(data))
     }
 }
@@ -141,6 +159,26 @@ mod tests {
         let mut r = RequestReader::new(file.as_fd());
         assert_eq!(r.next().unwrap().unwrap(), body);
         assert_eq!(r.next().unwrap(), None);
+    }
+
+    #[test]
+    fn a_request_cut_by_the_end_of_the_buffer_is_kept_and_completed() {
+        // The first read fills the buffer with the first request and the
+        // start of the second, which is moved to the front before reading on.
+        let first = vec![b'x'; READ_CHUNK - 50];
+        let second = vec![b'y'; 300];
+        let mut input = Vec::new();
+        for body in [&first, &second, &first] {
+            input.extend_from_slice(format!("{}\n", body.len()).as_bytes());
+            input.extend_from_slice(body);
+        }
+        let (file, _keep) = reader_over(&input);
+        let mut r = RequestReader::new(file.as_fd());
+        assert_eq!(r.next().unwrap().unwrap(), first);
+        assert_eq!(r.next().unwrap().unwrap(), second);
+        assert_eq!(r.next().unwrap().unwrap(), first);
+        assert_eq!(r.next().unwrap(), None);
+        assert_eq!(r.buf.len(), READ_CHUNK, "the buffer did not grow for requests that fit it");
     }
 
     #[test]

@@ -116,7 +116,10 @@ impl SweepWatch {
     /// queue); always true once the watch is given up.
     pub fn changed(&mut self) -> bool {
         let Some(fd) = &self.fd else { return true };
-        let mut buf = vec![0u8; 1 << 16];
+        // On the stack: most calls find the queue empty, and this runs
+        // once per call. A read returns whole events only, and this holds
+        // the largest (a header and NAME_MAX + 1 bytes of name) many times.
+        let mut buf = [0u8; 4096];
         let mut seen = false;
         loop {
             match rustix::io::read(fd.as_fd(), &mut buf) {
