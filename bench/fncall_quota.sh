@@ -10,9 +10,7 @@ SECS=${1:-6}
 ROUNDS=${2:-2}
 bench_init fncall_quota
 bench_build
-bench_start_dsec --fncall-pools "python=4:4" --cpu-overcommit 64
-printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
-bench_wait_python_pool 4 || { echo "the Python pool did not warm up" >&2; exit 1; }
+bench_start_python_pool 4
 
 # Sets every runner's quota to $1 cores (cgroup v1 cpu.cfs_quota_us or v2
 # cpu.max, period 100 ms).

@@ -13,11 +13,12 @@ monitor does. A probe costs a fault or two of its own.
 
 The interpreter runs with the zygote's environment (spawn.rs ZYGOTE_ENV,
 read from the source so the two cannot drift apart): the script re-executes
-itself with it, unless --plain (Python's defaults, for comparison).
+itself with it, unless --plain (Python's defaults, for comparison);
+--without NAME leaves one of its variables out (e.g. LD_BIND_NOW).
 
 Run as root (a worker drops to uid nobody), with the interpreter runners
 use, e.g. Debian's:
-    /usr/bin/python3 bench/fncall_worker_faults.py [N] [--plain]   (default 400)
+    /usr/bin/python3 bench/fncall_worker_faults.py [N] [--plain | --without NAME...]   (default 400)
 """
 
 import array
@@ -50,12 +51,15 @@ def zygote_env():
 
 
 def main():
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    plain = "--plain" in sys.argv
+    argv = sys.argv[1:]
+    without = {argv[i + 1] for i, a in enumerate(argv[:-1]) if a == "--without"}
+    args = [a for i, a in enumerate(argv) if not a.startswith("--") and (i == 0 or argv[i - 1] != "--without")]
+    plain = "--plain" in argv
     n = int(args[0]) if args else 400
-    env = zygote_env()
+    env = {k: v for k, v in zygote_env().items() if k not in without}
     if not plain and any(os.environ.get(k) != v for k, v in env.items()):
-        os.execve(sys.executable, [sys.executable, "-s", __file__] + sys.argv[1:], {**os.environ, **env})
+        base = {k: v for k, v in os.environ.items() if k not in without}
+        os.execve(sys.executable, [sys.executable, "-s", __file__] + argv, {**base, **env})
     spec = importlib.util.spec_from_file_location("zygote", ZYGOTE_PY)
     z = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(z)

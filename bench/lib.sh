@@ -101,10 +101,11 @@ except ValueError: print(False)' "$1" || true)
 }
 
 # FnCall benchmarks of Python calls: starts the platform with a fixed pool
-# of 2 Python runners per core (PY_RUNNERS), writes the benchmark snippet's
-# request to $WORK/py.json and waits until every runner is idle.
+# of N Python runners (PY_RUNNERS; default 2 per core), writes the
+# benchmark snippet's request to $WORK/py.json and waits until every runner
+# is idle.
 bench_start_python_pool() {
-    PY_RUNNERS=$((2 * $(nproc)))
+    PY_RUNNERS=${1:-$((2 * $(nproc)))}
     bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS" --cpu-overcommit 64
     printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
     bench_wait_python_pool "$PY_RUNNERS" || { echo "the Python pool did not warm up" >&2; exit 1; }
