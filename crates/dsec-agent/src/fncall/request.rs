@@ -111,6 +111,12 @@ impl<'fd> RequestReader<'fd> {
         self.start += end;
         if self.start == self.end {
             (self.start, self.end) = (0, 0);
+            // A big request (files) grew the buffer: give the memory back,
+            // which counts against the runner's limit like the calls'.
+            if self.buf.len() > READ_CHUNK {
+                self.buf.truncate(READ_CHUNK);
+                self.buf.shrink_to_fit();
+            }
         }
         Ok(Some(data))
     }
@@ -158,6 +164,7 @@ mod tests {
         let (file, _keep) = reader_over(&input);
         let mut r = RequestReader::new(file.as_fd());
         assert_eq!(r.next().unwrap().unwrap(), body);
+        assert_eq!(r.buf.capacity(), READ_CHUNK, "the buffer shrinks back once the big request is out");
         assert_eq!(r.next().unwrap(), None);
     }
 

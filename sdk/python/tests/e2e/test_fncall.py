@@ -4,6 +4,7 @@ misbehaving code, judge verdicts, batches, and the SandboxFusion client."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 import subprocess
@@ -89,6 +90,18 @@ async def test_files_env_and_fetch(client: DSecClient) -> None:
                    files={"data/in.txt": "hello"}, env={"K": "v"}, fetch_files=["out.bin", "missing"])
     assert r.ok and r.stdout == "hello v\n", r
     assert r.files == {"out.bin": bytes(range(5))}
+
+
+async def test_a_request_of_megabytes_then_small_ones(client: DSecClient) -> None:
+    # The monitor reads requests into a buffer that grows for a big one
+    # (here ~4 MiB of JSON, many of its reads) and shrinks back after it.
+    data = os.urandom(3 << 20)
+    code = "import hashlib\nprint(hashlib.sha256(open('big.bin', 'rb').read()).hexdigest())"
+    big = await call(client, code, files={"big.bin": data})
+    assert big.ok and big.stdout.strip() == hashlib.sha256(data).hexdigest(), big
+    for _ in range(4):
+        small = await call(client, "print(input())", stdin="after\n")
+        assert small.ok and small.stdout == "after\n", small
 
 
 async def warm_pools(client: DSecClient, timeout: float = 60) -> None:
