@@ -98,7 +98,12 @@ async fn serve(st: &Baseline, req: &FnCallRequest) -> anyhow::Result<Value> {
             let (code, _, timed_out) = run_program(
                 tokio::process::Command::new(&st.args.cxx)
                     .args(["-O2", "-std=gnu++17", "-o", "prog", "main.cpp"])
-                    .current_dir(dir.path()),
+                    .current_dir(dir.path())
+                    // The compiler's temporary files go with the call's
+                    // directory: a request dropped mid-compile (the client
+                    // gone) kills only the driver, whose own cleanup of
+                    // /tmp never runs.
+                    .env("TMPDIR", dir.path()),
                 b"",
                 Duration::from_secs(60),
             )
