@@ -1,6 +1,6 @@
 //! The requests the edge sends a FnCall runner's monitor (`dsec-agent
 //! fncall-monitor`, in the runner): `<length>\n<JSON>` on the monitor's
-//! stdin. One definition for both ends, the edge's dsec-fncall writing and
+//! socket. One definition for both ends, the edge's dsec-fncall writing and
 //! the monitor reading, so that they cannot drift apart. Empty fields are
 //! left out on the wire and read back as empty.
 
@@ -8,6 +8,11 @@ use std::borrow::Cow;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
+
+/// The directory (root only) of the socket the monitor listens on until the
+/// edge connects to it, from the host, beneath the runner's root.
+pub const MONITOR_SOCKET_DIR: &str = "/var/lib/dsec-fncall/edge";
+pub const MONITOR_SOCKET: &str = "/var/lib/dsec-fncall/edge/monitor.sock";
 
 /// A call's limits.
 #[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]

@@ -3,6 +3,7 @@
 //! first (transparently), counts the request as activity (for the idle TTL)
 //! and forwards it over the agent channel.
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -12,7 +13,7 @@ use dsec_agent_proto::{ExecResult, ExecSpec, Op, Reply};
 use crate::edge::{ActivityGuard, Edge, Entry};
 use crate::error::EdgeError;
 use crate::instance::Instance;
-use crate::model::{Caller, State};
+use crate::model::{BackendKind, Caller, State};
 
 /// Extra time the edge waits beyond a command's own timeout and kill grace
 /// before giving up on the agent.
@@ -28,6 +29,19 @@ impl Edge {
         match (state, entry.instance()) {
             (State::Running, Some(inst)) => Ok((entry, inst)),
             (state, _) => Err(EdgeError::NotRunning { id: id.to_string(), state: state.as_str() }),
+        }
+    }
+
+    /// The root directory of a running container sandbox as the host sees
+    /// it: `/proc/PID/root` of its agent (PID 1 inside), beneath which a
+    /// path resolves in the sandbox's own mount namespace. For the node's
+    /// own services that meet a process of theirs inside at a Unix socket
+    /// (FnCall runners); a VM's files have no such view.
+    pub async fn container_root(&self, caller: &Caller, id: &str) -> Result<PathBuf, EdgeError> {
+        let (entry, inst) = self.running(caller, id).await?;
+        match entry.record().spec.backend {
+            BackendKind::Container => Ok(PathBuf::from(format!("/proc/{}/root", inst.pid))),
+            other => Err(EdgeError::UnsupportedBackend(format!("{id} is a {other:?} sandbox: its files have no host view"))),
         }
     }
 

@@ -1,12 +1,19 @@
 //! One runner: a container sandbox running the FnCall monitor (the guest
 //! agent's `fncall-monitor` mode, which starts the Python zygote), and the
-//! edge's end of the monitor's stdin/stdout.
+//! edge's connection to it. The monitor is started through the guest agent,
+//! whose exec stream brings its ready line, its stderr and its end; requests
+//! and answers then go over the monitor's own Unix socket, which the edge
+//! reaches from the host beneath the sandbox's root (Edge::container_root),
+//! so that no agent relays them.
 
 use std::collections::BTreeMap;
 use std::time::{Duration, Instant};
 
 use dsec_agent_proto::client::{CallEvent, CallReceiver, CallSender};
+use dsec_agent_proto::fncall::MONITOR_SOCKET;
 use dsec_agent_proto::{Command, ExecSpec, Op, Stdin, Stream, WriteFileSpec};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::UnixStream;
 use dsec_edge::{ActivityGuard, Caller, Edge, SandboxRequest};
 
 use crate::config::FnCallConfig;
@@ -27,6 +34,11 @@ const MONITOR_PATH: &str = "/usr/local/lib/dsec-fncall-monitor";
 const MAX_LINE: usize = 96 << 20;
 /// Stderr of the monitor kept for diagnostics.
 const MAX_STDERR: usize = 16 << 10;
+/// Bytes asked of the monitor's socket per read.
+const READ_CHUNK: usize = 64 << 10;
+/// How long a runner whose monitor closed its socket is given to say why
+/// (its stderr and exit status, from the agent).
+const LAST_WORDS: Duration = Duration::from_secs(1);
 
 /// Writes one of the runner's own files (the monitor, the monitor) into
 /// the runner, usable by root only.
@@ -56,8 +68,15 @@ pub fn runner_caller() -> Caller {
 pub struct Runner {
     pub id: String,
     pub language: String,
-    sender: CallSender,
+    /// The monitor's socket: requests and answers.
+    link: UnixStream,
+    /// The monitor's command on the agent: held so that its stdin stays
+    /// open; its stdout (only the ready line), stderr and end come on
+    /// `receiver`.
+    _sender: CallSender,
     receiver: CallReceiver,
+    /// The monitor's command ended (its status, for diagnostics).
+    exited: Option<String>,
     _activity: ActivityGuard,
     buf: Vec<u8>,
     stderr: Vec<u8>,
@@ -66,6 +85,59 @@ pub struct Runner {
     /// Source hash of the compiled program installed in the runner.
     pub installed: Option<[u8; 32]>,
     pub idle_since: Instant,
+}
+
+/// The monitor's first stdout line, read from its command's stream.
+async fn ready_line(receiver: &mut CallReceiver, stderr: &mut Vec<u8>) -> Result<Vec<u8>, FnCallError> {
+    let mut out = Vec::new();
+    loop {
+        if let Some(nl) = out.iter().position(|b| *b == b'\n') {
+            out.truncate(nl);
+            return Ok(out);
+        }
+        if out.len() > MAX_LINE {
+            return Err(FnCallError::RunnerFailed("the monitor sent an over-long ready line".into()));
+        }
+        match receiver.recv().await {
+            Ok(Some(CallEvent::Data { stream: Stream::Stdout, data })) => out.extend_from_slice(&data),
+            event => {
+                let mut exited = None;
+                if !keep_diagnostics(event, stderr, &mut exited) {
+                    return Err(FnCallError::RunnerFailed(format!(
+                        "the monitor did not start ({}); its stderr: {}",
+                        exited.as_deref().unwrap_or("its stream closed"),
+                        String::from_utf8_lossy(stderr).trim()
+                    )));
+                }
+            }
+        }
+    }
+}
+
+/// Keeps what the monitor's command stream brings besides the ready line:
+/// output (stderr, or stdout the monitor should not write) up to
+/// MAX_STDERR, and its end. False once the command has ended (or its
+/// stream failed), with `exited` saying how.
+fn keep_diagnostics(event: Result<Option<CallEvent>, dsec_agent_proto::client::ClientError>, stderr: &mut Vec<u8>, exited: &mut Option<String>) -> bool {
+    match event {
+        Ok(Some(CallEvent::Data { data, .. })) => {
+            let room = MAX_STDERR.saturating_sub(stderr.len());
+            stderr.extend_from_slice(&data[..data.len().min(room)]);
+            true
+        }
+        Ok(Some(CallEvent::Reply(r))) => {
+            *exited = Some(format!("exited: {r:?}"));
+            false
+        }
+        Ok(None) => {
+            *exited = Some("exited".into());
+            false
+        }
+        Err(e) => {
+            *exited = Some(format!("the runner's channel failed: {e}"));
+            false
+        }
+    }
 }
 
 impl Runner {
@@ -119,23 +191,31 @@ impl Runner {
             session: None,
         };
         let (call, activity) = edge.open(&runner_caller(), &id, Op::Exec(spec)).await?;
-        let (sender, receiver) = call.into_split();
-        let mut runner = Runner {
+        let (sender, mut receiver) = call.into_split();
+        let mut stderr = Vec::new();
+        let line = ready_line(&mut receiver, &mut stderr).await?;
+        let ready: ZReady = serde_json::from_slice(&line)
+            .map_err(|e| FnCallError::RunnerFailed(format!("bad ready line from the monitor: {e}")))?;
+        // The monitor listens before it says it is ready.
+        let socket = edge.container_root(&runner_caller(), &id).await?.join(MONITOR_SOCKET.trim_start_matches('/'));
+        let link = UnixStream::connect(&socket)
+            .await
+            .map_err(|e| FnCallError::RunnerFailed(format!("connecting to the monitor at {}: {e}", socket.display())))?;
+        let runner = Runner {
             id,
             language: language.to_string(),
-            sender,
+            link,
+            _sender: sender,
             receiver,
+            exited: None,
             _activity: activity,
             buf: Vec::new(),
-            stderr: Vec::new(),
+            stderr,
             next_id: 1,
             calls: 0,
             installed: None,
             idle_since: Instant::now(),
         };
-        let line = runner.read_line().await?;
-        let ready: ZReady = serde_json::from_slice(&line)
-            .map_err(|e| FnCallError::RunnerFailed(format!("bad ready line from the monitor: {e}")))?;
         if !ready.ready || !ready.languages.iter().any(|l| l == language) {
             return Err(FnCallError::RunnerFailed(format!(
                 "image {:?} cannot run {language} (it has {:?})",
@@ -155,7 +235,9 @@ impl Runner {
         let bytes = frame(&req);
         let id = req.id;
         let exchange = async {
-            self.sender.send_data(&bytes).await.map_err(|e| FnCallError::RunnerFailed(format!("sending to the monitor: {e}")))?;
+            if let Err(e) = self.link.write_all(&bytes).await {
+                return Err(self.gone(&format!("sending to the monitor: {e}")).await);
+            }
             let line = self.read_line().await?;
             let mut resp: ZResponse = serde_json::from_slice(&line)
                 .map_err(|e| FnCallError::RunnerFailed(format!("bad answer from the monitor: {e}")))?;
@@ -206,28 +288,44 @@ impl Runner {
         Ok(std::mem::replace(&mut self.buf, rest))
     }
 
-    /// Appends the monitor's next stdout chunk to the buffer.
+    /// Appends what the monitor sends next to the buffer. Meanwhile the
+    /// monitor's stderr is kept (and its stream credited, so that writing
+    /// it never blocks the monitor).
     async fn fill(&mut self) -> Result<(), FnCallError> {
+        self.buf.reserve(READ_CHUNK);
         loop {
-            match self.receiver.recv().await {
-                Ok(Some(CallEvent::Data { stream: Stream::Stdout, data })) => {
-                    self.buf.extend_from_slice(&data);
-                    return Ok(());
+            tokio::select! {
+                read = self.link.read_buf(&mut self.buf) => {
+                    return match read {
+                        Ok(0) => Err(self.gone("the monitor closed its socket").await),
+                        Ok(_) => Ok(()),
+                        Err(e) => Err(self.gone(&format!("reading from the monitor: {e}")).await),
+                    };
                 }
-                Ok(Some(CallEvent::Data { data, .. })) => {
-                    let room = MAX_STDERR.saturating_sub(self.stderr.len());
-                    self.stderr.extend_from_slice(&data[..data.len().min(room)]);
+                event = self.receiver.recv(), if self.exited.is_none() => {
+                    if !keep_diagnostics(event, &mut self.stderr, &mut self.exited) {
+                        return Err(self.gone("the monitor's command ended").await);
+                    }
                 }
-                Ok(Some(CallEvent::Reply(r))) => {
-                    return Err(FnCallError::RunnerFailed(format!(
-                        "the monitor exited ({r:?}); its stderr: {}",
-                        String::from_utf8_lossy(&self.stderr).trim()
-                    )))
-                }
-                Ok(None) => return Err(FnCallError::RunnerFailed("the runner's channel closed".into())),
-                Err(e) => return Err(FnCallError::RunnerFailed(format!("the runner's channel failed: {e}"))),
             }
         }
+    }
+
+    /// The error of a runner whose monitor is gone, with its last words:
+    /// its stderr and exit status, given a moment to arrive.
+    async fn gone(&mut self, what: &str) -> FnCallError {
+        let _ = tokio::time::timeout(LAST_WORDS, async {
+            while self.exited.is_none() {
+                let event = self.receiver.recv().await;
+                keep_diagnostics(event, &mut self.stderr, &mut self.exited);
+            }
+        })
+        .await;
+        FnCallError::RunnerFailed(format!(
+            "{what} ({}); its stderr: {}",
+            self.exited.as_deref().unwrap_or("still running"),
+            String::from_utf8_lossy(&self.stderr).trim()
+        ))
     }
 
     /// Removes the runner's sandbox (ending the monitor and everything in it).

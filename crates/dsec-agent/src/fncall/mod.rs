@@ -1,10 +1,11 @@
 //! `dsec-agent fncall-monitor ZYGOTE_PY`: the FnCall runner's monitor.
 //!
 //! The edge starts it once per runner, as root inside the runner's
-//! sandbox, its stdin and stdout connected to the edge through the guest
-//! agent (dsec-fncall's runner.rs). Requests are `<length>\n<JSON>`;
-//! answers are one JSON line each, the first line being {"ready": ...},
-//! followed by the raw parts the line announces.
+//! sandbox, through the guest agent (dsec-fncall's runner.rs). Its first
+//! line, {"ready": ...}, goes out on stdout (the agent's exec stream); the
+//! edge then connects to the monitor's own socket (edge_link.rs), which
+//! carries everything else. Requests are `<length>\n<JSON>`; answers are
+//! one JSON line each, followed by the raw parts the line announces.
 //!
 //! Per call it prepares the scratch directory and the stdio memfds, has
 //! the compiler (compiler.rs) turn a Python call's source into a code
@@ -28,6 +29,7 @@
 mod answer;
 mod cleanup;
 mod compiler;
+mod edge_link;
 mod ipc;
 mod landlock;
 mod langs;
@@ -122,8 +124,10 @@ impl Monitor {
     }
 
     fn serve(mut self) -> Result<(), String> {
-        // SAFETY: fds 0 and 1 are the edge's stream, open for our life.
-        let (stdin, stdout) = unsafe { (std::os::fd::BorrowedFd::borrow_raw(0), std::os::fd::BorrowedFd::borrow_raw(1)) };
+        // Bound before the ready line, so the edge finds it at once.
+        let listener = edge_link::Listener::bind().map_err(|e| format!("{}: {e}", edge_link::SOCKET_DIR))?;
+        // SAFETY: fd 1 is the agent's stream of our stdout, open for our life.
+        let stdout = unsafe { std::os::fd::BorrowedFd::borrow_raw(1) };
         let ready = serde_json::json!({
             "ready": true,
             "languages": langs::available(),
@@ -133,14 +137,16 @@ impl Monitor {
         let mut line = ready.to_string().into_bytes();
         line.push(b'\n');
         sys::write_all(stdout, &line).map_err(|e| format!("writing to the edge: {e}"))?;
-        let mut requests = RequestReader::new(stdin);
+        let edge = listener.accept().map_err(|e| format!("waiting for the edge's connection: {e}"))?;
+        let (input, out) = (edge.as_fd(), edge.as_fd());
+        let mut requests = RequestReader::new(input);
         loop {
             let data = match requests.next() {
                 Ok(Some(d)) => d,
                 Ok(None) => return Ok(()), // the edge is done with this runner
                 Err(e) => {
                     let answer = Answer { fatal: true, ..Answer::error(e) };
-                    return answer::send(stdout, &answer, &[]).map_err(|e| format!("writing to the edge: {e}"));
+                    return answer::send(out, &answer, &[]).map_err(|e| format!("writing to the edge: {e}"));
                 }
             };
             let (answer, parts) = match request::parse(&data) {
@@ -151,7 +157,7 @@ impl Monitor {
                     Err(Failure::Fatal(e)) => return Err(e),
                 },
             };
-            answer::send(stdout, &answer, &parts).map_err(|e| format!("writing to the edge: {e}"))?;
+            answer::send(out, &answer, &parts).map_err(|e| format!("writing to the edge: {e}"))?;
         }
     }
 

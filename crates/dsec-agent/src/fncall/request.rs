@@ -7,7 +7,7 @@ use serde::Deserialize;
 
 /// A header longer than this (20 digits and the newline) is not a length.
 const MAX_HEADER: usize = 21;
-/// Bytes asked of stdin per read: a whole ordinary request at once.
+/// Bytes asked of the socket per read: a whole ordinary request at once.
 const READ_CHUNK: usize = 1 << 16;
 
 /// The request itself is defined once for the edge and the monitor.
@@ -35,8 +35,8 @@ pub fn parse(data: &[u8]) -> Parsed<'_> {
     }
 }
 
-/// Reads framed requests from stdin. The monitor is the only reader of its
-/// stdin (calls get memfds), so it reads in large chunks and keeps what
+/// Reads framed requests from the edge's socket. The monitor is its only
+/// reader, so it reads in large chunks and keeps what
 /// belongs to the next request: one read per request, not one per byte.
 /// The buffer is allocated (and zeroed) once and grows only for a request
 /// bigger than it: `start..end` is what has been read and not yet handed

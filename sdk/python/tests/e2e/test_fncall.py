@@ -155,6 +155,25 @@ print(sys.flags.no_user_site, sys.flags.ignore_environment, sys.flags.safe_path,
     assert lines[2] == "1 0 True True", second
 
 
+async def test_a_call_cannot_reach_the_monitors_socket(client: DSecClient) -> None:
+    # The edge talks to the monitor over a Unix socket in the runner; it
+    # exists only until the edge has connected, before any call runs.
+    r = await call(client, """
+import os, socket
+print(os.path.exists('/var/lib/dsec-fncall/edge'))
+s = socket.socket(socket.AF_UNIX)
+try:
+    s.connect('/var/lib/dsec-fncall/edge/monitor.sock')
+    print('connected')
+except OSError as e:
+    print(type(e).__name__)
+""")
+    assert r.ok and r.stdout == "False\nFileNotFoundError\n", r
+    # Requests still go through it: the runner answers the next call.
+    again = await call(client, "print(6 * 7)")
+    assert again.ok and again.stdout == "42\n", again
+
+
 async def test_ipc_objects_and_clone_parent_children_do_not_survive(client: DSecClient) -> None:
     # System V IPC objects (removed as the call user: the runner has no
     # CAP_SYS_ADMIN), a process made the zygote's child with
