@@ -14,21 +14,34 @@ use dsec_edge::cgroup::CgroupMode;
 use dsec_edge::{Caller, Edge, EdgeConfig, EdgeError, ImageLayers, ListFilter, SandboxRequest, State};
 
 struct Fixture {
-    _dir: tempfile::TempDir,
+    dir: tempfile::TempDir,
     images: PathBuf,
 }
 
+static FIXTURE: OnceLock<Fixture> = OnceLock::new();
+
 /// One image store with the busybox image, for the whole test binary.
 fn images() -> &'static Path {
-    static F: OnceLock<Fixture> = OnceLock::new();
-    &F.get_or_init(|| {
-        let dir = tempfile::tempdir().unwrap();
-        let images = dir.path().join("images");
-        let store = dsec_image::ImageStore::open(&images).unwrap();
-        dsec_image::build_default_image(&store, dsec_image::DefaultImage::Busybox, &dsec_image::NoProgress, "").unwrap();
-        Fixture { _dir: dir, images }
-    })
-    .images
+    &FIXTURE
+        .get_or_init(|| {
+            let dir = tempfile::tempdir().unwrap();
+            let images = dir.path().join("images");
+            let store = dsec_image::ImageStore::open(&images).unwrap();
+            dsec_image::build_default_image(&store, dsec_image::DefaultImage::Busybox, &dsec_image::NoProgress, "").unwrap();
+            // A static is never dropped, and neither would its TempDir be:
+            // the store is removed when the test binary exits instead.
+            // SAFETY: registers a plain `extern "C"` function with no
+            // arguments, which is all atexit asks for.
+            unsafe { libc::atexit(remove_fixture) };
+            Fixture { dir, images }
+        })
+        .images
+}
+
+extern "C" fn remove_fixture() {
+    if let Some(f) = FIXTURE.get() {
+        let _ = std::fs::remove_dir_all(f.dir.path());
+    }
 }
 
 fn agent_path() -> PathBuf {
