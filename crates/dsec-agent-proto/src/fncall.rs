@@ -9,9 +9,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-/// The directory (root only) of the socket the monitor listens on until the
-/// edge connects to it, from the host, beneath the runner's root.
-pub const MONITOR_SOCKET_DIR: &str = "/var/lib/dsec-fncall/edge";
+/// The socket the monitor listens on, in a directory of its own that only
+/// root may enter, until the edge connects to it from the host, beneath
+/// the runner's root.
 pub const MONITOR_SOCKET: &str = "/var/lib/dsec-fncall/edge/monitor.sock";
 
 /// A call's limits.

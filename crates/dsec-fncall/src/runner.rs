@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use dsec_agent_proto::client::{CallEvent, CallReceiver, CallSender};
 use dsec_agent_proto::fncall::MONITOR_SOCKET;
 use dsec_agent_proto::{Command, ExecSpec, Op, Stdin, Stream, WriteFileSpec};
+use dsec_edge::{ActivityGuard, Caller, Edge, SandboxRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
-use dsec_edge::{ActivityGuard, Caller, Edge, SandboxRequest};
 
 use crate::config::FnCallConfig;
 use crate::error::FnCallError;

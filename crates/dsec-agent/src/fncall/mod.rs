@@ -125,7 +125,7 @@ impl Monitor {
 
     fn serve(mut self) -> Result<(), String> {
         // Bound before the ready line, so the edge finds it at once.
-        let listener = edge_link::Listener::bind().map_err(|e| format!("{}: {e}", edge_link::SOCKET_DIR))?;
+        let listener = edge_link::Listener::bind().map_err(|e| format!("{}: {e}", edge_link::MONITOR_SOCKET))?;
         // SAFETY: fd 1 is the agent's stream of our stdout, open for our life.
         let stdout = unsafe { std::os::fd::BorrowedFd::borrow_raw(1) };
         let ready = serde_json::json!({
@@ -138,15 +138,15 @@ impl Monitor {
         line.push(b'\n');
         sys::write_all(stdout, &line).map_err(|e| format!("writing to the edge: {e}"))?;
         let edge = listener.accept().map_err(|e| format!("waiting for the edge's connection: {e}"))?;
-        let (input, out) = (edge.as_fd(), edge.as_fd());
-        let mut requests = RequestReader::new(input);
+        let link = edge.as_fd();
+        let mut requests = RequestReader::new(link);
         loop {
             let data = match requests.next() {
                 Ok(Some(d)) => d,
                 Ok(None) => return Ok(()), // the edge is done with this runner
                 Err(e) => {
                     let answer = Answer { fatal: true, ..Answer::error(e) };
-                    return answer::send(out, &answer, &[]).map_err(|e| format!("writing to the edge: {e}"));
+                    return answer::send(link, &answer, &[]).map_err(|e| format!("writing to the edge: {e}"));
                 }
             };
             let (answer, parts) = match request::parse(&data) {
@@ -157,7 +157,7 @@ impl Monitor {
                     Err(Failure::Fatal(e)) => return Err(e),
                 },
             };
-            answer::send(out, &answer, &parts).map_err(|e| format!("writing to the edge: {e}"))?;
+            answer::send(link, &answer, &parts).map_err(|e| format!("writing to the edge: {e}"))?;
         }
     }
 
