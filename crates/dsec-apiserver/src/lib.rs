@@ -9,6 +9,7 @@ pub mod auth;
 mod convert;
 pub mod error;
 mod extract;
+pub mod lingering;
 pub mod nodes;
 mod openapi;
 mod proxy;

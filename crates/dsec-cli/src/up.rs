@@ -10,6 +10,7 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use dsec_apiserver::auth::{Authenticator, TokenStore};
+use dsec_apiserver::lingering::LingeringListener;
 use dsec_apiserver::nodes::{Node, Nodes};
 use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
 use dsec_fncall::{FnCallConfig, FnCallService, PoolConfig};
@@ -362,7 +363,7 @@ pub async fn serve(listen: SocketAddr, state: AppState, what: &str) -> anyhow::R
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let addr = listener.local_addr()?;
     eprintln!("dsec is up at http://{addr} ({what})");
-    axum::serve(listener, dsec_apiserver::router(state))
+    axum::serve(LingeringListener::new(listener), dsec_apiserver::router(state))
         .with_graceful_shutdown(shutdown_signal())
         .await
         .context("serving the API")?;

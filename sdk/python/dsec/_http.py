@@ -112,6 +112,9 @@ class Transport:
         self.token = token
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
+        # Chunked uploads get connections of their own, never pooled: see
+        # `streamed_session`.
+        self._streamed_session: aiohttp.ClientSession | None = None
         self._default_timeout = aiohttp.ClientTimeout(total=timeout, sock_connect=connect_timeout)
         # For calls whose length the caller bounds some other way (exec without
         # a timeout, streams, big downloads): only connecting is bounded.
@@ -142,7 +145,10 @@ class Transport:
             keepalive_timeout=60,
             ttl_dns_cache=300,
         )
-        self._session = aiohttp.ClientSession(
+        self._session = self._new_session(connector)
+
+    def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
+        return aiohttp.ClientSession(
             connector=connector,
             headers=self.headers,
             timeout=self._default_timeout,
@@ -153,11 +159,28 @@ class Transport:
             auto_decompress=True,
         )
 
+    async def streamed_session(self) -> aiohttp.ClientSession:
+        """The session for request bodies of unknown length (chunked).
+
+        The server may answer such an upload before its end (413 at the size
+        limit) and close the connection. aiohttp (3.14) then still puts that
+        connection back in its pool, and the next request on it (an exec,
+        say) fails with "Server disconnected". Here every connection closes
+        after its request: one more TCP handshake per upload, nothing shared.
+        """
+        s = self._streamed_session
+        if s is None or s.closed:
+            await self.ensure_open()
+            s = self._streamed_session = self._new_session(
+                aiohttp.TCPConnector(limit=self.max_connections, force_close=True))
+        return s
+
     async def close(self) -> None:
-        """Close the session and every pooled connection."""
-        session, self._session = self._session, None
-        if session is not None and not session.closed:
-            await session.close()
+        """Close the sessions and every pooled connection."""
+        for session in (self._session, self._streamed_session):
+            if session is not None and not session.closed:
+                await session.close()
+        self._session = self._streamed_session = None
 
     @property
     def session(self) -> aiohttp.ClientSession:
@@ -214,14 +237,18 @@ class Transport:
         params: Params = None,
         headers: Mapping[str, str] | None = None,
         timeout: aiohttp.ClientTimeout | None = None,
+        streamed: bool = False,
     ) -> Any:
         """Send a request and return the decoded JSON answer (``None`` if empty).
 
-        Raises the exception class of the answer's error code for any status
-        of 400 and above.
+        ``streamed``: ``data`` is a stream of unknown length (see
+        :meth:`streamed_session`). Raises the exception class of the answer's
+        error code for any status of 400 and above.
         """
         session = self._session
-        if session is None or session.closed:
+        if streamed:
+            session = await self.streamed_session()
+        elif session is None or session.closed:
             session = await self.ensure_open()
         if json_body is not None:
             data = json.dumps(json_body, separators=(",", ":")).encode()

@@ -630,7 +630,7 @@ class Sandbox:
                     "PUT", self._t.url(self._base + "/archive"), data=chunks,
                     params={"path": remote_path},
                     headers=_step_headers(step_id, Transport.TAR_HEADERS),
-                    timeout=self._t.timeout_for(None))
+                    timeout=self._t.timeout_for(None), streamed=True)
             finally:
                 await chunks.aclose()
             return WriteResult.from_json(d or {"path": remote_path, "bytes": 0})
