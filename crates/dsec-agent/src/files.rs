@@ -129,7 +129,7 @@ pub fn remove(agent: &Agent, path: &str, recursive: bool) -> Result<Reply, Agent
     let st = rustix::fs::statat(&dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|e| os_err(p.display(), e))?;
     let res = if kind_of(st.st_mode) == FileKind::Dir {
         if recursive {
-            remove_tree(dir.as_fd(), name)
+            remove_tree(dir.as_fd(), name.as_bytes())
         } else {
             rustix::fs::unlinkat(&dir, name, AtFlags::REMOVEDIR)
         }
@@ -142,41 +142,48 @@ pub fn remove(agent: &Agent, path: &str, recursive: bool) -> Result<Reply, Agent
 
 /// rm -r of `name` in `parent`, never following symlinks (O_NOFOLLOW on
 /// every directory opened, so a link planted inside cannot redirect us).
-pub fn remove_tree(parent: BorrowedFd<'_>, name: &str) -> Result<(), Errno> {
+pub fn remove_tree(parent: BorrowedFd<'_>, name: &[u8]) -> Result<(), Errno> {
     let fd = rustix::fs::openat(
         parent,
         name,
         OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
         Mode::empty(),
     )?;
-    let mut dir = rustix::fs::Dir::new(fd)?;
-    let mut entries = Vec::new();
-    while let Some(entry) = dir.read() {
-        let entry = entry?;
-        let n = entry.file_name().to_bytes();
-        if n == b"." || n == b".." {
-            continue;
-        }
-        entries.push((String::from_utf8_lossy(n).into_owned(), entry.file_type()));
-    }
-    let dfd = dir.fd()?;
-    for (n, ty) in entries {
-        let is_dir = match ty {
-            FileType::Directory => true,
-            FileType::Unknown => rustix::fs::statat(dfd, n.as_str(), AtFlags::SYMLINK_NOFOLLOW)
-                .map(|s| FileType::from_raw_mode(s.st_mode) == FileType::Directory)?,
-            _ => false,
-        };
+    for (n, is_dir) in dir_entries(fd.as_fd())? {
         if is_dir {
-            remove_tree(dfd, &n)?;
+            remove_tree(fd.as_fd(), &n)?;
         } else {
-            match rustix::fs::unlinkat(dfd, n.as_str(), AtFlags::empty()) {
+            match rustix::fs::unlinkat(&fd, n.as_slice(), AtFlags::empty()) {
                 Ok(()) | Err(Errno::NOENT) => {}
                 Err(e) => return Err(e),
             }
         }
     }
     rustix::fs::unlinkat(parent, name, AtFlags::REMOVEDIR)
+}
+
+/// The names in `dir` (as bytes: a name need not be UTF-8) and whether each
+/// is a directory (a symlink to one is not).
+pub fn dir_entries(dir: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, bool)>, Errno> {
+    let mut d = rustix::fs::Dir::read_from(dir)?;
+    let mut out = Vec::new();
+    while let Some(entry) = d.read() {
+        let entry = entry?;
+        let name = entry.file_name().to_bytes();
+        if name == b"." || name == b".." {
+            continue;
+        }
+        let is_dir = match entry.file_type() {
+            FileType::Directory => true,
+            FileType::Unknown => {
+                let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW)?;
+                FileType::from_raw_mode(st.st_mode) == FileType::Directory
+            }
+            _ => false,
+        };
+        out.push((name.to_vec(), is_dir));
+    }
+    Ok(out)
 }
 
 /// Streams a regular file's content (from `offset`, at most `limit` bytes).
@@ -259,12 +266,13 @@ impl Drop for AppendGuard<'_> {
     }
 }
 
-fn temp_name() -> String {
+/// A name for a temporary entry, unique on this host: `.dsec-{what}-…`.
+pub fn temp_name(what: &str) -> String {
     use std::sync::atomic::{AtomicU64, Ordering};
     static SEQ: AtomicU64 = AtomicU64::new(0);
     let n = SEQ.fetch_add(1, Ordering::Relaxed);
     let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.subsec_nanos());
-    format!(".dsec-upload-{}-{n}-{t:08x}", std::process::id())
+    format!(".dsec-{what}-{}-{n}-{t:08x}", std::process::id())
 }
 
 fn write_all(fd: &OwnedFd, mut data: &[u8], what: &str) -> Result<(), AgentError> {
@@ -339,7 +347,7 @@ pub async fn write_file(agent: &Agent, ctx: &Rc<ReqCtx>, spec: WriteFileSpec) ->
         return Ok(Reply::Written { bytes });
     }
 
-    let tmp = temp_name();
+    let tmp = temp_name("upload");
     let fd = rustix::fs::openat(&dir, tmp.as_str(), OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC, mode)
         .map_err(|e| os_err(&what, e))?;
     let mut guard = TempFile { dir, name: tmp, armed: true };

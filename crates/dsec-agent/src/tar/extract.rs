@@ -1,6 +1,7 @@
 //! TarExtract: a push parser fed the Data frames as they come, creating
 //! entries under the target directory and never outside it.
 
+use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
 
@@ -9,9 +10,9 @@ use rustix::fs::{AtFlags, FileType, Mode, OFlags, ResolveFlags, Timestamps};
 use rustix::io::Errno;
 
 use super::format::{bad, cstr_field, parse_num, BLOCK};
+use super::staging::Staging;
 use crate::agent::Agent;
 use crate::errors::os_err;
-use crate::files::mkdir_all;
 use crate::paths::SandboxPath;
 use crate::request::ReqCtx;
 
@@ -56,6 +57,9 @@ pub struct Extractor {
     /// The directory of the previous entry, reused when the next one is in
     /// the same place (the common case in an archive).
     last_dir: Option<(Vec<u8>, OwnedFd)>,
+    /// The directories the archive lists as entries (components joined by
+    /// `/`), as opposed to those only implied by a deeper entry's name.
+    explicit_dirs: HashSet<Vec<u8>>,
 }
 
 
@@ -84,7 +88,15 @@ const BENEATH: ResolveFlags = ResolveFlags::BENEATH.union(ResolveFlags::NO_MAGIC
 
 impl Extractor {
     pub fn new(target: OwnedFd) -> Self {
-        Extractor { target, hdr: [0; BLOCK], hdr_len: 0, state: State::Header, pending: Pending::default(), last_dir: None }
+        Extractor {
+            target,
+            hdr: [0; BLOCK],
+            hdr_len: 0,
+            state: State::Header,
+            pending: Pending::default(),
+            last_dir: None,
+            explicit_dirs: HashSet::new(),
+        }
     }
 
     /// Feeds the next bytes of the archive.
@@ -148,6 +160,11 @@ impl Extractor {
             }
         }
         Ok(())
+    }
+
+    /// The directories the archive listed as entries so far.
+    pub fn explicit_dirs(&self) -> &HashSet<Vec<u8>> {
+        &self.explicit_dirs
     }
 
     /// End of input: fine between entries, an error in the middle of one.
@@ -279,6 +296,7 @@ impl Extractor {
                 let fd = rustix::fs::openat2(&parent, last, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty(), BENEATH)
                     .map_err(|e| os_err(&shown, e))?;
                 finish_file(&fd, &meta)?;
+                self.explicit_dirs.insert(parts.join(&b'/'));
                 self.state = skip;
             }
             b'0' | 0 | b'7' => {
@@ -385,11 +403,13 @@ fn finish_file(fd: &OwnedFd, m: &ExtractMeta) -> Result<(), AgentError> {
     Ok(())
 }
 
+/// Extracts the call's input into `path` (created if missing), through a
+/// [`Staging`] directory: the target changes only if the whole archive
+/// extracts.
 pub async fn extract(agent: &Agent, ctx: &Rc<ReqCtx>, path: &str, max_bytes: u64) -> Result<Reply, AgentError> {
     let p = SandboxPath::parse(path)?;
-    mkdir_all(&agent.root, &p, 0o755)?;
-    let target = agent.root.open_dir(&p)?;
-    let mut ex = Extractor::new(target);
+    let staging = Staging::create(&agent.root, &p)?;
+    let mut ex = Extractor::new(staging.dir()?);
     let mut total = 0u64;
     loop {
         if let Some(e) = ctx.abort_error() {
@@ -406,6 +426,10 @@ pub async fn extract(agent: &Agent, ctx: &Rc<ReqCtx>, path: &str, max_bytes: u64
         }
         if ctx.eof() {
             ex.finish()?;
+            // Close the extractor's directories before the tree moves.
+            let explicit_dirs = ex.explicit_dirs().clone();
+            drop(ex);
+            staging.commit(&explicit_dirs)?;
             return Ok(Reply::Done);
         }
         ctx.changed().await;

@@ -13,6 +13,7 @@
 mod create;
 mod extract;
 mod format;
+mod staging;
 
 pub use create::create;
 pub use extract::extract;

@@ -12,6 +12,7 @@ import json
 import os
 import socket
 import uuid
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import pytest
@@ -147,6 +148,38 @@ async def test_upload_beyond_the_limit_is_413_and_leaves_nothing(
     assert not await sandbox.exists("/tmp/huge")
     listing = await sandbox.run_shell("ls -a /tmp")
     assert ".tmp" not in listing.stdout and "huge" not in listing.stdout, listing.stdout
+
+
+async def test_sdk_uploads_beyond_the_limit_raise_payload_too_large(
+        sandbox: Sandbox, tmp_path: Path) -> None:
+    """Each way the SDK uploads meets the limit differently: a known length
+    is refused before the body is read, a tar stream only once the agent has
+    seen too much. The user gets PayloadTooLarge either way, never a broken
+    pipe, and the client's next call works (its connection pool holds no
+    connection the server closed)."""
+    big = os.urandom((MAX_UPLOAD_MB + 2) << 20)
+    (tmp_path / "file").write_bytes(big)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "big").write_bytes(big)
+    uploads = {
+        "write_file": lambda: sandbox.write_file("/tmp/w", big),
+        "upload of a file": lambda: sandbox.upload(tmp_path / "file", "/tmp/u"),
+        "upload of a directory": lambda: sandbox.upload(tmp_path / "dir", "/tmp/d"),
+    }
+    await sandbox.run_shell("mkdir -p /tmp/kept && echo before > /tmp/kept/big")
+    uploads["upload into an existing directory"] = lambda: sandbox.upload(tmp_path / "dir", "/tmp/kept")
+    for what, upload in uploads.items():
+        for _ in range(2):
+            with pytest.raises(dsec.PayloadTooLarge):
+                await upload()
+            assert (await sandbox.run_shell("echo next")).stdout == "next\n", what
+    # Nothing of a refused upload is left: no file, no directory, no partial
+    # extraction, no temporary name; what was there is as it was.
+    listing = await sandbox.run_shell("ls -a /tmp /tmp/kept")
+    for name in ["w", "u", "d"]:
+        assert name not in listing.stdout.split(), listing.stdout
+    assert ".dsec" not in listing.stdout, listing.stdout
+    assert await sandbox.read_file("/tmp/kept/big") == b"before\n"
 
 
 async def test_symlinks_do_not_leave_the_sandbox(sandbox: Sandbox, tmp_path: object) -> None:

@@ -120,6 +120,41 @@ async def test_upload_download_directory(sandbox: Sandbox, tmp_path: Path) -> No
     assert os.access(dst / "bin" / "tool.sh", os.X_OK)
 
 
+async def test_upload_merges_into_an_existing_directory(sandbox: Sandbox, tmp_path: Path) -> None:
+    # What is there and not in the upload stays; what the upload has replaces.
+    await sandbox.run_shell("mkdir -p /tmp/merge/a && echo old > /tmp/merge/top.txt && "
+                            "echo mine > /tmp/merge/a/mine.txt")
+    src = tmp_path / "src"
+    files = make_tree(src)
+    await sandbox.upload(src, "/tmp/merge")
+    for rel, data in files.items():
+        assert await sandbox.read_file(f"/tmp/merge/{rel}") == data, rel
+    assert await sandbox.read_file("/tmp/merge/a/mine.txt") == b"mine\n"
+    # The staging directory is gone.
+    assert ".dsec" not in (await sandbox.run_shell("ls -aR /tmp/merge")).stdout
+
+
+async def test_upload_crosses_a_mount_inside_the_target(sandbox: Sandbox, tmp_path: Path) -> None:
+    # /dev/shm is a mount of its own beneath /dev: entries bound there cannot
+    # be renamed from the staging directory and are copied instead.
+    src = tmp_path / "dev"
+    (src / "shm" / "sub").mkdir(parents=True)
+    (src / "shm").chmod(0o1777)
+    (src / "shm" / "f.txt").write_text("across\n")
+    (src / "shm" / "sub" / "run.sh").write_text("echo ran\n")
+    (src / "shm" / "sub" / "run.sh").chmod(0o755)
+    os.symlink("f.txt", src / "shm" / "link")
+    await sandbox.upload(src, "/dev")
+    try:
+        assert await sandbox.read_file("/dev/shm/f.txt") == b"across\n"
+        assert (await sandbox.exec(["/bin/sh", "/dev/shm/sub/run.sh"])).stdout == "ran\n"
+        assert (await sandbox.stat("/dev/shm/sub/run.sh")).mode & 0o777 == 0o755
+        assert (await sandbox.run_shell("readlink /dev/shm/link")).stdout == "f.txt\n"
+        assert ".dsec" not in (await sandbox.run_shell("ls -a /dev /dev/shm")).stdout
+    finally:
+        await sandbox.run_shell("rm -rf /dev/shm/f.txt /dev/shm/sub /dev/shm/link")
+
+
 async def test_upload_download_single_big_file(sandbox: Sandbox, tmp_path: Path) -> None:
     src = tmp_path / "big.bin"
     with open(src, "wb") as f:
