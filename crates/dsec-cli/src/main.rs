@@ -2,6 +2,7 @@
 
 mod cluster;
 mod connect;
+mod cp_cmd;
 mod fncall_cmd;
 mod image_cmd;
 mod layer_cmd;
@@ -38,6 +39,9 @@ enum Cmd {
     Ps(sandbox_cmd::PsArgs),
     /// Run a command in a sandbox.
     Exec(sandbox_cmd::ExecArgs),
+    /// Copy a file or directory into or out of a sandbox (`cp ./src ID:/work`,
+    /// `cp ID:/work/out.txt .`); the copy is made at the destination.
+    Cp(cp_cmd::CpArgs),
     /// Run code once on a warm FnCall runner, or judge it against test cases.
     Fncall(fncall_cmd::FnCallArgs),
     /// Open an interactive terminal in a sandbox.
@@ -111,6 +115,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Run(a) => sandbox_cmd::run(a).await,
             Cmd::Ps(a) => sandbox_cmd::ps(a).await,
             Cmd::Exec(a) => sandbox_cmd::exec(a).await,
+            Cmd::Cp(a) => cp_cmd::run(a).await,
             Cmd::Fncall(a) => fncall_cmd::run(a).await,
             Cmd::Shell(a) => shell::run(a).await,
             Cmd::Audit(a) => sandbox_cmd::audit(a).await,

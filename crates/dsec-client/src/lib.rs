@@ -11,6 +11,9 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+mod transfer;
+pub use transfer::Chunks;
+
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
     /// The server answered with an API error.
@@ -36,6 +39,8 @@ impl ClientError {
 #[derive(Clone)]
 pub struct Client {
     http: HyperClient<HttpConnector, Full<Bytes>>,
+    /// For request bodies sent as they are produced (`transfer`).
+    streaming: HyperClient<HttpConnector, transfer::StreamedBody>,
     endpoint: String,
     auth: Option<String>,
 }
@@ -49,8 +54,9 @@ impl Client {
         }
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
-        let http = HyperClient::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build(connector);
-        Ok(Client { http, endpoint, auth: token.map(|t| format!("Bearer {t}")) })
+        let http = HyperClient::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build(connector.clone());
+        let streaming = HyperClient::builder(TokioExecutor::new()).build(connector);
+        Ok(Client { http, streaming, endpoint, auth: token.map(|t| format!("Bearer {t}")) })
     }
 
     pub fn endpoint(&self) -> &str {
@@ -88,24 +94,21 @@ impl Client {
         let req = req
             .body(Full::new(Bytes::from(body.unwrap_or_default())))
             .map_err(|e| ClientError::Endpoint(e.to_string()))?;
-        let resp = self.http.request(req).await.map_err(|e| ClientError::Connect {
-            endpoint: self.endpoint.clone(),
-            detail: format!("{e:?}"),
-        })?;
+        let resp = self.http.request(req).await.map_err(|e| self.connect_error(e))?;
         let status = resp.status();
-        let body = resp
-            .into_body()
-            .collect()
-            .await
-            .map_err(|e| ClientError::Connect { endpoint: self.endpoint.clone(), detail: e.to_string() })?
-            .to_bytes();
+        let body = self.read_body(resp.into_body()).await?;
         if !status.is_success() {
-            return Err(match serde_json::from_slice::<api::ErrorBody>(&body) {
-                Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
-                Err(_) => ClientError::Protocol { status: status.as_u16(), body: String::from_utf8_lossy(&body).into_owned() },
-            });
+            return Err(api_error(status, &body));
         }
         Ok((status, body))
+    }
+
+    async fn read_body(&self, body: hyper::body::Incoming) -> Result<Bytes, ClientError> {
+        Ok(body.collect().await.map_err(|e| self.connect_error(e))?.to_bytes())
+    }
+
+    fn connect_error(&self, e: impl std::fmt::Debug) -> ClientError {
+        ClientError::Connect { endpoint: self.endpoint.clone(), detail: format!("{e:?}") }
     }
 
     async fn json<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, ClientError> {
@@ -242,5 +245,14 @@ impl Client {
 
     pub fn auth_header(&self) -> Option<&str> {
         self.auth.as_deref()
+    }
+}
+
+/// The error an unsuccessful answer carries (the API's error body, or the
+/// raw text if it is not one).
+fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
+    match serde_json::from_slice::<api::ErrorBody>(body) {
+        Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
+        Err(_) => ClientError::Protocol { status: status.as_u16(), body: String::from_utf8_lossy(body).into_owned() },
     }
 }
