@@ -195,7 +195,7 @@ impl ContainerBackend {
             hostname: crate::ids::short_id(id).to_string(),
             lower_dirs: plan.lower_dirs.iter().map(|p| p.display().to_string()).collect(),
             scratch_mount: self.scratch_dir.display().to_string(),
-            disk_limit_bytes: spec.limits.disk_mb << 20,
+            disk_limit_bytes: writable_layer_bytes(spec.limits.disk_mb, spec.limits.memory_mb),
             sys_dir: self.sysfs.dir.display().to_string(),
             masked_paths: policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
             readonly_paths: policy::READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
@@ -363,3 +363,37 @@ pub(crate) fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> 
     env
 }
 
+/// The size of a container's writable layer: `disk_mb`, but never more than
+/// its memory can hold with room to spare.
+///
+/// The layer is a tmpfs, so its pages are charged to the sandbox's memory
+/// cgroup, and a running sandbox never swaps (`cgroup`). A layer allowed to
+/// reach the memory limit would have the kernel OOM-kill a process when it
+/// fills, and when the writer is the agent itself (an upload), the agent is
+/// the only process there is: a host that withholds CAP_SYS_RESOURCE keeps
+/// its oom_score_adj at 0, and the sandbox dies. Held below the limit, a
+/// fill ends in ENOSPC instead, whoever writes. The reserve, an eighth of
+/// the memory (at least 16 MiB, at most half), leaves the agent and
+/// the filesystem's own metadata their room.
+pub fn writable_layer_bytes(disk_mb: u64, memory_mb: u64) -> u64 {
+    let reserve_mb = (memory_mb / 8).max(16).min(memory_mb / 2);
+    disk_mb.min(memory_mb - reserve_mb) << 20
+}
+
+#[cfg(test)]
+mod tests {
+    use super::writable_layer_bytes;
+
+    #[test]
+    fn the_writable_layer_stays_below_the_memory_limit() {
+        // The defaults: 1 GiB of disk in 512 MiB of memory.
+        assert_eq!(writable_layer_bytes(1024, 512), 448 << 20);
+        // A disk smaller than the memory is what was asked for.
+        assert_eq!(writable_layer_bytes(64, 256), 64 << 20);
+        assert_eq!(writable_layer_bytes(8, 16), 8 << 20);
+        // Small and large memories: the reserve stays between 16 MiB and half.
+        assert_eq!(writable_layer_bytes(1024, 16), 8 << 20);
+        assert_eq!(writable_layer_bytes(1024, 64), 48 << 20);
+        assert_eq!(writable_layer_bytes(1 << 20, 8192), 7168 << 20);
+    }
+}

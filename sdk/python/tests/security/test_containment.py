@@ -205,6 +205,36 @@ async def test_disk_fill_is_enospc_inside(sandbox: Sandbox, neighbour: Neighbour
     assert r.stdout.endswith("wrote\n"), r
 
 
+async def test_a_disk_larger_than_the_memory_fills_with_enospc_not_an_oom(
+        client: DSecClient, neighbour: Neighbour) -> None:
+    """A container's writable layer lives in its memory. Asked for more disk
+    than memory, it is held below the memory limit: a fill, by a command or
+    by an upload the agent writes, is ENOSPC, and the agent lives (on a host
+    where it cannot shield itself from the OOM killer, it was the victim)."""
+    sb = await client.run_container(
+        dsec.DSecContainerRunArgs(container_image="busybox", memory_limit_mb=64, disk_limit_mb=1024,
+                                  cpu_cores_limit=1, ttl_running_stop=300, network_rules={},
+                                  init_user="root", labels={"suite": "security"}), timeout=120)
+    try:
+        r = await sh(sb, "dd if=/dev/zero of=/root/fill bs=1M count=300 2>&1; df -k / | tail -1",
+                     timeout=60)
+        assert "No space left on device" in r.stdout, r
+        size_kb = int(r.stdout.splitlines()[-1].split()[1])
+        assert size_kb <= 48 * 1024, r
+        assert (await sh(sb, "rm /root/fill && echo alive")).stdout == "alive\n"
+        # The agent writing an upload (under the server's 64 MiB limit) that
+        # the memory cannot hold.
+        with pytest.raises(dsec.NoSpace):
+            await sb.write_file("/root/upload", b"\0" * (60 << 20))
+        assert not await sb.exists("/root/upload")
+        assert (await sh(sb, "echo alive")).stdout == "alive\n"
+        assert (await sb.refresh()).state == "running"
+    finally:
+        await sb.delete()
+    nb, _ = neighbour
+    assert (await sh(nb, "echo fine")).stdout == "fine\n"
+
+
 # --- kernel surfaces ---------------------------------------------------------------
 
 
