@@ -221,9 +221,20 @@ async fn upload_dir(client: &Client, from: &Path, id: &str, path: &str) -> anyho
 
 async fn download(client: &Client, id: &str, path: &str, to: End) -> anyhow::Result<u64> {
     let info = stat(client, id, path).await?;
-    let is_dir = info.file_type == api::FileType::Dir;
-    let route = if is_dir { "archive" } else { "files" };
-    let mut body = client.get_stream(&files_path(id, route, &[("path", path)])).await?;
+    let mut is_dir = info.file_type == api::FileType::Dir;
+    let archive = files_path(id, "archive", &[("path", path)]);
+    let mut body = if is_dir {
+        client.get_stream(&archive).await?
+    } else {
+        match client.get_stream(&files_path(id, "files", &[("path", path)])).await {
+            // A symlink to a directory: stat did not follow it, the read did.
+            Err(e) if info.file_type == api::FileType::Symlink && e.code() == Some(api::ErrorCode::IsADirectory) => {
+                is_dir = true;
+                client.get_stream(&archive).await?
+            }
+            r => r?,
+        }
+    };
     let bar = bar((!is_dir).then_some(info.size), &format!("{id}:{path}"));
     // The body's frames go to a blocking thread that writes them out.
     let (tx, mut rx) = mpsc::channel::<Result<Bytes, String>>(4);

@@ -49,6 +49,11 @@ async def test_a_directory_goes_in_and_comes_back(
     assert (back / "a" / "added.txt").read_text() == "added\n"
     assert os.readlink(back / "link-to-top") == "top.txt"
     assert os.access(back / "bin" / "tool.sh", os.X_OK)
+    # Through a symlink to the directory, the same.
+    await sandbox.run_shell("ln -s /tmp/cp/proj /tmp/cp/via-link")
+    via = tmp_path / "via"
+    ok(cp(server, tenant, f"{sandbox.id}:/tmp/cp/via-link", str(via)))
+    assert (via / "a" / "added.txt").read_text() == "added\n"
     # To standard output, a directory is a tar stream.
     out = ok(cp(server, tenant, f"{sandbox.id}:/tmp/cp/proj", "-")).stdout
     assert out[257:262] == b"ustar" and len(out) % 512 == 0
