@@ -487,3 +487,15 @@ async def test_images_and_tenants(client: DSecClient) -> None:
     assert images[0].name == "python:latest"
     t = await client.create_tenant("team-a")
     assert t.name == "team-a" and t.token == "t-123"
+
+
+async def test_closing_the_client_closes_the_chunked_upload_session_too(fake: FakeDSec) -> None:
+    client = DSecClient(fake.url, TOKEN)
+    await client.open()
+    pooled = client._transport.session
+    streamed = await client._transport.streamed_session()
+    # Chunked uploads never share the pool (see Transport.streamed_session).
+    assert streamed is not pooled and streamed.connector is not None
+    assert streamed.connector.force_close
+    await client.close()
+    assert pooled.closed and streamed.closed
