@@ -6,8 +6,9 @@
 //! destination directory's (created if missing, merged if it exists), the
 //! way the SDK's `upload` and `download` do. One exception, as with `cp`: a
 //! file copied to an existing directory lands inside it, under its own name.
-//! Nothing half-copied is left: a local file is written under a temporary
-//! name and renamed, and the server applies an upload only once it is whole.
+//! Nothing half-copied is left: a local file, or a local directory that did
+//! not exist, is written under a temporary name and renamed, and the server
+//! applies an upload only once it is whole.
 
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
@@ -308,15 +309,32 @@ impl Sink {
                 }
                 written
             }
+            // An existing directory is unpacked into; a new one is unpacked
+            // beside it under a temporary name and renamed at the end, so a
+            // cut download leaves nothing.
+            Sink::Unpack(dir) if dir.is_dir() => unpack(from, &dir),
             Sink::Unpack(dir) => {
-                std::fs::create_dir_all(&dir).with_context(|| format!("{}", dir.display()))?;
-                let mut archive = tar::Archive::new(from);
-                archive.set_preserve_permissions(true);
-                archive.set_overwrite(true);
-                archive.unpack(&dir).with_context(|| format!("unpacking into {}", dir.display()))
+                let parent = dir.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+                std::fs::create_dir_all(parent).with_context(|| format!("{}", parent.display()))?;
+                let name = dir.file_name().context("the local path has no name")?.to_string_lossy().into_owned();
+                let staging = parent.join(format!(".{name}.dsec-cp-{}", std::process::id()));
+                std::fs::create_dir(&staging).with_context(|| format!("{}", staging.display()))?;
+                let unpacked = unpack(from, &staging)
+                    .and_then(|()| std::fs::rename(&staging, &dir).with_context(|| format!("{}", dir.display())));
+                if unpacked.is_err() {
+                    let _ = std::fs::remove_dir_all(&staging);
+                }
+                unpacked
             }
         }
     }
+}
+
+fn unpack(from: ChannelReader<'_>, dir: &Path) -> anyhow::Result<()> {
+    let mut archive = tar::Archive::new(from);
+    archive.set_preserve_permissions(true);
+    archive.set_overwrite(true);
+    archive.unpack(dir).with_context(|| format!("unpacking into {}", dir.display()))
 }
 
 /// A `Read` over the pieces a download's task hands over; an `Err` piece
@@ -344,6 +362,53 @@ impl Read for ChannelReader<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A tar of `n` files, as the archive route sends one.
+    fn archive(n: usize) -> Vec<u8> {
+        let mut b = tar::Builder::new(Vec::new());
+        for i in 0..n {
+            let data = vec![i as u8; 3000];
+            let mut h = tar::Header::new_gnu();
+            h.set_size(data.len() as u64);
+            h.set_mode(0o644);
+            h.set_cksum();
+            b.append_data(&mut h, format!("d/f{i}"), &data[..]).unwrap();
+        }
+        b.into_inner().unwrap()
+    }
+
+    /// Feeds `data` to a sink in pieces, then an error if `cut`.
+    fn feed(sink: Sink, data: &[u8], cut: bool) -> anyhow::Result<()> {
+        let (tx, mut rx) = mpsc::channel(data.len() / 1000 + 2);
+        for piece in data.chunks(1000) {
+            tx.try_send(Ok(Bytes::copy_from_slice(piece))).unwrap();
+        }
+        if cut {
+            tx.try_send(Err("the download was cut".into())).unwrap();
+        }
+        drop(tx);
+        sink.write_all(ChannelReader { rx: &mut rx, piece: Bytes::new() }, 0o644)
+    }
+
+    #[test]
+    fn a_new_local_directory_appears_whole_or_not_at_all() {
+        let tmp = tempfile::tempdir().unwrap();
+        let data = archive(20);
+        let err = feed(Sink::Unpack(tmp.path().join("out")), &data[..data.len() / 2], true).unwrap_err();
+        assert!(format!("{err:#}").contains("cut"), "{err:#}");
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+
+        feed(Sink::Unpack(tmp.path().join("out")), &data, false).unwrap();
+        assert_eq!(std::fs::read(tmp.path().join("out/d/f7")).unwrap(), vec![7u8; 3000]);
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 1);
+    }
+
+    #[test]
+    fn a_cut_file_download_leaves_nothing() {
+        let tmp = tempfile::tempdir().unwrap();
+        assert!(feed(Sink::File(tmp.path().join("f")), &[1u8; 5000], true).is_err());
+        assert_eq!(std::fs::read_dir(tmp.path()).unwrap().count(), 0);
+    }
 
     #[test]
     fn ends_are_told_apart() {

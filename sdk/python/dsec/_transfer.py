@@ -12,7 +12,9 @@ import asyncio
 import concurrent.futures
 import os
 import queue
+import shutil
 import tarfile
+import tempfile
 import threading
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from pathlib import Path
@@ -200,9 +202,41 @@ def _extract(reader: _ChunkReader, dest: str) -> None:
 async def extract_tar_stream(chunks: AsyncIterator[bytes],
                              local_dir: str | os.PathLike[str]) -> None:
     """Extract the tar archive arriving as ``chunks`` into ``local_dir``
-    (created if missing), without holding the archive in memory."""
+    (created if missing), without holding the archive in memory.
+
+    A directory that does not exist yet is extracted beside it under a
+    temporary name and renamed when the archive ends: if the stream fails,
+    nothing is left. An existing directory is extracted into in place."""
     dest = os.fspath(local_dir)
-    os.makedirs(dest, exist_ok=True)
+    if os.path.isdir(dest):
+        await _extract_stream(chunks, dest)
+        return
+    parent, name = os.path.split(os.path.abspath(dest))
+    os.makedirs(parent, exist_ok=True)
+    staging = tempfile.mkdtemp(prefix=f".{name}.dsec-part-", dir=parent)
+    try:
+        await _extract_stream(chunks, staging)
+        os.chmod(staging, 0o777 & ~_umask())
+        os.rename(staging, dest)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+
+
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change
+    it for every thread for a moment)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    return 0o022
+
+
+async def _extract_stream(chunks: AsyncIterator[bytes], dest: str) -> None:
     loop = asyncio.get_running_loop()
     q: queue.Queue[Any] = queue.Queue(maxsize=_QUEUE_CHUNKS)
     reader = _ChunkReader(q)

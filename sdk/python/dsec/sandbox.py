@@ -650,7 +650,8 @@ class Sandbox:
 
         A file is written at ``local_path``. A directory arrives as a tar stream
         and is extracted into ``local_path`` (created if missing), so
-        ``local_path`` then mirrors ``remote_path``.
+        ``local_path`` then mirrors ``remote_path``. A file, or a directory
+        that did not exist, appears whole or not at all.
         """
         info = await self.stat(remote_path)
         if info.is_dir:
