@@ -62,6 +62,10 @@ def _wait_healthy(url: str, proc: Proc, token: str | None = None, nodes: int = 0
     pytest.fail(f"{url} did not become healthy:\n{proc.tail()}", pytrace=False)
 
 
+#: Small enough that an upload over it is cheap.
+CLUSTER_UPLOAD_MB = 8
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[Cluster]:
     binary = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
@@ -84,6 +88,7 @@ def cluster() -> Iterator[Cluster]:
                     [str(binary), "edge", "--data-dir", str(root / name), "--images-dir", images,
                      "--node", name, "--listen", f"127.0.0.1:{port}",
                      "--cluster-secret-file", str(secret), "--stop-sandboxes-on-exit",
+                     "--max-upload-mb", str(CLUSTER_UPLOAD_MB),
                      # Idle runners go quickly: the job test below wants the
                      # nodes equally loaded again after the FnCall test.
                      "--fncall-pools", "python=1:2", "--fncall-idle-s", "1"],
@@ -167,6 +172,28 @@ async def test_requests_route_to_the_owning_edge(cluster: Cluster) -> None:
                 await o.get(sb.id)
         await asyncio.gather(*(s.delete() for s in sandboxes))
         assert await c.list(labels={"suite": "cluster"}) == []
+
+
+async def test_an_upload_over_the_limit_through_the_apiserver(cluster: Cluster, tmp_path: Path) -> None:
+    """Refused by the edge behind the apiserver (its limit): at once for a
+    known length, midway for a tar stream the apiserver forwards as it comes.
+    PayloadTooLarge either way, the next call works, and nothing is left in
+    the sandbox."""
+    big = os.urandom((CLUSTER_UPLOAD_MB + 2) << 20)
+    (tmp_path / "dir").mkdir()
+    (tmp_path / "dir" / "big").write_bytes(big)
+    async with DSecClient(cluster.api.url, cluster.api.admin_token) as c:
+        sb = await c.run_container(_args(), timeout=120)
+        try:
+            for upload in [lambda: sb.write_file("/tmp/w", big),
+                           lambda: sb.upload(tmp_path / "dir", "/tmp/d")]:
+                for _ in range(2):
+                    with pytest.raises(dsec.PayloadTooLarge):
+                        await upload()
+                    assert (await sb.run_shell("echo next")).stdout == "next\n"
+            assert (await sb.run_shell("ls -a /tmp")).stdout.split() == [".", ".."]
+        finally:
+            await sb.delete()
 
 
 async def test_fncall_through_the_apiserver(cluster: Cluster) -> None:
