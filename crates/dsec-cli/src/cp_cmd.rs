@@ -84,11 +84,6 @@ fn files_path(id: &str, route: &str, query: &[(&str, &str)]) -> String {
     format!("/v1/sandboxes/{id}/{route}?{q}")
 }
 
-async fn stat(client: &Client, id: &str, path: &str) -> Result<api::FileInfo, dsec_client::ClientError> {
-    let (_, body) = client.raw(http::Method::GET, &files_path(id, "files/stat", &[("path", path)]), None, "").await?;
-    serde_json::from_slice(&body).map_err(|e| dsec_client::ClientError::Protocol { status: 200, body: e.to_string() })
-}
-
 fn bar(len: Option<u64>, what: &str) -> ProgressBar {
     let bar = match len {
         Some(n) => ProgressBar::new(n).with_style(
@@ -166,7 +161,7 @@ async fn upload(client: &Client, from: &Path, id: &str, path: &str) -> anyhow::R
     }
     // A file copied to an existing directory lands inside it.
     let mut path = path.to_string();
-    if let Ok(info) = stat(client, id, &path).await {
+    if let Ok(info) = client.stat(id, &path).await {
         if info.file_type == api::FileType::Dir {
             let name = from.file_name().and_then(|n| n.to_str()).context("the file has no name")?;
             path = format!("{}/{name}", path.trim_end_matches('/'));
@@ -221,7 +216,7 @@ async fn upload_dir(client: &Client, from: &Path, id: &str, path: &str) -> anyho
 }
 
 async fn download(client: &Client, id: &str, path: &str, to: End) -> anyhow::Result<u64> {
-    let info = stat(client, id, path).await?;
+    let info = client.stat(id, path).await?;
     let mut is_dir = info.file_type == api::FileType::Dir;
     let archive = files_path(id, "archive", &[("path", path)]);
     let mut body = if is_dir {

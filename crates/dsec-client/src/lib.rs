@@ -146,6 +146,12 @@ impl Client {
         self.json::<(), _>(Method::GET, &path, None).await
     }
 
+    /// What is at `path` in the sandbox (not following a final symlink).
+    pub async fn stat(&self, id: &str, path: &str) -> Result<api::FileInfo, ClientError> {
+        let q: String = form_urlencoded::Serializer::new(String::new()).append_pair("path", path).finish();
+        self.json::<(), _>(Method::GET, &format!("/v1/sandboxes/{id}/files/stat?{q}"), None).await
+    }
+
     pub async fn audit(&self, id: &str, after: u64) -> Result<api::AuditEvents, ClientError> {
         self.json::<(), _>(Method::GET, &format!("/v1/sandboxes/{id}/audit?after={after}"), None).await
     }
