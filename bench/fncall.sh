@@ -8,11 +8,18 @@
 #      calls/s, p50, p99
 #   2. a C++ online-judge submission with 10 test cases: submissions/s with
 #      the compile cache warm (the same source every time) and cold (every
-#      request's source differs by a comment); the same judge in Python
+#      request's source differs by a comment), for a source that includes
+#      <iostream> and for one that includes <bits/stdc++.h> (what most
+#      competitive-programming C++ does; the judge image carries it
+#      precompiled); the same judge in Python
 #   3. the Python SDK: DSecClient.fncall from one asyncio process
-# Usage: bench/fncall.sh [SECONDS per wrk run] (default 10; ~6 min)
+# Usage: bench/fncall.sh [SECONDS per wrk run] [all | snippet | judge]
+# (default 10 and all; ~7 min; `judge` runs part 2 only). The runners'
+# image is DSEC_BENCH_FNCALL_IMAGE (default `judge`), to compare images.
 source "$(dirname "$0")/lib.sh"
 SECS=${1:-10}
+PART=${2:-all}
+case "$PART" in all | snippet | judge) ;; *) echo "unknown part '$PART' (all, snippet or judge)" >&2; exit 2 ;; esac
 bench_init fncall
 bench_build
 BASELINE_PID=""
@@ -24,7 +31,8 @@ trap 'rc=$?; if [ -n "$BASELINE_PID" ]; then kill "$BASELINE_PID" 2>/dev/null ||
 # Python, 1 for C++), so nothing grows in the middle of a measurement.
 PY_RUNNERS=$((2 * $(nproc)))
 CPP_RUNNERS=$(nproc)
-bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS,cpp=$CPP_RUNNERS:$CPP_RUNNERS" --cpu-overcommit 64
+bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS,cpp=$CPP_RUNNERS:$CPP_RUNNERS" --cpu-overcommit 64 \
+    --fncall-image "${DSEC_BENCH_FNCALL_IMAGE:-judge}"
 "$BENCH" fncall-baseline --listen 127.0.0.1:0 --python /usr/bin/python3 >"$WORK/baseline.log" 2>&1 &
 BASELINE_PID=$!
 BASELINE=""
@@ -37,7 +45,7 @@ done
 bench_log "baseline at $BASELINE (pid $BASELINE_PID)"
 
 printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
-"$PY" - "$WORK/cpp.json" "$WORK/cpp_nonce.json" "$WORK/py_judge.json" <<'PYEOF'
+"$PY" - "$WORK/cpp.json" "$WORK/cpp_nonce.json" "$WORK/py_judge.json" "$WORK/cpp_stdcpp_nonce.json" <<'PYEOF'
 import json, sys
 src = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n"
 cases = [{"stdin": f"{i} {i * 7}\n", "expected_output": f"{i * 8}\n"} for i in range(10)]
@@ -45,6 +53,9 @@ json.dump({"language": "cpp", "code": src, "test_cases": cases}, open(sys.argv[1
 json.dump({"language": "cpp", "code": src + "// @NONCE@\n", "test_cases": cases}, open(sys.argv[2], "w"))
 py = "a, b = map(int, input().split())\nprint(a + b)\n"
 json.dump({"language": "python", "code": py, "test_cases": cases}, open(sys.argv[3], "w"))
+stdcpp = ("#include <bits/stdc++.h>\nusing namespace std;\n"
+          "int main() { long a, b; cin >> a >> b; cout << a + b << endl; }\n// @NONCE@\n")
+json.dump({"language": "cpp", "code": stdcpp, "test_cases": cases}, open(sys.argv[4], "w"))
 PYEOF
 
 # Sanity: both answer correctly before anything is timed.
@@ -55,7 +66,10 @@ check() { # URL BODY
     printf '%s' "$out" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); assert d["status"] == "ok", d' \
         || { echo "bad answer from $1: $out" >&2; exit 1; }
 }
-for target in "$DSEC_ENDPOINT" "$BASELINE"; do check "$target" "$WORK/py.json"; check "$target" "$WORK/cpp.json"; check "$target" "$WORK/py_judge.json"; done
+for target in "$DSEC_ENDPOINT" "$BASELINE"; do
+    check "$target" "$WORK/py.json"; check "$target" "$WORK/cpp.json"; check "$target" "$WORK/py_judge.json"
+    check "$target" "$WORK/cpp_stdcpp_nonce.json"
+done
 # Pools are warm once their runners have started.
 for _ in $(seq 1 100); do
     ready=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" "$DSEC_ENDPOINT/v1/fncall/pools" |
@@ -64,11 +78,11 @@ for _ in $(seq 1 100); do
     sleep 0.2
 done
 
-wrk_run() { # NAME TARGET URL BODY CONNS [nonce]
-    local name=$1 target=$2 url=$3 body=$4 conns=$5 nonce=${6:-}
+wrk_run() { # NAME TARGET URL BODY CONNS [nonce [SECONDS]]
+    local name=$1 target=$2 url=$3 body=$4 conns=$5 nonce=${6:-} secs=${7:-$SECS}
     local threads=2 out j
     [ "$conns" -lt 2 ] && threads=1
-    out=$(DSEC_BENCH_BODY=$body DSEC_BENCH_NONCE=$nonce wrk -t"$threads" -c"$conns" -d"${SECS}s" --timeout 30s \
+    out=$(DSEC_BENCH_BODY=$body DSEC_BENCH_NONCE=$nonce wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 60s \
         -s "$BENCH_DIR/fncall.lua" "$url" 2>&1)
     j=$(printf '%s\n' "$out" | sed -n 's/^WRKJSON //p')
     [ -n "$j" ] || { printf '%s\n' "$out" >&2; return 1; }
@@ -79,6 +93,7 @@ wrk_run() { # NAME TARGET URL BODY CONNS [nonce]
     echo '{"benchmark": "fncall", "seconds": '"$SECS"', "nproc": '"$(nproc)"', "runs": ['
     first=1
     for conns in 1 8 64 256; do
+        [ "$PART" = judge ] && break
         for t in dsec baseline; do
             url=$DSEC_ENDPOINT; [ "$t" = baseline ] && url=$BASELINE
             bench_log "python snippet, $t, $conns clients"
@@ -87,13 +102,21 @@ wrk_run() { # NAME TARGET URL BODY CONNS [nonce]
         done
     done
     for t in dsec baseline; do
+        [ "$PART" = snippet ] && break
         url=$DSEC_ENDPOINT; [ "$t" = baseline ] && url=$BASELINE
         bench_log "C++ judge, 10 cases, $t, warm compile cache"
-        echo ","; wrk_run "cpp judge 10 cases, cache warm" "$t" "$url" "$WORK/cpp.json" 8
+        [ $first = 1 ] || echo ","; first=0
+        wrk_run "cpp judge 10 cases, cache warm" "$t" "$url" "$WORK/cpp.json" 8
         bench_log "C++ judge, 10 cases, $t, every source new"
         echo ","; wrk_run "cpp judge 10 cases, cache cold" "$t" "$url" "$WORK/cpp_nonce.json" 8 1
+        bench_log "C++ judge (bits/stdc++.h), 10 cases, $t, every source new"
+        # Two clients (one compile per core) for three times as long: a
+        # fresh compile of <bits/stdc++.h> takes seconds, and eight at once
+        # would leave a short run with nothing finished to count.
+        echo ","; wrk_run "cpp judge 10 cases, bits/stdc++.h, cache cold" "$t" "$url" "$WORK/cpp_stdcpp_nonce.json" 2 1 $((3 * SECS))
     done
     for t in dsec baseline; do
+        [ "$PART" = snippet ] && break
         url=$DSEC_ENDPOINT; [ "$t" = baseline ] && url=$BASELINE
         bench_log "Python judge, 10 cases, $t"
         echo ","; wrk_run "python judge 10 cases" "$t" "$url" "$WORK/py_judge.json" 8
@@ -101,7 +124,11 @@ wrk_run() { # NAME TARGET URL BODY CONNS [nonce]
     echo ']}'
 } >"$RESULTS/fncall.json"
 
-bench_log "Python SDK"
-"$PY" "$BENCH_DIR/sdk_fncall.py" "$RESULTS/fncall_sdk.json" 3000 64
+if [ "$PART" = all ]; then
+    bench_log "Python SDK"
+    "$PY" "$BENCH_DIR/sdk_fncall.py" "$RESULTS/fncall_sdk.json" 3000 64
+else
+    rm -f "$RESULTS/fncall_sdk.json"
+fi
 
 "$PY" "$BENCH_DIR/fncall_summary.py" "$RESULTS"

@@ -14,7 +14,7 @@ use dsec_image::oci::push::push;
 use dsec_image::oci::registry::{pull, RegistryOptions};
 use dsec_image::oci::{import_path, parse_platform, ImportOptions};
 use dsec_image::shared::{S3Options, SharedStore};
-use dsec_image::{build_default_image, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
+use dsec_image::{build_default_image, find_default_image, Found, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Subcommand, Debug)]
@@ -515,9 +515,13 @@ fn setup(a: SetupArgs) -> anyhow::Result<u8> {
         if !a.only.is_empty() && !a.only.iter().any(|o| o == which.name()) {
             continue;
         }
-        if store.contains(&which.reference()) {
-            eprintln!("image {} is ready (cached)", which.name());
-            continue;
+        match find_default_image(&store, which)? {
+            Found::Current => {
+                eprintln!("image {} is ready (cached)", which.name());
+                continue;
+            }
+            Found::Outdated => eprintln!("image {} was built from an older recipe: rebuilding it", which.name()),
+            Found::Absent => {}
         }
         let bars = Bars::new(which.name());
         let started = std::time::Instant::now();

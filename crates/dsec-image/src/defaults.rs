@@ -4,10 +4,10 @@
 use std::sync::Arc;
 
 use crate::build::{
-    build_image, build_layer_busybox, build_layer_debootstrap, BuildError, BuildOptions,
-    BusyboxRecipe, DebootstrapRecipe,
+    build_image_from_recipe, build_layer_busybox, build_layer_debootstrap_then, precompile_stdcpp,
+    BuildError, BuildOptions, BusyboxRecipe, DebootstrapRecipe,
 };
-use crate::manifest::{ImageConfig, LayerKind};
+use crate::manifest::{ImageConfig, LayerKind, Manifest};
 use crate::progress::Progress;
 use crate::reference::Reference;
 use crate::store::{ImageError, ImageStore, ResolvedImage};
@@ -25,7 +25,8 @@ pub const PYTHON_PACKAGES: &[&str] = &[
 pub const PYTHON_SUITE: &str = "bookworm";
 
 /// Packages of the `judge` image (FnCall runners): the interpreters and
-/// compilers of the languages FnCall serves (python, bash, c, cpp).
+/// compilers of the languages FnCall serves (python, bash, c, cpp). The
+/// image also carries `<bits/stdc++.h>` precompiled (`build::pch`).
 pub const JUDGE_PACKAGES: &[&str] = &["python3", "gcc", "g++", "libc6-dev"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -48,6 +49,17 @@ impl DefaultImage {
 
     pub fn from_name(name: &str) -> Option<DefaultImage> {
         Self::ALL.into_iter().find(|d| d.name() == name)
+    }
+
+    /// The version of the recipe this build of dsec makes the image from.
+    /// Raise it when the image's content changes, and setup rebuilds the
+    /// images made from an older one. 2 for `judge`: the precompiled
+    /// `<bits/stdc++.h>`.
+    pub fn recipe_version(self) -> u32 {
+        match self {
+            DefaultImage::Busybox | DefaultImage::Python => 1,
+            DefaultImage::Judge => 2,
+        }
     }
 
     /// `<name>:latest`.
@@ -86,11 +98,12 @@ pub fn build_default_image(
 ) -> Result<Arc<ResolvedImage>, BuildError> {
     let options = BuildOptions::default();
     progress.stage(&format!("building image `{}`", which.name()));
-    build_image(
+    build_image_from_recipe(
         store,
         &which.reference(),
         LayerKind::Base,
         which.config(),
+        Some(which.recipe_version()),
         || match which {
             DefaultImage::Busybox => {
                 build_layer_busybox(store, &BusyboxRecipe::default(), &options, progress)
@@ -100,15 +113,20 @@ pub fn build_default_image(
                 let mut recipe = DebootstrapRecipe::new(PYTHON_SUITE);
                 recipe.mirror = mirror.to_string();
                 recipe.include = packages.iter().map(|p| p.to_string()).collect();
-                build_layer_debootstrap(store, &recipe, &options, progress)
+                build_layer_debootstrap_then(store, &recipe, &options, progress, |root| {
+                    match which {
+                        DefaultImage::Judge => precompile_stdcpp(root, progress),
+                        _ => Ok(()),
+                    }
+                })
             }
         },
     )
 }
 
 /// Builds each default image that is absent (or whose manifest or blobs are
-/// damaged); images that resolve are left alone, so a second setup costs a
-/// few stats.
+/// damaged), or was built from an older recipe; images that resolve and
+/// are current are left alone, so a second setup costs a few stats.
 pub fn ensure_default_images(
     store: &ImageStore,
     progress: &dyn Progress,
@@ -116,23 +134,93 @@ pub fn ensure_default_images(
 ) -> Result<Vec<(DefaultImage, Ensured)>, BuildError> {
     let mut out = Vec::new();
     for which in DefaultImage::ALL {
-        let present = match store.resolve_ref(&which.reference()) {
-            Ok(_) => true,
-            Err(
-                ImageError::ImageNotFound(_)
-                | ImageError::MissingBlob { .. }
-                | ImageError::BlobSizeMismatch { .. }
-                | ImageError::Manifest { .. },
-            ) => false,
-            Err(e) => return Err(e.into()),
-        };
-        if present {
-            progress.stage(&format!("image `{}` already present", which.name()));
-            out.push((which, Ensured::AlreadyPresent));
-        } else {
-            build_default_image(store, which, progress, mirror)?;
-            out.push((which, Ensured::Built));
+        match find_default_image(store, which)? {
+            Found::Current => {
+                progress.stage(&format!("image `{}` already present", which.name()));
+                out.push((which, Ensured::AlreadyPresent));
+                continue;
+            }
+            Found::Outdated => progress.stage(&format!(
+                "image `{}` was built from an older recipe: rebuilding it",
+                which.name()
+            )),
+            Found::Absent => {}
         }
+        build_default_image(store, which, progress, mirror)?;
+        out.push((which, Ensured::Built));
     }
     Ok(out)
+}
+
+/// What a store holds of a default image.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Found {
+    /// Present, whole, and built from this dsec's recipe.
+    Current,
+    /// Present, but built from an older recipe: setup rebuilds it.
+    Outdated,
+    /// Absent, or its manifest or a layer is damaged.
+    Absent,
+}
+
+/// Looks `which` up in `store` (what setup would do about it).
+pub fn find_default_image(store: &ImageStore, which: DefaultImage) -> Result<Found, ImageError> {
+    match store.resolve_ref(&which.reference()) {
+        Ok(image) if is_current(which, &image.manifest) => Ok(Found::Current),
+        Ok(_) => Ok(Found::Outdated),
+        Err(
+            ImageError::ImageNotFound(_)
+            | ImageError::MissingBlob { .. }
+            | ImageError::BlobSizeMismatch { .. }
+            | ImageError::Manifest { .. },
+        ) => Ok(Found::Absent),
+        Err(e) => Err(e),
+    }
+}
+
+/// Whether `manifest` (of the image named as `which`) was built from this
+/// dsec's recipe for it. One without a recorded version predates them:
+/// version 1.
+fn is_current(which: DefaultImage, manifest: &Manifest) -> bool {
+    manifest.default_recipe.unwrap_or(1) >= which.recipe_version()
+}
+
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn built_from(version: Option<u32>) -> Manifest {
+        let layer = crate::manifest::LayerDescriptor {
+            digest: crate::digest::Digest::of_bytes(b"layer"),
+            kind: LayerKind::Base,
+            size: 10,
+        };
+        let mut m = Manifest::new(vec![layer], ImageConfig::default());
+        m.default_recipe = version;
+        m
+    }
+
+    #[test]
+    fn an_image_from_an_older_recipe_is_not_current() {
+        // Images built before versions were recorded are version 1.
+        assert!(is_current(DefaultImage::Python, &built_from(None)));
+        assert!(is_current(DefaultImage::Busybox, &built_from(None)));
+        assert!(!is_current(DefaultImage::Judge, &built_from(None)));
+        assert!(!is_current(DefaultImage::Judge, &built_from(Some(1))));
+        let v = DefaultImage::Judge.recipe_version();
+        assert!(is_current(DefaultImage::Judge, &built_from(Some(v))));
+        // One a later dsec built is kept.
+        assert!(is_current(DefaultImage::Judge, &built_from(Some(v + 1))));
+    }
+
+    #[test]
+    fn the_recipe_version_survives_the_manifest_round_trip() {
+        let m = built_from(Some(2));
+        let back = Manifest::from_json(&m.to_json().unwrap()).unwrap();
+        assert_eq!(back.default_recipe, Some(2));
+        // Left out when absent, so manifests of other images are unchanged.
+        let plain = String::from_utf8(built_from(None).to_json().unwrap()).unwrap();
+        assert!(!plain.contains("default_recipe"), "{plain}");
+    }
 }

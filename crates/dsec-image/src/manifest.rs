@@ -107,6 +107,12 @@ pub struct Manifest {
     /// chunks a node fetches on demand. Empty in a node's own store.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub chunk_tables: BTreeMap<Digest, Digest>,
+    /// For a default image (`busybox`, `python`, `judge`): the version of
+    /// the recipe it was built from, so that setup rebuilds one whose
+    /// recipe has changed since. Absent: not a default image, or one built
+    /// before versions were recorded (version 1).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub default_recipe: Option<u32>,
 }
 
 /// Where a packed image came from (`pack_diff`): kept with the image so a
@@ -149,6 +155,7 @@ impl Manifest {
             provenance: None,
             size_bytes,
             chunk_tables: BTreeMap::new(),
+            default_recipe: None,
         }
     }
 

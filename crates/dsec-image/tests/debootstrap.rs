@@ -119,6 +119,19 @@ fn default_images_from_debootstrap() {
     for tool in ["usr/bin/python3", "usr/bin/gcc", "usr/bin/g++", "usr/include/stdio.h", "bin/bash"] {
         assert!(root.join(tool).exists(), "judge image lacks {tool}");
     }
+    // ... and <bits/stdc++.h> precompiled beside the header (the build
+    // itself checked that g++ uses it), and no trace of that check.
+    let headers: Vec<String> = files_under(&root.join("usr/include"))
+        .into_iter()
+        .filter(|f| f.ends_with("/bits/stdc++.h") || f.ends_with("/bits/stdc++.h.gch"))
+        .collect();
+    assert_eq!(headers.len(), 2, "{headers:?}");
+    assert_eq!(format!("{}.gch", headers.iter().min().unwrap()), *headers.iter().max().unwrap());
+    assert!(files_under(&root.join("tmp")).is_empty());
+    for which in DefaultImage::ALL {
+        let image = env.store.resolve(which.name()).unwrap();
+        assert_eq!(image.manifest.default_recipe, Some(which.recipe_version()), "{}", which.name());
+    }
 
     // A second setup finds them all and builds nothing.
     let started = Instant::now();
@@ -133,4 +146,21 @@ fn default_images_from_debootstrap() {
         ]
     );
     assert!(elapsed.as_secs_f64() < 1.0, "second setup took {elapsed:?}");
+
+    // An image from an older recipe is rebuilt (busybox: the quick one).
+    let busybox = DefaultImage::Busybox.reference();
+    let mut old = env.store.resolve_ref(&busybox).unwrap().manifest.clone();
+    old.default_recipe = Some(0);
+    env.store.put_image(&busybox, &old).unwrap();
+    let third = ensure_default_images(&env.store, &NoProgress, &mirror).unwrap();
+    assert_eq!(
+        third,
+        [
+            (DefaultImage::Busybox, Ensured::Built),
+            (DefaultImage::Python, Ensured::AlreadyPresent),
+            (DefaultImage::Judge, Ensured::AlreadyPresent)
+        ]
+    );
+    let rebuilt = env.store.resolve_ref(&busybox).unwrap();
+    assert_eq!(rebuilt.manifest.default_recipe, Some(DefaultImage::Busybox.recipe_version()));
 }

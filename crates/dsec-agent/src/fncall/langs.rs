@@ -22,6 +22,8 @@ const LANGS: [Lang; 4] = [
     Lang { name: "python", file: PYTHON_FILE, compile: None, python: true, interpreter: None },
     Lang { name: "bash", file: "main.sh", compile: None, python: false, interpreter: Some("bash") },
     Lang { name: "c", file: "main.c", compile: Some(&["gcc", "-O2", "-std=gnu17", "-o", "prog", "main.c", "-lm"]), python: false, interpreter: None },
+    // The judge image's precompiled <bits/stdc++.h> is made with exactly
+    // these options (dsec-image's CPP_PCH_FLAGS; a test holds them equal).
     Lang { name: "cpp", file: "main.cpp", compile: Some(&["g++", "-O2", "-std=gnu++17", "-o", "prog", "main.cpp"]), python: false, interpreter: None },
 ];
 
@@ -72,5 +74,14 @@ mod tests {
         let argv = interpreter_argv(Lang::named("bash").unwrap());
         assert!(argv[0].ends_with("/bash") && argv[1] == "main.sh", "{argv:?}");
         assert_eq!(resolve(&["no-such-tool-here", "x"]), vec!["no-such-tool-here", "x"]);
+    }
+
+    /// The judge image's precompiled <bits/stdc++.h> is used only by a
+    /// compile with the options it was made with.
+    #[test]
+    fn cpp_compiles_with_the_options_of_the_judge_images_precompiled_header() {
+        let argv = Lang::named("cpp").unwrap().compile.unwrap();
+        let options: Vec<&str> = argv[1..].iter().copied().filter(|a| !["-o", "prog", "main.cpp"].contains(a)).collect();
+        assert_eq!(options, dsec_image::build::CPP_PCH_FLAGS);
     }
 }

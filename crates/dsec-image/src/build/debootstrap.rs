@@ -70,9 +70,22 @@ pub fn build_layer_debootstrap(
     options: &BuildOptions,
     progress: &dyn Progress,
 ) -> Result<StoredLayer, BuildError> {
+    build_layer_debootstrap_then(store, recipe, options, progress, |_| Ok(()))
+}
+
+/// [`build_layer_debootstrap`], with `finish` run on the tree before it
+/// becomes the layer (the judge image precompiles a header there).
+pub(crate) fn build_layer_debootstrap_then(
+    store: &ImageStore,
+    recipe: &DebootstrapRecipe,
+    options: &BuildOptions,
+    progress: &dyn Progress,
+    finish: impl FnOnce(&Path) -> Result<(), BuildError>,
+) -> Result<StoredLayer, BuildError> {
     let build = BuildDir::new(store, "debootstrap")?;
     let root = build.path().join("root");
     debootstrap_tree(recipe, &root, progress)?;
+    finish(&root)?;
     mkfs_into_store(store, &root, options, progress)
 }
 

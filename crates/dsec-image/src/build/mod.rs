@@ -18,6 +18,7 @@ mod dax;
 mod debootstrap;
 mod dir;
 mod mkfs;
+mod pch;
 mod tar;
 pub(crate) mod tool;
 mod users;
@@ -25,8 +26,10 @@ mod users;
 pub use busybox::{build_layer_busybox, BusyboxRecipe};
 pub use dax::build_dax_image;
 pub use debootstrap::{build_layer_debootstrap, DebootstrapRecipe, DEFAULT_MIRROR};
-pub(crate) use debootstrap::debootstrap_tree;
+pub(crate) use debootstrap::{build_layer_debootstrap_then, debootstrap_tree};
 pub use dir::build_layer_from_dir;
+pub use pch::CPP_PCH_FLAGS;
+pub(crate) use pch::precompile_stdcpp;
 pub use tar::build_layer_from_tar;
 pub(crate) use tar::{unpack_entry_in, UnpackError};
 pub(crate) use mkfs::mkfs_into_store;
@@ -60,6 +63,8 @@ pub enum BuildError {
     BusyboxNotStatic { path: PathBuf },
     #[error("`busybox --list` printed an unusable applet path `{0}`")]
     BadApplet(String),
+    #[error("precompiling <bits/stdc++.h>: {0}")]
+    PrecompiledHeader(String),
     #[error("disk full while building ({0})")]
     DiskFull(String),
     #[error("{context} {path}: {source}")]
@@ -172,9 +177,22 @@ pub fn build_image(
     config: ImageConfig,
     build: impl FnOnce() -> Result<StoredLayer, BuildError>,
 ) -> Result<Arc<ResolvedImage>, BuildError> {
+    build_image_from_recipe(store, reference, kind, config, None, build)
+}
+
+/// [`build_image`], recording in the manifest the version of the recipe a
+/// default image was built from (`Manifest::default_recipe`).
+pub(crate) fn build_image_from_recipe(
+    store: &ImageStore,
+    reference: &Reference,
+    kind: LayerKind,
+    config: ImageConfig,
+    default_recipe: Option<u32>,
+    build: impl FnOnce() -> Result<StoredLayer, BuildError>,
+) -> Result<Arc<ResolvedImage>, BuildError> {
     let _lock = store.write_lock()?;
     let layer = build()?;
-    let manifest = Manifest::new(
+    let mut manifest = Manifest::new(
         vec![LayerDescriptor {
             digest: layer.digest,
             kind,
@@ -182,6 +200,7 @@ pub fn build_image(
         }],
         config,
     );
+    manifest.default_recipe = default_recipe;
     store.put_image(reference, &manifest)?;
     Ok(store.resolve_ref(reference)?)
 }

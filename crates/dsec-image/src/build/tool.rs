@@ -27,6 +27,11 @@ pub(crate) const DEBOOTSTRAP: Tool = Tool {
     name: "debootstrap",
     package: "debootstrap",
 };
+/// Runs a tool of the tree being built inside it (the judge image's g++).
+pub(crate) const CHROOT: Tool = Tool {
+    name: "chroot",
+    package: "coreutils",
+};
 pub(crate) const APT_GET: Tool = Tool {
     name: "apt-get",
     package: "apt",

@@ -270,6 +270,31 @@ async def test_judge_cpp_verdicts_and_compile_cache(client: DSecClient) -> None:
     assert ole.verdict == "OLE", ole
 
 
+STDCPP_ADD = """#include <bits/stdc++.h>
+using namespace std;
+int main() { long a, b; cin >> a >> b; vector<long> v{a, b}; cout << accumulate(v.begin(), v.end(), 0L) << endl; }
+"""
+
+
+async def test_bits_stdcpp_is_precompiled_for_the_judges_cpp_options(client: DSecClient) -> None:
+    # The judge image carries <bits/stdc++.h> precompiled for the options
+    # C++ calls compile with (-O2 -std=gnu++17: the agent's fncall/langs.rs,
+    # held equal to the image builder's CPP_PCH_FLAGS by a Rust test). As
+    # the call user, in a runner, g++ with those options uses it: `-H`
+    # marks a valid precompiled header it reads with "!".
+    probe = ("printf '#include <bits/stdc++.h>\\n' > probe.cpp\n"
+             "g++ -O2 -std=gnu++17 -H -fsyntax-only probe.cpp 2>&1 | head -1\n")
+    r = await call(client, probe, language="bash")
+    assert r.status == "ok", r
+    assert r.stdout.startswith("! /usr/include/") and r.stdout.rstrip().endswith("/bits/stdc++.h.gch"), r
+    # ... and a submission that includes it is judged as usual.
+    cases = [TestCase("1 2", "3"), TestCase("10 20\n", "30\n")]
+    ok = await call(client, STDCPP_ADD, language="cpp", test_cases=cases)
+    assert ok.verdict == "AC" and ok.compile is not None and ok.compile.status == "ok", ok
+    ce = await call(client, STDCPP_ADD.replace("cin >> a", "cin >> c"), language="cpp", test_cases=cases)
+    assert ce.verdict == "CE" and "was not declared" in ce.compile.stderr, ce
+
+
 async def test_judge_compare_modes_and_checker(client: DSecClient) -> None:
     prog = "print(1 / 3)"
     assert (await call(client, prog, test_cases=[TestCase("", "0.3333334")],
