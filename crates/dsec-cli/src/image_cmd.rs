@@ -14,7 +14,7 @@ use dsec_image::oci::push::push;
 use dsec_image::oci::registry::{pull, RegistryOptions};
 use dsec_image::oci::{import_path, parse_platform, ImportOptions};
 use dsec_image::shared::{S3Options, SharedStore};
-use dsec_image::{build_default_image, find_default_image, Found, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
+use dsec_image::{build_default_image, find_default_image, unrecorded_hint, Found, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Subcommand, Debug)]
@@ -521,6 +521,10 @@ fn setup(a: SetupArgs) -> anyhow::Result<u8> {
                 continue;
             }
             Found::Outdated => eprintln!("image {} was built from an older recipe: rebuilding it", which.name()),
+            Found::Unrecorded => {
+                eprintln!("{}", unrecorded_hint(which));
+                continue;
+            }
             Found::Absent => {}
         }
         let bars = Bars::new(which.name());

@@ -53,8 +53,10 @@ impl DefaultImage {
 
     /// The version of the recipe this build of dsec makes the image from.
     /// Raise it when the image's content changes, and setup rebuilds the
-    /// images made from an older one. 2 for `judge`: the precompiled
-    /// `<bits/stdc++.h>`.
+    /// images it made from an older one. 2 for `judge`: the precompiled
+    /// `<bits/stdc++.h>`. Images from before versions were recorded count
+    /// as version 1 only where that is still the version: otherwise
+    /// nothing tells them from an image a user built under that name.
     pub fn recipe_version(self) -> u32 {
         match self {
             DefaultImage::Busybox | DefaultImage::Python => 1,
@@ -144,6 +146,11 @@ pub fn ensure_default_images(
                 "image `{}` was built from an older recipe: rebuilding it",
                 which.name()
             )),
+            Found::Unrecorded => {
+                progress.stage(&unrecorded_hint(which));
+                out.push((which, Ensured::AlreadyPresent));
+                continue;
+            }
             Found::Absent => {}
         }
         build_default_image(store, which, progress, mirror)?;
@@ -159,6 +166,10 @@ pub enum Found {
     Current,
     /// Present, but built from an older recipe: setup rebuilds it.
     Outdated,
+    /// Present and whole, with no recipe version, where this dsec's recipe
+    /// is not the first: made by a dsec from before versions were recorded,
+    /// or by a user under that name. Setup keeps it ([`unrecorded_hint`]).
+    Unrecorded,
     /// Absent, or its manifest or a layer is damaged.
     Absent,
 }
@@ -166,8 +177,7 @@ pub enum Found {
 /// Looks `which` up in `store` (what setup would do about it).
 pub fn find_default_image(store: &ImageStore, which: DefaultImage) -> Result<Found, ImageError> {
     match store.resolve_ref(&which.reference()) {
-        Ok(image) if is_current(which, &image.manifest) => Ok(Found::Current),
-        Ok(_) => Ok(Found::Outdated),
+        Ok(image) => Ok(state_of(which, &image.manifest)),
         Err(
             ImageError::ImageNotFound(_)
             | ImageError::MissingBlob { .. }
@@ -178,11 +188,28 @@ pub fn find_default_image(store: &ImageStore, which: DefaultImage) -> Result<Fou
     }
 }
 
-/// Whether `manifest` (of the image named as `which`) was built from this
-/// dsec's recipe for it. One without a recorded version predates them:
-/// version 1.
-fn is_current(which: DefaultImage, manifest: &Manifest) -> bool {
-    manifest.default_recipe.unwrap_or(1) >= which.recipe_version()
+/// What setup makes of `manifest`, an image named as `which`. One a later
+/// dsec built is kept.
+fn state_of(which: DefaultImage, manifest: &Manifest) -> Found {
+    match manifest.default_recipe {
+        Some(v) if v >= which.recipe_version() => Found::Current,
+        Some(_) => Found::Outdated,
+        None if which.recipe_version() == 1 => Found::Current,
+        None => Found::Unrecorded,
+    }
+}
+
+/// What setup says of a [`Found::Unrecorded`] image it keeps.
+pub fn unrecorded_hint(which: DefaultImage) -> String {
+    let what = match which {
+        DefaultImage::Judge => " (which precompiles <bits/stdc++.h>)",
+        DefaultImage::Busybox | DefaultImage::Python => "",
+    };
+    format!(
+        "image `{name}` records no recipe version: built by an older dsec or by hand, so it is kept; \
+         `dsec image rm {name}` then `dsec image setup` builds it from the current recipe{what}",
+        name = which.name()
+    )
 }
 
 
@@ -202,16 +229,20 @@ mod tests {
     }
 
     #[test]
-    fn an_image_from_an_older_recipe_is_not_current() {
-        // Images built before versions were recorded are version 1.
-        assert!(is_current(DefaultImage::Python, &built_from(None)));
-        assert!(is_current(DefaultImage::Busybox, &built_from(None)));
-        assert!(!is_current(DefaultImage::Judge, &built_from(None)));
-        assert!(!is_current(DefaultImage::Judge, &built_from(Some(1))));
+    fn only_an_image_setup_made_from_an_older_recipe_is_rebuilt() {
         let v = DefaultImage::Judge.recipe_version();
-        assert!(is_current(DefaultImage::Judge, &built_from(Some(v))));
+        assert!(v > 1);
+        assert_eq!(state_of(DefaultImage::Judge, &built_from(Some(v))), Found::Current);
+        assert_eq!(state_of(DefaultImage::Judge, &built_from(Some(v - 1))), Found::Outdated);
         // One a later dsec built is kept.
-        assert!(is_current(DefaultImage::Judge, &built_from(Some(v + 1))));
+        assert_eq!(state_of(DefaultImage::Judge, &built_from(Some(v + 1))), Found::Current);
+        // Without a version: an older dsec's, or a user's own `judge`;
+        // kept either way, never overwritten.
+        assert_eq!(state_of(DefaultImage::Judge, &built_from(None)), Found::Unrecorded);
+        assert!(unrecorded_hint(DefaultImage::Judge).contains("dsec image rm judge"));
+        // Where the recipe is still the first, such an image is current.
+        assert_eq!(state_of(DefaultImage::Python, &built_from(None)), Found::Current);
+        assert_eq!(state_of(DefaultImage::Busybox, &built_from(None)), Found::Current);
     }
 
     #[test]

@@ -37,7 +37,7 @@ pub mod vm;
 
 pub use build::{BuildError, BuildOptions, Compression};
 pub use defaults::{
-    build_default_image, ensure_default_images, find_default_image, DefaultImage, Ensured, Found, PYTHON_PACKAGES,
+    build_default_image, ensure_default_images, find_default_image, unrecorded_hint, DefaultImage, Ensured, Found, PYTHON_PACKAGES,
     PYTHON_SUITE,
 };
 pub use digest::{Digest, DigestError};

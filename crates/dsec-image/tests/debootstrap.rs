@@ -163,4 +163,21 @@ fn default_images_from_debootstrap() {
     );
     let rebuilt = env.store.resolve_ref(&busybox).unwrap();
     assert_eq!(rebuilt.manifest.default_recipe, Some(DefaultImage::Busybox.recipe_version()));
+
+    // A `judge` with no recipe version (an older dsec's, or someone's own
+    // image of that name) is kept as it is, with a word about it.
+    let judge_ref = DefaultImage::Judge.reference();
+    let mut unversioned = env.store.resolve_ref(&judge_ref).unwrap().manifest.clone();
+    unversioned.default_recipe = None;
+    env.store.put_image(&judge_ref, &unversioned).unwrap();
+    let said = Mutex::new(Vec::new());
+    let listen = ProgressFn(|e: ProgressEvent<'_>| {
+        if let ProgressEvent::Stage(s) = e {
+            said.lock().unwrap().push(s.to_string());
+        }
+    });
+    let fourth = ensure_default_images(&env.store, &listen, &mirror).unwrap();
+    assert!(fourth.iter().all(|(_, e)| *e == Ensured::AlreadyPresent), "{fourth:?}");
+    assert_eq!(env.store.resolve_ref(&judge_ref).unwrap().manifest.layers, unversioned.layers);
+    assert!(said.lock().unwrap().iter().any(|s| s.contains("dsec image rm judge")), "{said:?}");
 }

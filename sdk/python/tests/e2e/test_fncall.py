@@ -286,6 +286,8 @@ async def test_bits_stdcpp_is_precompiled_for_the_judges_cpp_options(client: DSe
              "g++ -O2 -std=gnu++17 -H -fsyntax-only probe.cpp 2>&1 | head -1\n")
     r = await call(client, probe, language="bash")
     assert r.status == "ok", r
+    # (A `judge` image from before the precompiled header is kept by setup:
+    # `dsec image rm judge` then `dsec image setup` replaces it.)
     assert r.stdout.startswith("! /usr/include/") and r.stdout.rstrip().endswith("/bits/stdc++.h.gch"), r
     # ... and a submission that includes it is judged as usual.
     cases = [TestCase("1 2", "3"), TestCase("10 20\n", "30\n")]
