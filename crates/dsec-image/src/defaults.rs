@@ -116,10 +116,7 @@ pub fn build_default_image(
                 recipe.mirror = mirror.to_string();
                 recipe.include = packages.iter().map(|p| p.to_string()).collect();
                 build_layer_debootstrap_then(store, &recipe, &options, progress, |root| {
-                    match which {
-                        DefaultImage::Judge => precompile_stdcpp(root, progress),
-                        _ => Ok(()),
-                    }
+                    if which == DefaultImage::Judge { precompile_stdcpp(root, progress) } else { Ok(()) }
                 })
             }
         },

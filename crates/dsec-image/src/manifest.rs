@@ -110,7 +110,8 @@ pub struct Manifest {
     /// For a default image (`busybox`, `python`, `judge`): the version of
     /// the recipe it was built from, so that setup rebuilds one whose
     /// recipe has changed since. Absent: not a default image, or one built
-    /// before versions were recorded (version 1).
+    /// before versions were recorded; setup keeps such an image
+    /// (`defaults::find_default_image`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub default_recipe: Option<u32>,
 }

@@ -41,21 +41,17 @@ pub(crate) fn precompile_stdcpp(root: &Path, progress: &dyn Progress) -> Result<
 fn precompile_with_probe(root: &Path, progress: &dyn Progress) -> Result<(), BuildError> {
     let header = match first_include(root)? {
         ('.', path) => path,
-        (_, path) => return Err(failed(format!("g++ reads `{path}` for it before one was made"))),
+        (_, path) => return Err(BuildError::PrecompiledHeader(format!("g++ reads `{path}` for it before one was made"))),
     };
     let gch = format!("{header}.gch");
     progress.stage(&format!("precompiling <bits/stdc++.h> (g++ {})", CPP_PCH_FLAGS.join(" ")));
     gxx(root, &["-x", "c++-header", &header, "-o", &gch])?;
     match first_include(root)? {
         ('!', path) if path == gch => Ok(()),
-        (mark, path) => Err(failed(format!(
+        (mark, path) => Err(BuildError::PrecompiledHeader(format!(
             "g++ does not use `{gch}` once made: its first include is `{mark} {path}`"
         ))),
     }
-}
-
-fn failed(why: String) -> BuildError {
-    BuildError::PrecompiledHeader(why)
 }
 
 /// The first line of `g++ -H` on the probe: `. PATH` for a header read, `!
@@ -66,7 +62,7 @@ fn first_include(root: &Path) -> Result<(char, String), BuildError> {
     let mut chars = first.chars();
     match (chars.next(), chars.next()) {
         (Some(mark @ ('.' | '!' | 'x')), Some(' ')) => Ok((mark, chars.as_str().to_string())),
-        _ => Err(failed(format!("unexpected `g++ -H` output `{first}`"))),
+        _ => Err(BuildError::PrecompiledHeader(format!("unexpected `g++ -H` output `{first}`"))),
     }
 }
 
