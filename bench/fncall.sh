@@ -17,6 +17,7 @@
 # (default 10 and all; ~7 min; `judge` runs part 2 only). The runners'
 # image is DSEC_BENCH_FNCALL_IMAGE (default `judge`), to compare images.
 source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/fncall_lib.sh"
 SECS=${1:-10}
 PART=${2:-all}
 case "$PART" in all | snippet | judge) ;; *) echo "unknown part '$PART' (all, snippet or judge)" >&2; exit 2 ;; esac
@@ -33,15 +34,7 @@ PY_RUNNERS=$((2 * $(nproc)))
 CPP_RUNNERS=$(nproc)
 bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS,cpp=$CPP_RUNNERS:$CPP_RUNNERS" --cpu-overcommit 64 \
     --fncall-image "${DSEC_BENCH_FNCALL_IMAGE:-judge}"
-"$BENCH" fncall-baseline --listen 127.0.0.1:0 --python /usr/bin/python3 >"$WORK/baseline.log" 2>&1 &
-BASELINE_PID=$!
-BASELINE=""
-for _ in $(seq 1 100); do
-    BASELINE=$(sed -n 's/^baseline is up at \(http:[^ ]*\).*/\1/p' "$WORK/baseline.log" | head -1)
-    [ -n "$BASELINE" ] && break
-    sleep 0.1
-done
-[ -n "$BASELINE" ] || { cat "$WORK/baseline.log" >&2; exit 1; }
+fncall_start_baseline --python /usr/bin/python3
 bench_log "baseline at $BASELINE (pid $BASELINE_PID)"
 
 printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
@@ -59,16 +52,9 @@ json.dump({"language": "cpp", "code": stdcpp, "test_cases": cases}, open(sys.arg
 PYEOF
 
 # Sanity: both answer correctly before anything is timed.
-check() { # URL BODY
-    local out
-    out=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" -H 'Content-Type: application/json' \
-        --data-binary @"$2" "$1/v1/fncall")
-    printf '%s' "$out" | "$PY" -c 'import json,sys; d=json.load(sys.stdin); assert d["status"] == "ok", d' \
-        || { echo "bad answer from $1: $out" >&2; exit 1; }
-}
 for target in "$DSEC_ENDPOINT" "$BASELINE"; do
-    check "$target" "$WORK/py.json"; check "$target" "$WORK/cpp.json"; check "$target" "$WORK/py_judge.json"
-    check "$target" "$WORK/cpp_stdcpp_nonce.json"
+    fncall_check "$target" "$WORK/py.json"; fncall_check "$target" "$WORK/cpp.json"
+    fncall_check "$target" "$WORK/py_judge.json"; fncall_check "$target" "$WORK/cpp_stdcpp_nonce.json"
 done
 # Pools are warm once their runners have started.
 for _ in $(seq 1 100); do
@@ -77,17 +63,6 @@ for _ in $(seq 1 100); do
     [ "$ready" = True ] && break
     sleep 0.2
 done
-
-wrk_run() { # NAME TARGET URL BODY CONNS [nonce [SECONDS]]
-    local name=$1 target=$2 url=$3 body=$4 conns=$5 nonce=${6:-} secs=${7:-$SECS}
-    local threads=2 out j
-    [ "$conns" -lt 2 ] && threads=1
-    out=$(DSEC_BENCH_BODY=$body DSEC_BENCH_NONCE=$nonce wrk -t"$threads" -c"$conns" -d"${secs}s" --timeout 60s \
-        -s "$BENCH_DIR/fncall.lua" "$url" 2>&1)
-    j=$(printf '%s\n' "$out" | sed -n 's/^WRKJSON //p')
-    [ -n "$j" ] || { printf '%s\n' "$out" >&2; return 1; }
-    printf '{"name": "%s", "target": "%s", "connections": %s, "wrk": %s}' "$name" "$target" "$conns" "$j"
-}
 
 {
     echo '{"benchmark": "fncall", "seconds": '"$SECS"', "nproc": '"$(nproc)"', "runs": ['

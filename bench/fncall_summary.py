@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """The FnCall benchmark's tables (issue 5) from bench/results/fncall*.json.
 
-Usage: python3 bench/fncall_summary.py [RESULTS_DIR]
+Usage: python3 bench/fncall_summary.py [RESULTS_DIR] [NAME]
+(NAME: the results file's, default fncall; bench/fncall_langs.sh writes
+fncall_langs). A row whose baseline did not run (a language the baseline
+host has no toolchain for) shows dsec alone.
 """
 
 import json
@@ -10,7 +13,8 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RES = sys.argv[1] if len(sys.argv) > 1 else os.path.join(HERE, "results")
-d = json.load(open(os.path.join(RES, "fncall.json")))
+NAME = sys.argv[2] if len(sys.argv) > 2 else "fncall"
+d = json.load(open(os.path.join(RES, NAME + ".json")))
 runs = {(r["name"], r["target"], r["connections"]): r["wrk"] for r in d["runs"]}
 
 
@@ -37,13 +41,16 @@ for (name, _, conns) in runs:
         names.append((name, conns))
 for name, conns in names:
     a, b = runs.get((name, "dsec", conns)), runs.get((name, "baseline", conns))
-    if not a or not b:
+    if not a:
         continue
     err = lambda w: w["errors_status"] + w["errors_socket"]
+    if not b:
+        print(f"| {name} | {conns} | {fmt_rate(rate(a))} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} ms | - | - | - | {err(a)}, - |")
+        continue
     print(f"| {name} | {conns} | {fmt_rate(rate(a))} | {a['p50_ms']:.1f} / {a['p99_ms']:.1f} ms | {fmt_rate(rate(b))} | "
           f"{b['p50_ms']:.1f} / {b['p99_ms']:.1f} ms | {ratio(a, b)} | {err(a)}, {err(b)} |")
 p = os.path.join(RES, "fncall_sdk.json")
-if os.path.exists(p):
+if NAME == "fncall" and os.path.exists(p):
     s = json.load(open(p))
     print()
     print(f"Python SDK, one asyncio process: {s['calls_per_s']:,.0f} calls/s at {s['concurrency']} concurrent calls "

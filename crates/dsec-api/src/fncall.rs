@@ -10,7 +10,7 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FnCallRequest {
-    /// `python`, `bash`, `c` or `cpp` (whatever the node's judge image
+    /// `python`, `bash`, `c`, `cpp`, `java`, `javascript` or `go` (whatever the node's judge image
     /// carries; `GET /v1/fncall/languages` lists them).
     pub language: String,
     /// The program's source.

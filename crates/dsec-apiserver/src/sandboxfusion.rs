@@ -12,7 +12,15 @@ use dsec_api::{self as api, RunStatus, StepResult};
 use crate::error::{ApiError, ApiResult};
 
 /// SandboxFusion language names dsec serves, and the runner pool of each.
-const LANGUAGES: &[(&str, &str)] = &[("python", "python"), ("bash", "bash"), ("cpp", "cpp"), ("c", "c")];
+const LANGUAGES: &[(&str, &str)] = &[
+    ("python", "python"),
+    ("bash", "bash"),
+    ("cpp", "cpp"),
+    ("c", "c"),
+    ("java", "java"),
+    ("nodejs", "javascript"),
+    ("go", "go"),
+];
 
 pub fn to_fncall(req: api::RunCodeRequest) -> ApiResult<api::FnCallRequest> {
     let language = LANGUAGES
@@ -22,7 +30,11 @@ pub fn to_fncall(req: api::RunCodeRequest) -> ApiResult<api::FnCallRequest> {
         .ok_or_else(|| {
             ApiError::new(
                 dsec_api::ErrorCode::UnsupportedLanguage,
-                format!("language {:?} is not served (available: python, bash, cpp, c)", req.language),
+                format!(
+                    "language {:?} is not served (available: {})",
+                    req.language,
+                    LANGUAGES.iter().map(|(sf, _)| *sf).collect::<Vec<_>>().join(", ")
+                ),
             )
         })?;
     let positive = |v: f64, what: &str| {
@@ -154,7 +166,11 @@ mod tests {
         let c = to_fncall(req).unwrap();
         assert_eq!((c.language.as_str(), c.stdin.as_deref(), c.limits.memory_mb, c.limits.time), ("python", Some("None"), Some(512), Some(10.0)));
         assert_eq!(c.files["a.txt"], "");
+        let js: api::RunCodeRequest = serde_json::from_value(serde_json::json!({"code": "", "language": "nodejs"})).unwrap();
+        assert_eq!(to_fncall(js).unwrap().language, "javascript", "SandboxFusion's name for JavaScript");
         let bad: api::RunCodeRequest = serde_json::from_value(serde_json::json!({"code": "", "language": "cobol"})).unwrap();
-        assert_eq!(to_fncall(bad).unwrap_err().code, dsec_api::ErrorCode::UnsupportedLanguage);
+        let e = to_fncall(bad).unwrap_err();
+        assert_eq!(e.code, dsec_api::ErrorCode::UnsupportedLanguage);
+        assert!(e.message.contains("nodejs"), "{}", e.message);
     }
 }

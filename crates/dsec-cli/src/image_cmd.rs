@@ -21,7 +21,8 @@ use indicatif::{ProgressBar, ProgressStyle};
 pub enum ImageCmd {
     /// Build an image from a directory, a tar(.gz) or a debootstrap run.
     Build(BuildArgs),
-    /// Build the default images (busybox, python) that are missing.
+    /// Build the default images (busybox, python, judge) that are missing or
+    /// were made from an older recipe.
     Setup(SetupArgs),
     /// Import an OCI image layout (directory or tar) or a `docker save`
     /// archive (.tar or .tar.gz).

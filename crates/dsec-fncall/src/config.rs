@@ -13,7 +13,8 @@ pub struct PoolConfig {
 
 #[derive(Debug, Clone)]
 pub struct FnCallConfig {
-    /// The image every runner starts from (`judge`: Python, bash, gcc, g++).
+    /// The image every runner starts from (`judge`: Python, bash, gcc, g++,
+    /// a JDK, Node.js, Go).
     pub image: String,
     pub pools: Vec<PoolConfig>,
     /// Calls waiting for a runner, per language; one more gets `QueueFull`.
@@ -67,6 +68,11 @@ impl FnCallConfig {
                 pool("bash", 1, scale),
                 pool("c", 0, scale),
                 pool("cpp", 1, scale),
+                // Started on their first call: most nodes' calls are
+                // Python and C++, and a JVM runner idles on memory.
+                pool("java", 0, scale),
+                pool("javascript", 0, scale),
+                pool("go", 0, scale),
             ],
             queue_limit: 4096,
             queue_timeout: Duration::from_secs(120),

@@ -17,14 +17,19 @@ pub fn unb64(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()
 }
 
-/// Why a run that did not exit 0 ran out of memory, if it did: Python's
-/// MemoryError (the zygote exits 137 after printing it), C++'s bad_alloc,
-/// the runner's OOM killer (SIGKILL that the time limit did not send), or
-/// a crash at the address-space limit.
+/// Why a run that did not exit 0 ran out of memory, if it did: its peak
+/// above the limit (languages whose runtime holds the limit), Python's
+/// MemoryError (the zygote exits 137 after printing it), the JVM's or V8's
+/// own out-of-memory error, C++'s bad_alloc, the runner's OOM killer
+/// (SIGKILL that the time limit did not send), or a crash at the
+/// address-space limit.
 fn out_of_memory(r: &ZResponse, stderr: &[u8], memory_bytes: u64) -> bool {
     let ends_with = |s: &[u8], t: &[u8]| s.len() >= t.len() && &s[s.len() - t.len()..] == t;
     let contains = |s: &[u8], t: &[u8]| s.windows(t.len()).any(|w| w == t);
-    (r.exit_code == Some(137) && ends_with(stderr, b"MemoryError\n"))
+    r.memory_exceeded
+        || (r.exit_code == Some(137) && ends_with(stderr, b"MemoryError\n"))
+        || contains(stderr, b"java.lang.OutOfMemoryError")
+        || contains(stderr, b"JavaScript heap out of memory")
         || contains(stderr, b"std::bad_alloc")
         || (r.signal == Some(SIGKILL) && !r.timed_out)
         || (matches!(r.signal, Some(SIGABRT | SIGSEGV)) && memory_bytes > 0 && r.peak_memory_kb * 1024 >= memory_bytes / 10 * 9)
@@ -37,6 +42,9 @@ pub fn step_result(r: &ZResponse, memory_bytes: u64) -> (StepResult, Vec<u8>) {
         RunStatus::Timeout
     } else if r.output_exceeded {
         RunStatus::OutputLimit
+    } else if r.memory_exceeded {
+        // Past the limit is past it, even for a run that then succeeded.
+        RunStatus::MemoryLimit
     } else if r.exit_code == Some(0) {
         RunStatus::Ok
     } else if out_of_memory(r, stderr, memory_bytes) {
@@ -97,6 +105,13 @@ mod tests {
         assert_eq!(step_result(&resp(None, Some(6), b"terminate called after throwing an instance of 'std::bad_alloc'"), mem).0.status, RunStatus::MemoryLimit);
         assert_eq!(step_result(&resp(None, Some(9), b""), mem).0.status, RunStatus::MemoryLimit);
         assert_eq!(step_result(&resp(None, Some(11), b""), mem).0.status, RunStatus::RuntimeError);
+        let java = b"Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space\n";
+        assert_eq!(step_result(&resp(Some(1), None, java), mem).0.status, RunStatus::MemoryLimit);
+        let node = b"FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory\n";
+        assert_eq!(step_result(&resp(None, Some(6), node), mem).0.status, RunStatus::MemoryLimit);
+        let mut peaked = resp(Some(0), None, b"");
+        peaked.memory_exceeded = true;
+        assert_eq!(step_result(&peaked, mem).0.status, RunStatus::MemoryLimit, "a run past the limit is MLE even if it exits 0");
         let mut t = resp(None, Some(9), b"");
         t.timed_out = true;
         assert_eq!(step_result(&t, mem).0.status, RunStatus::Timeout);

@@ -38,6 +38,10 @@ pub struct ZResponse {
     pub stderr: String,
     #[serde(default)]
     pub output_exceeded: bool,
+    /// A language whose runtime holds the memory limit (Java, JavaScript,
+    /// Go) peaked above it.
+    #[serde(default)]
+    pub memory_exceeded: bool,
     #[serde(default)]
     pub binary: Option<String>,
     /// Raw parts that follow the line, in order: `["stdout", len]`,

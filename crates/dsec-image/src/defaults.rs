@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use crate::build::{
-    build_image_from_recipe, build_layer_busybox, build_layer_debootstrap_then, precompile_stdcpp,
-    BuildError, BuildOptions, BusyboxRecipe, DebootstrapRecipe,
+    archive_java_classes, build_image_from_recipe, build_layer_busybox, build_layer_debootstrap_then,
+    precompile_stdcpp, BuildError, BuildOptions, BusyboxRecipe, DebootstrapRecipe,
 };
 use crate::manifest::{ImageConfig, LayerKind, Manifest};
 use crate::progress::Progress;
@@ -25,9 +25,11 @@ pub const PYTHON_PACKAGES: &[&str] = &[
 pub const PYTHON_SUITE: &str = "bookworm";
 
 /// Packages of the `judge` image (FnCall runners): the interpreters and
-/// compilers of the languages FnCall serves (python, bash, c, cpp). The
-/// image also carries `<bits/stdc++.h>` precompiled (`build::pch`).
-pub const JUDGE_PACKAGES: &[&str] = &["python3", "gcc", "g++", "libc6-dev"];
+/// compilers of the languages FnCall serves (python, bash, c, cpp, java,
+/// javascript, go). The image also carries `<bits/stdc++.h>` precompiled
+/// (`build::pch`) and class-data-sharing archives for javac and Java
+/// programs (`build::java_cds`).
+pub const JUDGE_PACKAGES: &[&str] = &["python3", "gcc", "g++", "libc6-dev", "openjdk-17-jdk-headless", "nodejs", "golang-go"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DefaultImage {
@@ -53,14 +55,14 @@ impl DefaultImage {
 
     /// The version of the recipe this build of dsec makes the image from.
     /// Raise it when the image's content changes, and setup rebuilds the
-    /// images it made from an older one. 2 for `judge`: the precompiled
-    /// `<bits/stdc++.h>`. Images from before versions were recorded count
+    /// images it made from an older one. `judge`: 2 added the precompiled
+    /// `<bits/stdc++.h>`, 3 a JDK, Node.js and Go. Images from before versions were recorded count
     /// as version 1 only where that is still the version: otherwise
     /// nothing tells them from an image a user built under that name.
     pub fn recipe_version(self) -> u32 {
         match self {
             DefaultImage::Busybox | DefaultImage::Python => 1,
-            DefaultImage::Judge => 2,
+            DefaultImage::Judge => 3,
         }
     }
 
@@ -116,7 +118,12 @@ pub fn build_default_image(
                 recipe.mirror = mirror.to_string();
                 recipe.include = packages.iter().map(|p| p.to_string()).collect();
                 build_layer_debootstrap_then(store, &recipe, &options, progress, |root| {
-                    if which == DefaultImage::Judge { precompile_stdcpp(root, progress) } else { Ok(()) }
+                    if which == DefaultImage::Judge {
+                        precompile_stdcpp(root, progress)?;
+                        archive_java_classes(root, progress)
+                    } else {
+                        Ok(())
+                    }
                 })
             }
         },

@@ -116,7 +116,7 @@ fn default_images_from_debootstrap() {
     // The FnCall runners' image carries the judge's toolchains.
     let judge = env.store.resolve("judge").unwrap();
     let root = env.mounts.mount_image(&judge).unwrap().pop().unwrap();
-    for tool in ["usr/bin/python3", "usr/bin/gcc", "usr/bin/g++", "usr/include/stdio.h", "bin/bash"] {
+    for tool in ["usr/bin/python3", "usr/bin/gcc", "usr/bin/g++", "usr/include/stdio.h", "bin/bash", "usr/bin/javac", "usr/bin/jar", "usr/bin/node", "usr/bin/go"] {
         assert!(root.join(tool).exists(), "judge image lacks {tool}");
     }
     // ... and <bits/stdc++.h> precompiled beside the header (the build
@@ -127,7 +127,15 @@ fn default_images_from_debootstrap() {
         .collect();
     assert_eq!(headers.len(), 2, "{headers:?}");
     assert_eq!(format!("{}.gch", headers.iter().min().unwrap()), *headers.iter().max().unwrap());
-    assert!(files_under(&root.join("tmp")).is_empty());
+    // ... and Java's class-data-sharing archives (the build itself checked
+    // that each JVM maps its own).
+    for archive in [dsec_image::build::JAVAC_CDS_ARCHIVE, dsec_image::build::JAVA_CDS_ARCHIVE] {
+        let len = fs::metadata(root.join(archive.trim_start_matches('/'))).map(|m| m.len()).unwrap_or(0);
+        assert!(len > 1 << 20, "{archive}: {len} bytes");
+    }
+    // Nothing at all in /tmp: not the check's files, nor what the packages'
+    // scripts left (a JDK's postinst leaves /tmp/hsperfdata_root).
+    assert_eq!(fs::read_dir(root.join("tmp")).unwrap().count(), 0);
     for which in DefaultImage::ALL {
         let image = env.store.resolve(which.name()).unwrap();
         assert_eq!(image.manifest.default_recipe, Some(which.recipe_version()), "{}", which.name());

@@ -169,7 +169,7 @@ class DSecClient:
         """Run ``code`` once on a warm runner, or judge it against ``test_cases``.
 
         Args:
-            language: ``python``, ``bash``, ``c`` or ``cpp``.
+            language: ``python``, ``bash``, ``c``, ``cpp``, ``java``, ``javascript`` or ``go``.
             code: the program's source.
             timeout: seconds to wait for the answer (queueing included).
             **options: ``stdin``, ``files`` (path -> bytes or str),

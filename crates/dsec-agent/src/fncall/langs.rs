@@ -1,64 +1,276 @@
 //! The languages a runner serves and how each runs.
+//!
+//! Argument lists may hold placeholders, filled per step (`argv`):
+//! `{FILE}` the source file's name in scratch, `{MAIN}` a Java program's
+//! main class, `{PROG}` the installed compiled program, `{MEM_MB}` the
+//! step's memory limit in MiB (an argument holding it is left out when
+//! the step has no memory limit), `{JAVAC_CDS}` and `{JAVA_CDS}` the judge
+//! image's class-data-sharing archives for javac and for Java programs
+//! (an argument holding one is left out when the image has none).
 
+use super::java_class;
 use super::sys::which;
+use super::PROG_DIR;
+
+/// How a step's memory limit holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MemoryCap {
+    /// RLIMIT_AS: an allocation past the limit fails inside the program
+    /// (MemoryError, bad_alloc, a NULL from malloc).
+    AddressSpace,
+    /// The runtime's own heap limit (its flags or environment, with
+    /// `{MEM_MB}`), and a run whose peak resident memory passed the limit
+    /// is a memory-limit exceedance whatever its exit. The JVM, V8 and Go's
+    /// runtime reserve far more address space than they use (a JVM's code
+    /// cache alone reserves 240 MiB), so an RLIMIT_AS of the limit would
+    /// keep them from starting; the runner's memory cgroup bounds them.
+    Runtime,
+}
 
 pub struct Lang {
     pub name: &'static str,
-    /// The source file's name in scratch.
-    pub file: &'static str,
+    /// The source file's name in scratch (Java: `source_file`).
+    file: &'static str,
     /// The compile step's argv (its program looked up in PATH), for
-    /// compiled languages; the run step then execs the installed program.
-    pub compile: Option<&'static [&'static str]>,
+    /// compiled languages; it leaves the program at scratch/prog.
+    compile: Option<&'static [&'static str]>,
+    /// How a compiled program runs (`{PROG}`): exec'd itself if None.
+    run_compiled: Option<&'static [&'static str]>,
     /// Runs in the zygote's warm interpreter.
     pub python: bool,
-    /// The interpreter that runs `file` otherwise.
-    pub interpreter: Option<&'static str>,
+    /// The argv that runs the source otherwise (interpreted languages).
+    interpreter: Option<&'static [&'static str]>,
+    /// Added to the steps' environment (the request's own variables win).
+    pub env: &'static [(&'static str, &'static str)],
+    pub memory: MemoryCap,
+    /// The program whose presence in the image means it has the language.
+    tool: &'static str,
 }
 
 /// A Python call's file in scratch (the name its tracebacks show).
 pub const PYTHON_FILE: &str = "main.py";
 
-const LANGS: [Lang; 4] = [
-    Lang { name: "python", file: PYTHON_FILE, compile: None, python: true, interpreter: None },
-    Lang { name: "bash", file: "main.sh", compile: None, python: false, interpreter: Some("bash") },
-    Lang { name: "c", file: "main.c", compile: Some(&["gcc", "-O2", "-std=gnu17", "-o", "prog", "main.c", "-lm"]), python: false, interpreter: None },
+/// The judge image's class-data-sharing archives (dsec-image's
+/// `build::java_cds`; a test holds the paths equal): JVMs that map them
+/// start sooner.
+const JAVAC_CDS: &str = "/usr/lib/dsec-judge/javac.jsa";
+const JAVA_CDS: &str = "/usr/lib/dsec-judge/java.jsa";
+
+/// Java's compile step: javac, then the classes packed with their entry
+/// point into one jar at scratch/prog (by Python's zipfile: a `jar` would
+/// start a second JVM), so that the compile cache and the install step
+/// keep one file, as for native programs. Arguments: the source file, the
+/// main class, JAVA_JAR, then javac's extra options. The serial collector
+/// and the client compiler start javac soonest; no JVM of a call writes
+/// its performance counters to /tmp (-XX:-UsePerfData), which would leave
+/// the monitor a file to sweep after every call. The flags are
+/// dsec-image's JAVAC_JVM_FLAGS (javac's archive is made under them).
+const JAVA_COMPILE: &str = "f=$1 m=$2 z=$3; shift 3; \
+     javac -J-XX:+UseSerialGC -J-XX:TieredStopAtLevel=1 -J-XX:-UsePerfData \"$@\" -encoding UTF-8 -d classes \"$f\" \
+     && python3 -I -c \"$z\" \"$m\"";
+
+/// Writes the jar: a manifest naming the main class, then every class
+/// under `classes`, in a fixed order.
+const JAVA_JAR: &str = "import os, sys, zipfile
+with zipfile.ZipFile('prog', 'w', zipfile.ZIP_DEFLATED) as z:
+    z.writestr('META-INF/MANIFEST.MF', 'Manifest-Version: 1.0\\r\\nMain-Class: %s\\r\\n\\r\\n' % sys.argv[1])
+    for d, dirs, files in os.walk('classes'):
+        dirs.sort()
+        for f in sorted(files):
+            z.write(os.path.join(d, f), os.path.relpath(os.path.join(d, f), 'classes'))
+";
+
+const LANGS: [Lang; 7] = [
+    Lang {
+        name: "python",
+        file: PYTHON_FILE,
+        compile: None,
+        run_compiled: None,
+        python: true,
+        interpreter: None,
+        env: &[],
+        memory: MemoryCap::AddressSpace,
+        tool: "python3",
+    },
+    Lang {
+        name: "bash",
+        file: "main.sh",
+        compile: None,
+        run_compiled: None,
+        python: false,
+        interpreter: Some(&["bash", "{FILE}"]),
+        env: &[],
+        memory: MemoryCap::AddressSpace,
+        tool: "bash",
+    },
+    Lang {
+        name: "c",
+        file: "main.c",
+        compile: Some(&["gcc", "-O2", "-std=gnu17", "-o", "prog", "{FILE}", "-lm"]),
+        run_compiled: None,
+        python: false,
+        interpreter: None,
+        env: &[],
+        memory: MemoryCap::AddressSpace,
+        tool: "gcc",
+    },
     // The judge image's precompiled <bits/stdc++.h> is made with exactly
     // these options (dsec-image's CPP_PCH_FLAGS; a test holds them equal).
-    Lang { name: "cpp", file: "main.cpp", compile: Some(&["g++", "-O2", "-std=gnu++17", "-o", "prog", "main.cpp"]), python: false, interpreter: None },
+    Lang {
+        name: "cpp",
+        file: "main.cpp",
+        compile: Some(&["g++", "-O2", "-std=gnu++17", "-o", "prog", "{FILE}"]),
+        run_compiled: None,
+        python: false,
+        interpreter: None,
+        env: &[],
+        memory: MemoryCap::AddressSpace,
+        tool: "g++",
+    },
+    Lang {
+        name: "java",
+        file: "Main.java",
+        compile: Some(&["sh", "-c", JAVA_COMPILE, "javac", "{FILE}", "{MAIN}", JAVA_JAR, "-J-XX:SharedArchiveFile={JAVAC_CDS}"]),
+        // -Xss: deep recursion is common in judge solutions, and the main
+        // thread's default 1 MiB stack is smaller than a C program's 8.
+        // An archive the JVM cannot use is skipped without a word on the
+        // program's stderr (-Xlog:cds).
+        run_compiled: Some(&[
+            "java",
+            "-XX:+UseSerialGC",
+            "-XX:-UsePerfData",
+            "-XX:SharedArchiveFile={JAVA_CDS}",
+            "-Xlog:cds=off,cds+dynamic=off",
+            "-Xss64m",
+            "-Xmx{MEM_MB}m",
+            "-jar",
+            "{PROG}",
+        ]),
+        python: false,
+        interpreter: None,
+        env: &[],
+        memory: MemoryCap::Runtime,
+        tool: "javac",
+    },
+    Lang {
+        name: "javascript",
+        file: "main.js",
+        compile: None,
+        run_compiled: None,
+        python: false,
+        interpreter: Some(&["node", "--max-old-space-size={MEM_MB}", "{FILE}"]),
+        env: &[],
+        memory: MemoryCap::Runtime,
+        tool: "node",
+    },
+    Lang {
+        name: "go",
+        file: "main.go",
+        compile: Some(&["go", "build", "-o", "prog", "{FILE}"]),
+        run_compiled: None,
+        python: false,
+        interpreter: None,
+        // The build's cache is scratch's (HOME), gone with the call; no
+        // module download is ever tried (there is no network anyway). The
+        // run's collector works harder as the heap nears the limit.
+        env: &[("GOPROXY", "off"), ("GOMEMLIMIT", "{MEM_MB}MiB")],
+        memory: MemoryCap::Runtime,
+        tool: "go",
+    },
 ];
 
 impl Lang {
     pub fn named(name: &str) -> Option<&'static Lang> {
         LANGS.iter().find(|l| l.name == name)
     }
+
+    pub fn is_compiled(&self) -> bool {
+        self.compile.is_some()
+    }
+
+    /// The file the source is written to in scratch: for Java, the one
+    /// its public class needs (`java_class`).
+    pub fn source_file(&self, source: &str) -> String {
+        match self.name {
+            "java" => format!("{}.java", java_class::main_class(source)),
+            _ => self.file.to_string(),
+        }
+    }
+
+    /// The compile step's argv, its program found in PATH.
+    pub fn compile_argv(&self, file: &str) -> Option<Vec<String>> {
+        let main = file.strip_suffix(".java").unwrap_or(file);
+        self.compile.map(|argv| resolve(&fill(argv, file, main, 0)))
+    }
+
+    /// The run step's argv: the installed program, the interpreter on
+    /// the source, or None for Python (the warm interpreter).
+    pub fn run_argv(&self, file: &str, memory_bytes: u64) -> Option<Vec<String>> {
+        let prog = format!("{PROG_DIR}/prog");
+        if self.compile.is_some() {
+            return Some(match self.run_compiled {
+                Some(argv) => resolve(&fill(argv, &prog, "", memory_bytes)),
+                None => vec![prog],
+            });
+        }
+        self.interpreter.map(|argv| resolve(&fill(argv, file, "", memory_bytes)))
+    }
+
+    /// The language's own variables for a step with this memory limit.
+    pub fn step_env(&self, memory_bytes: u64) -> impl Iterator<Item = (String, String)> + '_ {
+        self.env.iter().filter_map(move |(k, v)| Some((k.to_string(), fill_one(v, "", "", memory_bytes)?)))
+    }
+
+    /// The RLIMIT_AS a step of this language gets for a limit of
+    /// `memory_bytes` (0: none).
+    pub fn address_space_limit(&self, memory_bytes: u64) -> u64 {
+        match self.memory {
+            MemoryCap::AddressSpace => memory_bytes,
+            MemoryCap::Runtime => 0,
+        }
+    }
+
+    /// Whether a run that peaked at `peak_kb` of resident memory went past
+    /// `memory_bytes`, for a language whose limit RLIMIT_AS does not hold.
+    pub fn exceeded(&self, memory_bytes: u64, peak_kb: u64) -> bool {
+        self.memory == MemoryCap::Runtime && memory_bytes > 0 && peak_kb.saturating_mul(1024) > memory_bytes
+    }
+}
+
+/// `template` with its placeholders filled; an argument that needs
+/// `{MEM_MB}` is left out when there is no memory limit.
+fn fill(template: &[&str], file: &str, main: &str, memory_bytes: u64) -> Vec<String> {
+    template.iter().filter_map(|a| fill_one(a, file, main, memory_bytes)).collect()
+}
+
+fn fill_one(arg: &str, file: &str, main: &str, memory_bytes: u64) -> Option<String> {
+    if arg.contains("{MEM_MB}") && memory_bytes == 0 {
+        return None;
+    }
+    for (name, path) in [("{JAVAC_CDS}", JAVAC_CDS), ("{JAVA_CDS}", JAVA_CDS)] {
+        if arg.contains(name) {
+            // One stat per Java step, against a JVM's ~0.1 s start.
+            return std::path::Path::new(path).exists().then(|| arg.replace(name, path));
+        }
+    }
+    let mb = (memory_bytes >> 20).max(1).to_string();
+    Some(arg.replace("{FILE}", file).replace("{PROG}", file).replace("{MAIN}", main).replace("{MEM_MB}", &mb))
 }
 
 /// The languages this image can run: Python always (the zygote is
 /// Python), the others if their tool is there.
 pub fn available() -> Vec<&'static str> {
-    let mut out = vec!["python"];
-    for (lang, tool) in [("bash", "bash"), ("c", "gcc"), ("cpp", "g++")] {
-        if which(tool).is_some() {
-            out.push(lang);
-        }
-    }
-    out
+    LANGS.iter().filter(|l| l.python || which(l.tool).is_some()).map(|l| l.name).collect()
 }
 
 /// `argv` with its program found in PATH (left as is if not found: the
 /// worker's exec then fails and says so on the call's stderr).
-pub fn resolve(argv: &[&str]) -> Vec<String> {
-    let mut out: Vec<String> = argv.iter().map(|a| a.to_string()).collect();
-    if let Some(p) = which(argv[0]) {
+fn resolve(argv: &[String]) -> Vec<String> {
+    let mut out = argv.to_vec();
+    if let Some(p) = which(&argv[0]) {
         out[0] = p;
     }
     out
-}
-
-/// How an interpreted language other than Python runs its file.
-pub fn interpreter_argv(lang: &Lang) -> Vec<String> {
-    let tool = lang.interpreter.unwrap_or("bash");
-    vec![which(tool).unwrap_or_else(|| format!("/bin/{tool}")), lang.file.to_string()]
 }
 
 #[cfg(test)]
@@ -68,12 +280,51 @@ mod tests {
     #[test]
     fn languages_and_their_steps() {
         assert!(Lang::named("python").unwrap().python);
+        assert!(Lang::named("python").unwrap().run_argv("main.py", 1 << 20).is_none());
         assert_eq!(Lang::named("cpp").unwrap().compile.unwrap()[0], "g++");
-        assert!(Lang::named("java").is_none());
+        assert!(Lang::named("cobol").is_none());
         assert_eq!(available()[0], "python");
-        let argv = interpreter_argv(Lang::named("bash").unwrap());
+        let argv = Lang::named("bash").unwrap().run_argv("main.sh", 0).unwrap();
         assert!(argv[0].ends_with("/bash") && argv[1] == "main.sh", "{argv:?}");
-        assert_eq!(resolve(&["no-such-tool-here", "x"]), vec!["no-such-tool-here", "x"]);
+        assert_eq!(resolve(&["no-such-tool-here".into(), "x".into()]), vec!["no-such-tool-here", "x"]);
+        let c = Lang::named("c").unwrap();
+        assert_eq!(c.run_argv("main.c", 64 << 20).unwrap(), vec![format!("{PROG_DIR}/prog")]);
+        assert_eq!(c.compile_argv("main.c").unwrap()[5], "main.c");
+    }
+
+    #[test]
+    fn managed_runtimes_get_their_limit_as_flags_not_as_address_space() {
+        let java = Lang::named("java").unwrap();
+        let run = java.run_argv("Main.java", 256 << 20).unwrap();
+        assert!(run.contains(&"-Xmx256m".to_string()) && run.last().unwrap() == &format!("{PROG_DIR}/prog"), "{run:?}");
+        assert!(!java.run_argv("Main.java", 0).unwrap().iter().any(|a| a.starts_with("-Xmx")));
+        assert_eq!(java.address_space_limit(256 << 20), 0);
+        assert_eq!(Lang::named("c").unwrap().address_space_limit(256 << 20), 256 << 20);
+        let compile = java.compile_argv("Solution.java").unwrap();
+        assert_eq!(&compile[4..6], ["Solution.java", "Solution"], "{compile:?}");
+        assert_eq!(java.source_file("public class Solution {}"), "Solution.java");
+        let node = Lang::named("javascript").unwrap().run_argv("main.js", 100 << 20).unwrap();
+        assert_eq!(&node[1..], ["--max-old-space-size=100", "main.js"]);
+        let go_env: Vec<_> = Lang::named("go").unwrap().step_env(64 << 20).collect();
+        assert!(go_env.contains(&("GOMEMLIMIT".into(), "64MiB".into())), "{go_env:?}");
+        assert!(!Lang::named("go").unwrap().step_env(0).any(|(k, _)| k == "GOMEMLIMIT"));
+        assert!(java.exceeded(64 << 20, 70_000) && !java.exceeded(64 << 20, 60_000) && !java.exceeded(0, 1 << 30));
+        assert!(!Lang::named("c").unwrap().exceeded(64 << 20, 70_000), "RLIMIT_AS holds C's limit");
+    }
+
+    /// The archives the judge image's build makes are the ones Java steps
+    /// look for, made under the options javac runs with.
+    #[test]
+    fn java_steps_use_the_judge_images_class_archives() {
+        assert_eq!((JAVAC_CDS, JAVA_CDS), (dsec_image::build::JAVAC_CDS_ARCHIVE, dsec_image::build::JAVA_CDS_ARCHIVE));
+        for flag in dsec_image::build::JAVAC_JVM_FLAGS {
+            assert!(JAVA_COMPILE.contains(&format!("{flag} ")), "{flag}");
+        }
+        // Left out where the image has none (this host).
+        if !std::path::Path::new(JAVA_CDS).exists() {
+            let run = Lang::named("java").unwrap().run_argv("Main.java", 1 << 20).unwrap();
+            assert!(!run.iter().any(|a| a.contains("SharedArchiveFile")), "{run:?}");
+        }
     }
 
     /// The judge image's precompiled <bits/stdc++.h> is used only by a
@@ -81,7 +332,7 @@ mod tests {
     #[test]
     fn cpp_compiles_with_the_options_of_the_judge_images_precompiled_header() {
         let argv = Lang::named("cpp").unwrap().compile.unwrap();
-        let options: Vec<&str> = argv[1..].iter().copied().filter(|a| !["-o", "prog", "main.cpp"].contains(a)).collect();
+        let options: Vec<&str> = argv[1..].iter().copied().filter(|a| !["-o", "prog", "{FILE}"].contains(a)).collect();
         assert_eq!(options, dsec_image::build::CPP_PCH_FLAGS);
     }
 }

@@ -31,6 +31,7 @@ mod cleanup;
 mod compiler;
 mod edge_link;
 mod ipc;
+mod java_class;
 mod landlock;
 mod langs;
 mod marshal;
@@ -194,33 +195,28 @@ impl Monitor {
         cleaned.and(served)
     }
 
-    fn call(&mut self, req: &Request<'_>, lang: &'static Lang, compile: bool, limits: &request::Limits, written: &mut Vec<&'static str>) -> Result<(Answer, Vec<Part>), Failure> {
+    fn call(&mut self, req: &Request<'_>, lang: &'static Lang, compile: bool, limits: &request::Limits, written: &mut Vec<String>) -> Result<(Answer, Vec<Part>), Failure> {
         let mut files = Vec::new();
         for (name, content) in &req.files {
             files.push((name.clone(), unb64(&format!("file {name:?}"), content)?));
         }
         scratch::write_files(&files).map_err(answerable)?;
         let source = req.code.as_bytes();
-        let src_path = format!("{SCRATCH}/{}", lang.file);
-        if compile || lang.compile.is_none() {
+        let file = lang.source_file(&req.code);
+        let src_path = format!("{SCRATCH}/{file}");
+        if compile || !lang.is_compiled() {
             scratch::write_new(&src_path, source, 0o644).map_err(|e| Failure::Answer(format!("writing {src_path}: {e}")))?;
-            written.push(lang.file);
+            written.push(file.clone());
         }
         let stdin = unb64("stdin", &req.stdin)?;
         // Made before the compiler's answer is needed: more time for it to
         // finish on the other core, so less waiting for it here.
         let stdio = worker::Stdio::new(&stdin).map_err(|e| Failure::Answer(format!("memfd: {e}")))?;
         let code;
-        let program = match (compile, lang.compile) {
-            (true, None) => return Err(Failure::Answer(format!("{} has no compile step", lang.name))),
-            (true, Some(argv)) => Program::Exec { argv: langs::resolve(argv) },
-            (false, Some(_)) => {
-                if !scratch::program_installed() {
-                    return Err(answerable("no compiled program installed"));
-                }
-                Program::Exec { argv: vec![format!("{PROG_DIR}/prog")] }
-            }
-            (false, None) if lang.python => match self.compiler.result().map_err(Failure::Fatal)? {
+        let program = if compile {
+            Program::Exec { argv: lang.compile_argv(&file).ok_or_else(|| answerable(format!("{} has no compile step", lang.name)))? }
+        } else if lang.python {
+            match self.compiler.result().map_err(Failure::Fatal)? {
                 Compiled::Code(c) => {
                     code = c;
                     Program::Python { path: &src_path, code: Some(&code) }
@@ -228,20 +224,35 @@ impl Monitor {
                 Compiled::InWorker => Program::Python { path: &src_path, code: None },
                 // What `python3 main.py` prints and returns; no worker needed.
                 Compiled::SyntaxError(text) => return syntax_error(text, limits.output_bytes),
-            },
-            (false, None) => Program::Exec { argv: langs::interpreter_argv(lang) },
+            }
+        } else {
+            if lang.is_compiled() && !scratch::program_installed() {
+                return Err(answerable("no compiled program installed"));
+            }
+            let argv = lang.run_argv(&file, limits.memory_bytes).ok_or_else(|| answerable(format!("{} cannot run", lang.name)))?;
+            Program::Exec { argv }
+        };
+        // The language's variables (Go's memory limit...), then the call's;
+        // most languages have none, and their calls copy nothing.
+        let env = if lang.env.is_empty() {
+            std::borrow::Cow::Borrowed(&req.env)
+        } else {
+            let mut env: std::collections::BTreeMap<String, String> = lang.step_env(limits.memory_bytes).collect();
+            env.extend(req.env.iter().map(|(k, v)| (k.clone(), v.clone())));
+            std::borrow::Cow::Owned(env)
         };
         let step = Step {
             program,
-            env: &req.env,
+            env: env.as_ref(),
             time_ms: limits.time_ms,
-            memory_bytes: limits.memory_bytes,
+            memory_bytes: lang.address_space_limit(limits.memory_bytes),
             file_bytes: limits.file_bytes,
             output_bytes: limits.output_bytes,
         };
         let msg = worker::message(&step).map_err(Failure::Answer)?;
         let done = worker::run(&mut self.zygote, &self.family, &msg, stdio, step.time_ms).map_err(Failure::Fatal)?;
         let mut outcome = done.outcome;
+        outcome.memory_exceeded = lang.exceeded(limits.memory_bytes, outcome.peak_memory_kb);
         let mut parts = Vec::new();
         let mut raw = Vec::new();
         for (name, fd) in [("stdout", done.stdout), ("stderr", done.stderr)] {
@@ -275,7 +286,7 @@ impl Monitor {
     }
 
     /// What every call ends with, whatever happened to it.
-    fn clean_up(&mut self, written: &[&str]) -> Result<(), Failure> {
+    fn clean_up(&mut self, written: &[String]) -> Result<(), Failure> {
         if self.watch.changed() && !sweep::remove_owned(&self.sweep) {
             self.watch.give_up();
         }

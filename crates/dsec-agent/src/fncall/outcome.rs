@@ -19,6 +19,10 @@ pub struct Outcome {
     /// The output passed its limit (SIGXFSZ here; the monitor also sets it
     /// when a memfd holds more than the limit).
     pub output_exceeded: bool,
+    /// A language whose memory limit RLIMIT_AS does not hold (langs.rs
+    /// MemoryCap::Runtime) peaked above it.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub memory_exceeded: bool,
     /// A process of the call would not die (the edge retires the runner).
     #[serde(skip_serializing_if = "std::ops::Not::not")]
     pub unclean: bool,
@@ -41,6 +45,7 @@ pub fn outcome(end: &WorkerEnd, timed_out: bool, wall: Duration) -> Outcome {
         cpu_ms: (end.utime_s + end.stime_s) * 1000.0,
         peak_memory_kb: end.maxrss_kb,
         output_exceeded: signal == Some(libc::SIGXFSZ),
+        memory_exceeded: false,
         unclean: false,
     }
 }

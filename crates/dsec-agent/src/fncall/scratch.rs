@@ -92,7 +92,7 @@ pub fn open_beneath(rel: &str) -> io::Result<OwnedFd> {
 /// directory takes a system call each; a failure of either (something
 /// else is there, or a name became a directory) takes remove_dir_all,
 /// which never follows symbolic links either.
-pub fn remove(written: &[&str]) {
+pub fn remove(written: &[String]) {
     let fast = written.iter().all(|name| rustix::fs::unlink(format!("{SCRATCH}/{name}").as_str()).is_ok());
     if fast && rustix::fs::rmdir(SCRATCH).is_ok() {
         return;
@@ -100,8 +100,9 @@ pub fn remove(written: &[&str]) {
     let _ = std::fs::remove_dir_all(SCRATCH);
 }
 
-/// Replaces the installed compiled program (BASE/prog/prog, executable by
-/// the call user, writable by nobody but root).
+/// Replaces the installed compiled program (BASE/prog/prog, executable and
+/// readable by the call user, whose own program it is: a JVM reads its
+/// jar; writable by nobody but root).
 pub fn install_program(data: &[u8]) -> Result<(), String> {
     let path = format!("{PROG_DIR}/prog");
     let _ = std::fs::remove_dir_all(PROG_DIR);
@@ -109,12 +110,12 @@ pub fn install_program(data: &[u8]) -> Result<(), String> {
     let written = std::fs::OpenOptions::new()
         .write(true)
         .create_new(true)
-        .mode(0o711)
+        .mode(0o755)
         .open(&path)
         .and_then(|mut f| {
             use std::io::Write;
             f.write_all(data)?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o711))
+            f.set_permissions(std::fs::Permissions::from_mode(0o755))
         });
     written.map_err(|e| context("installing", &path, e))
 }

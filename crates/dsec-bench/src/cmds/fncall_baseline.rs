@@ -28,6 +28,14 @@ pub struct BaselineArgs {
     pub python: String,
     #[arg(long, default_value = "g++")]
     pub cxx: String,
+    /// The JDK's bin directory's `javac` and `java` (run as a judge would:
+    /// javac, then `java -cp . Main`).
+    #[arg(long, default_value = "javac")]
+    pub javac: String,
+    #[arg(long, default_value = "java")]
+    pub java: String,
+    #[arg(long, default_value = "node")]
+    pub node: String,
     /// Programs running at once (more calls wait), like a worker pool.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
@@ -69,6 +77,24 @@ async fn run_program(cmd: &mut tokio::process::Command, stdin: &[u8], limit: Dur
     }
 }
 
+/// A compile step in the call's directory; whether it succeeded.
+async fn compile_step(argv: &[&str], dir: &std::path::Path) -> anyhow::Result<bool> {
+    let (code, _, timed_out) = run_program(
+        tokio::process::Command::new(argv[0])
+            .args(&argv[1..])
+            .current_dir(dir)
+            // The compiler's temporary files go with the call's
+            // directory: a request dropped mid-compile (the client
+            // gone) kills only the driver, whose own cleanup of
+            // /tmp never runs.
+            .env("TMPDIR", dir),
+        b"",
+        Duration::from_secs(60),
+    )
+    .await?;
+    Ok(code == Some(0) && !timed_out)
+}
+
 fn tokens(b: &[u8]) -> Vec<&[u8]> {
     b.split(|c| c.is_ascii_whitespace()).filter(|t| !t.is_empty()).collect()
 }
@@ -95,25 +121,24 @@ async fn serve(st: &Baseline, req: &FnCallRequest) -> anyhow::Result<Value> {
         }
         "cpp" => {
             std::fs::write(dir.path().join("main.cpp"), &req.code)?;
-            let (code, _, timed_out) = run_program(
-                tokio::process::Command::new(&st.args.cxx)
-                    .args(["-O2", "-std=gnu++17", "-o", "prog", "main.cpp"])
-                    .current_dir(dir.path())
-                    // The compiler's temporary files go with the call's
-                    // directory: a request dropped mid-compile (the client
-                    // gone) kills only the driver, whose own cleanup of
-                    // /tmp never runs.
-                    .env("TMPDIR", dir.path()),
-                b"",
-                Duration::from_secs(60),
-            )
-            .await?;
-            if code != Some(0) || timed_out {
+            let compile = [st.args.cxx.as_str(), "-O2", "-std=gnu++17", "-o", "prog", "main.cpp"];
+            if !compile_step(&compile, dir.path()).await? {
                 return Ok(json!({"status": "compile_error"}));
             }
             vec![dir.path().join("prog").display().to_string()]
         }
-        other => anyhow::bail!("the baseline runs python and cpp, not {other}"),
+        "java" => {
+            std::fs::write(dir.path().join("Main.java"), &req.code)?;
+            if !compile_step(&[st.args.javac.as_str(), "-encoding", "UTF-8", "Main.java"], dir.path()).await? {
+                return Ok(json!({"status": "compile_error"}));
+            }
+            vec![st.args.java.clone(), "-cp".into(), ".".into(), "Main".into()]
+        }
+        "javascript" => {
+            std::fs::write(dir.path().join("main.js"), &req.code)?;
+            vec![st.args.node.clone(), "main.js".into()]
+        }
+        other => anyhow::bail!("the baseline runs python, cpp, java and javascript, not {other}"),
     };
     let cases: Vec<(String, Option<String>)> = if req.test_cases.is_empty() {
         vec![(req.stdin.clone().unwrap_or_default(), None)]

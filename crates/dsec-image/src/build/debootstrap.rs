@@ -121,8 +121,12 @@ pub(crate) fn debootstrap_tree(recipe: &DebootstrapRecipe, root: &Path, progress
 
 /// What the image does not need at run time: downloaded .debs, apt's binary
 /// caches and package lists (an `apt-get update` in the sandbox restores
-/// them), and every log the installation wrote.
+/// them), every log the installation wrote, and whatever the packages'
+/// scripts left in the temporary directories (a JDK's postinst runs java,
+/// which leaves `/tmp/hsperfdata_root`).
 fn clean(root: &Path) -> Result<(), BuildError> {
+    empty_dir(&root.join("tmp"))?;
+    empty_dir(&root.join("var/tmp"))?;
     let cache = root.join("var/cache/apt");
     remove_files(&cache.join("archives"), true, |_| true)?;
     remove_files(&cache, false, |name| name.ends_with(".bin"))?;
@@ -137,27 +141,47 @@ fn clean(root: &Path) -> Result<(), BuildError> {
     Ok(())
 }
 
+/// Deletes every entry of `dir` (never following a symbolic link); `dir`
+/// itself stays.
+fn empty_dir(dir: &Path) -> Result<(), BuildError> {
+    for (path, kind) in entries(dir)? {
+        let removed = if kind.is_dir() { fs::remove_dir_all(&path) } else { fs::remove_file(&path) };
+        removed.map_err(io_err("removing", &path))?;
+    }
+    Ok(())
+}
+
 /// Deletes non-directory entries of `dir` whose name `matches` (the
 /// directory layout itself stays: apt and dpkg expect it).
 fn remove_files(dir: &Path, recursive: bool, matches: fn(&str) -> bool) -> Result<(), BuildError> {
-    let entries = match fs::read_dir(dir) {
-        Ok(e) => e,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(io_err("listing", dir)(e)),
-    };
-    for entry in entries {
-        let entry = entry.map_err(io_err("listing", dir))?;
-        let path = entry.path();
-        let kind = entry.file_type().map_err(io_err("reading", &path))?;
+    for (path, kind) in entries(dir)? {
         if kind.is_dir() {
             if recursive {
                 remove_files(&path, true, matches)?;
             }
-        } else if entry.file_name().to_str().is_some_and(matches) {
+        } else if path.file_name().and_then(|n| n.to_str()).is_some_and(matches) {
             fs::remove_file(&path).map_err(io_err("removing", &path))?;
         }
     }
     Ok(())
+}
+
+/// The entries of `dir` and their types (not following symbolic links);
+/// none if it does not exist.
+fn entries(dir: &Path) -> Result<Vec<(std::path::PathBuf, fs::FileType)>, BuildError> {
+    let listing = match fs::read_dir(dir) {
+        Ok(e) => e,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(io_err("listing", dir)(e)),
+    };
+    let mut out = Vec::new();
+    for entry in listing {
+        let entry = entry.map_err(io_err("listing", dir))?;
+        let path = entry.path();
+        let kind = entry.file_type().map_err(io_err("reading", &path))?;
+        out.push((path, kind));
+    }
+    Ok(out)
 }
 
 #[cfg(test)]
@@ -195,6 +219,8 @@ mod tests {
             "var/cache/apt/archives/partial",
             "var/lib/apt/lists/partial",
             "var/log/apt",
+            "tmp/hsperfdata_root",
+            "var/tmp",
         ] {
             fs::create_dir_all(r.join(dir)).unwrap();
         }
@@ -206,10 +232,16 @@ mod tests {
             "var/lib/apt/lists/deb.debian.org_Packages",
             "var/log/dpkg.log",
             "var/log/apt/history.log",
+            "tmp/hsperfdata_root/123",
+            "var/tmp/x",
         ] {
             fs::write(r.join(file), "x").unwrap();
         }
+        std::os::unix::fs::symlink("/etc", r.join("tmp/link")).unwrap();
         clean(r).unwrap();
+        for dir in ["tmp", "var/tmp"] {
+            assert_eq!(fs::read_dir(r.join(dir)).unwrap().count(), 0, "{dir} is emptied");
+        }
         assert!(r.join("var/lib/apt/lists/lock").exists());
         assert!(r.join("var/lib/apt/lists/partial").is_dir());
         assert!(r.join("var/cache/apt/archives/partial").is_dir());

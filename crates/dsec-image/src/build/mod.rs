@@ -17,6 +17,7 @@ mod busybox;
 mod dax;
 mod debootstrap;
 mod dir;
+mod java_cds;
 mod mkfs;
 mod pch;
 mod tar;
@@ -28,6 +29,8 @@ pub use dax::build_dax_image;
 pub use debootstrap::{build_layer_debootstrap, DebootstrapRecipe, DEFAULT_MIRROR};
 pub(crate) use debootstrap::{build_layer_debootstrap_then, debootstrap_tree};
 pub use dir::build_layer_from_dir;
+pub use java_cds::{JAVAC_CDS_ARCHIVE, JAVAC_JVM_FLAGS, JAVA_CDS_ARCHIVE};
+pub(crate) use java_cds::archive_java_classes;
 pub use pch::CPP_PCH_FLAGS;
 pub(crate) use pch::precompile_stdcpp;
 pub use tar::build_layer_from_tar;
@@ -65,6 +68,8 @@ pub enum BuildError {
     BadApplet(String),
     #[error("precompiling <bits/stdc++.h>: {0}")]
     PrecompiledHeader(String),
+    #[error("archiving Java's classes: {0}")]
+    JavaCds(String),
     #[error("disk full while building ({0})")]
     DiskFull(String),
     #[error("{context} {path}: {source}")]

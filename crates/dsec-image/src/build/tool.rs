@@ -32,6 +32,12 @@ pub(crate) const CHROOT: Tool = Tool {
     name: "chroot",
     package: "coreutils",
 };
+/// Gives a command in a tree being built a private mount namespace (for
+/// its /proc; the judge image's Java archives).
+pub(crate) const UNSHARE: Tool = Tool {
+    name: "unshare",
+    package: "util-linux",
+};
 pub(crate) const APT_GET: Tool = Tool {
     name: "apt-get",
     package: "apt",
