@@ -38,10 +38,13 @@ fn out_of_memory(r: &ZResponse, stderr: &[u8], memory_bytes: u64) -> bool {
 /// The step's outcome, with outputs decoded (invalid UTF-8 replaced).
 pub fn step_result(r: &ZResponse, memory_bytes: u64) -> (StepResult, Vec<u8>) {
     let (stdout, stderr) = (r.out.clone(), &r.err);
-    let status = if r.timed_out {
-        RunStatus::Timeout
-    } else if r.output_exceeded {
+    // Output past the limit first: a runtime that ignores SIGXFSZ (a JVM,
+    // Node.js, Go) goes on after its writes fail, and may then run out of
+    // time too.
+    let status = if r.output_exceeded {
         RunStatus::OutputLimit
+    } else if r.timed_out {
+        RunStatus::Timeout
     } else if r.memory_exceeded {
         // Past the limit is past it, even for a run that then succeeded.
         RunStatus::MemoryLimit
@@ -118,5 +121,7 @@ mod tests {
         let mut o = resp(None, Some(25), b"");
         o.output_exceeded = true;
         assert_eq!(step_result(&o, mem).0.status, RunStatus::OutputLimit);
+        o.timed_out = true;
+        assert_eq!(step_result(&o, mem).0.status, RunStatus::OutputLimit, "output past the limit, then out of time");
     }
 }

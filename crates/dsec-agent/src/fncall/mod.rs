@@ -250,7 +250,7 @@ impl Monitor {
             output_bytes: limits.output_bytes,
         };
         let msg = worker::message(&step).map_err(Failure::Answer)?;
-        let done = worker::run(&mut self.zygote, &self.family, &msg, stdio, step.time_ms).map_err(Failure::Fatal)?;
+        let done = worker::run(&mut self.zygote, &self.family, &msg, stdio, step.time_ms, step.output_bytes).map_err(Failure::Fatal)?;
         let mut outcome = done.outcome;
         outcome.memory_exceeded = lang.exceeded(limits.memory_bytes, outcome.peak_memory_kb);
         let mut parts = Vec::new();

@@ -104,10 +104,26 @@ pub fn message(step: &Step<'_>) -> Result<Vec<u8>, String> {
     Ok(msg)
 }
 
+/// How long a call that has not ended runs between two looks at the size
+/// of its output: a program that ignores SIGXFSZ (a JVM, Node.js and Go's
+/// runtime all do) goes on after its writes start failing, and would
+/// otherwise burn its whole time limit. Most calls end long before the
+/// first look.
+const OUTPUT_CHECK_EVERY: Duration = Duration::from_millis(50);
+
+/// How the wait for a worker's end ended.
+#[derive(Debug, PartialEq)]
+enum Wait {
+    Ended,
+    TimedOut,
+    /// Its stdout or stderr grew past the output limit.
+    OutputExceeded,
+}
+
 /// Runs one step in the pre-forked worker (`msg`, from `message`, with
 /// `stdio`); the outputs stay in their memfds. Err means the runner is
 /// broken (the zygote is gone, or we cannot act as the call user).
-pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_ms: u64) -> Result<Finished, String> {
+pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_ms: u64, output_bytes: u64) -> Result<Finished, String> {
     let Stdio { stdin, stdout, stderr } = stdio;
     let t0 = Instant::now();
     // The zygote forked the worker that receives this after the previous
@@ -120,12 +136,14 @@ pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_
     }
     sendmsg(&zygote.cmd, &[IoSlice::new(msg)], &mut anc, SendFlags::NOSIGNAL).map_err(|e| format!("handing the call to the worker: {e}"))?;
     drop(stdin);
-    let timed_out = !wait_readable(&zygote.reports, Duration::from_millis(time_ms))?;
-    if timed_out {
+    let over = || [&stdout, &stderr].iter().any(|fd| rustix::fs::fstat(fd).is_ok_and(|st| st.st_size as u64 > output_bytes));
+    let waited = wait_for_end(&zygote.reports, Duration::from_millis(time_ms), over)?;
+    if waited != Wait::Ended {
         kill_all_of_call_user()?;
     }
     let end = zygote.reports.worker_end()?;
-    let mut result = outcome(&end, timed_out, t0.elapsed());
+    let mut result = outcome(&end, waited == Wait::TimedOut, t0.elapsed());
+    result.output_exceeded |= waited == Wait::OutputExceeded;
     let clean = family.only_helpers_left(end.strays) || family.kill_call_processes()?;
     if end.strays {
         // Killed now: the zygote may reap them and fork the next worker.
@@ -135,25 +153,29 @@ pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_
     Ok(Finished { outcome: result, stdout, stderr })
 }
 
-/// Whether the zygote's next report can be read within `limit`.
-fn wait_readable(reports: &Reports, limit: Duration) -> Result<bool, String> {
+/// Waits until the zygote's next report can be read, at most `limit`,
+/// looking every OUTPUT_CHECK_EVERY whether `over_output`.
+fn wait_for_end(reports: &Reports, limit: Duration, over_output: impl Fn() -> bool) -> Result<Wait, String> {
     if reports.has_line() {
-        return Ok(true);
+        return Ok(Wait::Ended);
     }
     let deadline = Instant::now() + limit;
     loop {
         let left = deadline.saturating_duration_since(Instant::now());
         // Rounded up: never wake before the limit.
-        let ms = left.as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
+        let ms = left.min(OUTPUT_CHECK_EVERY).as_micros().div_ceil(1000).min(i32::MAX as u128) as i32;
         let mut pfd = libc::pollfd { fd: reports.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
         // SAFETY: one pollfd, which lives across the call.
         let n = unsafe { libc::poll(&mut pfd, 1, ms) };
         if n > 0 {
-            return Ok(true);
+            return Ok(Wait::Ended);
         }
         if n == 0 {
+            if over_output() {
+                return Ok(Wait::OutputExceeded);
+            }
             if Instant::now() >= deadline {
-                return Ok(false);
+                return Ok(Wait::TimedOut);
             }
             continue;
         }

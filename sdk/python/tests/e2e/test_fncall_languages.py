@@ -65,6 +65,9 @@ async def test_java_verdicts_compile_cache_and_memory(languages_server: Server) 
     mle = await fncall(srv, "java", "public class Main { public static void main(String[] a) { long[] x = new long[100_000_000]; System.out.println(x.length); } }",
                        memory_limit_mb=64, test_cases=[TestCase("", "")])
     assert mle.verdict == "MLE" and "OutOfMemoryError" in mle.cases[0].run.stderr, mle
+    spam = await fncall(srv, "java", 'public class Main { public static void main(String[] a) { while (true) System.out.println("spam"); } }',
+                        time_limit=10, output_limit_bytes=4096, test_cases=[TestCase("", "")])
+    assert spam.verdict == "OLE" and spam.cases[0].run.duration_ms < 5000, spam
     # No JVM of a call leaves a file behind (its perf data file is off), and
     # nothing of an earlier call is in /tmp.
     tmp = await fncall(srv, "java", "class Main { public static void main(String[] a) { System.out.print(String.join(\",\", new java.io.File(\"/tmp\").list())); } }")
@@ -85,6 +88,12 @@ async def test_javascript_stdin_errors_and_memory(languages_server: Server) -> N
     hog = "const a = []; for (;;) a.push(new Array(1e6).fill(1.5));"
     mle = await fncall(srv, "javascript", hog, memory_limit_mb=64, test_cases=[TestCase("", "")])
     assert mle.verdict == "MLE", mle
+    # Node.js ignores SIGXFSZ, so its writes past the output limit fail and
+    # it goes on: the monitor sees the output's size and ends it, long
+    # before the time limit.
+    spam = await fncall(srv, "javascript", "for (;;) console.log('spam');", time_limit=10, output_limit_bytes=4096,
+                        test_cases=[TestCase("", "")])
+    assert spam.verdict == "OLE" and spam.cases[0].run.duration_ms < 5000, spam
     after = await fncall(srv, "javascript", "console.log(process.version.startsWith('v'))")
     assert after.ok and after.stdout == "true\n", after
 
@@ -118,6 +127,9 @@ async def test_go_verdicts_and_a_peak_past_the_limit(languages_server: Server) -
     hog = "package main\nfunc main() {\n\tb := make([]byte, 200<<20)\n\tfor i := range b { b[i] = 1 }\n\tprintln(len(b))\n}\n"
     mle = await fncall(srv, "go", hog, memory_limit_mb=64, test_cases=[TestCase("", "")])
     assert mle.verdict == "MLE" and mle.cases[0].run.peak_memory_kb > 64 * 1024, mle
+    spam = await fncall(srv, "go", 'package main\nimport "fmt"\nfunc main() { for { fmt.Println("spam") } }\n',
+                        time_limit=10, output_limit_bytes=4096, test_cases=[TestCase("", "")])
+    assert spam.verdict == "OLE" and spam.cases[0].run.duration_ms < 5000, spam
     ok = await fncall(srv, "go", GO_ADD, test_cases=[TestCase("1 2", "3 256MiB")])
     assert ok.verdict == "AC" and ok.compile_cached, ok
 
