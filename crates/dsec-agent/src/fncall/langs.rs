@@ -188,18 +188,22 @@ impl Lang {
         self.compile.is_some()
     }
 
-    /// The file the source is written to in scratch: for Java, the one
-    /// its public class needs (`java_class`).
-    pub fn source_file(&self, source: &str) -> String {
+    /// The file the source is written to in scratch and the program's
+    /// entry point: for Java, the file its public class needs and that
+    /// class in its package (`java_class`); for the others, their file
+    /// and nothing.
+    pub fn source_file(&self, source: &str) -> (String, String) {
         match self.name {
-            "java" => format!("{}.java", java_class::main_class(source)),
-            _ => self.file.to_string(),
+            "java" => {
+                let main = java_class::main_class(source);
+                (format!("{}.java", main.class), main.qualified)
+            }
+            _ => (self.file.to_string(), String::new()),
         }
     }
 
     /// The compile step's argv, its program found in PATH.
-    pub fn compile_argv(&self, file: &str) -> Option<Vec<String>> {
-        let main = file.strip_suffix(".java").unwrap_or(file);
+    pub fn compile_argv(&self, file: &str, main: &str) -> Option<Vec<String>> {
         self.compile.map(|argv| resolve(&fill(argv, file, main, 0)))
     }
 
@@ -289,7 +293,7 @@ mod tests {
         assert_eq!(resolve(&["no-such-tool-here".into(), "x".into()]), vec!["no-such-tool-here", "x"]);
         let c = Lang::named("c").unwrap();
         assert_eq!(c.run_argv("main.c", 64 << 20).unwrap(), vec![format!("{PROG_DIR}/prog")]);
-        assert_eq!(c.compile_argv("main.c").unwrap()[5], "main.c");
+        assert_eq!(c.compile_argv("main.c", "").unwrap()[5], "main.c");
     }
 
     #[test]
@@ -300,9 +304,10 @@ mod tests {
         assert!(!java.run_argv("Main.java", 0).unwrap().iter().any(|a| a.starts_with("-Xmx")));
         assert_eq!(java.address_space_limit(256 << 20), 0);
         assert_eq!(Lang::named("c").unwrap().address_space_limit(256 << 20), 256 << 20);
-        let compile = java.compile_argv("Solution.java").unwrap();
-        assert_eq!(&compile[4..6], ["Solution.java", "Solution"], "{compile:?}");
-        assert_eq!(java.source_file("public class Solution {}"), "Solution.java");
+        let (file, main) = java.source_file("package a.b;\npublic class Solution {}");
+        assert_eq!((file.as_str(), main.as_str()), ("Solution.java", "a.b.Solution"));
+        let compile = java.compile_argv(&file, &main).unwrap();
+        assert_eq!(&compile[4..6], ["Solution.java", "a.b.Solution"], "{compile:?}");
         let node = Lang::named("javascript").unwrap().run_argv("main.js", 100 << 20).unwrap();
         assert_eq!(&node[1..], ["--max-old-space-size=100", "main.js"]);
         let go_env: Vec<_> = Lang::named("go").unwrap().step_env(64 << 20).collect();

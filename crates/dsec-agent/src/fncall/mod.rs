@@ -202,7 +202,7 @@ impl Monitor {
         }
         scratch::write_files(&files).map_err(answerable)?;
         let source = req.code.as_bytes();
-        let file = lang.source_file(&req.code);
+        let (file, main) = lang.source_file(&req.code);
         let src_path = format!("{SCRATCH}/{file}");
         if compile || !lang.is_compiled() {
             scratch::write_new(&src_path, source, 0o644).map_err(|e| Failure::Answer(format!("writing {src_path}: {e}")))?;
@@ -214,7 +214,7 @@ impl Monitor {
         let stdio = worker::Stdio::new(&stdin).map_err(|e| Failure::Answer(format!("memfd: {e}")))?;
         let code;
         let program = if compile {
-            Program::Exec { argv: lang.compile_argv(&file).ok_or_else(|| answerable(format!("{} has no compile step", lang.name)))? }
+            Program::Exec { argv: lang.compile_argv(&file, &main).ok_or_else(|| answerable(format!("{} has no compile step", lang.name)))? }
         } else if lang.python {
             match self.compiler.result().map_err(Failure::Fatal)? {
                 Compiled::Code(c) => {

@@ -56,6 +56,10 @@ async def test_java_verdicts_compile_cache_and_memory(languages_server: Server) 
     # A class named Main without `public` is the entry point too.
     plain = await fncall(srv, "java", "class Main { public static void main(String[] a) { System.out.print(\"hi\"); } }")
     assert plain.ok and plain.stdout == "hi", plain
+    # ... and one in a package, by its binary name.
+    pkg = await fncall(srv, "java", "package judge.sol;\npublic class Solution { public static void main(String[] a) {"
+                       " System.out.print(Solution.class.getName()); } }")
+    assert pkg.ok and pkg.stdout == "judge.sol.Solution", pkg
     ce = await fncall(srv, "java", JAVA_ADD.replace("in.nextLong(),", "in.nextLong()"), test_cases=ADD_CASES)
     assert ce.verdict == "CE" and "error" in ce.compile.stderr, ce
     re_ = await fncall(srv, "java", "public class Main { public static void main(String[] a) { throw new IllegalStateException(\"boom\"); } }",
