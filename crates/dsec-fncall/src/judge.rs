@@ -17,17 +17,15 @@ pub fn unb64(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()
 }
 
-/// Why a run that did not exit 0 ran out of memory, if it did: its peak
-/// above the limit (languages whose runtime holds the limit), Python's
-/// MemoryError (the zygote exits 137 after printing it), the JVM's or V8's
+/// Why a run that did not exit 0 ran out of memory, if it did (a peak past
+/// the limit was already found by step_result): Python's MemoryError (the zygote exits 137 after printing it), the JVM's or V8's
 /// own out-of-memory error, C++'s bad_alloc, the runner's OOM killer
 /// (SIGKILL that the time limit did not send), or a crash at the
 /// address-space limit.
 fn out_of_memory(r: &ZResponse, stderr: &[u8], memory_bytes: u64) -> bool {
     let ends_with = |s: &[u8], t: &[u8]| s.len() >= t.len() && &s[s.len() - t.len()..] == t;
     let contains = |s: &[u8], t: &[u8]| s.windows(t.len()).any(|w| w == t);
-    r.memory_exceeded
-        || (r.exit_code == Some(137) && ends_with(stderr, b"MemoryError\n"))
+    (r.exit_code == Some(137) && ends_with(stderr, b"MemoryError\n"))
         || contains(stderr, b"java.lang.OutOfMemoryError")
         || contains(stderr, b"JavaScript heap out of memory")
         || contains(stderr, b"std::bad_alloc")

@@ -210,11 +210,10 @@ impl Lang {
     /// The run step's argv: the installed program, the interpreter on
     /// the source, or None for Python (the warm interpreter).
     pub fn run_argv(&self, file: &str, memory_bytes: u64) -> Option<Vec<String>> {
-        let prog = format!("{PROG_DIR}/prog");
         if self.compile.is_some() {
             return Some(match self.run_compiled {
-                Some(argv) => resolve(&fill(argv, &prog, "", memory_bytes)),
-                None => vec![prog],
+                Some(argv) => resolve(&fill(argv, file, "", memory_bytes)),
+                None => vec![format!("{PROG_DIR}/prog")],
             });
         }
         self.interpreter.map(|argv| resolve(&fill(argv, file, "", memory_bytes)))
@@ -258,7 +257,8 @@ fn fill_one(arg: &str, file: &str, main: &str, memory_bytes: u64) -> Option<Stri
         }
     }
     let mb = (memory_bytes >> 20).max(1).to_string();
-    Some(arg.replace("{FILE}", file).replace("{PROG}", file).replace("{MAIN}", main).replace("{MEM_MB}", &mb))
+    let prog = format!("{PROG_DIR}/prog");
+    Some(arg.replace("{FILE}", file).replace("{PROG}", &prog).replace("{MAIN}", main).replace("{MEM_MB}", &mb))
 }
 
 /// The languages this image can run: Python always (the zygote is
