@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# FnCall A/B (issue 5): two builds of dsec, the same Python snippet at the
-# same concurrency, alternated round by round in one run so both see the same
+# FnCall A/B (issue 5): two builds of dsec, the same request at the same
+# concurrency, alternated round by round in one run so both see the same
 # machine load. Per run: calls/s, p50/p99 (wrk) and the CPU each call cost,
 # counted from the runners' cgroups (cpuacct) plus the dsec process itself,
 # which other load on a shared host disturbs far less than calls/s (it still
@@ -10,17 +10,35 @@
 #   DSEC_BENCH_B). Each dsec finds its dsec-agent next to it. FLAGS_A and
 #   FLAGS_B add `dsec up` flags to one side (e.g. FLAGS_B="--fncall-preload
 #   math" against the same build). ~30 s per round.
+# The request is DSEC_BENCH_AB_WORKLOAD: `python` (default; a short snippet,
+# 2 runners per core) or `cpp-judge` (bench/fncall.sh's C++ submission of 10
+# test cases with the compile cache warm, 1 runner per core; per run, the
+# figure is submissions/s).
 source "$(dirname "$0")/lib.sh"
 SECS=${1:-8}
 ROUNDS=${2:-3}
+WORKLOAD=${DSEC_BENCH_AB_WORKLOAD:-python}
 CONNS=${3:-16}
 A=${DSEC_BENCH_A:?set DSEC_BENCH_A to the dsec binary to compare against}
 B=${DSEC_BENCH_B:-$REPO/target/release/dsec}
 bench_init fncall_ab
 bench_build
-PY_RUNNERS=$((2 * $(nproc)))
-
-printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
+case "$WORKLOAD" in
+python)
+    LANG_=python RUNNERS=$((2 * $(nproc)))
+    printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/body.json"
+    ;;
+cpp-judge)
+    LANG_=cpp RUNNERS=$(nproc)
+    "$PY" - "$WORK/body.json" <<'PYEOF'
+import json, sys
+src = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n"
+cases = [{"stdin": f"{i} {i * 7}\n", "expected_output": f"{i * 8}\n"} for i in range(10)]
+json.dump({"language": "cpp", "code": src, "test_cases": cases}, open(sys.argv[1], "w"))
+PYEOF
+    ;;
+*) echo "unknown DSEC_BENCH_AB_WORKLOAD '$WORKLOAD' (python or cpp-judge)" >&2; exit 2 ;;
+esac
 
 # Nanoseconds of CPU used so far by this node's sandboxes (the node's
 # cgroup: cgroup v1 cpuacct, or v2 cpu.stat) and dsec itself. (%.0f, not %d:
@@ -47,13 +65,13 @@ one_run() { # LABEL DSEC [extra `dsec up` flags]
     # A fresh log: bench_start_dsec reads the address from it, and the
     # previous run's line must not be found first.
     : >"$WORK/dsec.log"
-    bench_start_dsec --fncall-pools "python=$PY_RUNNERS:$PY_RUNNERS" --cpu-overcommit 64 "$@"
-    bench_wait_python_pool "$PY_RUNNERS" || { echo "$label: the Python pool did not warm up" >&2; exit 1; }
-    # Warm-up: a second of load, not counted.
-    DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
+    bench_start_dsec --fncall-pools "$LANG_=$RUNNERS:$RUNNERS" --cpu-overcommit 64 "$@"
+    bench_wait_python_pool "$RUNNERS" "$LANG_" || { echo "$label: the $LANG_ pool did not warm up" >&2; exit 1; }
+    # Warm-up: a second of load, not counted (it also fills the compile cache).
+    DSEC_BENCH_BODY=$WORK/body.json wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
     local c0 c1 out j
     c0=$(cpu_ns)
-    out=$(DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d"${SECS}s" --timeout 30s \
+    out=$(DSEC_BENCH_BODY=$WORK/body.json wrk -t2 -c"$CONNS" -d"${SECS}s" --timeout 30s \
         -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" 2>&1)
     c1=$(cpu_ns)
     j=$(printf '%s\n' "$out" | sed -n 's/^WRKJSON //p')
@@ -64,7 +82,7 @@ one_run() { # LABEL DSEC [extra `dsec up` flags]
 }
 
 {
-    echo '{"benchmark": "fncall_ab", "seconds": '"$SECS"', "clients": '"$CONNS"', "a": "'"$A"'", "b": "'"$B"'", "runs": ['
+    echo '{"benchmark": "fncall_ab", "workload": "'"$WORKLOAD"'", "seconds": '"$SECS"', "clients": '"$CONNS"', "a": "'"$A"'", "b": "'"$B"'", "runs": ['
     for r in $(seq 1 "$ROUNDS"); do
         for side in A B; do
             bin=$A; f=${FLAGS_A:-}; [ "$side" = B ] && { bin=$B; f=${FLAGS_B:-}; }
@@ -86,11 +104,11 @@ for r in d["runs"]:
     calls = w["requests"] / (w["duration_us"] / 1e6)
     rows.setdefault(r["build"], []).append((calls, w["p50_ms"], w["p99_ms"], r["cpu_ns"] / 1e6 / max(1, w["requests"]), w["errors_status"] + w["errors_socket"]))
 med = {}
-print("%d clients, %d s per run; per run: calls/s, p50/p99 ms, CPU ms per call" % (d["clients"], d["seconds"]))
+print("%s, %d clients, %d s per run; per run: requests/s, p50/p99 ms, CPU ms per request" % (d.get("workload", "python"), d["clients"], d["seconds"]))
 for b in ("A", "B"):
     runs = rows.get(b, [])
-    print(b, "  ".join("%.0f/s %.1f/%.1f ms %.2f ms cpu%s" % (c, p5, p9, cpu, " ERR %d" % e if e else "") for c, p5, p9, cpu, e in runs))
+    print(b, "  ".join("%.1f/s %.1f/%.1f ms %.2f ms cpu%s" % (c, p5, p9, cpu, " ERR %d" % e if e else "") for c, p5, p9, cpu, e in runs))
     med[b] = [statistics.median(x[i] for x in runs) for i in range(4)]
-    print("  median: %.0f calls/s, p50 %.1f ms, p99 %.1f ms, %.2f ms CPU per call" % tuple(med[b]))
-print("B / A: calls/s %.2fx, CPU per call %.2fx" % (med["B"][0] / med["A"][0], med["B"][3] / med["A"][3]))
+    print("  median: %.1f requests/s, p50 %.1f ms, p99 %.1f ms, %.2f ms CPU per request" % tuple(med[b]))
+print("B / A: requests/s %.2fx, CPU per request %.2fx" % (med["B"][0] / med["A"][0], med["B"][3] / med["A"][3]))
 PYEOF

@@ -5,7 +5,8 @@
 #                        the shared images dir); sets DSEC_PID, DSEC_ENDPOINT,
 #                        DSEC_TOKEN, DATA_DIR, NODE
 #   bench_stop_dsec      SIGTERM it (sandboxes stop with it) and wait
-#   bench_wait_python_pool N  until the FnCall Python pool has N idle runners
+#   bench_wait_python_pool N [LANG]  until the FnCall pool of LANG (default
+#                        python) has N idle runners
 #   bench_need_hugetlb   crun on this hybrid cgroup v1 layout needs the
 #                        hugetlb hierarchy mounted; mounted here if missing
 #                        and unmounted again at exit
@@ -85,15 +86,16 @@ bench_start_dsec() {
     bench_log "dsec up: pid $DSEC_PID at $DSEC_ENDPOINT, node $NODE, data $DATA_DIR"
 }
 
-# bench_wait_python_pool N: waits (up to 30 s) until the FnCall Python pool
-# of the running dsec has N idle runners; fails otherwise.
+# bench_wait_python_pool N [LANG]: waits (up to 30 s) until the FnCall pool
+# of LANG (default python) of the running dsec has N idle runners; fails
+# otherwise.
 bench_wait_python_pool() {
     local ready=False
     for _ in $(seq 1 150); do
         ready=$(curl -sS -H "Authorization: Bearer $DSEC_TOKEN" "$DSEC_ENDPOINT/v1/fncall/pools" |
             "$PY" -c 'import json,sys
-try: print({x["language"]: x for x in json.load(sys.stdin)["pools"]}["python"]["idle"] == int(sys.argv[1]))
-except ValueError: print(False)' "$1" || true)
+try: print({x["language"]: x for x in json.load(sys.stdin)["pools"]}[sys.argv[2]]["idle"] == int(sys.argv[1]))
+except (ValueError, KeyError): print(False)' "$1" "${2:-python}" || true)
         [ "$ready" = True ] && return 0
         sleep 0.2
     done

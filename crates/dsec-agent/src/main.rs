@@ -57,7 +57,7 @@ use agent::{Agent, Identity, Mode};
 use paths::Root;
 use spawn::ChildPolicy;
 
-const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner [--exec]\n       dsec-agent fncall-monitor ZYGOTE_PY";
+const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner [--exec]\n       dsec-agent fncall-monitor ZYGOTE_PY [--exec-zygote]";
 
 enum Cli {
     Container,
@@ -103,12 +103,18 @@ fn main() -> ExitCode {
         return ExitCode::FAILURE;
     }
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.first().map(String::as_str) == Some("fncall-monitor") {
-        // Not an agent: a command the agent of an FnCall runner started.
-        return match fncall::run(&args[1..]) {
+    // Not an agent: the FnCall runner's monitor (a command the runner's
+    // agent started) and its exec zygote (which the monitor starts).
+    let fncall_mode: Option<fn(&[String]) -> Result<(), String>> = match args.first().map(String::as_str) {
+        Some("fncall-monitor") => Some(fncall::run),
+        Some("fncall-exec-zygote") => Some(fncall::run_exec_zygote),
+        _ => None,
+    };
+    if let Some(run) = fncall_mode {
+        return match run(&args[1..]) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("dsec-agent fncall-monitor: {e}");
+                eprintln!("dsec-agent {}: {e}", args[0]);
                 ExitCode::FAILURE
             }
         };

@@ -10,8 +10,8 @@ use utoipa::ToSchema;
 #[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct FnCallRequest {
-    /// `python`, `bash`, `c`, `cpp`, `java`, `javascript` or `go` (whatever the node's judge image
-    /// carries; `GET /v1/fncall/languages` lists them).
+    /// `python`, `bash`, `c`, `cpp`, `java`, `javascript`, `go`, `rust`, `php`, `ruby`, `perl` or
+    /// `lua` (whatever the node's judge image carries; `GET /v1/fncall/pools` lists the pools).
     pub language: String,
     /// The program's source.
     pub code: String,
@@ -213,7 +213,7 @@ pub enum FnCallBatchItem {
     Err(crate::ErrorBody),
 }
 
-/// `GET /v1/fncall/languages`: the pools of this node.
+/// `GET /v1/fncall/pools`: the pools of this node.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct FnCallPools {
     pub pools: Vec<FnCallPoolStatus>,

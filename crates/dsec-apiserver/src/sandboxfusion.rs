@@ -20,6 +20,11 @@ const LANGUAGES: &[(&str, &str)] = &[
     ("java", "java"),
     ("nodejs", "javascript"),
     ("go", "go"),
+    ("rust", "rust"),
+    ("php", "php"),
+    ("ruby", "ruby"),
+    ("perl", "perl"),
+    ("lua", "lua"),
 ];
 
 pub fn to_fncall(req: api::RunCodeRequest) -> ApiResult<api::FnCallRequest> {

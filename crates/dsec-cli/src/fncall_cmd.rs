@@ -11,7 +11,7 @@ use crate::connect::ConnectArgs;
 
 #[derive(Args, Debug)]
 pub struct FnCallArgs {
-    /// python, bash, c, cpp, java, javascript or go.
+    /// python, bash, c, cpp, java, javascript, go, rust, php, ruby, perl or lua.
     #[arg(long, short)]
     pub language: String,
     /// The source file (`-` reads it from stdin).

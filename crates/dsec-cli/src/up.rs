@@ -116,8 +116,8 @@ pub struct EdgeArgs {
     #[arg(long)]
     pub agent_exec: bool,
     /// FnCall runner pools: LANG=MIN:MAX, comma-separated. Default: python
-    /// 2 to 2 per core, bash and cpp 1 to 1 per core, c, java, javascript
-    /// and go 0 to 1 per core.
+    /// 2 to 2 per core, bash and cpp 1 to 1 per core, the others (c, java,
+    /// javascript, go, rust, php, ruby, perl, lua) 0 to 1 per core.
     #[arg(long)]
     pub fncall_pools: Option<String>,
     /// FnCall calls waiting for a runner, per language; one more gets 429.

@@ -17,18 +17,31 @@ pub fn unb64(s: &str) -> Vec<u8> {
     base64::engine::general_purpose::STANDARD.decode(s).unwrap_or_default()
 }
 
+/// What runtimes print when an allocation fails: the JVM's and V8's own
+/// out-of-memory errors, C++'s bad_alloc, Rust's allocation failure
+/// ("memory allocation of N bytes failed", then an abort), Perl's and Lua's
+/// reports at the address-space limit, and the dynamic loader's when the
+/// limit leaves no room to map a program's libraries.
+const OUT_OF_MEMORY_REPORTS: &[&[u8]] = &[
+    b"java.lang.OutOfMemoryError",
+    b"JavaScript heap out of memory",
+    b"std::bad_alloc",
+    b"memory allocation of ",
+    b"Out of memory!",
+    b"not enough memory",
+    b"failed to map segment from shared object",
+];
+
 /// Why a run that did not exit 0 ran out of memory, if it did (a peak past
-/// the limit was already found by step_result): Python's MemoryError (the zygote exits 137 after printing it), the JVM's or V8's
-/// own out-of-memory error, C++'s bad_alloc, the runner's OOM killer
-/// (SIGKILL that the time limit did not send), or a crash at the
-/// address-space limit.
+/// the limit was already found by step_result): Python's MemoryError (the
+/// zygote exits 137 after printing it), a runtime's own report
+/// (OUT_OF_MEMORY_REPORTS), the runner's OOM killer (SIGKILL that the time
+/// limit did not send), or a crash at the address-space limit.
 fn out_of_memory(r: &ZResponse, stderr: &[u8], memory_bytes: u64) -> bool {
     let ends_with = |s: &[u8], t: &[u8]| s.len() >= t.len() && &s[s.len() - t.len()..] == t;
     let contains = |s: &[u8], t: &[u8]| s.windows(t.len()).any(|w| w == t);
     (r.exit_code == Some(137) && ends_with(stderr, b"MemoryError\n"))
-        || contains(stderr, b"java.lang.OutOfMemoryError")
-        || contains(stderr, b"JavaScript heap out of memory")
-        || contains(stderr, b"std::bad_alloc")
+        || OUT_OF_MEMORY_REPORTS.iter().any(|t| contains(stderr, t))
         || (r.signal == Some(SIGKILL) && !r.timed_out)
         || (matches!(r.signal, Some(SIGABRT | SIGSEGV)) && memory_bytes > 0 && r.peak_memory_kb * 1024 >= memory_bytes / 10 * 9)
 }
@@ -110,6 +123,18 @@ mod tests {
         assert_eq!(step_result(&resp(Some(1), None, java), mem).0.status, RunStatus::MemoryLimit);
         let node = b"FATAL ERROR: Reached heap limit Allocation failed - JavaScript heap out of memory\n";
         assert_eq!(step_result(&resp(None, Some(6), node), mem).0.status, RunStatus::MemoryLimit);
+        // Rust, Perl and Lua at the address-space limit, and a program
+        // whose libraries do not fit under it.
+        for report in [
+            &b"memory allocation of 419430400 bytes failed\n"[..],
+            b"Out of memory!\npanic: fold_constants JMPENV_PUSH returned 2 at main.pl line 1.\n",
+            b"/usr/bin/lua5.4: not enough memory\n",
+            b"./prog: error while loading shared libraries: libstdc++.so.6: failed to map segment from shared object\n",
+        ] {
+            let (exit, signal) = if report.starts_with(b"memory") { (None, Some(6)) } else { (Some(1), None) };
+            assert_eq!(step_result(&resp(exit, signal, report), mem).0.status, RunStatus::MemoryLimit, "{}", String::from_utf8_lossy(report));
+        }
+        assert_eq!(step_result(&resp(Some(1), None, b"/usr/bin/lua5.4: main.lua:1: boom\n"), mem).0.status, RunStatus::RuntimeError);
         let mut peaked = resp(Some(0), None, b"");
         peaked.memory_exceeded = true;
         assert_eq!(step_result(&peaked, mem).0.status, RunStatus::MemoryLimit, "a run past the limit is MLE even if it exits 0");

@@ -1,5 +1,6 @@
 //! One runner: a container sandbox running the FnCall monitor (the guest
-//! agent's `fncall-monitor` mode, which starts the Python zygote), and the
+//! agent's `fncall-monitor` mode, which starts the Python zygote, or for
+//! other languages the agent's exec zygote), and the
 //! edge's connection to it. The monitor is started through the guest agent,
 //! whose exec stream brings its ready line, its stderr and its end; requests
 //! and answers then go over the monitor's own Unix socket, which the edge
@@ -178,8 +179,15 @@ impl Runner {
             .map_err(|e| FnCallError::RunnerFailed(format!("reading the guest agent {}: {e}", agent_path.display())))?;
         install(edge, &id, MONITOR_PATH, &monitor).await?;
         install(edge, &id, ZYGOTE_PATH, ZYGOTE.as_bytes()).await?;
+        let mut command = vec![MONITOR_PATH.into(), "fncall-monitor".into(), ZYGOTE_PATH.into()];
+        if language != "python" {
+            // Every step of this runner execs a program: a zygote without
+            // the warm interpreter forks far more cheaply (the agent's
+            // fncall/exec_zygote.rs).
+            command.push("--exec-zygote".into());
+        }
         let spec = ExecSpec {
-            command: Command::Argv(vec![MONITOR_PATH.into(), "fncall-monitor".into(), ZYGOTE_PATH.into()]),
+            command: Command::Argv(command),
             env: vec![("DSEC_FNCALL_PRELOAD".into(), cfg.preload.join(","))],
             cwd: Some("/".into()),
             user: Some("root".into()),

@@ -18,7 +18,7 @@ use crate::protocol::{ZLimits, ZRequest, ZResponse};
 use crate::runner::runner_caller;
 
 /// Languages compiled before they run.
-const COMPILED: &[&str] = &["c", "cpp", "java", "go"];
+const COMPILED: &[&str] = &["c", "cpp", "java", "go", "rust"];
 /// Languages a custom checker may be written in.
 const CHECKER_LANGUAGES: &[&str] = &["python", "bash"];
 /// Time the edge allows beyond a step's own limit (kill, cleanup, answer).

@@ -26,10 +26,23 @@ pub const PYTHON_SUITE: &str = "bookworm";
 
 /// Packages of the `judge` image (FnCall runners): the interpreters and
 /// compilers of the languages FnCall serves (python, bash, c, cpp, java,
-/// javascript, go). The image also carries `<bits/stdc++.h>` precompiled
+/// javascript, go, rust, php, ruby, perl, lua). The image also carries `<bits/stdc++.h>` precompiled
 /// (`build::pch`) and class-data-sharing archives for javac and Java
 /// programs (`build::java_cds`).
-pub const JUDGE_PACKAGES: &[&str] = &["python3", "gcc", "g++", "libc6-dev", "openjdk-17-jdk-headless", "nodejs", "golang-go"];
+pub const JUDGE_PACKAGES: &[&str] = &[
+    "python3",
+    "gcc",
+    "g++",
+    "libc6-dev",
+    "openjdk-17-jdk-headless",
+    "nodejs",
+    "golang-go",
+    "rustc",
+    "php-cli",
+    "ruby",
+    "perl",
+    "lua5.4",
+];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DefaultImage {
@@ -56,13 +69,14 @@ impl DefaultImage {
     /// The version of the recipe this build of dsec makes the image from.
     /// Raise it when the image's content changes, and setup rebuilds the
     /// images it made from an older one. `judge`: 2 added the precompiled
-    /// `<bits/stdc++.h>`, 3 a JDK, Node.js and Go. Images from before versions were recorded count
+    /// `<bits/stdc++.h>`, 3 a JDK, Node.js and Go, 4 Rust, PHP, Ruby, Perl
+    /// and Lua. Images from before versions were recorded count
     /// as version 1 only where that is still the version: otherwise
     /// nothing tells them from an image a user built under that name.
     pub fn recipe_version(self) -> u32 {
         match self {
             DefaultImage::Busybox | DefaultImage::Python => 1,
-            DefaultImage::Judge => 3,
+            DefaultImage::Judge => 4,
         }
     }
 

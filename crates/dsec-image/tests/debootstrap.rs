@@ -116,7 +116,7 @@ fn default_images_from_debootstrap() {
     // The FnCall runners' image carries the judge's toolchains.
     let judge = env.store.resolve("judge").unwrap();
     let root = env.mounts.mount_image(&judge).unwrap().pop().unwrap();
-    for tool in ["usr/bin/python3", "usr/bin/gcc", "usr/bin/g++", "usr/include/stdio.h", "bin/bash", "usr/bin/javac", "usr/bin/jar", "usr/bin/node", "usr/bin/go"] {
+    for tool in ["usr/bin/python3", "usr/bin/gcc", "usr/bin/g++", "usr/include/stdio.h", "bin/bash", "usr/bin/javac", "usr/bin/jar", "usr/bin/node", "usr/bin/go", "usr/bin/rustc", "usr/bin/php", "usr/bin/ruby", "usr/bin/perl", "usr/bin/lua5.4"] {
         assert!(root.join(tool).exists(), "judge image lacks {tool}");
     }
     // ... and <bits/stdc++.h> precompiled beside the header (the build

@@ -169,7 +169,8 @@ class DSecClient:
         """Run ``code`` once on a warm runner, or judge it against ``test_cases``.
 
         Args:
-            language: ``python``, ``bash``, ``c``, ``cpp``, ``java``, ``javascript`` or ``go``.
+            language: ``python``, ``bash``, ``c``, ``cpp``, ``java``, ``javascript``, ``go``,
+                ``rust``, ``php``, ``ruby``, ``perl`` or ``lua``.
             code: the program's source.
             timeout: seconds to wait for the answer (queueing included).
             **options: ``stdin``, ``files`` (path -> bytes or str),

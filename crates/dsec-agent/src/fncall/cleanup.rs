@@ -29,11 +29,12 @@ pub struct Family {
     /// list: the monitor has one thread), opened once and read by pread.
     children: OwnedFd,
     pub zygote: i32,
-    pub compiler: i32,
+    /// None in a runner without Python's warm path (the exec zygote's).
+    pub compiler: Option<i32>,
 }
 
 impl Family {
-    pub fn new(zygote: i32, compiler: i32) -> Result<Self, String> {
+    pub fn new(zygote: i32, compiler: Option<i32>) -> Result<Self, String> {
         let me = rustix::process::getpid().as_raw_nonzero().get();
         let path = format!("/proc/self/task/{me}/children");
         let children = rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
@@ -59,7 +60,10 @@ impl Family {
             return false;
         }
         match read_to_end_at(self.children.as_fd(), 0) {
-            Ok(list) => children_are(&list, &[self.zygote, self.compiler]),
+            Ok(list) => match self.compiler {
+                Some(compiler) => children_are(&list, &[self.zygote, compiler]),
+                None => children_are(&list, &[self.zygote]),
+            },
             Err(_) => false,
         }
     }
@@ -108,7 +112,7 @@ impl Family {
     fn not_a_helper(&self, pid: i32) -> Result<(), String> {
         match pid {
             p if p == self.zygote => Err("the zygote died".into()),
-            p if p == self.compiler => Err("the compiler died".into()),
+            p if Some(p) == self.compiler => Err("the compiler died".into()),
             _ => Ok(()),
         }
     }

@@ -18,12 +18,15 @@ pub enum MemoryCap {
     /// RLIMIT_AS: an allocation past the limit fails inside the program
     /// (MemoryError, bad_alloc, a NULL from malloc).
     AddressSpace,
-    /// The runtime's own heap limit (its flags or environment, with
-    /// `{MEM_MB}`), and a run whose peak resident memory passed the limit
-    /// is a memory-limit exceedance whatever its exit. The JVM, V8 and Go's
-    /// runtime reserve far more address space than they use (a JVM's code
-    /// cache alone reserves 240 MiB), so an RLIMIT_AS of the limit would
-    /// keep them from starting; the runner's memory cgroup bounds them.
+    /// The runtime's own heap limit where it has one (its flags or
+    /// environment, with `{MEM_MB}`), and a run whose peak resident memory
+    /// passed the limit is a memory-limit exceedance whatever its exit.
+    /// The JVM, V8 and Go's runtime reserve far more address space than
+    /// they use (a JVM's code cache alone reserves 240 MiB), and PHP and
+    /// Ruby map 50-60 MiB before a program's first line (PHP's ICU data
+    /// alone is 30 MiB), so an RLIMIT_AS of the limit would keep them from
+    /// starting; the runner's memory cgroup bounds them, and its OOM
+    /// killer picks the call first (oom_score_adj 1000).
     Runtime,
 }
 
@@ -80,7 +83,7 @@ with zipfile.ZipFile('prog', 'w', zipfile.ZIP_DEFLATED) as z:
             z.write(os.path.join(d, f), os.path.relpath(os.path.join(d, f), 'classes'))
 ";
 
-const LANGS: [Lang; 7] = [
+const LANGS: [Lang; 12] = [
     Lang {
         name: "python",
         file: PYTHON_FILE,
@@ -177,6 +180,82 @@ const LANGS: [Lang; 7] = [
         memory: MemoryCap::Runtime,
         tool: "go",
     },
+    Lang {
+        name: "rust",
+        file: "main.rs",
+        // No cargo: a judge program is one file using std alone, and
+        // cargo would look for a registry. gold, without the standard
+        // library's debug info, links in ~30 ms where ld.bfd took ~250:
+        // a compile of a small program took 450 ms instead of 680.
+        compile: Some(&[
+            "rustc",
+            "-O",
+            "--edition",
+            "2021",
+            "-C",
+            "link-arg=-fuse-ld=gold",
+            "-C",
+            "strip=debuginfo",
+            "-o",
+            "prog",
+            "{FILE}",
+        ]),
+        run_compiled: None,
+        python: false,
+        interpreter: None,
+        env: &[],
+        memory: MemoryCap::AddressSpace,
+        tool: "rustc",
+    },
+    // PHP and Ruby: see MemoryCap::Runtime (neither starts under an
+    // RLIMIT_AS of 48 MiB). Debian's PHP CLI sets no memory_limit of its
+    // own, and Ruby has none.
+    Lang {
+        name: "php",
+        file: "main.php",
+        compile: None,
+        run_compiled: None,
+        python: false,
+        interpreter: Some(&["php", "{FILE}"]),
+        env: &[],
+        memory: MemoryCap::Runtime,
+        tool: "php",
+    },
+    Lang {
+        name: "ruby",
+        file: "main.rb",
+        compile: None,
+        run_compiled: None,
+        python: false,
+        interpreter: Some(&["ruby", "{FILE}"]),
+        env: &[],
+        memory: MemoryCap::Runtime,
+        tool: "ruby",
+    },
+    // Perl and Lua start in a few MiB: RLIMIT_AS holds their limit as it
+    // does C's.
+    Lang {
+        name: "perl",
+        file: "main.pl",
+        compile: None,
+        run_compiled: None,
+        python: false,
+        interpreter: Some(&["perl", "{FILE}"]),
+        env: &[],
+        memory: MemoryCap::AddressSpace,
+        tool: "perl",
+    },
+    Lang {
+        name: "lua",
+        file: "main.lua",
+        compile: None,
+        run_compiled: None,
+        python: false,
+        interpreter: Some(&["lua5.4", "{FILE}"]),
+        env: &[],
+        memory: MemoryCap::AddressSpace,
+        tool: "lua5.4",
+    },
 ];
 
 impl Lang {
@@ -261,10 +340,10 @@ fn fill_one(arg: &str, file: &str, main: &str, memory_bytes: u64) -> Option<Stri
     Some(arg.replace("{FILE}", file).replace("{PROG}", &prog).replace("{MAIN}", main).replace("{MEM_MB}", &mb))
 }
 
-/// The languages this image can run: Python always (the zygote is
-/// Python), the others if their tool is there.
-pub fn available() -> Vec<&'static str> {
-    LANGS.iter().filter(|l| l.python || which(l.tool).is_some()).map(|l| l.name).collect()
+/// The languages this image can run: those whose tool is there, Python
+/// too if the image has it (`python`).
+pub fn available(python: bool) -> Vec<&'static str> {
+    LANGS.iter().filter(|l| if l.python { python } else { which(l.tool).is_some() }).map(|l| l.name).collect()
 }
 
 /// `argv` with its program found in PATH (left as is if not found: the
@@ -287,13 +366,29 @@ mod tests {
         assert!(Lang::named("python").unwrap().run_argv("main.py", 1 << 20).is_none());
         assert_eq!(Lang::named("cpp").unwrap().compile.unwrap()[0], "g++");
         assert!(Lang::named("cobol").is_none());
-        assert_eq!(available()[0], "python");
+        assert_eq!(available(true)[0], "python");
+        assert!(!available(false).contains(&"python"));
         let argv = Lang::named("bash").unwrap().run_argv("main.sh", 0).unwrap();
         assert!(argv[0].ends_with("/bash") && argv[1] == "main.sh", "{argv:?}");
         assert_eq!(resolve(&["no-such-tool-here".into(), "x".into()]), vec!["no-such-tool-here", "x"]);
         let c = Lang::named("c").unwrap();
         assert_eq!(c.run_argv("main.c", 64 << 20).unwrap(), vec![format!("{PROG_DIR}/prog")]);
         assert_eq!(c.compile_argv("main.c", "").unwrap()[5], "main.c");
+        let rust = Lang::named("rust").unwrap();
+        assert!(rust.is_compiled() && rust.compile_argv("main.rs", "").unwrap().ends_with(&["prog".into(), "main.rs".into()]));
+        assert_eq!(rust.address_space_limit(64 << 20), 64 << 20);
+        for (name, program, cap) in [
+            ("php", "php", MemoryCap::Runtime),
+            ("ruby", "ruby", MemoryCap::Runtime),
+            ("perl", "perl", MemoryCap::AddressSpace),
+            ("lua", "lua5.4", MemoryCap::AddressSpace),
+        ] {
+            let l = Lang::named(name).unwrap();
+            let (file, _) = l.source_file("");
+            let argv = l.run_argv(&file, 64 << 20).unwrap();
+            assert!(!l.is_compiled() && argv[0].ends_with(program) && argv[1] == file, "{name}: {argv:?}");
+            assert_eq!(l.memory, cap, "{name}");
+        }
     }
 
     #[test]

@@ -1,4 +1,5 @@
-//! Just enough of Python's `marshal` format to hand a call to the worker.
+//! Just enough of Python's `marshal` format to hand a call to the worker
+//! (and, in `Reader`, to read it back in the exec zygote's worker).
 //! The worker decodes it with `marshal.loads`, which builds the objects in
 //! C with fewer allocations than JSON would (every page the worker writes
 //! is a page copied from the zygote). The codes below are those of every
@@ -87,9 +88,134 @@ impl Marshal {
     }
 }
 
+/// A reader of what `Marshal` writes, for the exec zygote's workers
+/// (exec_zygote.rs), which are not Python. It reads exactly the types the
+/// writer uses and refuses anything else.
+pub struct Reader<'a> {
+    data: &'a [u8],
+}
+
+impl<'a> Reader<'a> {
+    pub fn new(data: &'a [u8]) -> Self {
+        Reader { data }
+    }
+
+    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+        if self.data.len() < n {
+            return Err("the message ends early".into());
+        }
+        let (head, rest) = self.data.split_at(n);
+        self.data = rest;
+        Ok(head)
+    }
+
+    fn code(&mut self) -> Result<u8, String> {
+        Ok(self.take(1)?[0])
+    }
+
+    fn expect(&mut self, want: u8) -> Result<(), String> {
+        match self.code()? {
+            c if c == want => Ok(()),
+            c => Err(format!("expected marshal type {:?}, found {:?}", want as char, c as char)),
+        }
+    }
+
+    fn len32(&mut self) -> Result<usize, String> {
+        let n = i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"));
+        usize::try_from(n).map_err(|_| "a negative length".to_string())
+    }
+
+    /// Whether the next item is None (skipped if so).
+    pub fn none(&mut self) -> bool {
+        if self.data.first() == Some(&TYPE_NONE) {
+            self.data = &self.data[1..];
+            return true;
+        }
+        false
+    }
+
+    pub fn tuple(&mut self) -> Result<usize, String> {
+        self.expect(TYPE_TUPLE)?;
+        self.len32()
+    }
+
+    pub fn str(&mut self) -> Result<&'a str, String> {
+        self.expect(TYPE_UNICODE)?;
+        let n = self.len32()?;
+        std::str::from_utf8(self.take(n)?).map_err(|_| "a string that is not UTF-8".to_string())
+    }
+
+    pub fn int(&mut self) -> Result<u64, String> {
+        match self.code()? {
+            TYPE_INT => {
+                let v = i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"));
+                u64::try_from(v).map_err(|_| "a negative number".to_string())
+            }
+            TYPE_LONG => {
+                let n = self.len32()?;
+                let mut v: u64 = 0;
+                for i in 0..n {
+                    let d = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")) as u64;
+                    let shift = LONG_SHIFT * i as u32;
+                    if d != 0 && (shift >= 64 || (d << shift) >> shift != d) {
+                        return Err("a number past 64 bits".into());
+                    }
+                    if d != 0 {
+                        v |= d << shift;
+                    }
+                }
+                Ok(v)
+            }
+            c => Err(format!("expected a number, found marshal type {:?}", c as char)),
+        }
+    }
+
+    pub fn str_list(&mut self) -> Result<Vec<&'a str>, String> {
+        self.expect(TYPE_LIST)?;
+        let n = self.len32()?;
+        (0..n).map(|_| self.str()).collect()
+    }
+
+    pub fn str_dict(&mut self) -> Result<Vec<(&'a str, &'a str)>, String> {
+        self.expect(TYPE_DICT)?;
+        let mut items = Vec::new();
+        loop {
+            if self.data.first() == Some(&TYPE_NULL) {
+                self.data = &self.data[1..];
+                return Ok(items);
+            }
+            items.push((self.str()?, self.str()?));
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_reader_reads_what_the_writer_wrote() {
+        let mut m = Marshal::default();
+        m.tuple(6);
+        m.str("/s");
+        m.str_list(["a", "b\u{e9}"].into_iter());
+        m.none();
+        m.str_dict([("K", "v"), ("L", "")].into_iter());
+        m.int(7);
+        m.int(u64::MAX);
+        let mut r = Reader::new(&m.out);
+        assert_eq!(r.tuple().unwrap(), 6);
+        assert_eq!(r.str().unwrap(), "/s");
+        assert!(!r.none());
+        assert_eq!(r.str_list().unwrap(), ["a", "b\u{e9}"]);
+        assert!(r.none());
+        assert_eq!(r.str_dict().unwrap(), [("K", "v"), ("L", "")]);
+        assert_eq!((r.int().unwrap(), r.int().unwrap()), (7, u64::MAX));
+        assert!(r.str().unwrap_err().contains("ends early"));
+        assert!(Reader::new(b"u\x05\x00\x00\x00ab").str().unwrap_err().contains("ends early"));
+        assert!(Reader::new(b"i\xff\xff\xff\xff").int().unwrap_err().contains("negative"));
+        assert!(Reader::new(b"N").str().is_err());
+    }
 
     // Expected bytes are what CPython's marshal.dumps writes for the same
     // values with references off (version 2 leaves out FLAG_REF).

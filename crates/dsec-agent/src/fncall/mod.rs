@@ -1,4 +1,5 @@
-//! `dsec-agent fncall-monitor ZYGOTE_PY`: the FnCall runner's monitor.
+//! `dsec-agent fncall-monitor ZYGOTE_PY [--exec-zygote]`: the FnCall
+//! runner's monitor.
 //!
 //! The edge starts it once per runner, as root inside the runner's
 //! sandbox, through the guest agent (dsec-fncall's runner.rs). Its first
@@ -12,7 +13,10 @@
 //! object, hands the call to the zygote's pre-forked worker (see
 //! zygote.py: a warm Python interpreter the monitor starts once and which
 //! forks one worker ahead of each call), waits for the worker's end,
-//! answers and cleans up. It holds calls' data but never forks after
+//! answers and cleans up. With `--exec-zygote` (the edge gives it to
+//! runners of every language but Python) there is no compiler and the
+//! zygote is exec_zygote.rs, which forks far more cheaply: every step then
+//! execs its program, a Python checker's too (`python3 main.py`). It holds calls' data but never forks after
 //! starting its two helpers, so no call inherits its memory. It is
 //! single-threaded and makes only blocking system calls: a call is about
 //! thirty of them, and in Rust they are most of its cost (the Python
@@ -30,6 +34,7 @@ mod answer;
 mod cleanup;
 mod compiler;
 mod edge_link;
+mod exec_zygote;
 mod ipc;
 mod java_class;
 mod landlock;
@@ -89,14 +94,31 @@ fn unb64(what: &str, s: &str) -> Result<Vec<u8>, Failure> {
     base64::engine::general_purpose::STANDARD.decode(s).map_err(|e| Failure::Answer(format!("{what}: bad base64: {e}")))
 }
 
+/// What a Python step's RLIMIT_AS allows beyond its memory limit when it
+/// runs as `python3 main.py` (in an exec zygote's runner): the fresh
+/// interpreter's own mappings (14-17 MiB here), which a warm call leaves
+/// out by counting from the zygote's size.
+const PYTHON_EXEC_AS_BYTES: u64 = 32 << 20;
+
 pub fn run(args: &[String]) -> Result<(), String> {
-    let [script] = args else { return Err("usage: dsec-agent fncall-monitor ZYGOTE_PY".into()) };
-    Monitor::start(script)?.serve()
+    let (script, exec_zygote) = match args {
+        [script] => (script, false),
+        [script, flag] if flag == "--exec-zygote" => (script, true),
+        _ => return Err("usage: dsec-agent fncall-monitor ZYGOTE_PY [--exec-zygote]".into()),
+    };
+    Monitor::start(script, exec_zygote)?.serve()
+}
+
+pub fn run_exec_zygote(args: &[String]) -> Result<(), String> {
+    exec_zygote::run(args)
 }
 
 struct Monitor {
     zygote: Zygote,
-    compiler: Compiler,
+    /// None with the exec zygote: Python steps are then exec'd.
+    compiler: Option<Compiler>,
+    /// The image's python3, for Python steps exec'd.
+    python: Option<String>,
     family: Family,
     /// Every directory the call user could create files in.
     sweep: Vec<String>,
@@ -104,7 +126,7 @@ struct Monitor {
 }
 
 impl Monitor {
-    fn start(script: &str) -> Result<Monitor, String> {
+    fn start(script: &str, exec_zygote: bool) -> Result<Monitor, String> {
         std::fs::DirBuilder::new().recursive(true).mode(0o711).create(BASE).map_err(|e| format!("{BASE}: {e}"))?;
         std::fs::set_permissions(BASE, std::fs::Permissions::from_mode(0o711)).map_err(|e| format!("{BASE}: {e}"))?;
         let sweep = sweep::writable_dirs();
@@ -116,12 +138,17 @@ impl Monitor {
         // Rust ignores SIGPIPE; the edge gone means we are done.
         // SAFETY: restores a signal's default action; no handler runs.
         unsafe { libc::signal(libc::SIGPIPE, libc::SIG_DFL) };
-        let python = sys::which("python3").ok_or("the image has no python3")?;
-        let compiler = Compiler::start(&python, script, &format!("{SCRATCH}/{}", langs::PYTHON_FILE))?;
-        let zygote = zygote::start(&python, script)?;
-        let family = Family::new(zygote.pid, compiler.pid)?;
+        let python = sys::which("python3");
+        let (zygote, compiler) = if exec_zygote {
+            (zygote::start_exec()?, None)
+        } else {
+            let python = python.as_deref().ok_or("the image has no python3")?;
+            let compiler = Compiler::start(python, script, &format!("{SCRATCH}/{}", langs::PYTHON_FILE))?;
+            (zygote::start(python, script)?, Some(compiler))
+        };
+        let family = Family::new(zygote.pid, compiler.as_ref().map(|c| c.pid))?;
         let watch = SweepWatch::new(&sweep);
-        Ok(Monitor { zygote, compiler, family, sweep, watch })
+        Ok(Monitor { zygote, compiler, python, family, sweep, watch })
     }
 
     fn serve(mut self) -> Result<(), String> {
@@ -131,7 +158,7 @@ impl Monitor {
         let stdout = unsafe { std::os::fd::BorrowedFd::borrow_raw(1) };
         let ready = serde_json::json!({
             "ready": true,
-            "languages": langs::available(),
+            "languages": langs::available(self.python.is_some()),
             "preloaded": self.zygote.loaded,
             "sweep": self.sweep,
         });
@@ -182,9 +209,9 @@ impl Monitor {
             op => return Err(Failure::Answer(format!("unknown op {op:?}"))),
         };
         let limits = req.limits.as_ref().ok_or_else(|| answerable("a run needs limits"))?;
-        if lang.python && !compile {
+        if let Some(compiler) = self.compiler.as_mut().filter(|_| lang.python && !compile) {
             // Compiled while the call's directory is made (call() takes it).
-            self.compiler.submit_or_reuse(req.code.as_bytes(), req.same_code).map_err(Failure::Fatal)?;
+            compiler.submit_or_reuse(req.code.as_bytes(), req.same_code).map_err(Failure::Fatal)?;
         }
         scratch::prepare().map_err(answerable)?;
         // Plain names the monitor created in scratch (scratch::remove).
@@ -213,10 +240,17 @@ impl Monitor {
         // finish on the other core, so less waiting for it here.
         let stdio = worker::Stdio::new(&stdin).map_err(|e| Failure::Answer(format!("memfd: {e}")))?;
         let code;
+        let mut memory_bytes = lang.address_space_limit(limits.memory_bytes);
         let program = if compile {
             Program::Exec { argv: lang.compile_argv(&file, &main).ok_or_else(|| answerable(format!("{} has no compile step", lang.name)))? }
-        } else if lang.python {
-            match self.compiler.result().map_err(Failure::Fatal)? {
+        } else if lang.python && self.compiler.is_none() {
+            let python = self.python.clone().ok_or_else(|| answerable("the image has no python3"))?;
+            if memory_bytes > 0 {
+                memory_bytes += PYTHON_EXEC_AS_BYTES;
+            }
+            Program::Exec { argv: vec![python, src_path.clone()] }
+        } else if let Some(compiler) = self.compiler.as_mut().filter(|_| lang.python) {
+            match compiler.result().map_err(Failure::Fatal)? {
                 Compiled::Code(c) => {
                     code = c;
                     Program::Python { path: &src_path, code: Some(&code) }
@@ -245,7 +279,7 @@ impl Monitor {
             program,
             env: env.as_ref(),
             time_ms: limits.time_ms,
-            memory_bytes: lang.address_space_limit(limits.memory_bytes),
+            memory_bytes,
             file_bytes: limits.file_bytes,
             output_bytes: limits.output_bytes,
         };

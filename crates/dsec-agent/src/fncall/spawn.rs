@@ -1,5 +1,6 @@
-//! Starting the runner's Python helpers (the zygote, the compiler): a
-//! fresh `python3 -s zygote.py --MODE FD...` each, forked from the monitor
+//! Starting the runner's helpers (the zygote, the compiler): a fresh
+//! `python3 -s zygote.py --MODE FD...` each, or this binary's
+//! `fncall-exec-zygote FD...` (exec_zygote.rs), forked from the monitor
 //! (which is single-threaded and has not yet served a call) and confined
 //! before its exec in what it must keep for life.
 //!
@@ -86,6 +87,13 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
 pub fn python_helper(python: &str, script: &str, mode: &str, keep: &[i32], confinement: &Confinement, extra_env: &[(&str, &str)]) -> Result<i32, String> {
     let mut argv = vec![python.to_string(), "-s".into(), script.into(), format!("--{mode}")];
     argv.extend(keep.iter().map(|fd| fd.to_string()));
+    helper(argv, mode, keep, confinement, extra_env)
+}
+
+/// Forks and execs `argv` (its program a path) with `keep` open in it and
+/// `extra_env` in its environment; returns its pid. `mode` names it in
+/// errors.
+pub fn helper(argv: Vec<String>, mode: &str, keep: &[i32], confinement: &Confinement, extra_env: &[(&str, &str)]) -> Result<i32, String> {
     let argv: Vec<CString> = argv.into_iter().map(|a| CString::new(a).map_err(|_| format!("a NUL in the {mode}'s command"))).collect::<Result<_, _>>()?;
     let argv_ptrs = null_terminated(&argv);
     let env = helper_env(std::env::vars_os(), extra_env);

@@ -1,15 +1,18 @@
 //! Starting the zygote: `python3 -s zygote.py --zygote CTL REP CMD`, a
 //! fresh interpreter (never a fork of anything warm: it then holds only its
 //! own modules and the preloaded ones, so each of its forks copies less),
-//! root, in the Landlock domain of the calls (LANDLOCK_WRITABLE): it writes
-//! nothing itself after it starts, so its domain is the calls' domain,
-//! entered once here instead of by every worker.
+//! or, in a runner whose language is not Python, this binary's
+//! `fncall-exec-zygote CTL REP CMD` (exec_zygote.rs: the same contract
+//! without the interpreter); root, in the Landlock domain of the calls
+//! (LANDLOCK_WRITABLE): it writes nothing itself after it starts, so its
+//! domain is the calls' domain, entered once here instead of by every
+//! worker.
 
 use std::os::fd::{AsRawFd, OwnedFd};
 
 use super::landlock::{self, LANDLOCK_WRITABLE};
 use super::report::Reports;
-use super::spawn::{python_helper, Confinement, ZYGOTE_ENV};
+use super::spawn::{helper, python_helper, Confinement, ZYGOTE_ENV};
 
 /// Our ends of the zygote's descriptors, and what it said when ready.
 pub struct Zygote {
@@ -24,9 +27,26 @@ pub struct Zygote {
     pub loaded: Vec<String>,
 }
 
-/// Starts the zygote from `script` (zygote.py) with `python` and waits for
-/// its first line (the modules it preloaded).
+/// Starts the Python zygote from `script` (zygote.py) with `python` and
+/// waits for its first line (the modules it preloaded).
 pub fn start(python: &str, script: &str) -> Result<Zygote, String> {
+    start_with(|keep, confinement| python_helper(python, script, "zygote", keep, confinement, ZYGOTE_ENV))
+}
+
+/// Starts the exec zygote (this binary, `fncall-exec-zygote`) and waits
+/// for its first line (no modules).
+pub fn start_exec() -> Result<Zygote, String> {
+    let me = std::env::current_exe().map_err(|e| format!("finding the monitor's own binary: {e}"))?;
+    start_with(|keep, confinement| {
+        let mut argv = vec![me.to_string_lossy().into_owned(), "fncall-exec-zygote".into()];
+        argv.extend(keep.iter().map(|fd| fd.to_string()));
+        helper(argv, "exec zygote", keep, confinement, &[])
+    })
+}
+
+/// The descriptors and confinement of a zygote, handed to `spawn`, which
+/// starts it with them (in the order CTL REP CMD) and returns its pid.
+fn start_with(spawn: impl FnOnce(&[i32], &Confinement) -> Result<i32, String>) -> Result<Zygote, String> {
     let (cmd_ours, cmd_theirs) = rustix::net::socketpair(
         rustix::net::AddressFamily::UNIX,
         rustix::net::SocketType::SEQPACKET,
@@ -39,7 +59,7 @@ pub fn start(python: &str, script: &str) -> Result<Zygote, String> {
     let ruleset = landlock::ruleset(&LANDLOCK_WRITABLE).map_err(|e| e.to_string())?;
     let keep = [ctl_theirs.as_raw_fd(), rep_theirs.as_raw_fd(), cmd_theirs.as_raw_fd()];
     let confinement = Confinement { ruleset: ruleset.as_ref().map(|r| r.as_raw_fd()), user: None, stdin: None };
-    let pid = python_helper(python, script, "zygote", &keep, &confinement, ZYGOTE_ENV)?;
+    let pid = spawn(&keep, &confinement)?;
     drop((ruleset, ctl_theirs, rep_theirs, cmd_theirs));
     let mut reports = Reports::new(rep_ours);
     let line = reports.line().map_err(|e| format!("the zygote did not start: {e}"))?;

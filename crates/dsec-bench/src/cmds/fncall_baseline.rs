@@ -36,6 +36,10 @@ pub struct BaselineArgs {
     pub java: String,
     #[arg(long, default_value = "node")]
     pub node: String,
+    #[arg(long, default_value = "rustc")]
+    pub rustc: String,
+    #[arg(long, default_value = "perl")]
+    pub perl: String,
     /// Programs running at once (more calls wait), like a worker pool.
     #[arg(long, default_value_t = 8)]
     pub concurrency: usize,
@@ -138,7 +142,19 @@ async fn serve(st: &Baseline, req: &FnCallRequest) -> anyhow::Result<Value> {
             std::fs::write(dir.path().join("main.js"), &req.code)?;
             vec![st.args.node.clone(), "main.js".into()]
         }
-        other => anyhow::bail!("the baseline runs python, cpp, java and javascript, not {other}"),
+        "rust" => {
+            std::fs::write(dir.path().join("main.rs"), &req.code)?;
+            let compile = [st.args.rustc.as_str(), "-O", "--edition", "2021", "-o", "prog", "main.rs"];
+            if !compile_step(&compile, dir.path()).await? {
+                return Ok(json!({"status": "compile_error"}));
+            }
+            vec![dir.path().join("prog").display().to_string()]
+        }
+        "perl" => {
+            std::fs::write(dir.path().join("main.pl"), &req.code)?;
+            vec![st.args.perl.clone(), "main.pl".into()]
+        }
+        other => anyhow::bail!("the baseline runs python, cpp, java, javascript, rust and perl, not {other}"),
     };
     let cases: Vec<(String, Option<String>)> = if req.test_cases.is_empty() {
         vec![(req.stdin.clone().unwrap_or_default(), None)]
