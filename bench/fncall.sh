@@ -5,7 +5,8 @@
 # code; Debian's /usr/bin/python3, the judge image's interpreter; no isolation
 # at all, which only flatters it), in the same run:
 #   1. a short Python snippet at 1, 8, 64 and 256 concurrent clients (wrk):
-#      calls/s, p50, p99
+#      calls/s, p50, p99; and at 64 clients with every request's source
+#      new (a comment differs), which no runner has compiled before
 #   2. a C++ online-judge submission with 10 test cases: submissions/s with
 #      the compile cache warm (the same source every time) and cold (every
 #      request's source differs by a comment), for a source that includes
@@ -38,6 +39,7 @@ fncall_start_baseline --python /usr/bin/python3
 bench_log "baseline at $BASELINE (pid $BASELINE_PID)"
 
 printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/py.json"
+printf '%s' '{"language":"python","code":"# @NONCE@\nprint(sum(i * i for i in range(100)))"}' >"$WORK/py_nonce.json"
 "$PY" - "$WORK/cpp.json" "$WORK/cpp_nonce.json" "$WORK/py_judge.json" "$WORK/cpp_stdcpp_nonce.json" <<'PYEOF'
 import json, sys
 src = "#include <iostream>\nint main() { long a, b; std::cin >> a >> b; std::cout << a + b << std::endl; }\n"
@@ -75,6 +77,12 @@ done
             [ $first = 1 ] || echo ","; first=0
             wrk_run "python snippet" "$t" "$url" "$WORK/py.json" "$conns"
         done
+    done
+    for t in dsec baseline; do
+        [ "$PART" = judge ] && break
+        url=$DSEC_ENDPOINT; [ "$t" = baseline ] && url=$BASELINE
+        bench_log "python snippet, every source new, $t, 64 clients"
+        echo ","; wrk_run "python snippet, every source new" "$t" "$url" "$WORK/py_nonce.json" 64 1
     done
     for t in dsec baseline; do
         [ "$PART" = snippet ] && break

@@ -11,7 +11,8 @@
 #   FLAGS_B add `dsec up` flags to one side (e.g. FLAGS_B="--fncall-preload
 #   math" against the same build). ~30 s per round.
 # The request is DSEC_BENCH_AB_WORKLOAD: `python` (default; a short snippet,
-# 2 runners per core) or `cpp-judge` (bench/fncall.sh's C++ submission of 10
+# 2 runners per core), `python-new` (the same snippet, every request's
+# source new: a comment differs) or `cpp-judge` (bench/fncall.sh's C++ submission of 10
 # test cases with the compile cache warm, 1 runner per core; per run, the
 # figure is submissions/s).
 source "$(dirname "$0")/lib.sh"
@@ -28,6 +29,10 @@ python)
     LANG_=python RUNNERS=$((2 * $(nproc)))
     printf '%s' '{"language":"python","code":"print(sum(i * i for i in range(100)))"}' >"$WORK/body.json"
     ;;
+python-new)
+    LANG_=python RUNNERS=$((2 * $(nproc))) NONCE=1
+    printf '%s' '{"language":"python","code":"# @NONCE@\nprint(sum(i * i for i in range(100)))"}' >"$WORK/body.json"
+    ;;
 cpp-judge)
     LANG_=cpp RUNNERS=$(nproc)
     "$PY" - "$WORK/body.json" <<'PYEOF'
@@ -37,7 +42,7 @@ cases = [{"stdin": f"{i} {i * 7}\n", "expected_output": f"{i * 8}\n"} for i in r
 json.dump({"language": "cpp", "code": src, "test_cases": cases}, open(sys.argv[1], "w"))
 PYEOF
     ;;
-*) echo "unknown DSEC_BENCH_AB_WORKLOAD '$WORKLOAD' (python or cpp-judge)" >&2; exit 2 ;;
+*) echo "unknown DSEC_BENCH_AB_WORKLOAD '$WORKLOAD' (python, python-new or cpp-judge)" >&2; exit 2 ;;
 esac
 
 # Nanoseconds of CPU used so far by this node's sandboxes (the node's
@@ -68,10 +73,10 @@ one_run() { # LABEL DSEC [extra `dsec up` flags]
     bench_start_dsec --fncall-pools "$LANG_=$RUNNERS:$RUNNERS" --cpu-overcommit 64 "$@"
     bench_wait_python_pool "$RUNNERS" "$LANG_" || { echo "$label: the $LANG_ pool did not warm up" >&2; exit 1; }
     # Warm-up: a second of load, not counted (it also fills the compile cache).
-    DSEC_BENCH_BODY=$WORK/body.json wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
+    DSEC_BENCH_BODY=$WORK/body.json DSEC_BENCH_NONCE=${NONCE:-} wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
     local c0 c1 out j
     c0=$(cpu_ns)
-    out=$(DSEC_BENCH_BODY=$WORK/body.json wrk -t2 -c"$CONNS" -d"${SECS}s" --timeout 30s \
+    out=$(DSEC_BENCH_BODY=$WORK/body.json DSEC_BENCH_NONCE=${NONCE:-} wrk -t2 -c"$CONNS" -d"${SECS}s" --timeout 30s \
         -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" 2>&1)
     c1=$(cpu_ns)
     j=$(printf '%s\n' "$out" | sed -n 's/^WRKJSON //p')

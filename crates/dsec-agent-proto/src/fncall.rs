@@ -60,12 +60,6 @@ pub struct MonitorRequest<'a> {
     /// `install`: the program, base64.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub binary: Option<String>,
-    /// `run`: the code is the previous run's, in the same FnCall request
-    /// (a judge's next test case), so the monitor may reuse what it
-    /// compiled for it. The edge never sets it across requests: no call
-    /// can tell whether another call ran the same code.
-    #[serde(default, skip_serializing_if = "is_false")]
-    pub same_code: bool,
 }
 
 impl<'a> MonitorRequest<'a> {
@@ -80,24 +74,4 @@ fn empty_str(s: &Cow<'_, str>) -> bool {
 
 fn empty_list(l: &Cow<'_, [String]>) -> bool {
     l.is_empty()
-}
-
-fn is_false(b: &bool) -> bool {
-    !*b
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn same_code_is_on_the_wire_only_when_set_and_read_back() {
-        let mut r = MonitorRequest::new("run", CallLimits::default());
-        assert!(!serde_json::to_string(&r).unwrap().contains("same_code"));
-        r.same_code = true;
-        let wire = serde_json::to_string(&r).unwrap();
-        assert!(wire.contains("\"same_code\":true"), "{wire}");
-        assert!(serde_json::from_str::<MonitorRequest<'_>>(&wire).unwrap().same_code);
-        assert!(!serde_json::from_str::<MonitorRequest<'_>>(r#"{"op":"run"}"#).unwrap().same_code);
-    }
 }

@@ -224,7 +224,7 @@ impl FnCallService {
         }
         if !judge {
             let stdin = req.stdin.as_deref().unwrap_or("").as_bytes();
-            let z = self.run_step(lease, req, plan, stdin, &req.fetch_files, false).await?;
+            let z = self.run_step(lease, req, plan, stdin, &req.fetch_files).await?;
             let (step, _) = step_result(&z, plan.memory_bytes);
             resp.status = status_name(step.status).into();
             resp.files = z.fetched.iter().map(|(k, v)| (k.clone(), b64(v))).collect();
@@ -232,14 +232,15 @@ impl FnCallService {
             return Ok(resp);
         }
         let mut overall: Option<Verdict> = None;
-        for (i, case) in req.test_cases.iter().enumerate() {
+        for case in &req.test_cases {
             if overall.is_some() && plan.stop_on_first_failure {
                 resp.cases.push(CaseResult { verdict: Verdict::SKIPPED, run: None, checker_message: None });
                 continue;
             }
-            // Every case after the first runs the same code on the same
-            // runner: a Python program is compiled once per submission.
-            let z = self.run_step(lease, req, plan, case.stdin.as_bytes(), &[], i > 0).await?;
+            // Every case runs the same code on the same runner: a Python
+            // program is compiled once per submission (the monitor
+            // remembers what became of the sources it saw last).
+            let z = self.run_step(lease, req, plan, case.stdin.as_bytes(), &[]).await?;
             let (step, stdout) = step_result(&z, plan.memory_bytes);
             let (verdict, checker_message) = match (step.status, &case.expected_output) {
                 (RunStatus::Ok, None) => (Verdict::AC, None),
@@ -297,13 +298,12 @@ impl FnCallService {
         Ok(Some(step))
     }
 
-    async fn run_step(&self, lease: &mut Lease, req: &FnCallRequest, plan: &Plan, stdin: &[u8], fetch: &[String], same_code: bool) -> Result<ZResponse, FnCallError> {
+    async fn run_step(&self, lease: &mut Lease, req: &FnCallRequest, plan: &Plan, stdin: &[u8], fetch: &[String]) -> Result<ZResponse, FnCallError> {
         let limits = ZLimits { time_ms: plan.time_ms, memory_bytes: plan.memory_bytes, output_bytes: plan.output_bytes, file_bytes: plan.output_bytes + 1 };
         let mut z = ZRequest::new("run", limits);
         z.language = req.language.as_str().into();
         if !plan.compiled {
             z.code = req.code.as_str().into();
-            z.same_code = same_code;
         }
         z.stdin = b64(stdin);
         z.files = req.files.clone();

@@ -11,9 +11,8 @@
 //! (COMPILER_UID: not root, not the call user, so calls can neither signal
 //! nor trace it), with no_new_privs and in a Landlock domain where it can
 //! write nowhere. It serves one source at a time and keeps nothing of one
-//! call for the next. The monitor remembers the last source and what
-//! became of it, and reuses that only when the edge says a run has the
-//! previous run's code within one request (a judge's test cases).
+//! call for the next. The monitor remembers what became of the last
+//! sources (compiled_cache.rs) and asks again only for a new one.
 //!
 //! Protocol (two pipes): the monitor writes an 8-byte little-endian length
 //! and the source; the compiler answers with one kind byte, an 8-byte
@@ -25,6 +24,7 @@
 
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
+use super::compiled_cache::{CompiledCache, MAX_SOURCE};
 use super::landlock;
 use super::spawn::{python_helper, Confinement};
 use super::sys::write_all;
@@ -41,21 +41,28 @@ pub enum Compiled {
     InWorker,
 }
 
+impl Compiled {
+    /// Bytes it holds.
+    pub fn payload_len(&self) -> usize {
+        match self {
+            Compiled::Code(b) | Compiled::SyntaxError(b) => b.len(),
+            Compiled::InWorker => 0,
+        }
+    }
+}
+
 pub struct Compiler {
     pub pid: i32,
     to: OwnedFd,
     from: OwnedFd,
     /// A source was sent and its answer not read yet.
     pending: bool,
-    /// The last source submitted (if small enough to keep) and, once
-    /// read, what became of it.
-    last: Option<(Vec<u8>, Option<Compiled>)>,
-    /// `result` answers from `last` without asking the compiler.
-    reused: bool,
+    /// That source, if small enough to remember what became of it.
+    submitted: Option<Vec<u8>>,
+    /// The answer `result` gives without asking the compiler.
+    known: Option<Compiled>,
+    cache: CompiledCache,
 }
-
-/// Sources longer than this are not remembered for reuse.
-const MAX_REMEMBERED_SOURCE: usize = 256 << 10;
 
 /// Kind byte and length before every answer.
 const HEADER: usize = 9;
@@ -84,7 +91,7 @@ impl Compiler {
         let keep = [src_theirs.as_raw_fd(), out_theirs.as_raw_fd()];
         let pid = python_helper(python, "-", "compiler", &keep, &confinement, &[])?;
         drop((ruleset, script, src_theirs, out_theirs));
-        let mut c = Compiler { pid, to, from, pending: false, last: None, reused: false };
+        let mut c = Compiler { pid, to, from, pending: false, submitted: None, known: None, cache: CompiledCache::default() };
         // Its first message: the file name the code objects carry.
         c.send(path.as_bytes())?;
         match c.answer()? {
@@ -123,29 +130,20 @@ impl Compiler {
         Ok((got[0], got.split_off(HEADER)))
     }
 
-    /// Hands the compiler a source; `result` gets what became of it. The
-    /// monitor prepares the call meanwhile (on another core, if free). An
-    /// answer nobody asked for (the call failed before it needed its code)
-    /// is read and dropped here first. Err means the compiler is gone.
-    /// (The monitor calls `submit_or_reuse`; tests call this.)
-    #[cfg(test)]
+    /// Hands the compiler a source, unless what became of it is
+    /// remembered; `result` gets the answer. The monitor prepares the call
+    /// meanwhile (on another core, if free). An answer nobody asked for
+    /// (the call failed before it needed its code) is read first, and
+    /// remembered. Err means the compiler is gone.
     pub fn submit(&mut self, source: &[u8]) -> Result<(), String> {
-        self.submit_or_reuse(source, false)
-    }
-
-    /// `submit`, unless `reuse` and `source` is the last source, whose
-    /// answer is known: then nothing is sent and `result` repeats it.
-    pub fn submit_or_reuse(&mut self, source: &[u8], reuse: bool) -> Result<(), String> {
-        self.reused = reuse
-            && !self.pending
-            && matches!(&self.last, Some((last, Some(_))) if last.as_slice() == source);
-        if self.reused {
+        if self.pending {
+            self.take_answer()?;
+        }
+        self.known = self.cache.get(source);
+        if self.known.is_some() {
             return Ok(());
         }
-        if self.pending {
-            self.answer()?;
-        }
-        self.last = (source.len() <= MAX_REMEMBERED_SOURCE).then(|| (source.to_vec(), None));
+        self.submitted = (source.len() <= MAX_SOURCE).then(|| source.to_vec());
         self.send(source)?;
         self.pending = true;
         Ok(())
@@ -154,14 +152,17 @@ impl Compiler {
     /// What became of the source last submitted. Err means the compiler is
     /// gone or confused (the runner is then retired).
     pub fn result(&mut self) -> Result<Compiled, String> {
-        if std::mem::take(&mut self.reused) {
-            if let Some((_, Some(known))) = &self.last {
-                return Ok(known.clone());
-            }
+        if let Some(known) = self.known.take() {
+            return Ok(known);
         }
         if !self.pending {
             return Err("no source was submitted to the compiler".into());
         }
+        self.take_answer()
+    }
+
+    /// Reads the pending answer and remembers it.
+    fn take_answer(&mut self) -> Result<Compiled, String> {
         self.pending = false;
         let compiled = match self.answer()? {
             (b'c', code) => Compiled::Code(code),
@@ -169,8 +170,8 @@ impl Compiler {
             (b'f', _) => Compiled::InWorker,
             (kind, _) => return Err(format!("the compiler answered {:?}", kind as char)),
         };
-        if let Some((_, known)) = &mut self.last {
-            *known = Some(compiled.clone());
+        if let Some(source) = self.submitted.take() {
+            self.cache.put(source, compiled.clone());
         }
         Ok(compiled)
     }
@@ -211,12 +212,12 @@ mod tests {
         assert!(String::from_utf8_lossy(&text).contains("null bytes"));
         // Too deep for the compiler's stack: the worker meets it within the call's limits.
         assert_eq!(c.compile(&[b"-".repeat(200_000), b"1".to_vec()].concat()).unwrap(), Compiled::InWorker);
-        // An answer never asked for is dropped before the next one.
+        // An answer never asked for is read before the next one.
         c.submit(b"print(1)").unwrap();
         assert!(matches!(c.compile(b"x = (").unwrap(), Compiled::SyntaxError(_)));
-        // The previous source again, said to be the same code: answered
-        // from memory (the compiler, killed here, is not asked); another
-        // source, or one not said to be the same, is the compiler's again.
+        // A source seen before is answered from memory (the compiler,
+        // killed here, is not asked), even after others; a new one is the
+        // compiler's again.
         let Compiled::Code(first) = c.compile(b"print(6 * 7)").unwrap() else { panic!("not compiled") };
         let status = std::fs::read_to_string(format!("/proc/{}/status", c.pid)).unwrap();
         // SAFETY: kill takes integers; the pid is our own child's.
@@ -224,10 +225,11 @@ mod tests {
         let mut exit = 0;
         // SAFETY: waitpid writes only `exit`.
         unsafe { libc::waitpid(c.pid, &mut exit, 0) };
-        c.submit_or_reuse(b"print(6 * 7)", true).unwrap();
-        assert_eq!(c.result().unwrap(), Compiled::Code(first));
-        assert!(c.submit_or_reuse(b"print(6 * 8)", true).and_then(|_| c.result()).is_err(), "a new source needs the compiler");
-        assert!(c.submit_or_reuse(b"print(6 * 7)", false).and_then(|_| c.result()).is_err());
+        assert_eq!(c.compile(b"print(6 * 7)").unwrap(), Compiled::Code(first));
+        assert!(matches!(c.compile(b"print(1)").unwrap(), Compiled::Code(_)), "an answer nobody asked for is remembered too");
+        assert!(c.compile(b"print(6 * 8)").is_err(), "a new source needs the compiler");
+        // Compiled in the worker is not remembered: asked again.
+        assert!(c.compile(&[b"-".repeat(200_000), b"1".to_vec()].concat()).is_err());
         // Neither root nor able to gain privileges (read before the kill).
         assert!(status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().skip(1).all(|u| u == COMPILER_UID.to_string())), "{status}");
         assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "{status}");

@@ -10,7 +10,7 @@
 //!
 //! Per call it prepares the scratch directory and the stdio memfds, has
 //! the compiler (compiler.rs) turn a Python call's source into a code
-//! object, hands the call to the zygote's pre-forked worker (see
+//! object (a source seen lately is answered from compiled_cache.rs), hands the call to the zygote's pre-forked worker (see
 //! zygote.py: a warm Python interpreter the monitor starts once and which
 //! forks one worker ahead of each call), waits for the worker's end,
 //! answers and cleans up. With `--exec-zygote` (the edge gives it to
@@ -32,6 +32,7 @@
 
 mod answer;
 mod cleanup;
+mod compiled_cache;
 mod compiler;
 mod edge_link;
 mod exec_zygote;
@@ -211,7 +212,7 @@ impl Monitor {
         let limits = req.limits.as_ref().ok_or_else(|| answerable("a run needs limits"))?;
         if let Some(compiler) = self.compiler.as_mut().filter(|_| lang.python && !compile) {
             // Compiled while the call's directory is made (call() takes it).
-            compiler.submit_or_reuse(req.code.as_bytes(), req.same_code).map_err(Failure::Fatal)?;
+            compiler.submit(req.code.as_bytes()).map_err(Failure::Fatal)?;
         }
         scratch::prepare().map_err(answerable)?;
         // Plain names the monitor created in scratch (scratch::remove).

@@ -317,9 +317,9 @@ async def test_judge_compare_modes_and_checker(client: DSecClient) -> None:
 
 
 async def test_a_python_submission_is_compiled_once_and_each_case_gets_its_input(client: DSecClient) -> None:
-    # The edge marks the runs after the first as the same code; the monitor
-    # then reuses its compiled form (compiler.rs). Each case keeps its own
-    # input, output and verdict.
+    # The monitor remembers what the compiler made of the sources it saw
+    # last (compiled_cache.rs), so the runs after the first reuse it. Each
+    # case keeps its own input, output and verdict.
     cases = [TestCase(str(i), str(i * 2)) for i in range(6)]
     ok = await call(client, "print(int(input()) * 2)", test_cases=cases)
     assert ok.verdict == "AC" and [c.verdict for c in ok.cases] == ["AC"] * 6, ok
@@ -331,10 +331,15 @@ async def test_a_python_submission_is_compiled_once_and_each_case_gets_its_input
     verdicts = [c.verdict for c in broken.cases]
     assert len(set(verdicts)) == 1 and verdicts[0] != "AC", broken
     assert all("SyntaxError" in c.run.stderr for c in broken.cases), broken
-    # The next request with the same code is compiled again (nothing of one
-    # request is reused by another) and still right.
+    # Another request with the same code, remembered or compiled again
+    # (whichever runner takes it), is still right with its own input; so is
+    # a source that differs by one character.
     again = await call(client, "print(int(input()) * 2)", test_cases=cases[:2])
     assert again.verdict == "AC", again
+    single = await call(client, "print(int(input()) * 2)", stdin="21")
+    assert single.stdout == "42\n", single
+    other = await call(client, "print(int(input()) * 3)", stdin="21")
+    assert other.stdout == "63\n", other
 
 
 async def test_batch_and_concurrency(client: DSecClient) -> None:
