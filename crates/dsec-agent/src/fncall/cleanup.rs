@@ -6,7 +6,7 @@
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
-use super::sys::{as_call_user, read_small, read_to_end_at};
+use super::sys::{as_call_user, children_list, read_small, read_to_end_at};
 use super::CALL_UID;
 
 /// How long the processes of a call may take to die before the runner is
@@ -35,11 +35,7 @@ pub struct Family {
 
 impl Family {
     pub fn new(zygote: i32, compiler: Option<i32>) -> Result<Self, String> {
-        let me = rustix::process::getpid().as_raw_nonzero().get();
-        let path = format!("/proc/self/task/{me}/children");
-        let children = rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-            .map_err(|e| format!("{path}: {e}"))?;
-        Ok(Family { children, zygote, compiler })
+        Ok(Family { children: children_list()?, zygote, compiler })
     }
 
     /// Whether the call left no process at all (our only children are the

@@ -26,7 +26,7 @@ use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 
 use super::marshal::Reader;
-use super::sys::{read_to_end_at, write_all};
+use super::sys::{children_list, read_to_end_at, write_all};
 use super::worker::MAX_WORKER_MSG;
 use super::{CALL_GID, CALL_UID};
 
@@ -51,10 +51,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
         // SAFETY: restores a signal's default action; no handler runs.
         unsafe { libc::signal(sig, libc::SIG_DFL) };
     }
-    let me = rustix::process::getpid().as_raw_nonzero().get();
-    let path = format!("/proc/self/task/{me}/children");
-    let children = rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| format!("{path}: {e}"))?;
+    let children = children_list()?;
     // Ready: no modules preloaded.
     write_all(rep.as_fd(), b"\n").map_err(|e| format!("the monitor is gone: {e}"))?;
     loop {

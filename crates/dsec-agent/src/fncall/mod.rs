@@ -10,14 +10,15 @@
 //!
 //! Per call it prepares the scratch directory and the stdio memfds, has
 //! the compiler (compiler.rs) turn a Python call's source into a code
-//! object (a source seen lately is answered from compiled_cache.rs), hands the call to the zygote's pre-forked worker (see
-//! zygote.py: a warm Python interpreter the monitor starts once and which
-//! forks one worker ahead of each call), waits for the worker's end,
-//! answers and cleans up. With `--exec-zygote` (the edge gives it to
-//! runners of every language but Python) there is no compiler and the
-//! zygote is exec_zygote.rs, which forks far more cheaply: every step then
-//! execs its program, a Python checker's too (`python3 main.py`). It holds calls' data but never forks after
-//! starting its two helpers, so no call inherits its memory. It is
+//! object (a source seen lately is answered from compiled_cache.rs),
+//! hands the call to the zygote's pre-forked worker (see zygote.py: a warm
+//! Python interpreter the monitor starts once and which forks one worker
+//! ahead of each call), waits for the worker's end, answers and cleans
+//! up. With `--exec-zygote` (the edge gives it to runners of every
+//! language but Python) there is no compiler and the zygote is
+//! exec_zygote.rs, which forks far more cheaply: every step then execs its
+//! program, a Python checker's too (`python3 main.py`). It holds calls'
+//! data but never forks after starting its two helpers, so no call inherits its memory. It is
 //! single-threaded and makes only blocking system calls: a call is about
 //! thirty of them, and in Rust they are most of its cost (the Python
 //! monitor it replaced spent ~0.4 ms per call, mostly interpretation).
@@ -110,9 +111,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     Monitor::start(script, exec_zygote)?.serve()
 }
 
-pub fn run_exec_zygote(args: &[String]) -> Result<(), String> {
-    exec_zygote::run(args)
-}
+pub use exec_zygote::run as run_exec_zygote;
 
 struct Monitor {
     zygote: Zygote,

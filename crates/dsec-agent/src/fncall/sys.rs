@@ -31,6 +31,15 @@ pub fn as_call_user<T>(f: impl FnOnce() -> T) -> io::Result<T> {
     Ok(r)
 }
 
+/// This single-threaded process's list of children
+/// (`/proc/self/task/PID/children`), opened once to be read by
+/// `read_to_end_at`: whether any child is left without a scan of /proc.
+pub fn children_list() -> Result<OwnedFd, String> {
+    let me = rustix::process::getpid().as_raw_nonzero().get();
+    let path = format!("/proc/self/task/{me}/children");
+    rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()).map_err(|e| format!("{path}: {e}"))
+}
+
 /// A small file's bytes (one open, a read or two, one close).
 pub fn read_small(path: &str) -> io::Result<Vec<u8>> {
     let fd = rustix::fs::open(path, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
