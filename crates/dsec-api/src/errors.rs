@@ -60,7 +60,7 @@ error_codes! {
     MethodNotAllowed = ("method_not_allowed", 405, "The route exists but not for this HTTP method."),
     SandboxNotRunning = ("sandbox_not_running", 409, "The sandbox is not running (stopped, failed or still starting)."),
     JobAlreadyPaused = ("job_already_paused", 409, "Every live sandbox of this job is already paused: nothing was done (a retried pause can take this as success)."),
-    SandboxEnded = ("sandbox_ended", 409, "The sandbox has stopped or failed: its processes are gone, so it cannot be paused or resumed."),
+    SandboxEnded = ("sandbox_ended", 409, "The sandbox has stopped or failed, or was stopped before it started: its processes are gone, so it cannot be paused, resumed or waited for."),
     AlreadyExists = ("already_exists", 409, "Something already exists at this path or with this name."),
     DirectoryNotEmpty = ("directory_not_empty", 409, "The directory is not empty (use recursive removal)."),
     StepConflict = ("step_conflict", 409, "The step id is already in the sandbox's trajectory log for a different operation; a step id names one operation."),

@@ -84,7 +84,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         fncall: started.fncall_backend(),
         sandboxfusion_open: false,
     };
-    serve(a.listen, state, &format!("edge of node {}", started.edge.node())).await?;
+    serve(a.listen, state, &format!("edge of node {}", started.edge.node()), Some(started.edge.clone())).await?;
     started.shutdown().await;
     Ok(0)
 }
@@ -111,6 +111,6 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         sandboxfusion_open: a.sandboxfusion_open,
     };
     let what = format!("apiserver for {} edge(s); admin token in {}", a.edges.len(), a.data_dir.join("admin-token").display());
-    serve(a.listen, state, &what).await?;
+    serve(a.listen, state, &what, None).await?;
     Ok(0)
 }

@@ -340,7 +340,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
         sandboxfusion_open: a.sandboxfusion_open,
     };
     let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
-    serve(a.listen, state, &what).await?;
+    serve(a.listen, state, &what, Some(started.edge.clone())).await?;
     started.shutdown().await;
     Ok(0)
 }
@@ -359,13 +359,22 @@ impl StartedEdge {
     }
 }
 
-/// Serves the API until SIGINT or SIGTERM.
-pub async fn serve(listen: SocketAddr, state: AppState, what: &str) -> anyhow::Result<()> {
+/// Serves the API until SIGINT or SIGTERM. Then requests in flight are
+/// answered before this returns; `edge`, the node this process runs, if
+/// any, first has its creations in flight cut short, so that none holds the
+/// shutdown for a VM's boot.
+pub async fn serve(listen: SocketAddr, state: AppState, what: &str, edge: Option<Edge>) -> anyhow::Result<()> {
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let addr = listener.local_addr()?;
     eprintln!("dsec is up at http://{addr} ({what})");
+    let signalled = async move {
+        shutdown_signal().await;
+        if let Some(edge) = edge {
+            edge.stop_creations("the node shut down");
+        }
+    };
     axum::serve(LingeringListener::new(listener), dsec_apiserver::router(state))
-        .with_graceful_shutdown(shutdown_signal())
+        .with_graceful_shutdown(signalled)
         .await
         .context("serving the API")?;
     eprintln!("dsec is shutting down");

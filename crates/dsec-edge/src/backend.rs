@@ -34,6 +34,17 @@ pub trait Backend: Send + Sync + 'static {
     fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan, durable: Durable)
         -> BoxFuture<'a, Result<Instance, EdgeError>>;
 
+    /// Cuts short a `start` of sandbox `id` that is under way, because the
+    /// sandbox is being stopped: kills what the start has spawned so far,
+    /// so that the start fails (and undoes itself) at once instead of
+    /// finishing a boot nobody wants. May be called again while the start
+    /// lasts (it may spawn again: a cold boot after a failed restore).
+    /// `false` where a start is too short to be worth cutting: the stop
+    /// then waits for it. Blocking.
+    fn abort_start(&self, _id: &str) -> bool {
+        false
+    }
+
     /// Re-attaches to a running sandbox after an edge restart.
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>>;
 

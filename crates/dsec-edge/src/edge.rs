@@ -159,6 +159,9 @@ pub(crate) struct Entry {
     pub(crate) activity: Activity,
     /// Serialises create and stop of this sandbox.
     pub(crate) op_lock: tokio::sync::Mutex<()>,
+    /// The reason of a stop asked for while the sandbox was being created
+    /// (`Edge::lock_for_stop`): its creation then ends as `stopped`.
+    pub(crate) stop_asked: Mutex<Option<String>>,
     /// Becomes true once the sandbox's processes are gone and cleaned up.
     pub(crate) exited: watch::Sender<bool>,
     /// Whether admission still holds this sandbox's reservation.
@@ -179,6 +182,7 @@ impl Entry {
             instance: Mutex::new(None),
             activity: Activity { in_flight: AtomicU32::new(0), last_ms: AtomicU64::new(last) },
             op_lock: tokio::sync::Mutex::new(()),
+            stop_asked: Mutex::new(None),
             exited: watch::channel(false).0,
             reserved: AtomicBool::new(reserved),
             pack: Mutex::new(None),
@@ -194,6 +198,10 @@ impl Entry {
 
     pub(crate) fn state(&self) -> State {
         lock(&self.record).state
+    }
+
+    pub(crate) fn stop_asked(&self) -> Option<String> {
+        lock(&self.stop_asked).clone()
     }
 
     pub(crate) fn instance(&self) -> Option<Arc<Instance>> {

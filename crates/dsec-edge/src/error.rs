@@ -21,6 +21,10 @@ pub enum EdgeError {
     NotRunning { id: String, state: &'static str },
     #[error("sandbox {id} is {state}: its processes are gone, so it cannot be paused or resumed")]
     Ended { id: String, state: &'static str },
+    /// The answer to a creation whose sandbox was stopped (or deleted)
+    /// before it ran.
+    #[error("sandbox {id} was stopped before it started: {reason}")]
+    StoppedWhileCreating { id: String, reason: String },
     #[error("no capacity: {0}")]
     NoCapacity(String),
     #[error("creation queue full: {0}")]
@@ -78,7 +82,7 @@ impl EdgeError {
             EdgeError::SandboxNotFound(_) => ErrorCode::SandboxNotFound,
             EdgeError::ImageNotFound(_) => ErrorCode::ImageNotFound,
             EdgeError::NotRunning { .. } => ErrorCode::SandboxNotRunning,
-            EdgeError::Ended { .. } => ErrorCode::SandboxEnded,
+            EdgeError::Ended { .. } | EdgeError::StoppedWhileCreating { .. } => ErrorCode::SandboxEnded,
             EdgeError::NoCapacity(_) => ErrorCode::NoCapacity,
             EdgeError::QueueFull(_) => ErrorCode::CreationQueueFull,
             EdgeError::JobNotFound(_) => ErrorCode::JobNotFound,

@@ -96,14 +96,14 @@ impl Edge {
                 match wait.await {
                     Ok(()) => inner.create_queue.granted(),
                     // Stopped while queued: stop settled the record.
-                    Err(_) => return Err(EdgeError::Ended { id, state: entry.state().as_str() }),
+                    Err(_) => return Err(stopped_while_creating(&entry, id)),
                 }
             }
         };
         let _op = entry.op_lock.lock().await;
         if entry.state() != State::Queued {
             // Stopped between the hand-off and here.
-            return Err(EdgeError::Ended { id, state: entry.state().as_str() });
+            return Err(stopped_while_creating(&entry, id));
         }
         let rec = {
             let mut r = lock(&entry.record);
@@ -136,8 +136,15 @@ impl Edge {
                 tracing::debug!(target: "dsec_edge::create_phases", plan = t_plan.as_micros() as u64, pre = t_pre.as_micros() as u64, started = t_started.as_micros() as u64, done = t0.elapsed().as_micros() as u64, "create phases");
                 Ok(rec)
             }
+            // A stop cut the start short (`lock_for_stop`), or came as it
+            // failed anyway: the sandbox was stopped, not broken.
+            Err(_) if entry.stop_asked().is_some() => {
+                let reason = entry.stop_asked().unwrap_or_default();
+                self.settle_without_process(&entry, State::Stopped, &reason);
+                Err(EdgeError::StoppedWhileCreating { id, reason })
+            }
             Err(e) => {
-                self.fail(&entry, &format!("creation failed: {e}"));
+                self.settle_without_process(&entry, State::Failed, &format!("creation failed: {e}"));
                 Err(e)
             }
         }
@@ -152,11 +159,12 @@ impl Edge {
         r
     }
 
-    /// Marks a sandbox without processes failed and frees its reservation.
-    fn fail(&self, entry: &Arc<Entry>, reason: &str) {
+    /// Settles a sandbox whose start left no process (failed, or stopped
+    /// while it started) and frees its reservation.
+    fn settle_without_process(&self, entry: &Arc<Entry>, state: State, reason: &str) {
         let rec = {
             let mut r = lock(&entry.record);
-            r.state = State::Failed;
+            r.state = state;
             r.reason = Some(reason.to_string());
             r.stopped_at_ms = Some(now_ms());
             r.pid = None;
@@ -224,9 +232,16 @@ impl Edge {
                 tracing::warn!(%id, error = %e, "cleanup after exit incomplete; the reaper will retry");
             }
             *lock(&entry.instance) = None;
+            let stop_asked = entry.stop_asked();
             let rec = {
                 let mut r = lock(&entry.record);
                 match r.state {
+                    // Killed by a stop that found it still starting
+                    // (`lock_for_stop`) as the start completed.
+                    State::Running if stop_asked.is_some() => {
+                        r.state = State::Stopped;
+                        r.reason = stop_asked;
+                    }
                     State::Queued | State::Creating | State::Running | State::Pausing | State::Paused | State::Resuming => {
                         r.state = State::Failed;
                         r.reason = Some(describe_exit(status, oom));
@@ -273,7 +288,7 @@ impl Edge {
 
     async fn stop_to_completion(&self, caller: &Caller, id: &str, reason: &str) -> Result<SandboxRecord, EdgeError> {
         let entry = self.entry(caller, id)?;
-        let _op = entry.op_lock.lock().await;
+        let _op = self.lock_for_stop(&entry, reason).await;
         let before = entry.state();
         if before == State::Queued {
             return Ok(self.stop_queued(&entry, reason));
@@ -333,6 +348,60 @@ impl Edge {
             return Err(EdgeError::Timeout(format!("stopping {id}")));
         }
         Ok(entry.record())
+    }
+
+    /// Stops every sandbox still queued or being created, without waiting:
+    /// the node is shutting down, and their creations end at once (as
+    /// `stopped`, with `reason`) instead of holding the shutdown for a
+    /// VM's boot. Sandboxes already running are left to
+    /// [`Edge::shutdown`].
+    pub fn stop_creations(&self, reason: &str) {
+        let ids: Vec<String> = {
+            let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
+            reg.iter().filter(|(_, e)| matches!(e.state(), State::Queued | State::Creating)).map(|(id, _)| id.clone()).collect()
+        };
+        for id in ids {
+            let (edge, reason) = (self.clone(), reason.to_string());
+            tokio::spawn(async move {
+                if let Err(e) = edge.stop(&Caller::admin(), &id, &reason).await {
+                    tracing::warn!(%id, error = %e, "stopping a creation at shutdown");
+                }
+            });
+        }
+    }
+
+    /// Takes the sandbox's operation lock for a stop. A creation holds it
+    /// until its sandbox runs, and a VM's boot can take a minute under
+    /// emulation: while a creation holds it, the stop is recorded on the
+    /// entry and the backend kills what the start has spawned (again every
+    /// [`ABORT_START_EVERY`], since a start may spawn again), so that the
+    /// creation fails at once and settles the sandbox as stopped. Backends
+    /// whose start is short are waited for.
+    async fn lock_for_stop<'e>(&self, entry: &'e Arc<Entry>, reason: &str) -> tokio::sync::MutexGuard<'e, ()> {
+        let mut op = std::pin::pin!(entry.op_lock.lock());
+        let mut tick = tokio::time::interval(ABORT_START_EVERY);
+        loop {
+            tokio::select! {
+                biased;
+                guard = &mut op => return guard,
+                _ = tick.tick() => {}
+            }
+            let (id, kind, creating) = {
+                let r = lock(&entry.record);
+                (r.id.clone(), r.spec.backend, r.state == State::Creating)
+            };
+            if !creating {
+                continue;
+            }
+            lock(&entry.stop_asked).get_or_insert_with(|| reason.to_string());
+            let edge = self.clone();
+            let cut = tokio::task::spawn_blocking(move || edge.inner.backends.for_cleanup(kind).abort_start(&id)).await.unwrap_or(false);
+            if !cut {
+                // Nothing was killed: the creation ends as it would have.
+                *lock(&entry.stop_asked) = None;
+                return op.await;
+            }
+        }
     }
 
     /// A queued creation has nothing on the host yet: take it out of the
@@ -405,4 +474,13 @@ impl Edge {
             .await
             .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))?
     }
+}
+
+/// How often a stop kills again what a creation it cuts short has spawned.
+const ABORT_START_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The answer to a creation that a stop settled before it ran.
+fn stopped_while_creating(entry: &Entry, id: String) -> EdgeError {
+    let reason = entry.record().reason.unwrap_or_else(|| "stopped".into());
+    EdgeError::StoppedWhileCreating { id, reason }
 }

@@ -264,7 +264,7 @@ class SandboxNotRunning(DSecError):
 
 
 class SandboxEnded(DSecError):
-    """The sandbox has stopped or failed: its processes are gone, so it cannot be paused or resumed."""
+    """The sandbox has stopped or failed, or was stopped before it started: its processes are gone, so it cannot be paused, resumed or waited for."""
 
     code = "sandbox_ended"
 

@@ -863,6 +863,14 @@ impl Backend for MicroVmBackend {
         Box::pin(self.start_vm(id, spec, plan, durable))
     }
 
+    /// A boot takes seconds (a minute for a full VM under TCG): its QEMU
+    /// is in the sandbox's cgroup from its exec on, and the boot fails as
+    /// soon as it is gone.
+    fn abort_start(&self, id: &str) -> bool {
+        self.cgroups.kill_all(id);
+        true
+    }
+
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
         Box::pin(async move {
             let instance = reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;

@@ -11,11 +11,14 @@ or ``DSEC_TEST_VM_IMAGES_DIR``."""
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import os
+import signal
 import struct
 import time
+import uuid
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -293,6 +296,79 @@ async def test_stop_leaves_nothing_behind(server: Server, client: DSecClient, vm
     assert not overlays[0].exists()
     with pytest.raises(dsec.SandboxNotRunning):
         await sb.screenshot()
+
+
+def _create_in_background(url: str, token: str, args: DSecRunArgs) -> concurrent.futures.Future[tuple[int, bytes]]:
+    """POST /v1/sandboxes on a thread of its own: the answer comes when the
+    VM has booted, or its creation ended."""
+    pool = concurrent.futures.ThreadPoolExecutor(max_workers=1)
+    future = pool.submit(_http, "POST", url + "/v1/sandboxes", token, args.to_json(), 600)
+    pool.shutdown(wait=False)
+    return future
+
+
+def _wait_for_a_booting_vm(url: str, token: str, label: str) -> str:
+    """The id of the sandbox labelled `label` once it is `creating` and its
+    QEMU runs (booting: tens of seconds under TCG)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        status, raw = _http("GET", url + "/v1/sandboxes?label=boot%3D" + label, token)
+        assert status == 200, raw
+        found = [s for s in json.loads(raw)["sandboxes"] if s.get("labels", {}).get("boot") == label]
+        if found and found[0]["state"] == "creating" and _qemu_of(found[0]["id"]):
+            return found[0]["id"]
+        assert not found or found[0]["state"] in ("queued", "creating"), found
+        time.sleep(0.1)
+    raise AssertionError(f"no QEMU of a creating VM labelled {label} within 60 s")
+
+
+def test_a_vm_stopped_while_it_boots_is_cut_short(server: Server, tenant: Tenant) -> None:
+    """A stop that finds a full VM still booting does not wait for the boot
+    (the sandbox's operation lock): it kills the QEMU, the creation answers
+    409 sandbox_ended, the record is `stopped` with the stop's reason, and
+    nothing of the VM is left on the host."""
+    label = uuid.uuid4().hex[:8]
+    creation = _create_in_background(server.url, tenant.token, vm_args(labels={"suite": "sdk-e2e-vm", "boot": label}))
+    sid = _wait_for_a_booting_vm(server.url, tenant.token, label)
+    t0 = time.monotonic()
+    status, raw = _http("POST", f"{server.url}/v1/sandboxes/{sid}/stop", tenant.token, timeout=120)
+    took = time.monotonic() - t0
+    assert status == 200, raw
+    rec = json.loads(raw)
+    assert rec["state"] == "stopped", rec
+    code, body = creation.result(timeout=120)
+    assert code == 409, body
+    err = json.loads(body)["error"]
+    assert err["code"] == "sandbox_ended" and "stopped before it started" in err["message"], err
+    # The boot itself takes tens of seconds here; the stop, a kill and a cleanup.
+    assert took < 10, f"the stop of a booting VM took {took:.1f} s"
+    assert _host_traces(sid) == []
+    assert _http("DELETE", f"{server.url}/v1/sandboxes/{sid}", tenant.token)[0] == 204
+
+
+def test_a_node_shut_down_while_a_vm_boots_exits_at_once() -> None:
+    """SIGTERM to `dsec up` while a full VM boots: the creation is cut
+    short (answered 409 sandbox_ended) instead of holding the server's
+    shutdown for the boot, and no QEMU or cgroup of it is left."""
+    gen = serve_dsec(["--no-fncall"])
+    srv = next(gen)
+    try:
+        tenant = _create_tenant(srv, "e2e-vm-shutdown")
+        label = uuid.uuid4().hex[:8]
+        creation = _create_in_background(srv.url, tenant.token, vm_args(labels={"suite": "sdk-e2e-vm", "boot": label}))
+        sid = _wait_for_a_booting_vm(srv.url, tenant.token, label)
+        t0 = time.monotonic()
+        os.kill(srv.pid, signal.SIGTERM)
+        while time.monotonic() - t0 < 120 and Path(f"/proc/{srv.pid}").exists() and \
+                Path(f"/proc/{srv.pid}/stat").read_text().split(") ")[-1][0] != "Z":
+            time.sleep(0.05)
+        took = time.monotonic() - t0
+        code, body = creation.result(timeout=120)
+        assert code == 409 and json.loads(body)["error"]["code"] == "sandbox_ended", body
+        assert took < 15, f"dsec up took {took:.1f} s to exit while a VM booted\n{srv.log_tail()}"
+        assert _host_traces(sid) == []
+    finally:
+        gen.close()
 
 
 @pytest.fixture(scope="module")
