@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 /// Bumped on every incompatible change. Both sides refuse a peer with a
 /// different major version.
-pub const PROTOCOL_VERSION: u32 = 4;
+pub const PROTOCOL_VERSION: u32 = 5;
 
 /// Largest frame either side accepts (a guard against a corrupt length).
 pub const MAX_FRAME_BYTES: usize = 8 << 20;

@@ -213,6 +213,20 @@ pub struct VmSetup {
     pub env: Vec<(String, String)>,
     pub workdir: String,
     pub default_user: String,
+    /// A networked full VM's NIC, which its agent configures during setup
+    /// (a microVM's addressing comes on its kernel command line instead).
+    pub nic: Option<VmNic>,
+}
+
+/// The addressing of a full VM's NIC: QEMU's user-mode network's, fixed.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
+pub struct VmNic {
+    /// How the agent finds the NIC: by the MAC address the edge gave it
+    /// (the guest's udev names it, by its PCI slot).
+    pub mac: String,
+    pub address: std::net::Ipv4Addr,
+    pub prefix: u8,
+    pub gateway: std::net::Ipv4Addr,
 }
 
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]

@@ -7,7 +7,8 @@
 //! virtio-serial port by name exactly as a microVM's agent does (the
 //! guest's udev loads `virtio_console`; the port is polled for until it
 //! appears), then speaks the same protocol; the setup request carries no
-//! disks and only sets the clock and the hostname. It is not PID 1, so it
+//! disks and only sets the clock, the hostname and, for a networked VM,
+//! the NIC's addresses (`vm_net::configure_nic`). It is not PID 1, so it
 //! becomes a child subreaper (orphans of its commands come back to it) and
 //! kills by process group, never `kill(-1)`, which would end the guest's
 //! own services too.
@@ -31,7 +32,8 @@ pub fn attach() -> Result<(), String> {
     crate::vm_init::port_to_channel()
 }
 
-/// The setup of a full VM: no disks, only the guest's clock and hostname.
+/// The setup of a full VM: no disks, only the guest's clock, hostname and
+/// NIC.
 pub fn setup(cfg: &VmSetup) -> Result<(), String> {
     if !cfg.writable_disk.is_empty() {
         return Err("a full VM's agent serves the guest's own root: the setup must name no writable disk".into());
@@ -40,6 +42,9 @@ pub fn setup(cfg: &VmSetup) -> Result<(), String> {
         mount_layer(i, name).map_err(|e| e.to_string())?;
     }
     crate::vm_init::set_clock(cfg.now_ms);
+    if let Some(nic) = &cfg.nic {
+        crate::vm_net::configure_nic(nic)?;
+    }
     rustix::system::sethostname(cfg.hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {

@@ -11,6 +11,10 @@
 //! `net/` directory (other microVMs never load it); then, as three ioctls
 //! would with `ip`: address, link up, default route. No DHCP client: the
 //! addressing is QEMU's, fixed, and comes on the command line.
+//!
+//! A full VM's NIC gets the same three ioctls (`configure_nic`), its
+//! addressing from the setup request and its name found by MAC address:
+//! the guest's udev loads its driver and names it.
 
 use std::net::Ipv4Addr;
 
@@ -50,7 +54,7 @@ pub fn boot() -> Result<(), String> {
     let t0 = std::time::Instant::now();
     let s = Sock::open()?;
     loop {
-        match s.configure(&plan) {
+        match s.configure(NIC, &plan) {
             Ok(()) => return Ok(()),
             // The driver binds the device as it registers; ENODEV only
             // while that is still under way.
@@ -60,6 +64,66 @@ pub fn boot() -> Result<(), String> {
             Err(e) => return Err(format!("configuring eth0 ({}/{} via {}): {e}", plan.addr, plan.prefix, plan.gateway)),
         }
     }
+}
+
+/// Configures a full VM's NIC, found by its MAC address, as `nic` says;
+/// returns its name. The NIC appears once the guest's udev has loaded its
+/// driver (seconds after boot under TCG, more on a loaded host), and udev
+/// then renames it: it is configured once udev is done with it (or after
+/// [`UDEV_WAIT`] without a word from udev), so that the rename, which the
+/// kernel refuses for an interface that is up, comes first.
+pub fn configure_nic(nic: &dsec_agent_proto::VmNic) -> Result<String, String> {
+    let plan = NetPlan { addr: nic.address, prefix: nic.prefix, gateway: nic.gateway };
+    if plan.prefix > 32 {
+        return Err(format!("bad prefix length /{}", plan.prefix));
+    }
+    let deadline = std::time::Instant::now() + FULL_VM_NIC_WAIT;
+    let mut first_seen = None;
+    let s = Sock::open()?;
+    loop {
+        let found = nic_by_mac(&nic.mac).filter(|(_, index)| {
+            let seen = *first_seen.get_or_insert_with(std::time::Instant::now);
+            udev_done_with(*index) || seen.elapsed() >= UDEV_WAIT
+        });
+        if let Some((name, _)) = found {
+            match s.configure(name.as_bytes(), &plan) {
+                Ok(()) => return Ok(name),
+                // Renamed between the lookup and here: look again.
+                Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {}
+                Err(e) => return Err(format!("configuring {name} ({}/{} via {}): {e}", plan.addr, plan.prefix, plan.gateway)),
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(format!("no network interface with MAC address {} appeared in {FULL_VM_NIC_WAIT:?}", nic.mac));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+}
+
+/// How long a full VM's NIC may take to appear (its driver is a module the
+/// guest's udev loads; several guests booting under TCG slow that down).
+const FULL_VM_NIC_WAIT: std::time::Duration = std::time::Duration::from_secs(90);
+
+/// How long a found NIC waits for udev to be done with it.
+const UDEV_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The interface whose MAC address is `mac`, and its index.
+fn nic_by_mac(mac: &str) -> Option<(String, u32)> {
+    let read = |dir: &std::path::Path, f: &str| std::fs::read_to_string(dir.join(f)).ok().map(|s| s.trim().to_string());
+    std::fs::read_dir("/sys/class/net").ok()?.flatten().find_map(|e| {
+        let dir = e.path();
+        if !read(&dir, "address")?.eq_ignore_ascii_case(mac) {
+            return None;
+        }
+        let index = read(&dir, "ifindex")?.parse().ok()?;
+        Some((e.file_name().to_string_lossy().into_owned(), index))
+    })
+}
+
+/// Whether the guest's udev has handled interface `index` (it records each
+/// device it is done with in its database); true where no udev runs.
+fn udev_done_with(index: u32) -> bool {
+    !std::path::Path::new("/run/udev/control").exists() || std::path::Path::new(&format!("/run/udev/data/n{index}")).exists()
 }
 
 /// The kernel's `struct rtentry` (linux/route.h) for SIOCADDRT; the libc
@@ -122,23 +186,25 @@ impl Sock {
         Ok(())
     }
 
-    fn ifreq() -> libc::ifreq {
+    /// An ifreq naming interface `nic` (at most IFNAMSIZ - 1 bytes: longer
+    /// names do not exist, so the kernel answers ENODEV).
+    fn ifreq(nic: &[u8]) -> libc::ifreq {
         // SAFETY: ifreq is plain data; all zeroes is a valid value.
         let mut ifr: libc::ifreq = unsafe { std::mem::zeroed() };
-        for (i, b) in NIC.iter().enumerate() {
+        for (i, b) in nic.iter().take(libc::IFNAMSIZ - 1).enumerate() {
             ifr.ifr_name[i] = *b as libc::c_char;
         }
         ifr
     }
 
-    fn configure(&self, p: &NetPlan) -> std::io::Result<()> {
-        let mut ifr = Self::ifreq();
+    fn configure(&self, nic: &[u8], p: &NetPlan) -> std::io::Result<()> {
+        let mut ifr = Self::ifreq(nic);
         ifr.ifr_ifru.ifru_addr = sockaddr(p.addr);
         self.ioctl(libc::SIOCSIFADDR, &mut ifr)?;
-        let mut ifr = Self::ifreq();
+        let mut ifr = Self::ifreq(nic);
         ifr.ifr_ifru.ifru_netmask = sockaddr(netmask(p.prefix));
         self.ioctl(libc::SIOCSIFNETMASK, &mut ifr)?;
-        let mut ifr = Self::ifreq();
+        let mut ifr = Self::ifreq(nic);
         self.ioctl(libc::SIOCGIFFLAGS, &mut ifr)?;
         // SAFETY: the kernel filled the flags member of the union.
         unsafe { ifr.ifr_ifru.ifru_flags |= (libc::IFF_UP | libc::IFF_RUNNING) as libc::c_short };
@@ -171,5 +237,16 @@ mod tests {
         }
         assert_eq!(netmask(24), Ipv4Addr::new(255, 255, 255, 0));
         assert_eq!(netmask(0), Ipv4Addr::UNSPECIFIED);
+    }
+
+    #[test]
+    fn a_nic_is_found_by_its_mac_address_and_a_bad_prefix_refused() {
+        // The loopback interface's address is all zeroes (any case matches).
+        let (name, index) = nic_by_mac("00:00:00:00:00:00").expect("an interface with a zero MAC address (lo)");
+        let sys = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex")).unwrap();
+        assert_eq!(sys.trim(), index.to_string());
+        assert_eq!(nic_by_mac("52:54:00:D5:EC:FE"), None);
+        let nic = dsec_agent_proto::VmNic { mac: "52:54:00:d5:ec:fe".into(), address: Ipv4Addr::new(10, 0, 2, 15), prefix: 33, gateway: Ipv4Addr::new(10, 0, 2, 2) };
+        assert!(configure_nic(&nic).unwrap_err().contains("prefix"));
     }
 }

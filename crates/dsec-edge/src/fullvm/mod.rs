@@ -306,14 +306,13 @@ impl FullVmBackend {
             env: crate::container::merged_env(&[], spec),
             workdir: spec.workdir.clone().unwrap_or_else(|| "/root".into()),
             default_user: spec.init_user.clone(),
+            nic: egress.map(|_| net::guest_nic()),
         };
         let resolv_conf = egress.map(|e| e.resolv_conf());
         let booted = async {
             let agent = microvm::boot_agent(&files.agent_socket(), &pidfd, setup).await?;
             if let Some(conf) = resolv_conf {
-                let t0 = std::time::Instant::now();
-                net::configure_guest(&agent, conf).await?;
-                tracing::info!(%id, ms = t0.elapsed().as_millis() as u64, "full VM network up");
+                microvm::net::write_resolv_conf(&agent, conf).await?;
             }
             Ok::<_, EdgeError>(agent)
         };

@@ -314,6 +314,8 @@ impl MicroVmBackend {
             env: crate::container::merged_env(&plan.env, spec),
             workdir: spec.workdir.clone().unwrap_or_else(|| plan.workdir.clone()),
             default_user: spec.init_user.clone(),
+            // Its addressing is on the kernel command line (`dsec.net=`).
+            nic: None,
         };
         // A networked VM boots cold: its NIC and addresses are not in any
         // memory image (a fork of one with rules boots from the disk
