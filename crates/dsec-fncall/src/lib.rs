@@ -34,7 +34,7 @@ mod service;
 
 pub use config::{FnCallConfig, PoolConfig};
 pub use error::FnCallError;
-pub use service::FnCallService;
+pub use service::{FnCallService, COMPILED_LANGUAGES};
 
 /// The tenant that owns every runner sandbox (no user token maps to it).
 pub const RUNNER_TENANT: &str = "_fncall";

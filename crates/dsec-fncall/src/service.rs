@@ -17,8 +17,10 @@ use crate::pool::{Lease, Pool};
 use crate::protocol::{ZLimits, ZRequest, ZResponse};
 use crate::runner::runner_caller;
 
-/// Languages compiled before they run.
-const COMPILED: &[&str] = &["c", "cpp", "java", "go", "rust"];
+/// Languages compiled before they run: those whose entry in the guest
+/// agent's language table (dsec-agent `fncall/langs.rs`) has a compile
+/// step, which a test of the agent's holds equal to this.
+pub const COMPILED_LANGUAGES: &[&str] = &["c", "cpp", "java", "go", "rust"];
 /// Languages a custom checker may be written in.
 const CHECKER_LANGUAGES: &[&str] = &["python", "bash"];
 /// Time the edge allows beyond a step's own limit (kill, cleanup, answer).
@@ -174,7 +176,7 @@ impl FnCallService {
         }
         Ok(Plan {
             pool,
-            compiled: COMPILED.contains(&req.language.as_str()),
+            compiled: COMPILED_LANGUAGES.contains(&req.language.as_str()),
             time_ms,
             compile_time_ms,
             memory_bytes: memory_mb << 20,

@@ -415,6 +415,17 @@ mod tests {
     /// The archives the judge image's build makes are the ones Java steps
     /// look for, made under the options javac runs with.
     #[test]
+    fn the_edge_knows_the_same_languages_and_which_compile() {
+        let compiled: Vec<&str> = LANGS.iter().filter(|l| l.compile.is_some()).map(|l| l.name).collect();
+        assert_eq!(compiled, dsec_fncall::COMPILED_LANGUAGES);
+        // Every language served has a pool on a default node, and no pool
+        // names a language the agent lacks.
+        let pools: Vec<String> = dsec_fncall::FnCallConfig::for_node(2.0).pools.into_iter().map(|p| p.language).collect();
+        let names: Vec<&str> = LANGS.iter().map(|l| l.name).collect();
+        assert_eq!(pools, names);
+    }
+
+    #[test]
     fn java_steps_use_the_judge_images_class_archives() {
         assert_eq!((JAVAC_CDS, JAVA_CDS), (dsec_image::build::JAVAC_CDS_ARCHIVE, dsec_image::build::JAVA_CDS_ARCHIVE));
         for flag in dsec_image::build::JAVAC_JVM_FLAGS {
