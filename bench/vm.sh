@@ -11,15 +11,18 @@
 #      exactly what is summed)
 #   3. one full VM's cold boot vs SUSPEND_REPS rounds of suspend to disk and
 #      restore to first exec
+#   4. boot to first exec with network rules vs without, alternated,
+#      NET_REPS of each, on a node started with a network configuration
 # Accelerator: TCG where KVM cannot run the guest (the edge's probe).
-# Usage: bench/vm.sh [REPS] [LAYER_VMS] [SUSPEND_REPS]   (0 skips a part;
-# ~1.5 min per rep, ~2 min per layer round, ~1 min + 5 s per suspend rep
-# under TCG)
+# Usage: bench/vm.sh [REPS] [LAYER_VMS] [SUSPEND_REPS] [NET_REPS]   (0
+# skips a part; ~1.5 min per rep, ~2 min per layer round, ~1 min + 5 s per
+# suspend rep, ~1.5 min per network rep under TCG)
 # DSEC_VM_IMAGES_DIR: where debian-vm.qcow2 is (default <images>/vm/images).
 source "$(dirname "$0")/lib.sh"
 REPS=${1:-3}
 LAYER_VMS=${2:-4}
 SUSPEND_REPS=${3:-5}
+NET_REPS=${4:-3}
 bench_init vm
 bench_build
 VM_IMAGES=${DSEC_VM_IMAGES_DIR:-$IMAGES_DIR/vm/images}
@@ -49,4 +52,16 @@ if [ "$SUSPEND_REPS" -gt 0 ]; then
     $GEN suspend --reps "$SUSPEND_REPS" --out "$RESULTS/vm_suspend.json"
     bench_stop_dsec >/dev/null
     $GEN report "$RESULTS/vm_suspend.json"
+fi
+if [ "$NET_REPS" -gt 0 ]; then
+    # Rules only: no test traffic leaves the node (nothing is sent).
+    cat >"$WORK/network.json" <<JSON
+{"subnet": "10.251.0.0/16", "pool_size": 2, "dns_upstream": ["127.0.0.1:53"],
+ "services": {"bench": [{"cidr": "198.18.14.1/32", "ports": "80", "protocols": ["tcp"]}]}}
+JSON
+    bench_start_dsec --vm-images-dir "$VM_IMAGES" --network-config "$WORK/network.json"
+    bench_log "4. boot with network rules vs without, $NET_REPS each"
+    $GEN netboot --reps "$NET_REPS" --out "$RESULTS/vm_netboot.json"
+    bench_stop_dsec >/dev/null
+    $GEN report "$RESULTS/vm_netboot.json"
 fi

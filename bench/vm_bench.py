@@ -23,6 +23,12 @@
         one `debian-vm` full VM: its cold boot to first exec, then N rounds
         of suspend to disk (memory and devices, QEMU ends) and restore to
         first exec (a request to the suspended VM), one after the other
+    vm_bench.py netboot --reps N --out F
+        boot to first exec of a `debian-vm` full VM with network rules (a
+        NIC on QEMU's user-mode network, configured by the guest agent
+        during setup, and the node's resolver in resolv.conf) and of one
+        without, alternated, one at a time (the server needs
+        --network-config)
     vm_bench.py report FILE...
 
 The server is the one in DSEC_ENDPOINT / DSEC_TOKEN (bench/lib.sh starts it).
@@ -52,10 +58,10 @@ def client() -> DSecClient:
     return DSecClient(os.environ["DSEC_ENDPOINT"], os.environ["DSEC_TOKEN"])
 
 
-async def first_exec_ms(c: DSecClient) -> float:
+async def first_exec_ms(c: DSecClient, network_rules: dict[str, bool] | None = None) -> float:
     t0 = time.perf_counter()
     sb = await c.run(DSecRunArgs(backend="vm", image="debian-vm", memory_limit_mb=512, cpu_cores_limit=1,
-                                 labels={"suite": "bench-vm"}), timeout=600)
+                                 network_rules=network_rules or {}, labels={"suite": "bench-vm"}), timeout=600)
     r = await sb.run_shell("echo ready")
     dt = (time.perf_counter() - t0) * 1000
     assert r.stdout == "ready\n", r
@@ -100,6 +106,27 @@ async def boot(a: argparse.Namespace) -> None:
             out["plain_qemu"].append(plain_qemu_ms(a.image))
             print(f"rep {i + 1}: " + ", ".join(f"{k} {v[-1]:.0f} ms" for k, v in out.items()), file=sys.stderr)
     Path(a.out).write_text(json.dumps({"kind": "boot", "ms": out}))
+
+
+async def netboot(a: argparse.Namespace) -> None:
+    out: dict[str, list[float]] = {"networked": [], "no_network": []}
+    async with client() as c:
+        for i in range(a.reps):
+            # Alternated, the networked one first in odd rounds: the host's
+            # speed drifts.
+            order = [("networked", {"bench": True}), ("no_network", None)]
+            for name, rules in order if i % 2 == 0 else order[::-1]:
+                out[name].append(await first_exec_ms(c, rules))
+            print(f"rep {i + 1}: " + ", ".join(f"{k} {v[-1]:.0f} ms" for k, v in out.items()), file=sys.stderr)
+    Path(a.out).write_text(json.dumps({"kind": "netboot", "ms": out}))
+
+
+def report_netboot(f: str) -> None:
+    ms, med = _medians(f)
+    print(f"full VM (q35, SeaBIOS, debian-vm, TCG), boot to first exec, alternated, median of {len(ms['networked'])}:")
+    for k in ("networked", "no_network"):
+        print(f"  {k:<12} {med[k]:8.0f} ms   (min {min(ms[k]):.0f}, max {max(ms[k]):.0f})")
+    print(f"  the network's cost: {med['networked'] - med['no_network']:+.0f} ms ({med['networked'] / med['no_network']:.2f}x)")
 
 
 async def suspend(a: argparse.Namespace) -> None:
@@ -245,6 +272,9 @@ def main() -> None:
     su = sub.add_parser("suspend")
     su.add_argument("--reps", type=int, default=5)
     su.add_argument("--out", required=True)
+    nb = sub.add_parser("netboot")
+    nb.add_argument("--reps", type=int, default=3)
+    nb.add_argument("--out", required=True)
     r = sub.add_parser("report")
     r.add_argument("files", nargs="+")
     a = p.parse_args()
@@ -254,6 +284,10 @@ def main() -> None:
         asyncio.run(layers(a))
     elif a.cmd == "suspend":
         asyncio.run(suspend(a))
+    elif a.cmd == "netboot":
+        asyncio.run(netboot(a))
+    elif json.loads(Path(a.files[0]).read_text())["kind"] == "netboot":
+        report_netboot(a.files[0])
     elif json.loads(Path(a.files[0]).read_text())["kind"] == "layers":
         report_layers(a.files)
     elif json.loads(Path(a.files[0]).read_text())["kind"] == "suspend":

@@ -43,7 +43,10 @@ pub fn setup(cfg: &VmSetup) -> Result<(), String> {
     }
     crate::vm_init::set_clock(cfg.now_ms);
     if let Some(nic) = &cfg.nic {
-        crate::vm_net::configure_nic(nic)?;
+        let t0 = std::time::Instant::now();
+        let name = crate::vm_net::configure_nic(nic)?;
+        // To the guest's journal: where a networked VM's boot waited.
+        eprintln!("dsec-agent: {name} set to {}/{} via {} in {} ms", nic.address, nic.prefix, nic.gateway, t0.elapsed().as_millis());
     }
     rustix::system::sethostname(cfg.hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
     // SAFETY: prctl with integer arguments.

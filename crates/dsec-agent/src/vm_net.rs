@@ -68,10 +68,11 @@ pub fn boot() -> Result<(), String> {
 
 /// Configures a full VM's NIC, found by its MAC address, as `nic` says;
 /// returns its name. The NIC appears once the guest's udev has loaded its
-/// driver (seconds after boot under TCG, more on a loaded host), and udev
-/// then renames it: it is configured once udev is done with it (or after
-/// [`UDEV_WAIT`] without a word from udev), so that the rename, which the
-/// kernel refuses for an interface that is up, comes first.
+/// driver (seconds after boot under TCG, more on a loaded host; often in
+/// the initramfs already), and udev renames it: it is configured once it
+/// is renamed or udev is done with it (or after [`UDEV_WAIT`] without
+/// either), so that the rename, which the kernel refuses for an interface
+/// that is up, comes first.
 pub fn configure_nic(nic: &dsec_agent_proto::VmNic) -> Result<String, String> {
     let plan = NetPlan { addr: nic.address, prefix: nic.prefix, gateway: nic.gateway };
     if plan.prefix > 32 {
@@ -81,9 +82,9 @@ pub fn configure_nic(nic: &dsec_agent_proto::VmNic) -> Result<String, String> {
     let mut first_seen = None;
     let s = Sock::open()?;
     loop {
-        let found = nic_by_mac(&nic.mac).filter(|(_, index)| {
+        let found = nic_by_mac(&nic.mac).filter(|(name, index)| {
             let seen = *first_seen.get_or_insert_with(std::time::Instant::now);
-            udev_done_with(*index) || seen.elapsed() >= UDEV_WAIT
+            renamed(name) || udev_done_with(*index) || seen.elapsed() >= UDEV_WAIT
         });
         if let Some((name, _)) = found {
             match s.configure(name.as_bytes(), &plan) {
@@ -118,6 +119,14 @@ fn nic_by_mac(mac: &str) -> Option<(String, u32)> {
         let index = read(&dir, "ifindex")?.parse().ok()?;
         Some((e.file_name().to_string_lossy().into_owned(), index))
     })
+}
+
+/// Whether interface `name` was renamed since the kernel named it
+/// (`NET_NAME_RENAMED` in its `name_assign_type`): udev's rename is done,
+/// even if the udev running now (the root's, after the initramfs's) has
+/// not got to it yet.
+fn renamed(name: &str) -> bool {
+    std::fs::read_to_string(format!("/sys/class/net/{name}/name_assign_type")).is_ok_and(|t| t.trim() == "4")
 }
 
 /// Whether the guest's udev has handled interface `index` (it records each
