@@ -136,17 +136,18 @@ impl Edge {
                 tracing::debug!(target: "dsec_edge::create_phases", plan = t_plan.as_micros() as u64, pre = t_pre.as_micros() as u64, started = t_started.as_micros() as u64, done = t0.elapsed().as_micros() as u64, "create phases");
                 Ok(rec)
             }
-            // A stop cut the start short (`lock_for_stop`), or came as it
-            // failed anyway: the sandbox was stopped, not broken.
-            Err(_) if entry.stop_asked().is_some() => {
-                let reason = entry.stop_asked().unwrap_or_default();
-                self.settle_without_process(&entry, State::Stopped, &reason);
-                Err(EdgeError::StoppedWhileCreating { id, reason })
-            }
-            Err(e) => {
-                self.settle_without_process(&entry, State::Failed, &format!("creation failed: {e}"));
-                Err(e)
-            }
+            Err(e) => match entry.stop_asked() {
+                // A stop cut the start short (`lock_for_stop`), or came as
+                // it failed anyway: the sandbox was stopped, not broken.
+                Some(reason) => {
+                    self.settle_without_process(&entry, State::Stopped, &reason);
+                    Err(EdgeError::StoppedWhileCreating { id, reason })
+                }
+                None => {
+                    self.settle_without_process(&entry, State::Failed, &format!("creation failed: {e}"));
+                    Err(e)
+                }
+            },
         }
     }
 

@@ -390,12 +390,8 @@ impl Backend for FullVmBackend {
         Box::pin(self.start_vm(id, spec, plan, durable))
     }
 
-    /// A boot takes seconds (a minute for a full VM under TCG): its QEMU
-    /// is in the sandbox's cgroup from its exec on, and the boot fails as
-    /// soon as it is gone.
     fn abort_start(&self, id: &str) -> bool {
-        self.cgroups.kill_all(id);
-        true
+        microvm::abort_boot(&self.cgroups, id)
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {

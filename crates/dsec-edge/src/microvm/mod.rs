@@ -741,6 +741,14 @@ pub(crate) async fn boot_agent(socket: &Path, qemu: &std::os::fd::OwnedFd, setup
     }
 }
 
+/// `Backend::abort_start` of both VM backends: a boot takes seconds (a
+/// minute for a full VM under TCG), its QEMU is in the sandbox's cgroup
+/// from its exec on, and the boot fails as soon as it is gone.
+pub(crate) fn abort_boot(cgroups: &Cgroups, id: &str) -> bool {
+    cgroups.kill_all(id);
+    true
+}
+
 /// Re-attaches to the running VM `id` whose QEMU is `pid` (after an edge
 /// restart; shared by both VM backends).
 pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Path) -> Result<Instance, EdgeError> {
@@ -865,12 +873,8 @@ impl Backend for MicroVmBackend {
         Box::pin(self.start_vm(id, spec, plan, durable))
     }
 
-    /// A boot takes seconds (a minute for a full VM under TCG): its QEMU
-    /// is in the sandbox's cgroup from its exec on, and the boot fails as
-    /// soon as it is gone.
     fn abort_start(&self, id: &str) -> bool {
-        self.cgroups.kill_all(id);
-        true
+        abort_boot(&self.cgroups, id)
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {

@@ -72,7 +72,7 @@ pub(crate) async fn write_resolv_conf(agent: &dsec_agent_proto::client::AgentCli
 
 /// Writes `path` in the guest (root's, mode 0644, parents made) through
 /// its agent.
-pub(crate) async fn write_guest_file(agent: &dsec_agent_proto::client::AgentClient, path: &str, content: &[u8]) -> Result<(), EdgeError> {
+async fn write_guest_file(agent: &dsec_agent_proto::client::AgentClient, path: &str, content: &[u8]) -> Result<(), EdgeError> {
     let spec = dsec_agent_proto::WriteFileSpec {
         path: path.into(),
         mode: 0o644,
