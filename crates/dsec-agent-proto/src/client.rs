@@ -25,8 +25,8 @@ use tokio::sync::{mpsc, Notify};
 
 use crate::codec::{encode, read_frame_async, write_frame_async, CodecError};
 use crate::{
-    AgentError, AgentHello, AuditTally, EdgeHello, FromAgent, Op, Reply, ReqId, Stream, ToAgent, INITIAL_WINDOW,
-    MAX_CHUNK_BYTES, PROTOCOL_VERSION,
+    AgentError, AgentHello, AuditTally, EdgeHello, FromAgent, Op, Reply, ReqId, Stream, ToAgent, INITIAL_WINDOW, MAX_CHUNK_BYTES,
+    PROTOCOL_VERSION,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -53,7 +53,10 @@ impl From<CodecError> for ClientError {
 /// One event of a request, in order.
 #[derive(Debug, Clone, PartialEq)]
 pub enum CallEvent {
-    Data { stream: Stream, data: Vec<u8> },
+    Data {
+        stream: Stream,
+        data: Vec<u8>,
+    },
     /// The request's single final answer; nothing follows it.
     Reply(Result<Reply, AgentError>),
 }
@@ -162,10 +165,7 @@ impl AgentClient {
             None => return Err(ClientError::Closed),
         };
         if hello.protocol_version != PROTOCOL_VERSION {
-            return Err(ClientError::Protocol(format!(
-                "agent speaks protocol {}, we speak {PROTOCOL_VERSION}",
-                hello.protocol_version
-            )));
+            return Err(ClientError::Protocol(format!("agent speaks protocol {}, we speak {PROTOCOL_VERSION}", hello.protocol_version)));
         }
         let shared = Arc::new(Shared {
             calls: Mutex::new(HashMap::new()),
@@ -200,11 +200,8 @@ impl AgentClient {
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = encode(&ToAgent::Request { id, op })?;
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
-        let window = Arc::new(SendWindow {
-            avail: Mutex::new(u64::from(INITIAL_WINDOW)),
-            finished: AtomicBool::new(false),
-            changed: Notify::new(),
-        });
+        let window =
+            Arc::new(SendWindow { avail: Mutex::new(u64::from(INITIAL_WINDOW)), finished: AtomicBool::new(false), changed: Notify::new() });
         {
             let mut calls = self.inner.shared.calls();
             // Checked under the lock the reader takes to close, so a call is
@@ -219,7 +216,8 @@ impl AgentClient {
             return Err(ClientError::Closed);
         }
         let sender = CallSender { id, tx: self.inner.tx.clone(), window };
-        let receiver = CallReceiver { id, rx: ev_rx, tx: self.inner.tx.clone(), shared: self.inner.shared.clone(), done: false, unacked: 0 };
+        let receiver =
+            CallReceiver { id, rx: ev_rx, tx: self.inner.tx.clone(), shared: self.inner.shared.clone(), done: false, unacked: 0 };
         Ok(Call { sender, receiver })
     }
 
@@ -646,25 +644,29 @@ mod tests {
             }
         });
         let (client, _) = AgentClient::connect(a).await.unwrap();
-        let mut call = client.open(Op::Exec(crate::ExecSpec {
-            command: crate::Command::Shell("cat".into()),
-            env: vec![],
-            cwd: None,
-            user: None,
-            stdin: crate::Stdin::Stream,
-            stream_output: true,
-            timeout_ms: None,
-            kill_grace_ms: 0,
-            max_output_bytes: u64::MAX,
-            session: None,
-        }))
-        .await
-        .unwrap();
+        let mut call = client
+            .open(Op::Exec(crate::ExecSpec {
+                command: crate::Command::Shell("cat".into()),
+                env: vec![],
+                cwd: None,
+                user: None,
+                stdin: crate::Stdin::Stream,
+                stream_output: true,
+                timeout_ms: None,
+                kill_grace_ms: 0,
+                max_output_bytes: u64::MAX,
+                session: None,
+            }))
+            .await
+            .unwrap();
         // Sending more than the window blocks until the credit arrives.
         let big = vec![1u8; INITIAL_WINDOW as usize + 500];
         tokio::time::timeout(std::time::Duration::from_secs(5), call.send_data(&big)).await.unwrap().unwrap();
         let too_much = vec![1u8; 1000];
-        assert!(tokio::time::timeout(std::time::Duration::from_millis(200), call.send_data(&too_much)).await.is_err(), "window not respected");
+        assert!(
+            tokio::time::timeout(std::time::Duration::from_millis(200), call.send_data(&too_much)).await.is_err(),
+            "window not respected"
+        );
         // Consuming output grants credit in batches.
         for _ in 0..2 {
             assert!(matches!(call.recv().await.unwrap(), Some(CallEvent::Data { .. })));

@@ -131,10 +131,7 @@ mod tests {
             let got: ToAgent = read_frame(&mut &frame[..]).unwrap();
             assert_eq!(got, m);
         }
-        let reply = FromAgent::Reply {
-            id: 3,
-            result: Err(AgentError::new(ErrorKind::NotFound, "no such file")),
-        };
+        let reply = FromAgent::Reply { id: 3, result: Err(AgentError::new(ErrorKind::NotFound, "no such file")) };
         let frame = encode(&reply).unwrap();
         let got: FromAgent = read_frame(&mut &frame[..]).unwrap();
         assert_eq!(got, reply);

@@ -23,10 +23,10 @@
 //! Everything a sandboxed process writes travels only inside `Data` payloads:
 //! no byte of process output is ever parsed as a control message.
 
-pub mod codec;
-pub mod fncall;
 #[cfg(feature = "async")]
 pub mod client;
+pub mod codec;
+pub mod fncall;
 mod ops;
 
 pub use ops::*;
@@ -66,16 +66,30 @@ pub enum ToAgent {
         data: Vec<u8>,
     },
     /// No more `Data` for this request (closes stdin / ends an upload).
-    Eof { id: ReqId },
+    Eof {
+        id: ReqId,
+    },
     /// Deliver a signal to the request's process group (exec, PTY).
-    Signal { id: ReqId, signal: i32 },
+    Signal {
+        id: ReqId,
+        signal: i32,
+    },
     /// Resize the PTY of a request.
-    Resize { id: ReqId, rows: u16, cols: u16 },
+    Resize {
+        id: ReqId,
+        rows: u16,
+        cols: u16,
+    },
     /// The edge consumed `bytes` of this request's output: send more.
-    Credit { id: ReqId, bytes: u32 },
+    Credit {
+        id: ReqId,
+        bytes: u32,
+    },
     /// The caller went away: kill the request's processes / abort the
     /// transfer. The agent still answers with a `Reply`.
-    Cancel { id: ReqId },
+    Cancel {
+        id: ReqId,
+    },
 }
 
 /// Messages from the agent to the edge.
@@ -91,7 +105,10 @@ pub enum FromAgent {
         data: Vec<u8>,
     },
     /// The agent consumed `bytes` of this request's input: send more.
-    Credit { id: ReqId, bytes: u32 },
+    Credit {
+        id: ReqId,
+        bytes: u32,
+    },
     /// The single final answer to a request.
     Reply {
         id: ReqId,

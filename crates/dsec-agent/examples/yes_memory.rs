@@ -131,8 +131,7 @@ async fn run(agent: PathBuf, length: Duration) -> ExitCode {
         // Flat while `yes` runs; the reply (with the buffered output) is
         // built once the timeout fires, so samples near the end only count
         // against the cap.
-        let steady: Vec<u64> =
-            samples.iter().filter(|(t, _)| *t + Duration::from_millis(300) < length).map(|(_, k)| *k).collect();
+        let steady: Vec<u64> = samples.iter().filter(|(t, _)| *t + Duration::from_millis(300) < length).map(|(_, k)| *k).collect();
         let (Some(lo), Some(hi)) = (steady.iter().min(), steady.iter().max()) else {
             eprintln!("run longer than 5 s to get samples");
             ok = false;

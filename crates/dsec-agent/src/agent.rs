@@ -2,10 +2,10 @@
 //! request task.
 
 use std::cell::{Cell, RefCell};
-use std::time::Duration;
 use std::collections::HashSet;
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
+use std::time::Duration;
 
 use crate::envs::Env;
 use crate::paths::Root;

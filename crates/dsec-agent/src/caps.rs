@@ -120,7 +120,9 @@ mod tests {
     #[test]
     fn dangerous_capabilities_are_not_kept() {
         let m = kept_mask();
-        for (cap, name) in [(21, "SYS_ADMIN"), (19, "SYS_PTRACE"), (16, "SYS_MODULE"), (12, "NET_ADMIN"), (2, "DAC_READ_SEARCH"), (27, "MKNOD")] {
+        for (cap, name) in
+            [(21, "SYS_ADMIN"), (19, "SYS_PTRACE"), (16, "SYS_MODULE"), (12, "NET_ADMIN"), (2, "DAC_READ_SEARCH"), (27, "MKNOD")]
+        {
             assert_eq!(m & (1 << cap), 0, "{name} must be dropped");
         }
         assert_eq!(m.count_ones() as usize, KEPT.len(), "no duplicate entries");

@@ -89,7 +89,12 @@ impl Walk<'_> {
             let path = format!("{prefix}/{}", String::from_utf8_lossy(name.to_bytes()));
             let kind = FileType::from_raw_mode(st.st_mode);
             if kind == FileType::Directory {
-                let below = match rustix::fs::openat(&fd, name, OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
+                let below = match rustix::fs::openat(
+                    &fd,
+                    name,
+                    OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                ) {
                     Ok(sub) => self.dir(sub.as_fd(), &path),
                     Err(_) => false,
                 };

@@ -46,7 +46,13 @@ pub(crate) fn cstr(s: &str) -> Result<CString> {
 }
 
 /// mount(2) with optional source, type and data.
-pub(crate) fn mount(src: Option<&CStr>, target: &CStr, fstype: Option<&CStr>, flags: libc::c_ulong, data: Option<&CStr>) -> std::result::Result<(), Errno> {
+pub(crate) fn mount(
+    src: Option<&CStr>,
+    target: &CStr,
+    fstype: Option<&CStr>,
+    flags: libc::c_ulong,
+    data: Option<&CStr>,
+) -> std::result::Result<(), Errno> {
     let p = |c: Option<&CStr>| c.map_or(std::ptr::null(), |c| c.as_ptr());
     // SAFETY: every pointer is either null or a NUL-terminated string that
     // outlives the call.
@@ -149,7 +155,10 @@ fn write_resolv_conf(conf: &str) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let step = |what: &str| {
         let what = what.to_string();
-        move |e: std::io::Error| SetupError { step: format!("{what} /etc/resolv.conf"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) }
+        move |e: std::io::Error| SetupError {
+            step: format!("{what} /etc/resolv.conf"),
+            errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
+        }
     };
     std::fs::create_dir_all("/etc").map_err(step("mkdir for"))?;
     match std::fs::remove_file("/etc/resolv.conf") {
@@ -212,7 +221,8 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     // host's device behind it. nosuid: a setuid binary in the image (or one
     // the sandbox's root makes) never raises anyone's privileges; with the
     // system-call filter, no_new_privs says the same for every path.
-    mount(Some(c"overlay"), &root_c, Some(c"overlay"), libc::MS_NODEV | libc::MS_NOSUID, Some(&opts)).map_err(fail("mount the overlay root"))?;
+    mount(Some(c"overlay"), &root_c, Some(c"overlay"), libc::MS_NODEV | libc::MS_NOSUID, Some(&opts))
+        .map_err(fail("mount the overlay root"))?;
     // Kept (close-on-exec, in a process nobody may ptrace) to see which
     // image files the sandbox has changed; its path is gone after pivot_root.
     let upper_fd = crate::changes::open_upper(&cstr(&upper)?).map_err(fail("open the upper directory"))?;
@@ -227,17 +237,12 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     for d in ["/proc", "/dev", "/sys"] {
         mkdir(&at(d)?, 0o755).map_err(fail(format!("mkdir {d}")))?;
     }
-    mount(Some(c"proc"), &at("/proc")?, Some(c"proc"), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None).map_err(fail("mount /proc"))?;
+    mount(Some(c"proc"), &at("/proc")?, Some(c"proc"), libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None)
+        .map_err(fail("mount /proc"))?;
     dev(&root, &devdir, &shmdir)?;
     if plan.sys_dir.is_empty() {
-        mount(
-            Some(c"sysfs"),
-            &at("/sys")?,
-            Some(c"sysfs"),
-            libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC,
-            None,
-        )
-        .map_err(fail("mount /sys"))?;
+        mount(Some(c"sysfs"), &at("/sys")?, Some(c"sysfs"), libc::MS_RDONLY | libc::MS_NOSUID | libc::MS_NODEV | libc::MS_NOEXEC, None)
+            .map_err(fail("mount /sys"))?;
     } else {
         // The node's shared sysfs: no filesystem of our own (a new sysfs
         // also scans every sysfs on the host when it mounts).
@@ -377,8 +382,14 @@ impl MaskSource {
                 r
             }
             MaskSource::Detached(tree) => {
-                rustix::mount::move_mount(&tree, c"", rustix::fs::CWD, target.as_c_str(), rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH)
-                    .map_err(fail(format!("mask {p}")))?;
+                rustix::mount::move_mount(
+                    &tree,
+                    c"",
+                    rustix::fs::CWD,
+                    target.as_c_str(),
+                    rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+                )
+                .map_err(fail(format!("mask {p}")))?;
                 *self = MaskSource::At(target);
                 Ok(())
             }

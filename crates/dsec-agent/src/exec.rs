@@ -103,13 +103,7 @@ impl Sink {
 
 /// Runs `launch` with the spec's stdin, output, timeout; with `state_pipe`
 /// the command also gets a pipe at fd 3 whose content is returned.
-pub async fn run(
-    agent: &Rc<Agent>,
-    ctx: &Rc<ReqCtx>,
-    spec: &ExecSpec,
-    launch: &Launch,
-    state_pipe: bool,
-) -> Result<Finished, AgentError> {
+pub async fn run(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: &ExecSpec, launch: &Launch, state_pipe: bool) -> Result<Finished, AgentError> {
     let (out_r, out_w) = launch::pipe()?;
     let (err_r, err_w) = launch::pipe()?;
     let (stdin_child, stdin_ours, mut input): (Option<OwnedFd>, Option<OwnedFd>, Input) = match &spec.stdin {
@@ -156,7 +150,8 @@ pub async fn run(
             return Err(e);
         }
     };
-    let (mut out, mut err, mut stdin, mut state_fd): (Option<Fd>, Option<Fd>, Option<Fd>, Option<Fd>) = (Some(out), Some(err), stdin, state_fd);
+    let (mut out, mut err, mut stdin, mut state_fd): (Option<Fd>, Option<Fd>, Option<Fd>, Option<Fd>) =
+        (Some(out), Some(err), stdin, state_fd);
     let mut state_buf: Vec<u8> = Vec::new();
     let mut state_ok = state_fd.is_some();
 

@@ -66,10 +66,7 @@ pub fn stat(agent: &Agent, path: &str) -> Result<Reply, AgentError> {
 /// Entries sorted by name, without `.` and `..`.
 pub fn list_dir(agent: &Agent, path: &str) -> Result<Reply, AgentError> {
     let p = SandboxPath::parse(path)?;
-    let fd = agent
-        .root
-        .open_at(&p, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty())
-        .map_err(|e| os_err(p.display(), e))?;
+    let fd = agent.root.open_at(&p, OFlags::RDONLY | OFlags::DIRECTORY, Mode::empty()).map_err(|e| os_err(p.display(), e))?;
     let mut dir = rustix::fs::Dir::new(fd).map_err(|e| os_err(p.display(), e))?;
     let mut names = Vec::new();
     while let Some(entry) = dir.read() {
@@ -143,12 +140,7 @@ pub fn remove(agent: &Agent, path: &str, recursive: bool) -> Result<Reply, Agent
 /// rm -r of `name` in `parent`, never following symlinks (O_NOFOLLOW on
 /// every directory opened, so a link planted inside cannot redirect us).
 pub fn remove_tree(parent: BorrowedFd<'_>, name: &[u8]) -> Result<(), Errno> {
-    let fd = rustix::fs::openat(
-        parent,
-        name,
-        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-        Mode::empty(),
-    )?;
+    let fd = rustix::fs::openat(parent, name, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
     for (n, is_dir) in dir_entries(fd.as_fd())? {
         if is_dir {
             remove_tree(fd.as_fd(), &n)?;
@@ -189,10 +181,7 @@ pub fn dir_entries(dir: BorrowedFd<'_>) -> Result<Vec<(Vec<u8>, bool)>, Errno> {
 /// Streams a regular file's content (from `offset`, at most `limit` bytes).
 pub async fn read_file(agent: &Agent, ctx: &Rc<ReqCtx>, path: &str, offset: u64, limit: Option<u64>) -> Result<Reply, AgentError> {
     let p = SandboxPath::parse(path)?;
-    let fd = agent
-        .root
-        .open_at(&p, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())
-        .map_err(|e| os_err(p.display(), e))?;
+    let fd = agent.root.open_at(&p, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty()).map_err(|e| os_err(p.display(), e))?;
     let st = rustix::fs::fstat(&fd).map_err(|e| os_err(p.display(), e))?;
     match kind_of(st.st_mode) {
         FileKind::File => {}
@@ -327,8 +316,9 @@ pub async fn write_file(agent: &Agent, ctx: &Rc<ReqCtx>, spec: WriteFileSpec) ->
         let (fd, created) = match agent.root.open_at(&p, OFlags::WRONLY | OFlags::APPEND, Mode::empty()) {
             Ok(fd) => (fd, None),
             Err(Errno::NOENT) => {
-                let fd = rustix::fs::openat(&dir, name, OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC, mode)
-                    .map_err(|e| os_err(&what, e))?;
+                let fd =
+                    rustix::fs::openat(&dir, name, OFlags::WRONLY | OFlags::APPEND | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC, mode)
+                        .map_err(|e| os_err(&what, e))?;
                 let dir2 = rustix::io::dup(&dir).map_err(|e| os_err(&what, e))?;
                 (fd, Some((dir2, name.to_string())))
             }

@@ -58,12 +58,14 @@ pub fn setup(cfg: &VmSetup) -> Result<(), String> {
 
 fn mount_layer(i: usize, name: &str) -> Result<(), SetupError> {
     let dir = format!("{LAYERS_DIR}/{i}");
-    std::fs::create_dir_all(&dir).map_err(|e| SetupError { step: format!("mkdir {dir}"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) })?;
+    std::fs::create_dir_all(&dir)
+        .map_err(|e| SetupError { step: format!("mkdir {dir}"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) })?;
     let flags = libc::MS_RDONLY | libc::MS_NODEV | libc::MS_NOSUID;
     if name.strip_prefix("pmem").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
         let dev = format!("/dev/{name}");
         wait_for(&dev)?;
-        mount(Some(&cstr(&dev)?), &cstr(&dir)?, Some(c"erofs"), flags, Some(c"dax=always")).map_err(fail(format!("mount layer {dev} with DAX")))
+        mount(Some(&cstr(&dev)?), &cstr(&dir)?, Some(c"erofs"), flags, Some(c"dax=always"))
+            .map_err(fail(format!("mount layer {dev} with DAX")))
     } else {
         let dev = crate::vm_init::disk_by_serial(name)?;
         mount(Some(&cstr(&dev)?), &cstr(&dir)?, Some(c"erofs"), flags, None).map_err(fail(format!("mount layer {name} ({dev})")))

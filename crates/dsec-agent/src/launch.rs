@@ -80,12 +80,10 @@ pub fn prepare(argv: Vec<String>, env: &Env, cwd: OwnedFd, user: User) -> Result
     envs::validate(env)?;
     let path = envs::get(env, "PATH").unwrap_or(envs::DEFAULT_PATH);
     let name = argv.first().ok_or_else(|| invalid("empty argv"))?;
-    let program = spawn::find_program(name, path)
-        .ok_or_else(|| AgentError::new(ErrorKind::SpawnFailed, format!("{name}: command not found")))?;
-    let argv = argv
-        .into_iter()
-        .map(|a| CString::new(a).map_err(|_| invalid("argument contains a NUL byte")))
-        .collect::<Result<Vec<_>, _>>()?;
+    let program =
+        spawn::find_program(name, path).ok_or_else(|| AgentError::new(ErrorKind::SpawnFailed, format!("{name}: command not found")))?;
+    let argv =
+        argv.into_iter().map(|a| CString::new(a).map_err(|_| invalid("argument contains a NUL byte"))).collect::<Result<Vec<_>, _>>()?;
     Ok(Launch { program, argv, envp: envs::to_cstrings(env)?, cwd, user })
 }
 

@@ -65,8 +65,13 @@ enum Cli {
     Guest,
     /// The edge's spawn helper (socket on fd 3). `exec`: each agent execs
     /// this binary afresh instead of being forked from the helper.
-    Spawner { exec: bool },
-    Plain { root: String, sandbox_id: String },
+    Spawner {
+        exec: bool,
+    },
+    Plain {
+        root: String,
+        sandbox_id: String,
+    },
 }
 
 fn parse_args(args: &[String]) -> Result<Cli, String> {
@@ -190,11 +195,7 @@ fn handshake(chan: &mut File, state: AgentState) -> Result<(), String> {
 }
 
 fn policy() -> ChildPolicy {
-    ChildPolicy {
-        reset_oom: startup::oom_score_adj() != 0,
-        restrict_caps: caps::can_restrict(),
-        ignored_signals: signals::ignored_mask(),
-    }
+    ChildPolicy { reset_oom: startup::oom_score_adj() != 0, restrict_caps: caps::can_restrict(), ignored_signals: signals::ignored_mask() }
 }
 
 fn devnull() -> Result<OwnedFd, String> {
@@ -232,7 +233,12 @@ fn plain(chan: OwnedFd, root_dir: &str, sandbox_id: String) -> Result<(), String
 fn container(chan: OwnedFd) -> Result<(), String> {
     serve_sandbox(chan, Mode::Container, |op| match op {
         Op::SetupContainer(cfg) => {
-            let ident = Identity { sandbox_id: cfg.sandbox_id.clone(), image_env: cfg.env.clone(), workdir: cfg.workdir.clone(), default_user: cfg.default_user.clone() };
+            let ident = Identity {
+                sandbox_id: cfg.sandbox_id.clone(),
+                image_env: cfg.env.clone(),
+                workdir: cfg.workdir.clone(),
+                default_user: cfg.default_user.clone(),
+            };
             let syscall_filter = cfg.syscall_filter;
             Some(Box::new(move || {
                 container_setup::setup(&cfg).map_err(|e| e.to_string()).map(|upper| SetupDone { ident, upper: Some(upper), syscall_filter })
@@ -250,14 +256,21 @@ fn vm(chan: OwnedFd) -> Result<(), String> {
         Op::SetupVm(cfg) => {
             let ident = vm_identity(&cfg);
             // The guest kernel is the boundary of a VM: no filter inside it.
-            Some(Box::new(move || vm_init::setup(&cfg).map_err(|e| e.to_string()).map(|()| SetupDone { ident, upper: None, syscall_filter: false })))
+            Some(Box::new(move || {
+                vm_init::setup(&cfg).map_err(|e| e.to_string()).map(|()| SetupDone { ident, upper: None, syscall_filter: false })
+            }))
         }
         _ => None,
     })
 }
 
 fn vm_identity(cfg: &dsec_agent_proto::VmSetup) -> Identity {
-    Identity { sandbox_id: cfg.sandbox_id.clone(), image_env: cfg.env.clone(), workdir: cfg.workdir.clone(), default_user: cfg.default_user.clone() }
+    Identity {
+        sandbox_id: cfg.sandbox_id.clone(),
+        image_env: cfg.env.clone(),
+        workdir: cfg.workdir.clone(),
+        default_user: cfg.default_user.clone(),
+    }
 }
 
 fn full_vm(chan: OwnedFd) -> Result<(), String> {

@@ -57,7 +57,8 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
             // sync: in plain mode the host's other filesystems are not ours.
             // (syncfs needs a real fd, not the O_PATH root.)
             let root = crate::paths::SandboxPath::parse("/")?;
-            if let Ok(fd) = agent.root.open_at(&root, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY, rustix::fs::Mode::empty()) {
+            if let Ok(fd) = agent.root.open_at(&root, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::DIRECTORY, rustix::fs::Mode::empty())
+            {
                 let _ = rustix::fs::syncfs(&fd);
             }
             Ok(Reply::Done)

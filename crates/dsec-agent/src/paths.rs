@@ -134,8 +134,7 @@ impl Root {
 
     /// An O_PATH fd of the directory `path`.
     pub fn open_dir(&self, path: &SandboxPath) -> Result<OwnedFd, AgentError> {
-        self.open_at(path, OFlags::PATH | OFlags::DIRECTORY, Mode::empty())
-            .map_err(|e| os_err(path.display(), e))
+        self.open_at(path, OFlags::PATH | OFlags::DIRECTORY, Mode::empty()).map_err(|e| os_err(path.display(), e))
     }
 
     /// The parent directory of `path` (an O_PATH fd) and the last component,

@@ -36,7 +36,9 @@ pub async fn open(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: PtySpec) -> Result<
         Some(c) => (launch::argv(agent, c)?, None),
         None => {
             // The user's login shell, started as a login shell (`-sh`).
-            let shell = if crate::spawn::find_program(&user.shell, "").is_some_and(|p| rustix::fs::access(&p, rustix::fs::Access::EXEC_OK).is_ok()) {
+            let shell = if crate::spawn::find_program(&user.shell, "")
+                .is_some_and(|p| rustix::fs::access(&p, rustix::fs::Access::EXEC_OK).is_ok())
+            {
                 user.shell.clone()
             } else {
                 "/bin/sh".to_string()
@@ -50,7 +52,8 @@ pub async fn open(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: PtySpec) -> Result<
         *arg0 = std::ffi::CString::new(name).map_err(|_| crate::errors::invalid("shell name"))?;
     }
 
-    let master = rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).map_err(|e| os_err("open the PTY", e))?;
+    let master =
+        rustix::pty::openpt(OpenptFlags::RDWR | OpenptFlags::NOCTTY | OpenptFlags::CLOEXEC).map_err(|e| os_err("open the PTY", e))?;
     rustix::pty::unlockpt(&master).map_err(|e| os_err("unlockpt", e))?;
     rustix::termios::tcsetwinsize(&master, winsize(spec.rows.max(1), spec.cols.max(1))).map_err(|e| os_err("set the window size", e))?;
     // TIOCGPTPEER opens the slave through the master itself: no path lookup

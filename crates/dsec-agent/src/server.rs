@@ -146,7 +146,9 @@ async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, start: Start) -> bool {
     }
     loop {
         match reader.next(conn).await {
-            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if matches!(agent.mode, Mode::Vm | Mode::Guest) && h.protocol_version == PROTOCOL_VERSION => {
+            Ok(Some(Incoming::Frame(ToAgent::Hello(h))))
+                if matches!(agent.mode, Mode::Vm | Mode::Guest) && h.protocol_version == PROTOCOL_VERSION =>
+            {
                 return true;
             }
             Ok(Some(Incoming::Frame(msg))) => dispatch(agent, conn, msg),

@@ -177,7 +177,12 @@ mod tests {
             if shell.ends_with("busybox") {
                 cmd.arg("sh");
             }
-            cmd.args(["-c", WRAPPER, shell, "cd /usr && export DSEC_T='x y'; ls /proc/self/fd/3 2>/dev/null; exit_code=4; (exit $exit_code)"]);
+            cmd.args([
+                "-c",
+                WRAPPER,
+                shell,
+                "cd /usr && export DSEC_T='x y'; ls /proc/self/fd/3 2>/dev/null; exit_code=4; (exit $exit_code)",
+            ]);
             cmd.env_clear().env("PATH", envs::DEFAULT_PATH);
             let fd = std::os::fd::AsRawFd::as_raw_fd(&state);
             // SAFETY: dup2 in the forked child onto fd 3, async-signal-safe.

@@ -315,13 +315,7 @@ mod tests {
             if shell.ends_with("busybox") {
                 cmd.arg("sh");
             }
-            let out = cmd
-                .args(["-c", "export -p"])
-                .env_clear()
-                .env("NASTY", nasty)
-                .env("CTRL", "a\u{1}b\u{7f}")
-                .output()
-                .unwrap();
+            let out = cmd.args(["-c", "export -p"]).env_clear().env("NASTY", nasty).env("CTRL", "a\u{1}b\u{7f}").output().unwrap();
             let env = parse_export_p(&out.stdout);
             assert_eq!(get(&env, "NASTY"), Some(nasty), "{shell}");
             assert_eq!(get(&env, "CTRL"), Some("a\u{1}b\u{7f}"), "{shell}");

@@ -140,7 +140,12 @@ pub fn spawn(cmd: &Command<'_>, policy: ChildPolicy) -> Result<i32, SpawnError> 
     let pid = unsafe {
         let top = stack.as_mut_ptr().add(CHILD_STACK);
         let top = top.sub(top as usize % 16);
-        libc::clone(child_entry, top.cast(), libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD, (&mut shared as *mut Shared<'_, '_>).cast())
+        libc::clone(
+            child_entry,
+            top.cast(),
+            libc::CLONE_VM | libc::CLONE_VFORK | libc::SIGCHLD,
+            (&mut shared as *mut Shared<'_, '_>).cast(),
+        )
     };
     drop(stack);
     if pid < 0 {

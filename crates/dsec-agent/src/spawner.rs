@@ -25,8 +25,7 @@ pub fn run(exec_each: bool) -> Result<(), String> {
     // Our own binary, by its real path: exec'ing /proc/self/exe would name
     // every agent `exe` in ps and /proc/PID/comm.
     let exe = std::fs::read_link("/proc/self/exe").map_err(|e| format!("readlink /proc/self/exe: {e}"))?;
-    let exe = std::ffi::CString::new(exe.into_os_string().into_encoded_bytes())
-        .map_err(|_| "our own path contains NUL".to_string())?;
+    let exe = std::ffi::CString::new(exe.into_os_string().into_encoded_bytes()).map_err(|_| "our own path contains NUL".to_string())?;
     // SAFETY: fd 3 is the socket the edge gave us (checked by fcntl in
     // main before calling here); we own it from now on.
     let sock = unsafe { OwnedFd::from_raw_fd(dsec_spawn::AGENT_CHANNEL_FD) };

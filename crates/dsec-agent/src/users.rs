@@ -78,10 +78,7 @@ pub fn parse_group(text: &str) -> Vec<GroupEntry> {
             Some(GroupEntry {
                 name: f[0].to_string(),
                 gid: f[2].parse().ok()?,
-                members: f
-                    .get(3)
-                    .map(|m| m.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect())
-                    .unwrap_or_default(),
+                members: f.get(3).map(|m| m.split(',').filter(|s| !s.is_empty()).map(str::to_string).collect()).unwrap_or_default(),
             })
         })
         .collect()
@@ -170,11 +167,7 @@ fn read_small(root: &Root, path: &str) -> String {
 /// command may have run `useradd` since).
 pub fn lookup(root: &Root, spec: &str) -> Result<User, AgentError> {
     let passwd = parse_passwd(&read_small(root, "/etc/passwd"));
-    let groups = if spec.contains(':') || !passwd.is_empty() {
-        parse_group(&read_small(root, "/etc/group"))
-    } else {
-        Vec::new()
-    };
+    let groups = if spec.contains(':') || !passwd.is_empty() { parse_group(&read_small(root, "/etc/group")) } else { Vec::new() };
     resolve(spec, &passwd, &groups)
 }
 

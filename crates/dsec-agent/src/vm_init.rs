@@ -49,8 +49,7 @@ pub fn is_vm_init(argv0: &str) -> bool {
 pub fn boot() -> std::result::Result<(), String> {
     for (src, dir, fstype) in [(c"proc", c"/proc", c"proc"), (c"sysfs", c"/sys", c"sysfs"), (c"devtmpfs", c"/dev", c"devtmpfs")] {
         let _ = mkdir(dir, 0o755);
-        mount(Some(src), dir, Some(fstype), libc::MS_NOSUID, None)
-            .map_err(|e| format!("mount {}: {e}", dir.to_string_lossy()))?;
+        mount(Some(src), dir, Some(fstype), libc::MS_NOSUID, None).map_err(|e| format!("mount {}: {e}", dir.to_string_lossy()))?;
     }
     load_modules()?;
     crate::vm_net::boot()?;
@@ -158,7 +157,11 @@ fn find_port() -> std::result::Result<OwnedFd, String> {
             let path = format!("/dev/{dev}");
             // devtmpfs makes the node when the port is registered; the open
             // may still race it by a moment.
-            match rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NOCTTY, rustix::fs::Mode::empty()) {
+            match rustix::fs::open(
+                path.as_str(),
+                rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC | rustix::fs::OFlags::NOCTTY,
+                rustix::fs::Mode::empty(),
+            ) {
                 Ok(fd) => return Ok(fd),
                 Err(Errno::NOENT) => {}
                 Err(e) => return Err(format!("open {path}: {e}")),
@@ -227,7 +230,8 @@ pub fn setup(cfg: &VmSetup) -> Result<()> {
     for (i, serial) in cfg.layer_disks.iter().enumerate() {
         let dev = disk_by_serial(serial)?;
         let dir = format!("/layers/{i}");
-        std::fs::create_dir_all(&dir).map_err(|e| SetupError { step: format!("mkdir {dir}"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) })?;
+        std::fs::create_dir_all(&dir)
+            .map_err(|e| SetupError { step: format!("mkdir {dir}"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) })?;
         mount(Some(&cstr(&dev)?), &cstr(&dir)?, Some(c"erofs"), libc::MS_RDONLY | libc::MS_NODEV, None)
             .map_err(fail(format!("mount layer {serial} ({dev})")))?;
         lower.push(dir);

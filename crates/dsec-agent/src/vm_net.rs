@@ -255,7 +255,12 @@ mod tests {
         let sys = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex")).unwrap();
         assert_eq!(sys.trim(), index.to_string());
         assert_eq!(nic_by_mac("52:54:00:D5:EC:FE"), None);
-        let nic = dsec_agent_proto::VmNic { mac: "52:54:00:d5:ec:fe".into(), address: Ipv4Addr::new(10, 0, 2, 15), prefix: 33, gateway: Ipv4Addr::new(10, 0, 2, 2) };
+        let nic = dsec_agent_proto::VmNic {
+            mac: "52:54:00:d5:ec:fe".into(),
+            address: Ipv4Addr::new(10, 0, 2, 15),
+            prefix: 33,
+            gateway: Ipv4Addr::new(10, 0, 2, 2),
+        };
         assert!(configure_nic(&nic).unwrap_err().contains("prefix"));
     }
 }

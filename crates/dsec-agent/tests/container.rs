@@ -127,7 +127,9 @@ async fn container_mode_end_to_end() {
 
     let (ours, theirs) = StdUnixStream::pair().unwrap();
     let mut cmd = StdCommand::new("unshare");
-    cmd.args(["--mount", "--pid", "--net", "--uts", "--ipc", "--fork", "--kill-child", "--propagation", "private"]).arg(agent_bin()).arg("container");
+    cmd.args(["--mount", "--pid", "--net", "--uts", "--ipc", "--fork", "--kill-child", "--propagation", "private"])
+        .arg(agent_bin())
+        .arg("container");
     cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
     pass_as_fd3(&mut cmd, &theirs);
     let child = ChildGuard(Some(cmd.spawn().unwrap()));
@@ -205,7 +207,8 @@ async fn container_mode_end_to_end() {
     let r = sh(&client, "cat /proc/keys /proc/timer_list | wc -c; ls -A /sys/firmware | wc -l; ls /proc/kcore 2>/dev/null | wc -c").await;
     let expect_kcore = if kcore { "12" } else { "0" };
     assert_eq!(text(&r.stdout).split_whitespace().collect::<Vec<_>>(), ["0", "0", expect_kcore]);
-    let r = sh(&client, "touch /sys/x; echo x > /proc/sys/kernel/hostname; echo 1 > /proc/irq/default_smp_affinity; echo x > /proc/keys").await;
+    let r =
+        sh(&client, "touch /sys/x; echo x > /proc/sys/kernel/hostname; echo 1 > /proc/irq/default_smp_affinity; echo x > /proc/keys").await;
     let err = text(&r.stderr);
     assert_eq!(err.matches("Read-only file system").count(), 4, "{err}");
 
@@ -320,7 +323,9 @@ async fn container_setup_failure_is_reported() {
     let dir = tempfile::Builder::new().prefix("dsec-ctr-test-").tempdir().unwrap();
     let (ours, theirs) = StdUnixStream::pair().unwrap();
     let mut cmd = StdCommand::new("unshare");
-    cmd.args(["--mount", "--pid", "--net", "--uts", "--ipc", "--fork", "--kill-child", "--propagation", "private"]).arg(agent_bin()).arg("container");
+    cmd.args(["--mount", "--pid", "--net", "--uts", "--ipc", "--fork", "--kill-child", "--propagation", "private"])
+        .arg(agent_bin())
+        .arg("container");
     cmd.env_clear().stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null());
     pass_as_fd3(&mut cmd, &theirs);
     let mut child = ChildGuard(Some(cmd.spawn().unwrap()));

@@ -214,13 +214,11 @@ async fn tar_round_trip() {
     assert_eq!(archive.len() % 512, 0);
 
     // An independent reader agrees with what we wrote.
-    let mut names: Vec<String> = tar::Archive::new(&archive[..])
-        .entries()
-        .unwrap()
-        .map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned())
-        .collect();
+    let mut names: Vec<String> =
+        tar::Archive::new(&archive[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
     names.sort();
-    let mut expected = vec!["blob".to_string(), "empty".into(), "sub/".into(), "sub/deeper/".into(), "sub/deeper/x.sh".into(), "sub/link".into()];
+    let mut expected =
+        vec!["blob".to_string(), "empty".into(), "sub/".into(), "sub/deeper/".into(), "sub/deeper/x.sh".into(), "sub/link".into()];
     expected.push(format!("{}/", "d".repeat(120)));
     expected.push(long.clone());
     expected.sort();
@@ -241,7 +239,8 @@ async fn tar_round_trip() {
     // A single file archives under its own name.
     let call = a.client.open(Op::TarCreate { path: "/src/empty".into() }).await.unwrap();
     let (out, _) = collect(call, 10).await;
-    let n: Vec<String> = tar::Archive::new(&out.content[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
+    let n: Vec<String> =
+        tar::Archive::new(&out.content[..]).entries().unwrap().map(|e| e.unwrap().path().unwrap().to_string_lossy().into_owned()).collect();
     assert_eq!(n, ["empty"]);
 }
 

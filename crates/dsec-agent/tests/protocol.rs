@@ -66,7 +66,8 @@ fn garbage_and_stray_frames_are_survived() {
     write_frame(&mut s, &ToAgent::Request { id: 3, op: Op::Exec(spec) }).unwrap();
     let Reply::Exited(r) = reply_for(&mut s, 3).unwrap() else { panic!() };
     assert_eq!(r.stdout, b"fine\n");
-    write_frame(&mut s, &ToAgent::Request { id: 4, op: Op::ReadFile { path: "/".into(), offset: u64::MAX, limit: Some(u64::MAX) } }).unwrap();
+    write_frame(&mut s, &ToAgent::Request { id: 4, op: Op::ReadFile { path: "/".into(), offset: u64::MAX, limit: Some(u64::MAX) } })
+        .unwrap();
     assert_eq!(reply_for(&mut s, 4).unwrap_err().kind, ErrorKind::IsADirectory);
     write_frame(&mut s, &ToAgent::Signal { id: 999, signal: 12345 }).unwrap();
 

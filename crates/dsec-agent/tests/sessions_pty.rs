@@ -134,7 +134,8 @@ async fn pty_shell_echo_resize_exit() {
 #[tokio::test]
 async fn pty_ctrl_c_reaches_the_foreground_program() {
     let a = TestAgent::start().await;
-    let spec = PtySpec { command: Some(Command::Shell("sleep 30; echo after".into())), env: vec![], cwd: None, user: None, rows: 10, cols: 40 };
+    let spec =
+        PtySpec { command: Some(Command::Shell("sleep 30; echo after".into())), env: vec![], cwd: None, user: None, rows: 10, cols: 40 };
     let call = a.client.open(Op::OpenPty(spec)).await.unwrap();
     tokio::time::sleep(Duration::from_millis(300)).await;
     // ^C through the line discipline: SIGINT to the foreground group.

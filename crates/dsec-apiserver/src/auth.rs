@@ -122,8 +122,8 @@ impl TokenStore {
 
     /// Creates a tenant and returns its token (shown only this once).
     pub fn create(&self, name: &str) -> Result<(Tenant, String), AuthError> {
-        let ok = (1..=64).contains(&name.len())
-            && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
+        let ok =
+            (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !ok {
             return Err(AuthError::BadName(name.to_string()));
         }

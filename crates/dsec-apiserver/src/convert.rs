@@ -120,13 +120,7 @@ pub fn rfc3339(ms: u64) -> String {
     let d = doy - (153 * mp + 2) / 5 + 1;
     let m = if mp < 10 { mp + 3 } else { mp - 9 };
     let y = yoe + era * 400 + i64::from(m <= 2);
-    format!(
-        "{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z",
-        rem / 3600,
-        (rem % 3600) / 60,
-        rem % 60,
-        ms % 1000
-    )
+    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, (rem % 3600) / 60, rem % 60, ms % 1000)
 }
 
 pub fn sandbox_out(r: SandboxRecord) -> api::Sandbox {
@@ -181,12 +175,16 @@ pub fn exec_spec(r: &api::ExecRequest, stream_output: bool) -> Result<ExecSpec, 
         _ => return Err(ApiError::invalid("give exactly one of cmd (a shell string) and argv (a list)")),
     };
     let stdin = match (&r.stdin, &r.stdin_b64) {
-        (None, None) => if stream_output { Stdin::Stream } else { Stdin::Null },
+        (None, None) => {
+            if stream_output {
+                Stdin::Stream
+            } else {
+                Stdin::Null
+            }
+        }
         (Some(s), None) => Stdin::Bytes(s.clone().into_bytes()),
         (None, Some(b)) => Stdin::Bytes(
-            base64::engine::general_purpose::STANDARD
-                .decode(b)
-                .map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
+            base64::engine::general_purpose::STANDARD.decode(b).map_err(|e| ApiError::invalid(format!("stdin_b64 is not base64: {e}")))?,
         ),
         (Some(_), Some(_)) => return Err(ApiError::invalid("give at most one of stdin and stdin_b64")),
     };

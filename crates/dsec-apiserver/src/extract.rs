@@ -19,14 +19,12 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
     async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
         match axum::Json::<T>::from_request(req, state).await {
             Ok(axum::Json(v)) => Ok(ApiJson(v)),
-            Err(JsonRejection::MissingJsonContentType(_)) => Err(ApiError::new(
-                ErrorCode::UnsupportedMediaType,
-                "expected a JSON body with Content-Type: application/json",
-            )),
-            Err(JsonRejection::BytesRejection(e)) => Err(ApiError::new(
-                ErrorCode::PayloadTooLarge,
-                format!("could not read the request body: {e}"),
-            )),
+            Err(JsonRejection::MissingJsonContentType(_)) => {
+                Err(ApiError::new(ErrorCode::UnsupportedMediaType, "expected a JSON body with Content-Type: application/json"))
+            }
+            Err(JsonRejection::BytesRejection(e)) => {
+                Err(ApiError::new(ErrorCode::PayloadTooLarge, format!("could not read the request body: {e}")))
+            }
             Err(e) => Err(ApiError::invalid(e.body_text())),
         }
     }

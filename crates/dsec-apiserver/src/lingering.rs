@@ -77,11 +77,7 @@ impl AsyncWrite for LingeringStream {
         self.stream()?.poll_write(cx, buf)
     }
 
-    fn poll_write_vectored(
-        mut self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
+    fn poll_write_vectored(mut self: Pin<&mut Self>, cx: &mut Context<'_>, bufs: &[io::IoSlice<'_>]) -> Poll<io::Result<usize>> {
         self.stream()?.poll_write_vectored(cx, bufs)
     }
 
@@ -177,9 +173,6 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn without_lingering_the_same_client_meets_a_reset() {
         let err = upload_to_early_413(false).await.expect_err("a plain close resets the upload");
-        assert!(
-            matches!(err.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset),
-            "{err:?}"
-        );
+        assert!(matches!(err.kind(), io::ErrorKind::BrokenPipe | io::ErrorKind::ConnectionReset), "{err:?}");
     }
 }

@@ -133,11 +133,19 @@ impl Nodes {
             .collect()
     }
 
-    async fn create_on(&self, node: &str, caller: &Caller, req: &api::CreateSandboxRequest, key: Option<&str>) -> Result<api::Sandbox, ApiError> {
+    async fn create_on(
+        &self,
+        node: &str,
+        caller: &Caller,
+        req: &api::CreateSandboxRequest,
+        key: Option<&str>,
+    ) -> Result<api::Sandbox, ApiError> {
         match &self.nodes[node] {
             Node::Local(edge) => {
                 let rec = match key {
-                    Some(key) => edge.create_idempotent(caller, convert::create_request(req.clone()), key, &request_fingerprint(req)).await?,
+                    Some(key) => {
+                        edge.create_idempotent(caller, convert::create_request(req.clone()), key, &request_fingerprint(req)).await?
+                    }
                     None => edge.create(caller, convert::create_request(req.clone())).await?,
                 };
                 Ok(convert::sandbox_out(rec))
@@ -182,8 +190,7 @@ impl Nodes {
                 None => match self.nodes.keys().find(|n| !refused.contains(n)) {
                     Some(n) => n.clone(),
                     None => {
-                        return Err(last_error
-                            .unwrap_or_else(|| ApiError::new(ErrorCode::NoCapacity, "no node has room for this sandbox")))
+                        return Err(last_error.unwrap_or_else(|| ApiError::new(ErrorCode::NoCapacity, "no node has room for this sandbox")))
                     }
                 },
             };

@@ -30,7 +30,9 @@ pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next
     let id = id.to_string();
     match remote.forward(&caller, req).await {
         Ok(resp) => resp,
-        Err(e) if is_get && e.code == dsec_api::ErrorCode::EdgeUnavailable => axum::Json(unknown(&id, &remote.name, e.message)).into_response(),
+        Err(e) if is_get && e.code == dsec_api::ErrorCode::EdgeUnavailable => {
+            axum::Json(unknown(&id, &remote.name, e.message)).into_response()
+        }
         Err(e) => e.into_response(),
     }
 }

@@ -104,10 +104,8 @@ impl RemoteNode {
         body: Option<Vec<u8>>,
         headers: &[(&str, &str)],
     ) -> Result<T, ApiError> {
-        let mut builder = Request::builder()
-            .method(method)
-            .uri(format!("{}{path_and_query}", self.url))
-            .header(header::CONTENT_TYPE, "application/json");
+        let mut builder =
+            Request::builder().method(method).uri(format!("{}{path_and_query}", self.url)).header(header::CONTENT_TYPE, "application/json");
         for (k, v) in headers {
             builder = builder.header(*k, *v);
         }

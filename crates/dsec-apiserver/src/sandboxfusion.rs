@@ -28,20 +28,16 @@ const LANGUAGES: &[(&str, &str)] = &[
 ];
 
 pub fn to_fncall(req: api::RunCodeRequest) -> ApiResult<api::FnCallRequest> {
-    let language = LANGUAGES
-        .iter()
-        .find(|(sf, _)| *sf == req.language)
-        .map(|(_, ours)| ours.to_string())
-        .ok_or_else(|| {
-            ApiError::new(
-                dsec_api::ErrorCode::UnsupportedLanguage,
-                format!(
-                    "language {:?} is not served (available: {})",
-                    req.language,
-                    LANGUAGES.iter().map(|(sf, _)| *sf).collect::<Vec<_>>().join(", ")
-                ),
-            )
-        })?;
+    let language = LANGUAGES.iter().find(|(sf, _)| *sf == req.language).map(|(_, ours)| ours.to_string()).ok_or_else(|| {
+        ApiError::new(
+            dsec_api::ErrorCode::UnsupportedLanguage,
+            format!(
+                "language {:?} is not served (available: {})",
+                req.language,
+                LANGUAGES.iter().map(|(sf, _)| *sf).collect::<Vec<_>>().join(", ")
+            ),
+        )
+    })?;
     let positive = |v: f64, what: &str| {
         if v.is_finite() && v > 0.0 {
             Ok(v)
@@ -169,7 +165,10 @@ mod tests {
         }))
         .unwrap();
         let c = to_fncall(req).unwrap();
-        assert_eq!((c.language.as_str(), c.stdin.as_deref(), c.limits.memory_mb, c.limits.time), ("python", Some("None"), Some(512), Some(10.0)));
+        assert_eq!(
+            (c.language.as_str(), c.stdin.as_deref(), c.limits.memory_mb, c.limits.time),
+            ("python", Some("None"), Some(512), Some(10.0))
+        );
         assert_eq!(c.files["a.txt"], "");
         let js: api::RunCodeRequest = serde_json::from_value(serde_json::json!({"code": "", "language": "nodejs"})).unwrap();
         assert_eq!(to_fncall(js).unwrap().language, "javascript", "SandboxFusion's name for JavaScript");

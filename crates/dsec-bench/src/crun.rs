@@ -54,27 +54,14 @@ fn cstr(p: &Path) -> CString {
     CString::new(p.as_os_str().as_encoded_bytes()).expect("paths have no NUL")
 }
 
-fn mount(
-    src: &str,
-    target: &Path,
-    fstype: &str,
-    flags: libc::c_ulong,
-    data: Option<&str>,
-) -> std::io::Result<()> {
+fn mount(src: &str, target: &Path, fstype: &str, flags: libc::c_ulong, data: Option<&str>) -> std::io::Result<()> {
     let src = CString::new(src).unwrap();
     let fstype = CString::new(fstype).unwrap();
     let data = data.map(|d| CString::new(d).unwrap());
     let t = cstr(target);
     // SAFETY: NUL-terminated strings that outlive the call.
     let r = unsafe {
-        libc::mount(
-            src.as_ptr(),
-            t.as_ptr(),
-            fstype.as_ptr(),
-            flags,
-            data.as_ref()
-                .map_or(std::ptr::null(), |d| d.as_ptr().cast()),
-        )
+        libc::mount(src.as_ptr(), t.as_ptr(), fstype.as_ptr(), flags, data.as_ref().map_or(std::ptr::null(), |d| d.as_ptr().cast()))
     };
     if r == 0 {
         Ok(())
@@ -97,14 +84,7 @@ pub fn private_mount_namespace() -> anyhow::Result<()> {
         if libc::unshare(libc::CLONE_NEWNS) != 0 {
             bail!("unshare(CLONE_NEWNS): {}", std::io::Error::last_os_error());
         }
-        if libc::mount(
-            std::ptr::null(),
-            c"/".as_ptr(),
-            std::ptr::null(),
-            libc::MS_REC | libc::MS_PRIVATE,
-            std::ptr::null(),
-        ) != 0
-        {
+        if libc::mount(std::ptr::null(), c"/".as_ptr(), std::ptr::null(), libc::MS_REC | libc::MS_PRIVATE, std::ptr::null()) != 0 {
             bail!("making / private: {}", std::io::Error::last_os_error());
         }
     }
@@ -114,26 +94,15 @@ pub fn private_mount_namespace() -> anyhow::Result<()> {
 /// The EROFS blob of an image's base layer, from its manifest.
 pub fn image_blob(images_dir: &Path, image: &str) -> anyhow::Result<PathBuf> {
     let (name, tag) = image.split_once(':').unwrap_or((image, "latest"));
-    let m = images_dir
-        .join("manifests")
-        .join(format!("{name}@{tag}.json"));
-    let v: Value = serde_json::from_slice(
-        &std::fs::read(&m).with_context(|| format!("reading {}", m.display()))?,
-    )?;
+    let m = images_dir.join("manifests").join(format!("{name}@{tag}.json"));
+    let v: Value = serde_json::from_slice(&std::fs::read(&m).with_context(|| format!("reading {}", m.display()))?)?;
     let layers = v["layers"].as_array().context("manifest without layers")?;
     if layers.len() != 1 {
         bail!("{image}: expected one layer, found {}", layers.len());
     }
-    let digest = layers[0]["digest"]
-        .as_str()
-        .context("layer without digest")?;
-    let hex = digest
-        .strip_prefix("sha256:")
-        .context("digest is not sha256")?;
-    Ok(images_dir
-        .join("blobs")
-        .join("sha256")
-        .join(format!("{hex}.erofs")))
+    let digest = layers[0]["digest"].as_str().context("layer without digest")?;
+    let hex = digest.strip_prefix("sha256:").context("digest is not sha256")?;
+    Ok(images_dir.join("blobs").join("sha256").join(format!("{hex}.erofs")))
 }
 
 impl Crun {
@@ -146,14 +115,8 @@ impl Crun {
         for d in [&state, &lower, &work.join("b")] {
             std::fs::create_dir_all(d).with_context(|| format!("creating {}", d.display()))?;
         }
-        mount(
-            &blob.display().to_string(),
-            &lower,
-            "erofs",
-            libc::MS_RDONLY,
-            None,
-        )
-        .with_context(|| format!("file-backed EROFS mount of {}", blob.display()))?;
+        mount(&blob.display().to_string(), &lower, "erofs", libc::MS_RDONLY, None)
+            .with_context(|| format!("file-backed EROFS mount of {}", blob.display()))?;
         let cgroup_parent = format!("dsecbench-crun-{}", std::process::id());
         let quota = (limits.cpu_cores * 100_000.0).round().max(1000.0) as i64;
         let template = json!({
@@ -203,15 +166,7 @@ impl Crun {
                 "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys"]
             }
         });
-        Ok(Crun {
-            bin,
-            work: work.to_path_buf(),
-            state,
-            lower,
-            cgroup_parent,
-            template,
-            limits,
-        })
+        Ok(Crun { bin, work: work.to_path_buf(), state, lower, cgroup_parent, template, limits })
     }
 
     fn bundle(&self, id: &str) -> PathBuf {
@@ -220,10 +175,7 @@ impl Crun {
 
     fn cmd(&self) -> tokio::process::Command {
         let mut c = tokio::process::Command::new(&self.bin);
-        c.arg("--root")
-            .arg(&self.state)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null());
+        c.arg("--root").arg(&self.state).stdin(Stdio::null()).stdout(Stdio::null());
         c
     }
 
@@ -234,14 +186,8 @@ impl Crun {
         let (up, rootfs) = (b.join("up"), b.join("rootfs"));
         std::fs::create_dir_all(&up)?;
         std::fs::create_dir_all(&rootfs)?;
-        mount(
-            "tmpfs",
-            &up,
-            "tmpfs",
-            libc::MS_NOSUID | libc::MS_NODEV,
-            Some(&format!("size={}m,mode=0755", self.limits.disk_mb)),
-        )
-        .context("mounting the writable tmpfs")?;
+        mount("tmpfs", &up, "tmpfs", libc::MS_NOSUID | libc::MS_NODEV, Some(&format!("size={}m,mode=0755", self.limits.disk_mb)))
+            .context("mounting the writable tmpfs")?;
         std::fs::create_dir(up.join("u"))?;
         std::fs::create_dir(up.join("w"))?;
         let opts = format!(
@@ -250,8 +196,7 @@ impl Crun {
             up.join("u").display(),
             up.join("w").display()
         );
-        mount("overlay", &rootfs, "overlay", 0, Some(&opts))
-            .context("mounting the overlay rootfs")?;
+        mount("overlay", &rootfs, "overlay", 0, Some(&opts)).context("mounting the overlay rootfs")?;
         let mut cfg = self.template.clone();
         cfg["hostname"] = json!(id);
         cfg["linux"]["cgroupsPath"] = json!(format!("/{}/{id}", self.cgroup_parent));
@@ -259,16 +204,7 @@ impl Crun {
         let prep = t0.elapsed();
         let t1 = Instant::now();
         let errf = std::fs::File::create(b.join("crun.stderr"))?;
-        let st = self
-            .cmd()
-            .arg("run")
-            .arg("-d")
-            .arg("-b")
-            .arg(&b)
-            .arg(id)
-            .stderr(errf)
-            .status()
-            .await?;
+        let st = self.cmd().arg("run").arg("-d").arg("-b").arg(&b).arg(id).stderr(errf).status().await?;
         let run = t1.elapsed();
         if !st.success() {
             let msg = std::fs::read_to_string(b.join("crun.stderr")).unwrap_or_default();
@@ -280,21 +216,10 @@ impl Crun {
     /// `crun exec ID argv...`, waited for.
     pub async fn exec(&self, id: &str, argv: &[&str]) -> anyhow::Result<Duration> {
         let t0 = Instant::now();
-        let out = self
-            .cmd()
-            .arg("exec")
-            .arg(id)
-            .args(argv)
-            .stderr(Stdio::piped())
-            .output()
-            .await?;
+        let out = self.cmd().arg("exec").arg(id).args(argv).stderr(Stdio::piped()).output().await?;
         let d = t0.elapsed();
         if !out.status.success() {
-            bail!(
-                "crun exec {id}: {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("crun exec {id}: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(d)
     }
@@ -302,25 +227,14 @@ impl Crun {
     /// `crun delete -f` then unmount and remove the bundle.
     pub async fn delete(&self, id: &str) -> anyhow::Result<Duration> {
         let t0 = Instant::now();
-        let out = self
-            .cmd()
-            .arg("delete")
-            .arg("-f")
-            .arg(id)
-            .stderr(Stdio::piped())
-            .output()
-            .await?;
+        let out = self.cmd().arg("delete").arg("-f").arg(id).stderr(Stdio::piped()).output().await?;
         let b = self.bundle(id);
         umount(&b.join("rootfs"));
         umount(&b.join("up"));
         let d = t0.elapsed();
         let _ = std::fs::remove_dir_all(&b);
         if !out.status.success() {
-            bail!(
-                "crun delete -f {id}: {}: {}",
-                out.status,
-                String::from_utf8_lossy(&out.stderr).trim()
-            );
+            bail!("crun delete -f {id}: {}: {}", out.status, String::from_utf8_lossy(&out.stderr).trim());
         }
         Ok(d)
     }
@@ -357,11 +271,7 @@ impl Crun {
 }
 
 fn which(name: &str) -> Option<PathBuf> {
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|d| Path::new(d).join(name))
-        .find(|p| p.is_file())
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(name)).find(|p| p.is_file())
 }
 
 /// `crun --version`, first line.

@@ -47,11 +47,7 @@ pub fn host_cpu_ms() -> (f64, f64) {
     let Some(line) = text.lines().next() else {
         return (0.0, 0.0);
     };
-    let v: Vec<f64> = line
-        .split_whitespace()
-        .skip(1)
-        .filter_map(|x| x.parse().ok())
-        .collect();
+    let v: Vec<f64> = line.split_whitespace().skip(1).filter_map(|x| x.parse().ok()).collect();
     let total: f64 = v.iter().take(8).sum();
     let idle = v.get(3).copied().unwrap_or(0.0) + v.get(4).copied().unwrap_or(0.0);
     let k = 1000.0 / clk_tck();
@@ -153,11 +149,7 @@ pub fn process_table() -> HashMap<i32, (i32, String)> {
             continue;
         };
         let comm = stat[open + 1..close].to_string();
-        let ppid = stat[close + 2..]
-            .split_whitespace()
-            .nth(1)
-            .and_then(|x| x.parse().ok())
-            .unwrap_or(0);
+        let ppid = stat[close + 2..].split_whitespace().nth(1).and_then(|x| x.parse().ok()).unwrap_or(0);
         out.insert(pid, (ppid, comm));
     }
     out
@@ -189,10 +181,7 @@ pub fn smaps_rollup(pid: i32) -> BTreeMap<String, u64> {
         .skip(1)
         .filter_map(|l| {
             let (k, v) = l.split_once(':')?;
-            Some((
-                k.trim().to_string(),
-                v.trim().trim_end_matches("kB").trim().parse().ok()?,
-            ))
+            Some((k.trim().to_string(), v.trim().trim_end_matches("kB").trim().parse().ok()?))
         })
         .collect()
 }
@@ -250,10 +239,7 @@ fn count_dirs(p: &Path) -> usize {
     let Ok(rd) = std::fs::read_dir(p) else {
         return 0;
     };
-    rd.flatten()
-        .filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false))
-        .map(|e| 1 + count_dirs(&e.path()))
-        .sum()
+    rd.flatten().filter(|e| e.file_type().map(|t| t.is_dir()).unwrap_or(false)).map(|e| 1 + count_dirs(&e.path())).sum()
 }
 
 /// Like `find -xdev`: mounted file systems under `p` (the edge's layer
@@ -269,11 +255,7 @@ fn count_files(p: &Path, dev: u64, files: &mut usize, dirs: &mut usize) {
             if e.metadata().map(|m| m.dev() == dev).unwrap_or(false) {
                 count_files(&e.path(), dev, files, dirs);
             }
-        } else if !(name.ends_with(".db")
-            || name.ends_with(".db-wal")
-            || name.ends_with(".db-shm")
-            || name.ends_with(".db-journal"))
-        {
+        } else if !(name.ends_with(".db") || name.ends_with(".db-wal") || name.ends_with(".db-shm") || name.ends_with(".db-journal")) {
             *files += 1;
         }
     }
@@ -298,11 +280,7 @@ pub fn counts(dsec_pid: Option<i32>, data_dir: Option<&Path>, node: Option<&str>
     let table = process_table();
     let under = dsec_pid.map(|p| descendants(&table, p).len()).unwrap_or(0);
     let agents = table.values().filter(|(_, c)| c == "dsec-agent").count();
-    let lines = |p: &str| {
-        std::fs::read_to_string(p)
-            .map(|t| t.lines().count())
-            .unwrap_or(0)
-    };
+    let lines = |p: &str| std::fs::read_to_string(p).map(|t| t.lines().count()).unwrap_or(0);
     let mut cg_all = 0;
     let mut cg_node = 0;
     if let Ok(rd) = std::fs::read_dir("/sys/fs/cgroup") {
@@ -331,9 +309,7 @@ pub fn counts(dsec_pid: Option<i32>, data_dir: Option<&Path>, node: Option<&str>
     if let Some(rd) = dsec_pid.and_then(|p| std::fs::read_dir(format!("/proc/{p}/fd")).ok()) {
         for e in rd.flatten() {
             fds += 1;
-            let l = std::fs::read_link(e.path())
-                .map(|l| l.to_string_lossy().to_string())
-                .unwrap_or_default();
+            let l = std::fs::read_link(e.path()).map(|l| l.to_string_lossy().to_string()).unwrap_or_default();
             if l.starts_with("socket:") {
                 sockets += 1;
             } else if l.contains("pidfd") {
@@ -351,21 +327,14 @@ pub fn counts(dsec_pid: Option<i32>, data_dir: Option<&Path>, node: Option<&str>
         processes_under_dsec: under,
         agent_processes: agents,
         mounts_host: lines("/proc/self/mountinfo"),
-        mounts_dsec: dsec_pid
-            .map(|p| lines(&format!("/proc/{p}/mountinfo")))
-            .unwrap_or(0),
+        mounts_dsec: dsec_pid.map(|p| lines(&format!("/proc/{p}/mountinfo"))).unwrap_or(0),
         mounts_data_dir: data_dir
             .map(|d| {
                 let d = d.to_string_lossy().to_string();
                 std::fs::read_to_string("/proc/self/mountinfo")
                     .unwrap_or_default()
                     .lines()
-                    .filter(|l| {
-                        l.split(' ')
-                            .nth(4)
-                            .map(|mp| mp.starts_with(&d))
-                            .unwrap_or(false)
-                    })
+                    .filter(|l| l.split(' ').nth(4).map(|mp| mp.starts_with(&d)).unwrap_or(false))
                     .count()
             })
             .unwrap_or(0),

@@ -25,10 +25,7 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(
-    name = "dsec-bench",
-    about = "Load generator for the dsec benchmarks (docs/benchmarks.md)"
-)]
+#[command(name = "dsec-bench", about = "Load generator for the dsec benchmarks (docs/benchmarks.md)")]
 struct Cli {
     /// Tokio worker threads of the generator.
     #[arg(long, global = true, default_value_t = 2)]
@@ -115,12 +112,7 @@ pub static BACKGROUND_BUSY: std::sync::OnceLock<f64> = std::sync::OnceLock::new(
 
 fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
-    START_LOADAVG.get_or_init(|| {
-        std::fs::read_to_string("/proc/loadavg")
-            .unwrap_or_default()
-            .trim()
-            .to_string()
-    });
+    START_LOADAVG.get_or_init(|| std::fs::read_to_string("/proc/loadavg").unwrap_or_default().trim().to_string());
     if !matches!(cli.cmd, Cmd::Counts(_) | Cmd::FncallBaseline(_)) {
         let (b0, _) = host::host_cpu_ms();
         std::thread::sleep(std::time::Duration::from_secs(1));
@@ -140,10 +132,7 @@ fn main() -> anyhow::Result<()> {
     if crun_work.is_some() {
         crun::private_mount_namespace()?;
     }
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(cli.threads.max(1))
-        .enable_all()
-        .build()?;
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(cli.threads.max(1)).enable_all().build()?;
     rt.block_on(async move {
         match cli.cmd {
             Cmd::Latency(a) => cmds::latency::run(a).await,

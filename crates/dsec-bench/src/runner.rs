@@ -26,16 +26,11 @@ pub struct RunOutput<T> {
 
 impl<T> RunOutput<T> {
     pub fn ok(&self) -> impl Iterator<Item = (&Done<T>, &T)> {
-        self.done
-            .iter()
-            .filter_map(|d| d.result.as_ref().ok().map(|v| (d, v)))
+        self.done.iter().filter_map(|d| d.result.as_ref().ok().map(|v| (d, v)))
     }
 
     pub fn errors(&self) -> Vec<String> {
-        self.done
-            .iter()
-            .filter_map(|d| d.result.as_ref().err().cloned())
-            .collect()
+        self.done.iter().filter_map(|d| d.result.as_ref().err().cloned()).collect()
     }
 
     pub fn latencies(&self) -> Vec<f64> {
@@ -76,13 +71,7 @@ where
     let start = Instant::now();
     let mut tasks = Vec::new();
     for _ in 0..concurrency.max(1).min(n.max(1)) {
-        let (next, completed, out, op, pb) = (
-            next.clone(),
-            completed.clone(),
-            out.clone(),
-            op.clone(),
-            pb.clone(),
-        );
+        let (next, completed, out, op, pb) = (next.clone(), completed.clone(), out.clone(), op.clone(), pb.clone());
         tasks.push(tokio::spawn(async move {
             loop {
                 let i = next.fetch_add(1, Ordering::Relaxed);
@@ -98,12 +87,7 @@ where
                     pb.set_message(format!("error: {e:#}"));
                 }
                 pb.inc(1);
-                out.lock().unwrap().push(Done {
-                    completed: c,
-                    end_ms,
-                    latency_ms: lat,
-                    result: r.map_err(|e| format!("{e:#}")),
-                });
+                out.lock().unwrap().push(Done { completed: c, end_ms, latency_ms: lat, result: r.map_err(|e| format!("{e:#}")) });
             }
         }));
     }

@@ -26,11 +26,7 @@ pub fn summarize(v: &[f64]) -> Summary {
     let mut s: Vec<f64> = v.iter().copied().filter(|x| x.is_finite()).collect();
     s.sort_by(|a, b| a.partial_cmp(b).unwrap());
     let n = s.len();
-    let mean = if n == 0 {
-        f64::NAN
-    } else {
-        s.iter().sum::<f64>() / n as f64
-    };
+    let mean = if n == 0 { f64::NAN } else { s.iter().sum::<f64>() / n as f64 };
     Summary {
         n,
         min_ms: s.first().copied().unwrap_or(f64::NAN),
@@ -61,11 +57,7 @@ pub fn print_table(title: &str, header: &[&str], rows: &[Vec<String>]) {
     }
     println!("\n{title}");
     let line = |cells: Vec<String>| {
-        let s: Vec<String> = cells
-            .iter()
-            .enumerate()
-            .map(|(i, c)| format!("{c:>width$}", width = w[i]))
-            .collect();
+        let s: Vec<String> = cells.iter().enumerate().map(|(i, c)| format!("{c:>width$}", width = w[i])).collect();
         println!("  {}", s.join("  "));
     };
     line(header.iter().map(|h| h.to_string()).collect());

@@ -64,7 +64,11 @@ fn read_secret(path: &Path, create: bool) -> anyhow::Result<String> {
             let mut bytes = [0u8; 32];
             std::io::Read::read_exact(&mut std::fs::File::open("/dev/urandom")?, &mut bytes)?;
             let secret: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
-            let mut f = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o600).open(path)
+            let mut f = std::fs::OpenOptions::new()
+                .write(true)
+                .create_new(true)
+                .mode(0o600)
+                .open(path)
                 .with_context(|| format!("creating {}", path.display()))?;
             f.write_all(secret.as_bytes())?;
             Ok(secret)

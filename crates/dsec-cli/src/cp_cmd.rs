@@ -314,8 +314,8 @@ impl Sink {
                 let name = dir.file_name().context("the local path has no name")?.to_string_lossy().into_owned();
                 let staging = parent.join(format!(".{name}.dsec-cp-{}", std::process::id()));
                 std::fs::create_dir(&staging).with_context(|| format!("{}", staging.display()))?;
-                let unpacked = unpack(from, &staging)
-                    .and_then(|()| std::fs::rename(&staging, &dir).with_context(|| format!("{}", dir.display())));
+                let unpacked =
+                    unpack(from, &staging).and_then(|()| std::fs::rename(&staging, &dir).with_context(|| format!("{}", dir.display())));
                 if unpacked.is_err() {
                     let _ = std::fs::remove_dir_all(&staging);
                 }

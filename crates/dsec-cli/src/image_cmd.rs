@@ -14,7 +14,10 @@ use dsec_image::oci::push::push;
 use dsec_image::oci::registry::{pull, RegistryOptions};
 use dsec_image::oci::{import_path, parse_platform, ImportOptions};
 use dsec_image::shared::{S3Options, SharedStore};
-use dsec_image::{build_default_image, find_default_image, unrecorded_hint, Found, BuildOptions, Compression, DefaultImage, ImageConfig, ImageStore, LayerKind, Progress, Reference, Unit};
+use dsec_image::{
+    build_default_image, find_default_image, unrecorded_hint, BuildOptions, Compression, DefaultImage, Found, ImageConfig, ImageStore,
+    LayerKind, Progress, Reference, Unit,
+};
 use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Subcommand, Debug)]
@@ -175,9 +178,7 @@ pub struct OciArgs {
 impl OciArgs {
     fn options(&self, select: Option<String>) -> anyhow::Result<ImportOptions> {
         let platform = match &self.platform {
-            Some(p) => Some(
-                parse_platform(p).ok_or_else(|| anyhow::anyhow!("--platform must be os/arch[/variant], not {p:?}"))?,
-            ),
+            Some(p) => Some(parse_platform(p).ok_or_else(|| anyhow::anyhow!("--platform must be os/arch[/variant], not {p:?}"))?),
             None => None,
         };
         Ok(ImportOptions {
@@ -256,7 +257,9 @@ impl Progress for Bars {
         if let Some(total) = total {
             if *current != Some(unit) || self.bar.length() != Some(total) {
                 let tmpl = match unit {
-                    Unit::Bytes => "{spinner} [{elapsed_precise}] {prefix}: [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {wide_msg}",
+                    Unit::Bytes => {
+                        "{spinner} [{elapsed_precise}] {prefix}: [{bar:30}] {bytes}/{total_bytes} {bytes_per_sec} ETA {eta} {wide_msg}"
+                    }
                     Unit::Items => "{spinner} [{elapsed_precise}] {prefix}: [{bar:30}] {pos}/{len} {per_sec} ETA {eta} {wide_msg}",
                 };
                 self.bar.set_style(ProgressStyle::with_template(tmpl).expect("valid template").progress_chars("=> "));
@@ -430,12 +433,7 @@ fn copy_between(direction: Direction<'_>, name: &str) -> anyhow::Result<u8> {
     };
     match result {
         Ok(s) => {
-            bars.finish(format!(
-                "{} layers copied ({}), {} already there",
-                s.layers_copied,
-                human_bytes(s.bytes_copied),
-                s.layers_present
-            ));
+            bars.finish(format!("{} layers copied ({}), {} already there", s.layers_copied, human_bytes(s.bytes_copied), s.layers_present));
             Ok(0)
         }
         Err(e) => {
@@ -559,7 +557,9 @@ fn setup_base_vm_image(images_dir: &Path, mirror: &str) -> anyhow::Result<()> {
     use dsec_image::vm::base_image::{ensure_base_image, BASE_IMAGE};
     let bars = Bars::new(BASE_IMAGE);
     let started = std::time::Instant::now();
-    let agent = agent_path().filter(|a| a.is_file()).ok_or_else(|| anyhow::anyhow!("building {BASE_IMAGE}: no guest agent (set DSEC_AGENT or run scripts/build-agent.sh)"))?;
+    let agent = agent_path()
+        .filter(|a| a.is_file())
+        .ok_or_else(|| anyhow::anyhow!("building {BASE_IMAGE}: no guest agent (set DSEC_AGENT or run scripts/build-agent.sh)"))?;
     match ensure_base_image(&dsec_image::vm::vm_dir(images_dir), &agent, mirror, &bars) {
         Ok(path) => {
             bars.finish(format!("{} ready in {:.1?}", path.display(), started.elapsed()));

@@ -36,8 +36,7 @@ struct Usage {
 }
 
 fn usage(store: &ImageStore) -> anyhow::Result<BTreeMap<Digest, Usage>> {
-    let mut out: BTreeMap<Digest, Usage> =
-        store.blobs()?.into_iter().map(|(d, size)| (d, Usage { size, images: Vec::new() })).collect();
+    let mut out: BTreeMap<Digest, Usage> = store.blobs()?.into_iter().map(|(d, size)| (d, Usage { size, images: Vec::new() })).collect();
     for image in store.list()? {
         for layer in &image.manifest.layers {
             if let Some(u) = out.get_mut(&layer.digest) {

@@ -264,7 +264,11 @@ pub async fn pause(a: PauseArgs) -> anyhow::Result<u8> {
         let mode = mode.clone();
         async move {
             c.pause_mode(&id, &mode).await.map(|p| {
-                let how = if p.suspended { format!(" suspended, {:.1} MiB on disk,", p.disk_bytes as f64 / (1u64 << 20) as f64) } else { String::new() };
+                let how = if p.suspended {
+                    format!(" suspended, {:.1} MiB on disk,", p.disk_bytes as f64 / (1u64 << 20) as f64)
+                } else {
+                    String::new()
+                };
                 format!(
                     "{} {}{how} freed {:.1} MiB in {:.1} ms{}",
                     p.sandbox.id,

@@ -13,9 +13,9 @@ use dsec_apiserver::auth::{Authenticator, TokenStore};
 use dsec_apiserver::lingering::LingeringListener;
 use dsec_apiserver::nodes::{Node, Nodes};
 use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
-use dsec_fncall::{FnCallConfig, FnCallService, PoolConfig};
 use dsec_edge::cgroup::CgroupMode;
 use dsec_edge::{Edge, EdgeConfig, ImageLayers};
+use dsec_fncall::{FnCallConfig, FnCallService, PoolConfig};
 
 use crate::image_cmd::Catalog;
 
@@ -197,8 +197,7 @@ pub fn parse_pools(spec: &str) -> anyhow::Result<Vec<PoolConfig>> {
             let (language, range) = item.split_once('=')?;
             let (min, max) = range.split_once(':')?;
             let (min, max): (u32, u32) = (min.trim().parse().ok()?, max.trim().parse().ok()?);
-            (!language.trim().is_empty() && max >= 1 && min <= max)
-                .then(|| PoolConfig { language: language.trim().to_string(), min, max })
+            (!language.trim().is_empty() && max >= 1 && min <= max).then(|| PoolConfig { language: language.trim().to_string(), min, max })
         };
         out.push(parse().with_context(|| format!("--fncall-pools: {item:?} is not LANG=MIN:MAX with 1 <= MAX and MIN <= MAX"))?);
     }
@@ -207,15 +206,14 @@ pub fn parse_pools(spec: &str) -> anyhow::Result<Vec<PoolConfig>> {
 
 fn default_node_name() -> String {
     let host = std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default();
-    let name: String = host
-        .trim()
-        .to_ascii_lowercase()
-        .chars()
-        .map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' })
-        .take(32)
-        .collect();
+    let name: String =
+        host.trim().to_ascii_lowercase().chars().map(|c| if c.is_ascii_alphanumeric() || c == '-' { c } else { '-' }).take(32).collect();
     let name = name.trim_start_matches('-').to_string();
-    if name.is_empty() { "node".into() } else { name }
+    if name.is_empty() {
+        "node".into()
+    } else {
+        name
+    }
 }
 
 fn default_agent() -> anyhow::Result<PathBuf> {

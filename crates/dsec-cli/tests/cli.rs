@@ -361,7 +361,8 @@ fn a_failed_start_leaves_no_mount() {
     let left: Vec<&str> = mounts.lines().filter(|l| l.contains(root.as_str())).collect();
     assert!(left.is_empty(), "a failed start left mounts: {left:#?}");
     let cgroups = std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten().map(|h| h.path().join("dsec").join(&node));
-    let left: Vec<_> = cgroups.chain([std::path::PathBuf::from("/sys/fs/cgroup/unified/dsec").join(&node)]).filter(|p| p.exists()).collect();
+    let left: Vec<_> =
+        cgroups.chain([std::path::PathBuf::from("/sys/fs/cgroup/unified/dsec").join(&node)]).filter(|p| p.exists()).collect();
     assert!(left.is_empty(), "a failed start left cgroups: {left:#?}");
 }
 
@@ -376,7 +377,12 @@ fn agents_start_forked_from_the_helper_or_exec_d() {
         let pid = p.agent_pid(&id).expect("the sandbox's agent");
         let cmdline = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap();
         let args: Vec<&[u8]> = cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).collect();
-        assert_eq!(args.last().copied(), Some(started_as.as_bytes()), "agent of dsec up {flags:?}: {:?}", String::from_utf8_lossy(&cmdline));
+        assert_eq!(
+            args.last().copied(),
+            Some(started_as.as_bytes()),
+            "agent of dsec up {flags:?}: {:?}",
+            String::from_utf8_lossy(&cmdline)
+        );
         let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap();
         assert_eq!(comm.trim(), "dsec-agent");
         // The agent's own hardening happened in both cases.

@@ -168,7 +168,6 @@ fn a_sandbox_whose_agent_died_while_dsec_was_down_fails() {
     p.finish();
 }
 
-
 /// The idle TTL counts from a sandbox's last request, also across a
 /// restart: a sandbox in constant use, older than its TTL, must not be
 /// stopped as idle by the restarted edge.

@@ -68,7 +68,13 @@ impl Client {
     }
 
     /// One request; JSON in, raw bytes out.
-    pub async fn raw(&self, method: Method, path: &str, body: Option<Vec<u8>>, content_type: &str) -> Result<(StatusCode, Bytes), ClientError> {
+    pub async fn raw(
+        &self,
+        method: Method,
+        path: &str,
+        body: Option<Vec<u8>>,
+        content_type: &str,
+    ) -> Result<(StatusCode, Bytes), ClientError> {
         self.raw_with(method, path, body, content_type, &[]).await
     }
 
@@ -91,9 +97,7 @@ impl Client {
         if body.is_some() {
             req = req.header(header::CONTENT_TYPE, content_type);
         }
-        let req = req
-            .body(Full::new(Bytes::from(body.unwrap_or_default())))
-            .map_err(|e| ClientError::Endpoint(e.to_string()))?;
+        let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| ClientError::Endpoint(e.to_string()))?;
         let resp = self.http.request(req).await.map_err(|e| self.connect_error(e))?;
         let status = resp.status();
         let body = self.read_body(resp.into_body()).await?;

@@ -29,7 +29,13 @@ impl Client {
     /// request says its length (a server refuses one over its limit before
     /// any byte is sent, and hyper checks the body matches); without, the
     /// body is chunked. Answers with the response body.
-    pub async fn put_stream(&self, path_and_query: &str, content_type: &str, len: Option<u64>, chunks: Chunks) -> Result<Bytes, ClientError> {
+    pub async fn put_stream(
+        &self,
+        path_and_query: &str,
+        content_type: &str,
+        len: Option<u64>,
+        chunks: Chunks,
+    ) -> Result<Bytes, ClientError> {
         let mut req = Request::builder()
             .method(Method::PUT)
             .uri(format!("{}{path_and_query}", self.endpoint))

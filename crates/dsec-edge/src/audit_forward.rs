@@ -36,11 +36,13 @@ impl Edge {
                     by_sandbox.entry(r.sandbox_id.clone()).or_default().push(r);
                 }
                 for (id, refused) in by_sandbox {
-                    let Some(inst) = edge.inner.registry.read().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(|e| e.instance()) else {
+                    let Some(inst) = edge.inner.registry.read().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(|e| e.instance())
+                    else {
                         continue;
                     };
                     let event = |time_ms, pid, detail| AuditEvent { seq: 0, time_ms, kind: kind.into(), pid, detail };
-                    let mut events: Vec<AuditEvent> = refused.iter().take(BATCH).map(|r| event(r.time_ms, r.pid, r.detail.clone())).collect();
+                    let mut events: Vec<AuditEvent> =
+                        refused.iter().take(BATCH).map(|r| event(r.time_ms, r.pid, r.detail.clone())).collect();
                     if refused.len() > BATCH {
                         let last = &refused[refused.len() - 1];
                         events.push(event(last.time_ms, 0, format!("{} more {plural} in this burst", refused.len() - BATCH)));

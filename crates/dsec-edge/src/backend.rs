@@ -31,8 +31,13 @@ pub trait Backend: Send + Sync + 'static {
     /// Makes the cgroup, starts the sandbox and has its agent set it up.
     /// On failure everything made so far is undone before the error
     /// returns.
-    fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan, durable: Durable)
-        -> BoxFuture<'a, Result<Instance, EdgeError>>;
+    fn start<'a>(
+        &'a self,
+        id: &'a str,
+        spec: &'a SandboxSpec,
+        plan: &'a RootfsPlan,
+        durable: Durable,
+    ) -> BoxFuture<'a, Result<Instance, EdgeError>>;
 
     /// Cuts short a `start` of sandbox `id` that is under way, because the
     /// sandbox is being stopped: kills what the start has spawned so far,
@@ -144,7 +149,9 @@ pub fn cgroup_memory_bytes(spec: &SandboxSpec) -> u64 {
 pub fn cgroup_limits(spec: &SandboxSpec) -> crate::cgroup::CgroupLimits {
     crate::cgroup::CgroupLimits {
         memory_bytes: cgroup_memory_bytes(spec),
-        cpu_quota_us: (spec.limits.cpu_quota_cores.unwrap_or(spec.limits.cpu_cores) * crate::cgroup::CPU_PERIOD_US as f64).round().max(1000.0) as u64,
+        cpu_quota_us: (spec.limits.cpu_quota_cores.unwrap_or(spec.limits.cpu_cores) * crate::cgroup::CPU_PERIOD_US as f64)
+            .round()
+            .max(1000.0) as u64,
         pids: spec.limits.pids,
     }
 }

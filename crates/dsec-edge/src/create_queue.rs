@@ -70,10 +70,7 @@ impl CreateQueue {
             return Ok(Ticket::Go(Slot { queue: self.clone() }));
         }
         if s.queued >= self.max_queued {
-            return Err(EdgeError::QueueFull(format!(
-                "{} creations are already waiting on this node (its queue bound)",
-                s.queued
-            )));
+            return Err(EdgeError::QueueFull(format!("{} creations are already waiting on this node (its queue bound)", s.queued)));
         }
         let (go, wait) = oneshot::channel();
         let line = s.waiting.entry(job.to_string()).or_default();

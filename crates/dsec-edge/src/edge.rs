@@ -10,8 +10,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use crate::admission::{Admission, Capacity, Usage};
-use crate::cgroup::{CgroupMode, Cgroups};
 use crate::backend::Backends;
+use crate::cgroup::{CgroupMode, Cgroups};
 use crate::container::ContainerBackend;
 use crate::error::EdgeError;
 use crate::images::RootfsProvider;
@@ -290,11 +290,7 @@ impl Edge {
 
     /// Builds the edge; the sandbox records it found are recovered by the
     /// caller once nothing can fail any more.
-    async fn assemble(
-        config: EdgeConfig,
-        rootfs: Arc<dyn RootfsProvider>,
-        undo: &mut StartUndo,
-    ) -> Result<Assembled, EdgeError> {
+    async fn assemble(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>, undo: &mut StartUndo) -> Result<Assembled, EdgeError> {
         crate::ids::validate_node_name(&config.node).map_err(EdgeError::Invalid)?;
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
@@ -302,9 +298,7 @@ impl Edge {
         let lock_dir = std::path::Path::new(crate::node_lock::LOCK_DIR);
         let node_lock = crate::node_lock::lock(lock_dir, &config.node)?;
         crate::node_lock::sweep_stale(lock_dir, &config.node);
-        let cgroups = Arc::new(
-            Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?,
-        );
+        let cgroups = Arc::new(Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?);
         undo.cgroups = Some(cgroups.clone());
         if let Err(e) = cgroups.start_pool(config.prewarm) {
             tracing::warn!(error = %e, "no pool of cgroups; sandboxes make their own");
@@ -319,7 +313,8 @@ impl Edge {
         };
         // Mounts the node's sysfs last: nothing between here and the undo
         // registration below can fail.
-        let mut container = ContainerBackend::new(cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout, config.agent_exec)?;
+        let mut container =
+            ContainerBackend::new(cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout, config.agent_exec)?;
         if !config.syscall_filter {
             container = container.without_syscall_filter();
         }
@@ -357,21 +352,22 @@ impl Edge {
         }
         let fullvm = match &config.fullvm {
             None => Err("the edge was started without full VM support".to_string()),
-            Some(cfg) => crate::fullvm::FullVmBackend::new(cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
-                .map(|f| match &egress {
-                    Some(e) => f.with_egress(e.clone()),
-                    None => f,
-                })
-                .map(Arc::new),
+            Some(cfg) => {
+                crate::fullvm::FullVmBackend::new(cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
+                    .map(|f| match &egress {
+                        Some(e) => f.with_egress(e.clone()),
+                        None => f,
+                    })
+                    .map(Arc::new)
+            }
         };
         if let Err(why) = &fullvm {
             tracing::info!(%why, "full VMs unavailable on this node");
         }
         let backends = Backends { container, microvm, fullvm };
-        let (store, records) =
-            Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let journal = crate::journal::Journal::open(&config.state_dir.join("journal.db"))
-            .map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let (store, records) = Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let journal =
+            crate::journal::Journal::open(&config.state_dir.join("journal.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let (cpus, mem_mb) = host_resources();
         let admission = Admission::new(Capacity {
             cpu_cores: cpus * config.cpu_overcommit,
@@ -543,11 +539,10 @@ fn start_egress(
     config: &EdgeConfig,
     cgroups: &Cgroups,
 ) -> Result<(dsec_net::Egress, tokio::sync::mpsc::Receiver<dsec_net::Denial>), EdgeError> {
-    let mounts = crate::cgroup::find_cgroup_mounts(std::path::Path::new("/proc/self/mountinfo"))
-        .map_err(|e| EdgeError::Internal(e.to_string()))?;
-    let v2_root = mounts
-        .v2
-        .ok_or_else(|| EdgeError::Internal("egress needs a cgroup2 mount (on cgroup v1 hosts: /sys/fs/cgroup/unified)".into()))?;
+    let mounts =
+        crate::cgroup::find_cgroup_mounts(std::path::Path::new("/proc/self/mountinfo")).map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let v2_root =
+        mounts.v2.ok_or_else(|| EdgeError::Internal("egress needs a cgroup2 mount (on cgroup v1 hosts: /sys/fs/cgroup/unified)".into()))?;
     let layout = dsec_net::CgroupLayout { v2_root, parent: config.cgroup_parent.clone(), hybrid: cgroups.version() == 1 };
     dsec_net::Egress::start(net.clone(), &config.node, layout, &config.state_dir).map_err(|e| EdgeError::Internal(format!("egress: {e}")))
 }

@@ -27,7 +27,13 @@ impl Edge {
     /// Creates a sandbox unless this tenant already created one with `key`;
     /// then returns that one (as it is now). `fingerprint` identifies the
     /// request's body: the same key with another body is an error.
-    pub async fn create_idempotent(&self, caller: &Caller, req: SandboxRequest, key: &str, fingerprint: &str) -> Result<SandboxRecord, EdgeError> {
+    pub async fn create_idempotent(
+        &self,
+        caller: &Caller,
+        req: SandboxRequest,
+        key: &str,
+        fingerprint: &str,
+    ) -> Result<SandboxRecord, EdgeError> {
         // Finish (and settle the key) even if the caller goes away: a retry
         // must find the sandbox this request made.
         let (edge, caller, key, fingerprint) = (self.clone(), caller.clone(), key.to_string(), fingerprint.to_string());

@@ -33,9 +33,7 @@ pub fn new_sandbox_id(node: &str) -> String {
 /// The node encoded in a sandbox id, if the id is well formed.
 pub fn node_of(id: &str) -> Option<&str> {
     let (node, rest) = id.split_once('.')?;
-    let well_formed = validate_node_name(node).is_ok()
-        && rest.len() == RANDOM_CHARS
-        && rest.bytes().all(|b| ALPHABET.contains(&b));
+    let well_formed = validate_node_name(node).is_ok() && rest.len() == RANDOM_CHARS && rest.bytes().all(|b| ALPHABET.contains(&b));
     well_formed.then_some(node)
 }
 

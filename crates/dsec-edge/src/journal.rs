@@ -107,8 +107,6 @@ pub struct Journal {
     _checkpointer: std::sync::mpsc::Sender<()>,
 }
 
-
-
 pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
@@ -145,10 +143,8 @@ impl Journal {
 
     /// Keeps what a sandbox was created from (for replay), once.
     pub fn remember_sandbox(&self, sandbox: &str, tenant: &str, spec_json: &str) -> Result<(), JournalError> {
-        self.conn().execute(
-            "INSERT OR IGNORE INTO sandboxes (id, tenant, spec) VALUES (?1, ?2, ?3)",
-            params![sandbox, tenant, spec_json],
-        )?;
+        self.conn()
+            .execute("INSERT OR IGNORE INTO sandboxes (id, tenant, spec) VALUES (?1, ?2, ?3)", params![sandbox, tenant, spec_json])?;
         Ok(())
     }
 
@@ -245,11 +241,7 @@ impl Journal {
     }
 
     pub fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, JournalError> {
-        Ok(self
-            .conn()
-            .prepare_cached("SELECT data FROM blobs WHERE digest = ?1")?
-            .query_row(params![digest], |r| r.get(0))
-            .optional()?)
+        Ok(self.conn().prepare_cached("SELECT data FROM blobs WHERE digest = ?1")?.query_row(params![digest], |r| r.get(0)).optional()?)
     }
 
     /// Drops a sandbox's log (when its record is forgotten) and any blob no
@@ -263,14 +255,10 @@ impl Journal {
         tx.execute("DELETE FROM blobs WHERE digest NOT IN (SELECT digest FROM blob_refs)", [])?;
         // Targets are a sandbox id, or `id\n...` for a result kept to
         // replay (a pack's).
-        tx.execute(
-            "DELETE FROM idempotency WHERE target = ?1 OR substr(target, 1, length(?1) + 1) = ?1 || char(10)",
-            params![sandbox],
-        )?;
+        tx.execute("DELETE FROM idempotency WHERE target = ?1 OR substr(target, 1, length(?1) + 1) = ?1 || char(10)", params![sandbox])?;
         tx.commit()?;
         Ok(())
     }
-
 
     /// Claims an idempotency key of `tenant` in `scope` (`create`,
     /// `snapshot`, `pack`) for a request with this fingerprint.

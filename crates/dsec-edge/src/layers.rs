@@ -103,8 +103,9 @@ impl ImageLayers {
             LayerFetch::Eager => None,
             LayerFetch::Lazy => {
                 let mountpoint = self.mounts.dir().join(ON_DEMAND_DIR);
-                let layers = LazyLayers::mount(&mountpoint)
-                    .map_err(|e| EdgeError::Internal(format!("mounting the on-demand layer filesystem at {}: {e}", mountpoint.display())))?;
+                let layers = LazyLayers::mount(&mountpoint).map_err(|e| {
+                    EdgeError::Internal(format!("mounting the on-demand layer filesystem at {}: {e}", mountpoint.display()))
+                })?;
                 let local = ImageStore::open(self.store.root()).map_err(|e| EdgeError::Internal(format!("image store: {e}")))?;
                 Some(OnDemand { layers, local: Arc::new(local), images: Mutex::new(HashMap::new()) })
             }
@@ -182,8 +183,7 @@ impl ImageLayers {
     /// the cache bound.
     fn fetch(&self, shared: &Shared, reference: &str) -> Result<(), EdgeError> {
         let _one = shared.fetching.lock().unwrap_or_else(|p| p.into_inner());
-        let parsed: dsec_image::Reference =
-            reference.parse().map_err(|e| EdgeError::Invalid(format!("image {reference:?}: {e}")))?;
+        let parsed: dsec_image::Reference = reference.parse().map_err(|e| EdgeError::Invalid(format!("image {reference:?}: {e}")))?;
         if self.store.resolve_ref(&parsed).is_ok() {
             return Ok(()); // fetched while we waited
         }
@@ -218,13 +218,9 @@ impl ImageLayers {
     /// Layers of images resolved on demand (kept mounted like local ones).
     fn on_demand_layers(&self) -> Vec<Digest> {
         match self.shared.as_ref().and_then(|s| s.on_demand.as_ref()) {
-            Some(od) => od
-                .images
-                .lock()
-                .unwrap_or_else(|p| p.into_inner())
-                .values()
-                .flat_map(|i| i.layers.iter().map(|l| l.digest))
-                .collect(),
+            Some(od) => {
+                od.images.lock().unwrap_or_else(|p| p.into_inner()).values().flat_map(|i| i.layers.iter().map(|l| l.digest)).collect()
+            }
             None => Vec::new(),
         }
     }
@@ -269,7 +265,10 @@ fn forget_dead_on_demand(store: &ImageStore, mounts: &LayerMounts) -> LostLayers
         Err(e) => tracing::warn!(error = %e, "could not remove the previous process's on-demand cache files"),
     }
     if !lost.is_empty() {
-        tracing::info!(layer_mounts = lost.mounts.len(), "the previous edge process's on-demand layers are gone; sandboxes still using them are failed");
+        tracing::info!(
+            layer_mounts = lost.mounts.len(),
+            "the previous edge process's on-demand layers are gone; sandboxes still using them are failed"
+        );
     }
     lost
 }
@@ -331,21 +330,13 @@ impl RootfsProvider for ImageLayers {
         self.touch(&used);
         files.reverse();
         let cfg = &base.manifest.config;
-        let env = cfg
-            .env
-            .iter()
-            .filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string())))
-            .collect();
+        let env = cfg.env.iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
         Ok(RootfsPlan { lower_dirs: dirs, layers, layer_files: files, env, workdir: cfg.workdir.clone(), user: cfg.user.clone() })
     }
 
     fn reap(&self) -> usize {
         let keep: HashSet<_> = match self.store.list() {
-            Ok(images) => images
-                .iter()
-                .flat_map(|i| i.manifest.layers.iter().map(|l| l.digest))
-                .chain(self.on_demand_layers())
-                .collect(),
+            Ok(images) => images.iter().flat_map(|i| i.manifest.layers.iter().map(|l| l.digest)).chain(self.on_demand_layers()).collect(),
             Err(e) => {
                 tracing::warn!(error = %e, "reaper cannot list images; leaving layer mounts alone");
                 return 0;

@@ -8,12 +8,12 @@ use std::time::Instant;
 
 use tokio::io::unix::AsyncFd;
 
+use crate::create_queue::Ticket;
 use crate::edge::{lock, Edge, Entry};
 use crate::error::EdgeError;
 use crate::ids::new_sandbox_id;
 use crate::instance::Instance;
 use crate::model::{now_ms, BackendKind, Caller, ListFilter, SandboxRecord, State};
-use crate::create_queue::Ticket;
 use crate::spec::{resolve, SandboxRequest};
 
 impl Edge {
@@ -267,11 +267,8 @@ impl Edge {
 
     pub fn list(&self, caller: &Caller, filter: &ListFilter) -> Vec<SandboxRecord> {
         let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
-        let mut out: Vec<SandboxRecord> = reg
-            .values()
-            .map(|e| self.entry_record(e))
-            .filter(|r| caller.may_see(&r.tenant) && filter.matches(r))
-            .collect();
+        let mut out: Vec<SandboxRecord> =
+            reg.values().map(|e| self.entry_record(e)).filter(|r| caller.may_see(&r.tenant) && filter.matches(r)).collect();
         out.sort_by(|a, b| a.created_at_ms.cmp(&b.created_at_ms).then_with(|| a.id.cmp(&b.id)));
         out
     }
@@ -471,9 +468,7 @@ impl Edge {
                 Box::new(move || rootfs.plan(&image, workspace.as_deref(), &toolkits))
             }
         };
-        tokio::task::spawn_blocking(plan)
-            .await
-            .map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))?
+        tokio::task::spawn_blocking(plan).await.map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))?
     }
 }
 

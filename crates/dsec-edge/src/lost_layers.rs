@@ -48,10 +48,9 @@ impl LostLayers {
         }
         let Some(files) = &self.files else { return false };
         let files = files.to_string_lossy();
-        pids.iter().chain(agent.iter()).any(|pid| {
-            std::fs::read(format!("/proc/{pid}/cmdline"))
-                .is_ok_and(|c| String::from_utf8_lossy(&c).contains(files.as_ref()))
-        })
+        pids.iter()
+            .chain(agent.iter())
+            .any(|pid| std::fs::read(format!("/proc/{pid}/cmdline")).is_ok_and(|c| String::from_utf8_lossy(&c).contains(files.as_ref())))
     }
 }
 
@@ -65,9 +64,7 @@ fn overlay_uses_any(mountinfo: &str, mounts: &[PathBuf]) -> bool {
             return false;
         }
         let options = fields.nth(1).unwrap_or("");
-        options
-            .split([',', ':', '='])
-            .any(|part| mounts.iter().any(|m| m.as_os_str() == part))
+        options.split([',', ':', '=']).any(|part| mounts.iter().any(|m| m.as_os_str() == part))
     })
 }
 

@@ -100,13 +100,27 @@ impl State {
         use State::*;
         matches!(
             (self, next),
-            (Queued, Creating) | (Queued, Stopped)
-                | (Creating, Running) | (Creating, Failed) | (Creating, Stopping)
-                | (Running, Stopping) | (Running, Failed) | (Running, Pausing)
-                | (Pausing, Paused) | (Pausing, Running) | (Pausing, Stopping) | (Pausing, Failed)
-                | (Paused, Resuming) | (Paused, Stopping) | (Paused, Failed)
-                | (Resuming, Running) | (Resuming, Paused) | (Resuming, Stopping) | (Resuming, Failed)
-                | (Stopping, Stopped) | (Stopping, Failed)
+            (Queued, Creating)
+                | (Queued, Stopped)
+                | (Creating, Running)
+                | (Creating, Failed)
+                | (Creating, Stopping)
+                | (Running, Stopping)
+                | (Running, Failed)
+                | (Running, Pausing)
+                | (Pausing, Paused)
+                | (Pausing, Running)
+                | (Pausing, Stopping)
+                | (Pausing, Failed)
+                | (Paused, Resuming)
+                | (Paused, Stopping)
+                | (Paused, Failed)
+                | (Resuming, Running)
+                | (Resuming, Paused)
+                | (Resuming, Stopping)
+                | (Resuming, Failed)
+                | (Stopping, Stopped)
+                | (Stopping, Failed)
         )
     }
 }
@@ -168,10 +182,7 @@ pub struct SandboxRecord {
 }
 
 pub fn now_ms() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_millis() as u64)
-        .unwrap_or(0)
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
 }
 
 /// Filter of list calls.

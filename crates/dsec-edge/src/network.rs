@@ -9,8 +9,8 @@
 //! On a node started without a network configuration every allow rule is
 //! refused (`unsupported_network_policy`), as before.
 
-use std::collections::BTreeMap;
 use dsec_net::{NetError, RuleError};
+use std::collections::BTreeMap;
 
 use crate::edge::{lock, Edge};
 use crate::error::EdgeError;
@@ -46,13 +46,19 @@ pub(crate) fn take_rules(edge: &Edge, mut req: SandboxRequest) -> Result<(Sandbo
     let networked = match req.backend {
         None | Some(BackendKind::Container) => true,
         Some(BackendKind::Microvm) => match &edge.inner.backends.microvm {
-            Ok(vm) => vm.network_ready().map(|()| true).map_err(|why| EdgeError::UnsupportedNetwork(format!("microVMs cannot have network rules here: {why}")))?,
+            Ok(vm) => vm
+                .network_ready()
+                .map(|()| true)
+                .map_err(|why| EdgeError::UnsupportedNetwork(format!("microVMs cannot have network rules here: {why}")))?,
             // No microVMs on this node: the backend check after the spec's
             // says so (rather than the spec's "no network here").
             Err(_) => true,
         },
         Some(BackendKind::Vm) => match &edge.inner.backends.fullvm {
-            Ok(vm) => vm.network_ready().map(|()| true).map_err(|why| EdgeError::UnsupportedNetwork(format!("full VMs cannot have network rules here: {why}")))?,
+            Ok(vm) => vm
+                .network_ready()
+                .map(|()| true)
+                .map_err(|why| EdgeError::UnsupportedNetwork(format!("full VMs cannot have network rules here: {why}")))?,
             Err(_) => true,
         },
         _ => false,

@@ -49,9 +49,7 @@ pub(crate) fn lock(dir: &Path, node: &str) -> Result<std::fs::File, EdgeError> {
             return Ok(f);
         }
     }
-    Err(EdgeError::Invalid(format!(
-        "node name {node:?} is already used by another edge on this host; give this one another name (--node)"
-    )))
+    Err(EdgeError::Invalid(format!("node name {node:?} is already used by another edge on this host; give this one another name (--node)")))
 }
 
 /// Removes the lock files in `dir` that no running edge holds (left by

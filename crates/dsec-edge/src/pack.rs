@@ -114,14 +114,11 @@ impl Edge {
             // pidfd is the VMM's: fd 5 there means something else.
             return Err(EdgeError::Invalid(format!("sandbox {id}: pack_diff works on container sandboxes only")));
         }
-        let upper = crate::container::spawn::pidfd_getfd(&inst.pidfd, AGENT_UPPER_FD).map_err(|e| {
-            EdgeError::Invalid(format!("sandbox {id} cannot be packed: its agent holds no writable layer ({e})"))
-        })?;
+        let upper = crate::container::spawn::pidfd_getfd(&inst.pidfd, AGENT_UPPER_FD)
+            .map_err(|e| EdgeError::Invalid(format!("sandbox {id} cannot be packed: its agent holds no writable layer ({e})")))?;
         let record = entry.record();
         let previous = crate::edge::lock(&entry.pack).clone();
-        let scrub = req
-            .scrub
-            .unwrap_or_else(|| dsec_image::pack::DEFAULT_SCRUB.iter().map(|s| s.to_string()).collect());
+        let scrub = req.scrub.unwrap_or_else(|| dsec_image::pack::DEFAULT_SCRUB.iter().map(|s| s.to_string()).collect());
         let cgroups = self.inner.backends.container.cgroups().clone();
         let rootfs = self.inner.rootfs.clone();
         let id_owned = id.to_string();
@@ -169,21 +166,10 @@ impl Edge {
 }
 
 /// The image-store side of a pack (`ImageLayers::pack`).
-pub(crate) fn pack_into_store(
-    layers: &ImageLayers,
-    input: PackInput<'_>,
-    copied: &mut dyn FnMut(),
-) -> Result<PackOutput, EdgeError> {
+pub(crate) fn pack_into_store(layers: &ImageLayers, input: PackInput<'_>, copied: &mut dyn FnMut()) -> Result<PackOutput, EdgeError> {
     let store = layers.store();
-    let reference: Reference = input
-        .name
-        .parse()
-        .map_err(|e| EdgeError::Invalid(format!("image name {:?}: {e}", input.name)))?;
-    let scrub = input
-        .scrub
-        .iter()
-        .map(|p| ScrubPattern::parse(p).map_err(EdgeError::Invalid))
-        .collect::<Result<Vec<_>, _>>()?;
+    let reference: Reference = input.name.parse().map_err(|e| EdgeError::Invalid(format!("image name {:?}: {e}", input.name)))?;
+    let scrub = input.scrub.iter().map(|p| ScrubPattern::parse(p).map_err(EdgeError::Invalid)).collect::<Result<Vec<_>, _>>()?;
     let base = layers.resolve_image("base", input.image)?;
     // The layers under the new one: the previous pack's image, or the
     // sandbox's own stack for a first pack.

@@ -39,14 +39,13 @@ fn writable_private_ranges(maps: &str) -> Vec<(usize, usize)> {
 fn advise(pidfd: &OwnedFd, ranges: &[(usize, usize)]) -> u64 {
     let mut bytes = 0;
     for chunk in ranges.chunks(MAX_IOV) {
-        let iov: Vec<libc::iovec> = chunk.iter().map(|&(base, len)| libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len }).collect();
+        let iov: Vec<libc::iovec> =
+            chunk.iter().map(|&(base, len)| libc::iovec { iov_base: base as *mut libc::c_void, iov_len: len }).collect();
         // SAFETY: process_madvise reads `iov.len()` iovecs from a live
         // vector; the addresses are the other process's and are only used
         // by the kernel as advice ranges in that process (nothing is read
         // or written through them here).
-        let n = unsafe {
-            libc::syscall(libc::SYS_process_madvise, pidfd.as_raw_fd(), iov.as_ptr(), iov.len(), libc::MADV_WILLNEED, 0u32)
-        };
+        let n = unsafe { libc::syscall(libc::SYS_process_madvise, pidfd.as_raw_fd(), iov.as_ptr(), iov.len(), libc::MADV_WILLNEED, 0u32) };
         if n > 0 {
             bytes += n as u64;
         }
@@ -83,10 +82,7 @@ mod tests {
 7f0010000000-7f0010001000 rw-s 00000000 00:05 9 /dev/shm/x
 7ffc00000000-7ffc00021000 rw-p 00000000 00:00 0 [stack]
 ";
-        assert_eq!(
-            writable_private_ranges(maps),
-            vec![(0x55d0a0021000, 0xdf000), (0x7f0000000000, 0x10000000), (0x7ffc00000000, 0x21000)]
-        );
+        assert_eq!(writable_private_ranges(maps), vec![(0x55d0a0021000, 0xdf000), (0x7f0000000000, 0x10000000), (0x7ffc00000000, 0x21000)]);
     }
 
     #[test]

@@ -158,8 +158,7 @@ mod tests {
 
     #[test]
     fn a_failing_maker_leaves_the_pool_empty_and_stops_promptly() {
-        let pool: Prewarm<u8> =
-            Prewarm::start("test-prewarm", "test items", 2, || Err(std::io::Error::other("no")), |_| {}).unwrap();
+        let pool: Prewarm<u8> = Prewarm::start("test-prewarm", "test items", 2, || Err(std::io::Error::other("no")), |_| {}).unwrap();
         std::thread::sleep(Duration::from_millis(20));
         assert!(pool.take().is_none());
         let t = Instant::now();

@@ -5,8 +5,8 @@
 use std::sync::Arc;
 
 use crate::edge::{lock, Edge, Entry};
-use crate::pause::push_budget;
 use crate::model::{now_ms, Caller, SandboxRecord, State};
+use crate::pause::push_budget;
 
 impl Edge {
     /// Rebuilds the registry from the database: terminal records come back

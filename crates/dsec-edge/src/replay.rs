@@ -91,7 +91,11 @@ fn describe(r: &Result<Reply, (ErrorCode, String)>) -> String {
 }
 
 /// Compares a recorded outcome with a replayed one.
-fn compare(step: &TrajectoryStep, recorded: &Result<Reply, (ErrorCode, String)>, replayed: &Result<Reply, (ErrorCode, String)>) -> Vec<Divergence> {
+fn compare(
+    step: &TrajectoryStep,
+    recorded: &Result<Reply, (ErrorCode, String)>,
+    replayed: &Result<Reply, (ErrorCode, String)>,
+) -> Vec<Divergence> {
     let mut out = Vec::new();
     let mut push = |field: &str, recorded: String, replayed: String| {
         out.push(Divergence {
@@ -233,7 +237,14 @@ impl Edge {
         Ok((replayed, divergences))
     }
 
-    async fn replay_upload(&self, caller: &Caller, target: &str, step_id: Option<&str>, op: &StepOp, content: &[u8]) -> Result<Reply, EdgeError> {
+    async fn replay_upload(
+        &self,
+        caller: &Caller,
+        target: &str,
+        step_id: Option<&str>,
+        op: &StepOp,
+        content: &[u8],
+    ) -> Result<Reply, EdgeError> {
         match self.begin_upload(caller, target, step_id, op).await? {
             UploadStart::Recorded(rec) => self.settle_recorded(rec, op).await,
             UploadStart::Fresh { ticket, call, activity } => {

@@ -123,25 +123,16 @@ pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeE
         }
     }
     if !(1..=p.max_disk_mb).contains(&limits.disk_mb) {
-        return Err(EdgeError::InvalidLimits(format!(
-            "disk_limit_mb must be between 1 and {} (got {})",
-            p.max_disk_mb, limits.disk_mb
-        )));
+        return Err(EdgeError::InvalidLimits(format!("disk_limit_mb must be between 1 and {} (got {})", p.max_disk_mb, limits.disk_mb)));
     }
     if !(MIN_PIDS..=p.max_pids).contains(&limits.pids) {
-        return Err(EdgeError::InvalidLimits(format!(
-            "pids_limit must be between {MIN_PIDS} and {} (got {})",
-            p.max_pids, limits.pids
-        )));
+        return Err(EdgeError::InvalidLimits(format!("pids_limit must be between {MIN_PIDS} and {} (got {})", p.max_pids, limits.pids)));
     }
     let max_lifetime_s = match req.max_lifetime_s {
         None => p.default_max_lifetime_s,
         Some(0) => p.max_lifetime_cap_s,
         Some(s) if s > p.max_lifetime_cap_s => {
-            return Err(EdgeError::InvalidLimits(format!(
-                "max_lifetime_s must be at most {} (got {s})",
-                p.max_lifetime_cap_s
-            )))
+            return Err(EdgeError::InvalidLimits(format!("max_lifetime_s must be at most {} (got {s})", p.max_lifetime_cap_s)))
         }
         Some(s) => s,
     };
@@ -156,9 +147,7 @@ pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeE
         }
     }
     if req.labels.len() > MAX_LABELS || req.labels.iter().any(|(k, v)| k.is_empty() || k.len() + v.len() > MAX_LABEL_BYTES) {
-        return Err(EdgeError::Invalid(format!(
-            "labels: at most {MAX_LABELS}, keys non-empty, key+value at most {MAX_LABEL_BYTES} bytes"
-        )));
+        return Err(EdgeError::Invalid(format!("labels: at most {MAX_LABELS}, keys non-empty, key+value at most {MAX_LABEL_BYTES} bytes")));
     }
     let init_user = req.init_user.unwrap_or_else(|| "root".into());
     if init_user.is_empty() || init_user.contains(['/', ':', '\0']) {

@@ -45,19 +45,43 @@ const RUNNING_POLL: Duration = Duration::from_millis(20);
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum StepOp {
-    Exec { spec: ExecSpec },
-    OpenSession { spec: SessionSpec },
-    CloseSession { session_id: String },
+    Exec {
+        spec: ExecSpec,
+    },
+    OpenSession {
+        spec: SessionSpec,
+    },
+    CloseSession {
+        session_id: String,
+    },
     /// An upload; `digest` is the SHA-256 of the content.
-    WriteFile { spec: WriteFileSpec, digest: String, bytes: u64 },
-    Mkdir { path: String, parents: bool, mode: u32 },
-    Remove { path: String, recursive: bool },
+    WriteFile {
+        spec: WriteFileSpec,
+        digest: String,
+        bytes: u64,
+    },
+    Mkdir {
+        path: String,
+        parents: bool,
+        mode: u32,
+    },
+    Remove {
+        path: String,
+        recursive: bool,
+    },
     /// A tar upload extracted into `path`.
-    ExtractArchive { path: String, max_bytes: u64, digest: String, bytes: u64 },
+    ExtractArchive {
+        path: String,
+        max_bytes: u64,
+        digest: String,
+        bytes: u64,
+    },
     /// An interactive terminal, from open to exit. Recorded with its exit
     /// status and the files it changed; never fast-forwarded or replayed
     /// (what was typed is not an operation the log can repeat).
-    Pty { spec: PtySpec },
+    Pty {
+        spec: PtySpec,
+    },
 }
 
 impl StepOp {
@@ -109,10 +133,17 @@ enum StoredOutcome {
         timed_out: bool,
         duration_us: u64,
     },
-    Session { session_id: String },
-    Written { bytes: u64 },
+    Session {
+        session_id: String,
+    },
+    Written {
+        bytes: u64,
+    },
     Done,
-    Failed { code: ErrorCode, message: String },
+    Failed {
+        code: ErrorCode,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
@@ -176,7 +207,11 @@ pub fn streamed_exec_op(spec: &ExecSpec) -> StepOp {
 pub enum UploadStart {
     Recorded(RecordedStep),
     /// Run it: feed the call, then [`Edge::finish_upload`].
-    Fresh { ticket: StepTicket, call: dsec_agent_proto::client::Call, activity: ActivityGuard },
+    Fresh {
+        ticket: StepTicket,
+        call: dsec_agent_proto::client::Call,
+        activity: ActivityGuard,
+    },
 }
 
 /// The kernel stamps inode times from the coarse clock, which lags the
@@ -464,15 +499,17 @@ impl Edge {
             serde_json::from_str(json).map_err(|e| EdgeError::Internal(format!("stored outcome of step {}: {e}", row.seq)))?;
         let output = |d: &str| -> Result<Vec<u8>, EdgeError> { Ok(self.blob(d)?.unwrap_or_default()) };
         Ok(Some(match stored {
-            StoredOutcome::Exited { exit_code, signal, stdout, stderr, truncated, timed_out, duration_us } => Ok(Reply::Exited(ExecResult {
-                exit_code,
-                signal,
-                stdout: output(&stdout)?,
-                stderr: output(&stderr)?,
-                truncated,
-                timed_out,
-                duration_us,
-            })),
+            StoredOutcome::Exited { exit_code, signal, stdout, stderr, truncated, timed_out, duration_us } => {
+                Ok(Reply::Exited(ExecResult {
+                    exit_code,
+                    signal,
+                    stdout: output(&stdout)?,
+                    stderr: output(&stderr)?,
+                    truncated,
+                    timed_out,
+                    duration_us,
+                }))
+            }
             StoredOutcome::Session { session_id } => Ok(Reply::Session { session_id }),
             StoredOutcome::Written { bytes } => Ok(Reply::Written { bytes }),
             StoredOutcome::Done => Ok(Reply::Done),

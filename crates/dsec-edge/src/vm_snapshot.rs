@@ -51,9 +51,7 @@ impl Edge {
         match kind {
             BackendKind::Microvm => b.microvm.as_ref().map(|vm| vm.files(id)).map_err(|e| EdgeError::UnsupportedBackend(e.clone())),
             BackendKind::Vm => b.fullvm.as_ref().map(|vm| vm.files(id)).map_err(|e| EdgeError::UnsupportedBackend(e.clone())),
-            _ => Err(EdgeError::Invalid(format!(
-                "sandbox {id}: snapshots are of VMs (microvm, vm); capture a container with pack_diff"
-            ))),
+            _ => Err(EdgeError::Invalid(format!("sandbox {id}: snapshots are of VMs (microvm, vm); capture a container with pack_diff"))),
         }
     }
 
@@ -80,7 +78,14 @@ impl Edge {
     /// is suspended (if it is not already; it resumes on its next request)
     /// and its RAM and device state are kept with the disk, so sandboxes
     /// started from the snapshot continue its processes.
-    pub async fn snapshot_with(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>, memory: bool) -> Result<SnapshotOutcome, EdgeError> {
+    pub async fn snapshot_with(
+        &self,
+        caller: &Caller,
+        id: &str,
+        name: &str,
+        key: Option<&str>,
+        memory: bool,
+    ) -> Result<SnapshotOutcome, EdgeError> {
         validate_name(name)?;
         let (edge, caller, id, name, key) = (self.clone(), caller.clone(), id.to_string(), name.to_string(), key.map(str::to_string));
         // Finish even if the caller goes away (a retry must find it).
@@ -89,7 +94,14 @@ impl Edge {
             .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))?
     }
 
-    async fn snapshot_keyed(&self, caller: &Caller, id: &str, name: &str, key: Option<&str>, memory: bool) -> Result<SnapshotOutcome, EdgeError> {
+    async fn snapshot_keyed(
+        &self,
+        caller: &Caller,
+        id: &str,
+        name: &str,
+        key: Option<&str>,
+        memory: bool,
+    ) -> Result<SnapshotOutcome, EdgeError> {
         let Some(key) = key else { return self.snapshot_now(caller, id, name, memory).await };
         let work = async {
             let out = self.snapshot_now(caller, id, name, memory).await?;
@@ -193,7 +205,11 @@ impl Edge {
     async fn copy_memory(&self, rec: &crate::model::SandboxRecord, mut meta: SnapshotMeta) -> Result<SnapshotMeta, EdgeError> {
         let vm = self.inner.backends.microvm.as_ref().map_err(|e| EdgeError::UnsupportedBackend(e.clone()))?;
         let plan = self.plan_blocking(&rec.spec).await?;
-        meta.memory = Some(SnapshotMemory { memory_mb: rec.spec.limits.memory_mb, cpu_cores: rec.spec.limits.cpu_cores, layer_files: plan.layer_files });
+        meta.memory = Some(SnapshotMemory {
+            memory_mb: rec.spec.limits.memory_mb,
+            cpu_cores: rec.spec.limits.cpu_cores,
+            layer_files: plan.layer_files,
+        });
         let (ram, vmstate) = vm.memory_files(&rec.id);
         let (snaps, id) = (self.snapshot_dir()?.clone(), meta.id.clone());
         tokio::task::spawn_blocking(move || snaps.write_memory(&id, &ram, &vmstate))

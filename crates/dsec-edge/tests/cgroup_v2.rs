@@ -123,7 +123,11 @@ fn the_v2_driver_on_the_real_cgroup2_mount() {
     assert!(s.parent().is_dir());
     let delegated = std::fs::read_to_string(s.parent().join("cgroup.subtree_control")).unwrap();
     for c in NEEDED {
-        assert_eq!(delegated.split_whitespace().any(|d| d == c), avail.iter().any(|a| a == c), "{c} in {delegated:?} (root offers {avail:?})");
+        assert_eq!(
+            delegated.split_whitespace().any(|d| d == c),
+            avail.iter().any(|a| a == c),
+            "{c} in {delegated:?} (root offers {avail:?})"
+        );
     }
     let cg = Cgroups::V2(v2);
     assert_eq!(cg.version(), 2);

@@ -242,7 +242,10 @@ async fn create_exec_isolate_stop_delete() {
 
     let stopped = t.edge.stop(&me, &sb.id, "test").await.unwrap();
     assert_eq!(stopped.state, State::Stopped);
-    assert!(!Path::new(&format!("/proc/{pid}")).exists() || std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map(|c| !c.contains(&sb.id)).unwrap_or(true));
+    assert!(
+        !Path::new(&format!("/proc/{pid}")).exists()
+            || std::fs::read_to_string(format!("/proc/{pid}/cgroup")).map(|c| !c.contains(&sb.id)).unwrap_or(true)
+    );
     let err = t.edge.exec(&me, &sb.id, sh("true")).await.unwrap_err();
     assert!(matches!(err, EdgeError::NotRunning { .. }), "{err}");
     t.edge.delete(&me, &sb.id).await.unwrap();

@@ -84,10 +84,27 @@ impl FnCallConfig {
             shrink_after: Duration::from_secs(60),
             max_calls_per_runner: 10_000,
             start_timeout: Duration::from_secs(30),
-            preload: ["math", "collections", "itertools", "functools", "heapq", "bisect", "re", "json", "string", "random", "typing", "fractions", "decimal", "statistics", "traceback", "types"]
-                .into_iter()
-                .map(String::from)
-                .collect(),
+            preload: [
+                "math",
+                "collections",
+                "itertools",
+                "functools",
+                "heapq",
+                "bisect",
+                "re",
+                "json",
+                "string",
+                "random",
+                "typing",
+                "fractions",
+                "decimal",
+                "statistics",
+                "traceback",
+                "types",
+            ]
+            .into_iter()
+            .map(String::from)
+            .collect(),
             runner_memory_mb: 1024,
             // One core reserved: a runner serves one call at a time. The
             // reservation counts against the node's admission like any

@@ -116,7 +116,10 @@ mod tests {
         assert_eq!(step_result(&resp(Some(1), None, b"Traceback"), mem).0.status, RunStatus::RuntimeError);
         assert_eq!(step_result(&resp(Some(137), None, b"MemoryError\n"), mem).0.status, RunStatus::MemoryLimit);
         assert_eq!(step_result(&resp(Some(137), None, b"other\n"), mem).0.status, RunStatus::RuntimeError);
-        assert_eq!(step_result(&resp(None, Some(6), b"terminate called after throwing an instance of 'std::bad_alloc'"), mem).0.status, RunStatus::MemoryLimit);
+        assert_eq!(
+            step_result(&resp(None, Some(6), b"terminate called after throwing an instance of 'std::bad_alloc'"), mem).0.status,
+            RunStatus::MemoryLimit
+        );
         assert_eq!(step_result(&resp(None, Some(9), b""), mem).0.status, RunStatus::MemoryLimit);
         assert_eq!(step_result(&resp(None, Some(11), b""), mem).0.status, RunStatus::RuntimeError);
         let java = b"Exception in thread \"main\" java.lang.OutOfMemoryError: Java heap space\n";
@@ -132,7 +135,12 @@ mod tests {
             b"./prog: error while loading shared libraries: libstdc++.so.6: failed to map segment from shared object\n",
         ] {
             let (exit, signal) = if report.starts_with(b"memory") { (None, Some(6)) } else { (Some(1), None) };
-            assert_eq!(step_result(&resp(exit, signal, report), mem).0.status, RunStatus::MemoryLimit, "{}", String::from_utf8_lossy(report));
+            assert_eq!(
+                step_result(&resp(exit, signal, report), mem).0.status,
+                RunStatus::MemoryLimit,
+                "{}",
+                String::from_utf8_lossy(report)
+            );
         }
         assert_eq!(step_result(&resp(Some(1), None, b"/usr/bin/lua5.4: main.lua:1: boom\n"), mem).0.status, RunStatus::RuntimeError);
         let mut peaked = resp(Some(0), None, b"");

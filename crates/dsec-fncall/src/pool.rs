@@ -113,11 +113,7 @@ impl Pool {
             }
             s.waiters.retain(|w| !w.is_closed());
             if s.waiters.len() >= self.cfg.queue_limit {
-                return Err(FnCallError::QueueFull {
-                    language: self.language.clone(),
-                    queued: s.waiters.len(),
-                    retry_after_s: 1,
-                });
+                return Err(FnCallError::QueueFull { language: self.language.clone(), queued: s.waiters.len(), retry_after_s: 1 });
             }
             let (tx, rx) = oneshot::channel();
             s.waiters.push_back(tx);
@@ -229,9 +225,7 @@ impl Pool {
             self.grow_locked(&mut s);
             let mut out = Vec::new();
             // Oldest idle first (the idle list is a stack: index 0 is oldest).
-            while s.total > self.min
-                && s.idle.first().is_some_and(|r| r.idle_since.elapsed() >= self.cfg.shrink_after)
-            {
+            while s.total > self.min && s.idle.first().is_some_and(|r| r.idle_since.elapsed() >= self.cfg.shrink_after) {
                 out.push(s.idle.remove(0));
                 s.total -= 1;
             }

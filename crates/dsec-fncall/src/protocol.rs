@@ -122,8 +122,7 @@ mod tests {
 
     #[test]
     fn raw_parts_are_split_as_announced() {
-        let mut r: ZResponse =
-            serde_json::from_str(r#"{"id":1,"raw":[["stdout",3],["stderr",0],["file:a/b",2]]}"#).unwrap();
+        let mut r: ZResponse = serde_json::from_str(r#"{"id":1,"raw":[["stdout",3],["stderr",0],["file:a/b",2]]}"#).unwrap();
         assert_eq!(r.raw_len(), 5);
         r.take_raw(b"outhi".to_vec());
         assert_eq!((r.out.as_slice(), r.err.as_slice()), (&b"out"[..], &b""[..]));

@@ -44,14 +44,8 @@ const LAST_WORDS: Duration = Duration::from_secs(1);
 /// Writes one of the runner's own files (the monitor, the monitor) into
 /// the runner, usable by root only.
 async fn install(edge: &Edge, id: &str, path: &str, data: &[u8]) -> Result<(), FnCallError> {
-    let spec = WriteFileSpec {
-        path: path.into(),
-        mode: 0o700,
-        append: false,
-        create_parents: true,
-        max_bytes: data.len() as u64,
-        owner: None,
-    };
+    let spec =
+        WriteFileSpec { path: path.into(), mode: 0o700, append: false, create_parents: true, max_bytes: data.len() as u64, owner: None };
     let (call, _activity) = edge.open(&runner_caller(), id, Op::WriteFile(spec)).await?;
     let failed = |e: &dyn std::fmt::Display| FnCallError::RunnerFailed(format!("writing {path} into {id}: {e}"));
     call.send_data(data).await.map_err(|e| failed(&e))?;
@@ -119,7 +113,11 @@ async fn ready_line(receiver: &mut CallReceiver, stderr: &mut Vec<u8>) -> Result
 /// output (stderr, or stdout the monitor should not write) up to
 /// MAX_STDERR, and its end. False once the command has ended (or its
 /// stream failed), with `exited` saying how.
-fn keep_diagnostics(event: Result<Option<CallEvent>, dsec_agent_proto::client::ClientError>, stderr: &mut Vec<u8>, exited: &mut Option<String>) -> bool {
+fn keep_diagnostics(
+    event: Result<Option<CallEvent>, dsec_agent_proto::client::ClientError>,
+    stderr: &mut Vec<u8>,
+    exited: &mut Option<String>,
+) -> bool {
     match event {
         Ok(Some(CallEvent::Data { data, .. })) => {
             let room = MAX_STDERR.saturating_sub(stderr.len());
@@ -202,8 +200,8 @@ impl Runner {
         let (sender, mut receiver) = call.into_split();
         let mut stderr = Vec::new();
         let line = ready_line(&mut receiver, &mut stderr).await?;
-        let ready: ZReady = serde_json::from_slice(&line)
-            .map_err(|e| FnCallError::RunnerFailed(format!("bad ready line from the monitor: {e}")))?;
+        let ready: ZReady =
+            serde_json::from_slice(&line).map_err(|e| FnCallError::RunnerFailed(format!("bad ready line from the monitor: {e}")))?;
         // The monitor listens before it says it is ready.
         let socket = edge.container_root(&runner_caller(), &id).await?.join(MONITOR_SOCKET.trim_start_matches('/'));
         let link = UnixStream::connect(&socket)
@@ -225,10 +223,7 @@ impl Runner {
             idle_since: Instant::now(),
         };
         if !ready.ready || !ready.languages.iter().any(|l| l == language) {
-            return Err(FnCallError::RunnerFailed(format!(
-                "image {:?} cannot run {language} (it has {:?})",
-                cfg.image, ready.languages
-            )));
+            return Err(FnCallError::RunnerFailed(format!("image {:?} cannot run {language} (it has {:?})", cfg.image, ready.languages)));
         }
         tracing::debug!(runner = %runner.id, %language, preloaded = ?ready.preloaded, "runner ready");
         Ok(runner)
@@ -247,8 +242,8 @@ impl Runner {
                 return Err(self.gone(&format!("sending to the monitor: {e}")).await);
             }
             let line = self.read_line().await?;
-            let mut resp: ZResponse = serde_json::from_slice(&line)
-                .map_err(|e| FnCallError::RunnerFailed(format!("bad answer from the monitor: {e}")))?;
+            let mut resp: ZResponse =
+                serde_json::from_slice(&line).map_err(|e| FnCallError::RunnerFailed(format!("bad answer from the monitor: {e}")))?;
             if resp.raw.is_empty() {
                 resp.out = crate::judge::unb64(&resp.stdout);
                 resp.err = crate::judge::unb64(&resp.stderr);

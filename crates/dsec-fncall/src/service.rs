@@ -60,11 +60,8 @@ impl FnCallService {
             }
         }
         let cfg = Arc::new(cfg);
-        let pools = cfg
-            .pools
-            .iter()
-            .map(|p| (p.language.clone(), Pool::new(&p.language, p.min, p.max, edge.clone(), cfg.clone())))
-            .collect();
+        let pools =
+            cfg.pools.iter().map(|p| (p.language.clone(), Pool::new(&p.language, p.min, p.max, edge.clone(), cfg.clone()))).collect();
         let svc = Arc::new(FnCallService { cache: CompileCache::new(cfg.compile_cache_bytes), cfg, pools });
         let weak: Weak<FnCallService> = Arc::downgrade(&svc);
         tokio::spawn(async move {
@@ -120,9 +117,11 @@ impl FnCallService {
 
     fn validate(&self, req: &FnCallRequest) -> Result<Plan, FnCallError> {
         let cfg = &self.cfg;
-        let pool = self.pools.get(&req.language).cloned().ok_or_else(|| {
-            FnCallError::UnsupportedLanguage(req.language.clone(), self.languages().join(", "))
-        })?;
+        let pool = self
+            .pools
+            .get(&req.language)
+            .cloned()
+            .ok_or_else(|| FnCallError::UnsupportedLanguage(req.language.clone(), self.languages().join(", ")))?;
         let seconds = |name: &str, v: Option<f64>, default: f64| -> Result<u64, FnCallError> {
             let v = v.unwrap_or(default);
             if !v.is_finite() || v <= 0.0 || v > cfg.max_time_s {
@@ -139,7 +138,10 @@ impl FnCallService {
         }
         let output_bytes = l.output_bytes.unwrap_or(cfg.default_output_bytes);
         if output_bytes == 0 || output_bytes > cfg.max_output_bytes {
-            return Err(FnCallError::InvalidLimits(format!("limits.output_bytes must be in 1..={} (got {output_bytes})", cfg.max_output_bytes)));
+            return Err(FnCallError::InvalidLimits(format!(
+                "limits.output_bytes must be in 1..={} (got {output_bytes})",
+                cfg.max_output_bytes
+            )));
         }
         let mut total = req.code.len() as u64 + req.stdin.as_ref().map_or(0, |s| s.len() as u64);
         for (path, content) in &req.files {
@@ -155,7 +157,10 @@ impl FnCallService {
             total += case.stdin.len() as u64 + case.expected_output.as_ref().map_or(0, |s| s.len() as u64);
         }
         if total > cfg.max_files_bytes {
-            return Err(FnCallError::Invalid(format!("code, stdin, files and test cases total {total} bytes; at most {}", cfg.max_files_bytes)));
+            return Err(FnCallError::Invalid(format!(
+                "code, stdin, files and test cases total {total} bytes; at most {}",
+                cfg.max_files_bytes
+            )));
         }
         if req.test_cases.len() > cfg.max_test_cases {
             return Err(FnCallError::Invalid(format!("at most {} test cases (got {})", cfg.max_test_cases, req.test_cases.len())));
@@ -217,7 +222,8 @@ impl FnCallService {
                     resp.compile = Some(step);
                     if judge {
                         resp.verdict = Some(Verdict::CE);
-                        resp.cases = req.test_cases.iter().map(|_| CaseResult { verdict: Verdict::CE, run: None, checker_message: None }).collect();
+                        resp.cases =
+                            req.test_cases.iter().map(|_| CaseResult { verdict: Verdict::CE, run: None, checker_message: None }).collect();
                     }
                     return Ok(resp);
                 }
@@ -266,7 +272,13 @@ impl FnCallService {
 
     /// Puts the compiled program in the runner: already there, from the
     /// cache, or compiled now (whose step result is returned).
-    async fn prepare_program(&self, lease: &mut Lease, req: &FnCallRequest, plan: &Plan, resp: &mut FnCallResponse) -> Result<Option<StepResult>, FnCallError> {
+    async fn prepare_program(
+        &self,
+        lease: &mut Lease,
+        req: &FnCallRequest,
+        plan: &Plan,
+        resp: &mut FnCallResponse,
+    ) -> Result<Option<StepResult>, FnCallError> {
         let key = compile_key(&req.language, &req.code, &req.files);
         let runner = lease.runner();
         if runner.installed == Some(key) {
@@ -281,7 +293,8 @@ impl FnCallService {
             resp.compile_cached = true;
             return Ok(None);
         }
-        let limits = ZLimits { time_ms: plan.compile_time_ms, memory_bytes: 0, output_bytes: COMPILE_OUTPUT_BYTES, file_bytes: COMPILE_FILE_BYTES };
+        let limits =
+            ZLimits { time_ms: plan.compile_time_ms, memory_bytes: 0, output_bytes: COMPILE_OUTPUT_BYTES, file_bytes: COMPILE_FILE_BYTES };
         let mut z = ZRequest::new("compile", limits);
         z.language = req.language.as_str().into();
         z.code = req.code.as_str().into();
@@ -300,8 +313,20 @@ impl FnCallService {
         Ok(Some(step))
     }
 
-    async fn run_step(&self, lease: &mut Lease, req: &FnCallRequest, plan: &Plan, stdin: &[u8], fetch: &[String]) -> Result<ZResponse, FnCallError> {
-        let limits = ZLimits { time_ms: plan.time_ms, memory_bytes: plan.memory_bytes, output_bytes: plan.output_bytes, file_bytes: plan.output_bytes + 1 };
+    async fn run_step(
+        &self,
+        lease: &mut Lease,
+        req: &FnCallRequest,
+        plan: &Plan,
+        stdin: &[u8],
+        fetch: &[String],
+    ) -> Result<ZResponse, FnCallError> {
+        let limits = ZLimits {
+            time_ms: plan.time_ms,
+            memory_bytes: plan.memory_bytes,
+            output_bytes: plan.output_bytes,
+            file_bytes: plan.output_bytes + 1,
+        };
         let mut z = ZRequest::new("run", limits);
         z.language = req.language.as_str().into();
         if !plan.compiled {
@@ -316,7 +341,15 @@ impl FnCallService {
     }
 
     /// Runs the custom checker on one case: AC if it exits 0.
-    async fn check(&self, lease: &mut Lease, req: &FnCallRequest, plan: &Plan, input: &[u8], output: &[u8], expected: &[u8]) -> Result<(Verdict, Option<String>), FnCallError> {
+    async fn check(
+        &self,
+        lease: &mut Lease,
+        req: &FnCallRequest,
+        plan: &Plan,
+        input: &[u8],
+        output: &[u8],
+        expected: &[u8],
+    ) -> Result<(Verdict, Option<String>), FnCallError> {
         let checker = req.checker.as_ref().expect("check is called only with a checker");
         let limits = ZLimits { time_ms: plan.time_ms, memory_bytes: plan.memory_bytes, output_bytes: 64 << 10, file_bytes: 64 << 10 };
         let mut z = ZRequest::new("run", limits);
@@ -369,9 +402,7 @@ fn check_relative(path: &str, what: &str) -> Result<(), FnCallError> {
         || path.split('/').any(|c| c == "..")
         || path.split('/').all(|c| c.is_empty() || c == ".");
     if bad {
-        return Err(FnCallError::Invalid(format!(
-            "{what}: {path:?} must be a relative path inside the working directory (no '..')"
-        )));
+        return Err(FnCallError::Invalid(format!("{what}: {path:?} must be a relative path inside the working directory (no '..')")));
     }
     Ok(())
 }

@@ -13,12 +13,10 @@ use std::path::Path;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use dsec_image::build::{
-    build_layer_busybox, build_layer_debootstrap, BusyboxRecipe, DebootstrapRecipe,
-};
+use dsec_image::build::{build_layer_busybox, build_layer_debootstrap, BusyboxRecipe, DebootstrapRecipe};
 use dsec_image::{
-    BuildOptions, Compression, ImageConfig, ImageStore, LayerDescriptor, LayerKind, LayerMounts,
-    Manifest, NoProgress, ProgressEvent, ProgressFn, Reference, PYTHON_PACKAGES, PYTHON_SUITE,
+    BuildOptions, Compression, ImageConfig, ImageStore, LayerDescriptor, LayerKind, LayerMounts, Manifest, NoProgress, ProgressEvent,
+    ProgressFn, Reference, PYTHON_PACKAGES, PYTHON_SUITE,
 };
 
 fn median(mut v: Vec<Duration>) -> Duration {
@@ -63,10 +61,7 @@ fn drop_caches() {
 
 fn main() {
     let skip_python = std::env::args().any(|a| a == "--skip-python");
-    let tmp = tempfile::Builder::new()
-        .prefix("dsec-measure-")
-        .tempdir()
-        .unwrap();
+    let tmp = tempfile::Builder::new().prefix("dsec-measure-").tempdir().unwrap();
     let store = ImageStore::open(tmp.path().join("images")).unwrap();
     let mounts = LayerMounts::open(tmp.path().join("layers")).unwrap();
 
@@ -108,29 +103,17 @@ fn main() {
     }
 
     // Resolve: a store with 1000 images of 3 layers, like base+workspace+toolkit.
-    let layer = build_layer_busybox(
-        &store,
-        &BusyboxRecipe::default(),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let layer = build_layer_busybox(&store, &BusyboxRecipe::default(), &BuildOptions::default(), &NoProgress).unwrap();
     let manifest = Manifest::new(
         [LayerKind::Base, LayerKind::Workspace, LayerKind::Toolkit]
             .into_iter()
-            .map(|kind| LayerDescriptor {
-                digest: layer.digest,
-                kind,
-                size: layer.size,
-            })
+            .map(|kind| LayerDescriptor { digest: layer.digest, kind, size: layer.size })
             .collect(),
         ImageConfig::default(),
     );
     let refs: Vec<String> = (0..1000).map(|i| format!("bench/img-{i}:v1")).collect();
     for r in &refs {
-        store
-            .put_image(&r.parse::<Reference>().unwrap(), &manifest)
-            .unwrap();
+        store.put_image(&r.parse::<Reference>().unwrap(), &manifest).unwrap();
     }
     let mut cold = Vec::new();
     let fresh = ImageStore::open(store.root()).unwrap();

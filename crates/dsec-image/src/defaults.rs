@@ -4,8 +4,8 @@
 use std::sync::Arc;
 
 use crate::build::{
-    archive_java_classes, build_image_from_recipe, build_layer_busybox, build_layer_debootstrap_then,
-    precompile_stdcpp, BuildError, BuildOptions, BusyboxRecipe, DebootstrapRecipe,
+    archive_java_classes, build_image_from_recipe, build_layer_busybox, build_layer_debootstrap_then, precompile_stdcpp, BuildError,
+    BuildOptions, BusyboxRecipe, DebootstrapRecipe,
 };
 use crate::manifest::{ImageConfig, LayerKind, Manifest};
 use crate::progress::Progress;
@@ -14,14 +14,7 @@ use crate::store::{ImageError, ImageStore, ResolvedImage};
 
 /// Packages of the `python` image on top of Debian minbase. ca-certificates
 /// is there so `git clone https://...` and pip work against real hosts.
-pub const PYTHON_PACKAGES: &[&str] = &[
-    "python3",
-    "python3-pip",
-    "python3-venv",
-    "git",
-    "python3-pytest",
-    "ca-certificates",
-];
+pub const PYTHON_PACKAGES: &[&str] = &["python3", "python3-pip", "python3-venv", "git", "python3-pytest", "ca-certificates"];
 pub const PYTHON_SUITE: &str = "bookworm";
 
 /// Packages of the `judge` image (FnCall runners): the interpreters and
@@ -29,20 +22,8 @@ pub const PYTHON_SUITE: &str = "bookworm";
 /// javascript, go, rust, php, ruby, perl, lua). The image also carries `<bits/stdc++.h>` precompiled
 /// (`build::pch`) and class-data-sharing archives for javac and Java
 /// programs (`build::java_cds`).
-pub const JUDGE_PACKAGES: &[&str] = &[
-    "python3",
-    "gcc",
-    "g++",
-    "libc6-dev",
-    "openjdk-17-jdk-headless",
-    "nodejs",
-    "golang-go",
-    "rustc",
-    "php-cli",
-    "ruby",
-    "perl",
-    "lua5.4",
-];
+pub const JUDGE_PACKAGES: &[&str] =
+    &["python3", "gcc", "g++", "libc6-dev", "openjdk-17-jdk-headless", "nodejs", "golang-go", "rustc", "php-cli", "ruby", "perl", "lua5.4"];
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DefaultImage {
@@ -82,8 +63,7 @@ impl DefaultImage {
 
     /// `<name>:latest`.
     pub fn reference(self) -> Reference {
-        Reference::new(self.name(), crate::reference::DEFAULT_TAG)
-            .expect("default image names are valid references")
+        Reference::new(self.name(), crate::reference::DEFAULT_TAG).expect("default image names are valid references")
     }
 
     fn config(self) -> ImageConfig {
@@ -116,32 +96,23 @@ pub fn build_default_image(
 ) -> Result<Arc<ResolvedImage>, BuildError> {
     let options = BuildOptions::default();
     progress.stage(&format!("building image `{}`", which.name()));
-    build_image_from_recipe(
-        store,
-        &which.reference(),
-        LayerKind::Base,
-        which.config(),
-        Some(which.recipe_version()),
-        || match which {
-            DefaultImage::Busybox => {
-                build_layer_busybox(store, &BusyboxRecipe::default(), &options, progress)
-            }
-            DefaultImage::Python | DefaultImage::Judge => {
-                let packages = if which == DefaultImage::Python { PYTHON_PACKAGES } else { JUDGE_PACKAGES };
-                let mut recipe = DebootstrapRecipe::new(PYTHON_SUITE);
-                recipe.mirror = mirror.to_string();
-                recipe.include = packages.iter().map(|p| p.to_string()).collect();
-                build_layer_debootstrap_then(store, &recipe, &options, progress, |root| {
-                    if which == DefaultImage::Judge {
-                        precompile_stdcpp(root, progress)?;
-                        archive_java_classes(root, progress)
-                    } else {
-                        Ok(())
-                    }
-                })
-            }
-        },
-    )
+    build_image_from_recipe(store, &which.reference(), LayerKind::Base, which.config(), Some(which.recipe_version()), || match which {
+        DefaultImage::Busybox => build_layer_busybox(store, &BusyboxRecipe::default(), &options, progress),
+        DefaultImage::Python | DefaultImage::Judge => {
+            let packages = if which == DefaultImage::Python { PYTHON_PACKAGES } else { JUDGE_PACKAGES };
+            let mut recipe = DebootstrapRecipe::new(PYTHON_SUITE);
+            recipe.mirror = mirror.to_string();
+            recipe.include = packages.iter().map(|p| p.to_string()).collect();
+            build_layer_debootstrap_then(store, &recipe, &options, progress, |root| {
+                if which == DefaultImage::Judge {
+                    precompile_stdcpp(root, progress)?;
+                    archive_java_classes(root, progress)
+                } else {
+                    Ok(())
+                }
+            })
+        }
+    })
 }
 
 /// Builds each default image that is absent (or whose manifest or blobs are
@@ -160,10 +131,7 @@ pub fn ensure_default_images(
                 out.push((which, Ensured::AlreadyPresent));
                 continue;
             }
-            Found::Outdated => progress.stage(&format!(
-                "image `{}` was built from an older recipe: rebuilding it",
-                which.name()
-            )),
+            Found::Outdated => progress.stage(&format!("image `{}` was built from an older recipe: rebuilding it", which.name())),
             Found::Unrecorded => {
                 progress.stage(&unrecorded_hint(which));
                 out.push((which, Ensured::AlreadyPresent));
@@ -230,17 +198,12 @@ pub fn unrecorded_hint(which: DefaultImage) -> String {
     )
 }
 
-
 #[cfg(test)]
 mod tests {
     use super::*;
 
     fn built_from(version: Option<u32>) -> Manifest {
-        let layer = crate::manifest::LayerDescriptor {
-            digest: crate::digest::Digest::of_bytes(b"layer"),
-            kind: LayerKind::Base,
-            size: 10,
-        };
+        let layer = crate::manifest::LayerDescriptor { digest: crate::digest::Digest::of_bytes(b"layer"), kind: LayerKind::Base, size: 10 };
         let mut m = Manifest::new(vec![layer], ImageConfig::default());
         m.default_recipe = version;
         m

@@ -76,9 +76,7 @@ impl fmt::Debug for Digest {
 impl FromStr for Digest {
     type Err = DigestError;
     fn from_str(s: &str) -> Result<Self, DigestError> {
-        let hex = s
-            .strip_prefix(PREFIX)
-            .ok_or_else(|| DigestError::Invalid(s.to_string()))?;
+        let hex = s.strip_prefix(PREFIX).ok_or_else(|| DigestError::Invalid(s.to_string()))?;
         Digest::from_hex(hex).map_err(|_| DigestError::Invalid(s.to_string()))
     }
 }
@@ -106,11 +104,7 @@ pub(crate) struct HashingWriter<W> {
 
 impl<W: Write> HashingWriter<W> {
     pub(crate) fn new(inner: W) -> Self {
-        HashingWriter {
-            inner,
-            hasher: Sha256::new(),
-            len: 0,
-        }
+        HashingWriter { inner, hasher: Sha256::new(), len: 0 }
     }
 
     pub(crate) fn finish(self) -> (Digest, u64) {
@@ -143,10 +137,7 @@ mod tests {
     #[test]
     fn known_vector() {
         let d = Digest::of_bytes(b"abc");
-        assert_eq!(
-            d.to_string(),
-            "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"
-        );
+        assert_eq!(d.to_string(), "sha256:ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
         let (d2, len) = Digest::of_reader(&b"abc"[..]).unwrap();
         assert_eq!((d2, len), (d, 3));
     }

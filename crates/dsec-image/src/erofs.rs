@@ -18,17 +18,13 @@ const COMPAT_SB_CHKSUM: u32 = 0x1;
 pub enum ErofsError {
     #[error("file is {len} bytes, too small to hold an EROFS superblock")]
     TooSmall { len: u64 },
-    #[error(
-        "no EROFS superblock: magic at offset 1024 is {found:#010x}, expected {EROFS_MAGIC:#010x}"
-    )]
+    #[error("no EROFS superblock: magic at offset 1024 is {found:#010x}, expected {EROFS_MAGIC:#010x}")]
     BadMagic { found: u32 },
     #[error("unsupported EROFS block size 2^{bits}")]
     BadBlockSize { bits: u8 },
     #[error("truncated EROFS image: superblock says {expected} bytes, file has {actual}")]
     Truncated { expected: u64, actual: u64 },
-    #[error(
-        "EROFS superblock checksum mismatch: stored {stored:#010x}, computed {computed:#010x}"
-    )]
+    #[error("EROFS superblock checksum mismatch: stored {stored:#010x}, computed {computed:#010x}")]
     BadChecksum { stored: u32, computed: u32 },
     #[error("reading the EROFS superblock: {0}")]
     Io(#[from] io::Error),
@@ -69,10 +65,7 @@ pub fn check_image(file: &File, len: u64) -> Result<SuperblockInfo, ErofsError> 
     let blocks = le32(36);
     let expected = u64::from(blocks) * u64::from(block_size);
     if len < expected || (block_size as usize) > block0.len() {
-        return Err(ErofsError::Truncated {
-            expected: expected.max(u64::from(block_size)),
-            actual: len,
-        });
+        return Err(ErofsError::Truncated { expected: expected.max(u64::from(block_size)), actual: len });
     }
     if le32(8) & COMPAT_SB_CHKSUM != 0 {
         // Same rule as the kernel: crc32c (seed !0, no final inversion) of
@@ -118,12 +111,7 @@ mod tests {
         assert_eq!(!crc32c(!0, b"123456789"), 0xE306_9283);
     }
 
-    fn image_with(
-        block_bits: u8,
-        blocks: u32,
-        len: usize,
-        with_csum: bool,
-    ) -> tempfile::NamedTempFile {
+    fn image_with(block_bits: u8, blocks: u32, len: usize, with_csum: bool) -> tempfile::NamedTempFile {
         let mut img = vec![0u8; len];
         let sb = 1024;
         img[sb..sb + 4].copy_from_slice(&EROFS_MAGIC.to_le_bytes());
@@ -143,50 +131,23 @@ mod tests {
     fn accepts_well_formed() {
         let f = image_with(12, 2, 8192, true);
         let info = check_image_file(f.path()).unwrap();
-        assert_eq!(
-            info,
-            SuperblockInfo {
-                block_size: 4096,
-                blocks: 2
-            }
-        );
+        assert_eq!(info, SuperblockInfo { block_size: 4096, blocks: 2 });
     }
 
     #[test]
     fn detects_damage() {
         let f = image_with(12, 3, 8192, false);
-        assert!(matches!(
-            check_image_file(f.path()),
-            Err(ErofsError::Truncated {
-                expected: 12288,
-                actual: 8192
-            })
-        ));
+        assert!(matches!(check_image_file(f.path()), Err(ErofsError::Truncated { expected: 12288, actual: 8192 })));
         let f = image_with(12, 2, 8192, true);
-        let file = std::fs::OpenOptions::new()
-            .write(true)
-            .open(f.path())
-            .unwrap();
+        let file = std::fs::OpenOptions::new().write(true).open(f.path()).unwrap();
         file.write_all_at(b"X", 2000).unwrap();
-        assert!(matches!(
-            check_image_file(f.path()),
-            Err(ErofsError::BadChecksum { .. })
-        ));
+        assert!(matches!(check_image_file(f.path()), Err(ErofsError::BadChecksum { .. })));
         file.write_all_at(&[0; 4], 1024).unwrap();
-        assert!(matches!(
-            check_image_file(f.path()),
-            Err(ErofsError::BadMagic { found: 0 })
-        ));
+        assert!(matches!(check_image_file(f.path()), Err(ErofsError::BadMagic { found: 0 })));
         let f = image_with(30, 1, 4096, false);
-        assert!(matches!(
-            check_image_file(f.path()),
-            Err(ErofsError::BadBlockSize { bits: 30 })
-        ));
+        assert!(matches!(check_image_file(f.path()), Err(ErofsError::BadBlockSize { bits: 30 })));
         let mut f = tempfile::NamedTempFile::new().unwrap();
         f.write_all(&[0; 100]).unwrap();
-        assert!(matches!(
-            check_image_file(f.path()),
-            Err(ErofsError::TooSmall { len: 100 })
-        ));
+        assert!(matches!(check_image_file(f.path()), Err(ErofsError::TooSmall { len: 100 })));
     }
 }

@@ -47,10 +47,7 @@ fn remove_same_fs(dir: &Path, dev: u64) -> io::Result<()> {
         let meta = std::fs::symlink_metadata(&path)?;
         if meta.is_dir() {
             if meta.dev() != dev {
-                return Err(io::Error::other(format!(
-                    "refusing to delete {}: it is on another filesystem",
-                    path.display()
-                )));
+                return Err(io::Error::other(format!("refusing to delete {}: it is on another filesystem", path.display())));
             }
             remove_same_fs(&path, dev)?;
         } else {

@@ -41,13 +41,8 @@ pub use defaults::{
     PYTHON_SUITE,
 };
 pub use digest::{Digest, DigestError};
-pub use manifest::{
-    ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestError, Provenance, SCHEMA_VERSION,
-};
+pub use manifest::{ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestError, Provenance, SCHEMA_VERSION};
 pub use mounts::{LayerMounts, MountError};
 pub use progress::{NoProgress, Progress, ProgressEvent, ProgressFn, Unit};
 pub use reference::{Reference, ReferenceError, DEFAULT_TAG};
-pub use store::{
-    GcStats, ImageEntry, ImageError, ImageStore, ResolvedImage, ResolvedLayer, StoredLayer,
-    WriteLock,
-};
+pub use store::{GcStats, ImageEntry, ImageError, ImageStore, ResolvedImage, ResolvedLayer, StoredLayer, WriteLock};

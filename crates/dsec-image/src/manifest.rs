@@ -79,10 +79,7 @@ fn default_user() -> String {
 impl Default for ImageConfig {
     fn default() -> Self {
         ImageConfig {
-            env: vec![
-                "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(),
-                "LANG=C.UTF-8".to_string(),
-            ],
+            env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(), "LANG=C.UTF-8".to_string()],
             workdir: default_workdir(),
             user: default_user(),
         }
@@ -163,9 +160,7 @@ impl Manifest {
     pub fn from_json(bytes: &[u8]) -> Result<Self, ManifestError> {
         let probe: VersionProbe = serde_json::from_slice(bytes)?;
         if probe.schema_version != SCHEMA_VERSION {
-            return Err(ManifestError::UnsupportedSchema {
-                found: probe.schema_version,
-            });
+            return Err(ManifestError::UnsupportedSchema { found: probe.schema_version });
         }
         let manifest: Manifest = serde_json::from_slice(bytes)?;
         manifest.validate()?;
@@ -182,40 +177,23 @@ impl Manifest {
     /// Checks the invariants every stored manifest must hold.
     pub fn validate(&self) -> Result<(), ManifestError> {
         if self.schema_version != SCHEMA_VERSION {
-            return Err(ManifestError::UnsupportedSchema {
-                found: self.schema_version,
-            });
+            return Err(ManifestError::UnsupportedSchema { found: self.schema_version });
         }
         if self.layers.is_empty() {
-            return Err(ManifestError::Invalid(
-                "an image needs at least one layer".into(),
-            ));
+            return Err(ManifestError::Invalid("an image needs at least one layer".into()));
         }
         let sum: u64 = self.layers.iter().map(|l| l.size).sum();
         if sum != self.size_bytes {
-            return Err(ManifestError::Invalid(format!(
-                "size_bytes is {} but the layers add up to {sum}",
-                self.size_bytes
-            )));
+            return Err(ManifestError::Invalid(format!("size_bytes is {} but the layers add up to {sum}", self.size_bytes)));
         }
         if !self.config.workdir.starts_with('/') {
-            return Err(ManifestError::Invalid(format!(
-                "workdir `{}` is not an absolute path",
-                self.config.workdir
-            )));
+            return Err(ManifestError::Invalid(format!("workdir `{}` is not an absolute path", self.config.workdir)));
         }
         if self.config.user.is_empty() {
             return Err(ManifestError::Invalid("user is empty".into()));
         }
-        if let Some(bad) = self
-            .config
-            .env
-            .iter()
-            .find(|e| !e.contains('=') || e.starts_with('='))
-        {
-            return Err(ManifestError::Invalid(format!(
-                "env entry `{bad}` is not KEY=value"
-            )));
+        if let Some(bad) = self.config.env.iter().find(|e| !e.contains('=') || e.starts_with('=')) {
+            return Err(ManifestError::Invalid(format!("env entry `{bad}` is not KEY=value")));
         }
         Ok(())
     }
@@ -228,16 +206,8 @@ mod tests {
     fn sample() -> Manifest {
         Manifest::new(
             vec![
-                LayerDescriptor {
-                    digest: Digest::of_bytes(b"a"),
-                    kind: LayerKind::Base,
-                    size: 10,
-                },
-                LayerDescriptor {
-                    digest: Digest::of_bytes(b"b"),
-                    kind: LayerKind::Toolkit,
-                    size: 5,
-                },
+                LayerDescriptor { digest: Digest::of_bytes(b"a"), kind: LayerKind::Base, size: 10 },
+                LayerDescriptor { digest: Digest::of_bytes(b"b"), kind: LayerKind::Toolkit, size: 5 },
             ],
             ImageConfig::default(),
         )
@@ -260,30 +230,21 @@ mod tests {
         let text = std::str::from_utf8(&json).unwrap();
         assert!(text.contains("\"schema_version\": 1"), "{text}");
         assert!(text.contains("\"kind\": \"toolkit\""), "{text}");
-        assert!(
-            text.contains(&format!("\"{}\"", Digest::of_bytes(b"a"))),
-            "{text}"
-        );
+        assert!(text.contains(&format!("\"{}\"", Digest::of_bytes(b"a"))), "{text}");
         assert_eq!(Manifest::from_json(&json).unwrap(), m);
     }
 
     #[test]
     fn unknown_version_is_refused_clearly() {
         let json = br#"{"schema_version": 7, "something": "new"}"#;
-        assert!(matches!(
-            Manifest::from_json(json),
-            Err(ManifestError::UnsupportedSchema { found: 7 })
-        ));
+        assert!(matches!(Manifest::from_json(json), Err(ManifestError::UnsupportedSchema { found: 7 })));
     }
 
     #[test]
     fn invariants() {
         let mut m = sample();
         m.size_bytes = 1;
-        assert!(matches!(
-            Manifest::from_json(&serde_json::to_vec(&m).unwrap()),
-            Err(ManifestError::Invalid(_))
-        ));
+        assert!(matches!(Manifest::from_json(&serde_json::to_vec(&m).unwrap()), Err(ManifestError::Invalid(_))));
         let mut m = sample();
         m.layers.clear();
         m.size_bytes = 0;
@@ -294,10 +255,7 @@ mod tests {
         let mut m = sample();
         m.config.env.push("NOEQUALS".into());
         assert!(m.validate().is_err());
-        assert!(matches!(
-            Manifest::from_json(b"{"),
-            Err(ManifestError::Json(_))
-        ));
+        assert!(matches!(Manifest::from_json(b"{"), Err(ManifestError::Json(_))));
     }
 
     #[test]

@@ -29,11 +29,7 @@ pub(crate) fn parse(text: &str) -> Vec<MountEntry> {
             rest.next()?; // the separator
             let fs_type = rest.next()?;
             let source = rest.next().unwrap_or("");
-            Some(MountEntry {
-                mount_point: PathBuf::from(unescape(mount_point)),
-                fs_type: unescape(fs_type),
-                source: unescape(source),
-            })
+            Some(MountEntry { mount_point: PathBuf::from(unescape(mount_point)), fs_type: unescape(fs_type), source: unescape(source) })
         })
         .collect()
 }
@@ -47,9 +43,7 @@ fn unescape(field: &str) -> String {
         if bytes[i] == b'\\' && i + 3 < bytes.len() {
             let oct = &bytes[i + 1..i + 4];
             if oct.iter().all(|b| (b'0'..=b'7').contains(b)) {
-                let v = oct
-                    .iter()
-                    .fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
+                let v = oct.iter().fold(0u32, |acc, b| acc * 8 + u32::from(b - b'0'));
                 out.push(v as u8);
                 i += 4;
                 continue;
@@ -63,11 +57,7 @@ fn unescape(field: &str) -> String {
 
 /// Mount points at or below `dir`, deepest first (the order to detach them).
 pub(crate) fn mounts_under(dir: &Path) -> io::Result<Vec<PathBuf>> {
-    let mut found: Vec<PathBuf> = read()?
-        .into_iter()
-        .map(|m| m.mount_point)
-        .filter(|p| p.starts_with(dir))
-        .collect();
+    let mut found: Vec<PathBuf> = read()?.into_iter().map(|m| m.mount_point).filter(|p| p.starts_with(dir)).collect();
     found.sort_by_key(|p| std::cmp::Reverse(p.components().count()));
     found.dedup();
     Ok(found)
@@ -100,9 +90,6 @@ mod tests {
 
     #[test]
     fn reads_own_table() {
-        assert!(read()
-            .unwrap()
-            .iter()
-            .any(|m| m.mount_point == Path::new("/")));
+        assert!(read().unwrap().iter().any(|m| m.mount_point == Path::new("/")));
     }
 }

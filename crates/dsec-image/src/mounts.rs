@@ -20,10 +20,7 @@ use std::path::{Path, PathBuf};
 use std::sync::{Mutex, RwLock};
 
 use rustix::io::Errno;
-use rustix::mount::{
-    mount, mount_bind_recursive, mount_change, unmount, MountFlags, MountPropagationFlags,
-    UnmountFlags,
-};
+use rustix::mount::{mount, mount_bind_recursive, mount_change, unmount, MountFlags, MountPropagationFlags, UnmountFlags};
 
 use crate::digest::Digest;
 use crate::erofs::{self, ErofsError, EROFS_MAGIC};
@@ -64,11 +61,7 @@ pub enum MountError {
 }
 
 fn io_err<'a>(context: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> MountError + 'a {
-    move |source| MountError::Io {
-        context,
-        path: path.to_path_buf(),
-        source,
-    }
+    move |source| MountError::Io { context, path: path.to_path_buf(), source }
 }
 
 /// Layer mounts under one directory. Use one instance per directory per
@@ -93,16 +86,10 @@ impl LayerMounts {
         if !mountinfo::is_mount_point(&dir).map_err(io_err("reading mountinfo for", &dir))? {
             // Recursive, so layers mounted here before (by a process that
             // predates the bind) stay visible instead of being shadowed.
-            mount_bind_recursive(&dir, &dir)
-                .map_err(|e| io_err("bind-mounting", &dir)(e.into()))?;
+            mount_bind_recursive(&dir, &dir).map_err(|e| io_err("bind-mounting", &dir)(e.into()))?;
         }
-        mount_change(&dir, MountPropagationFlags::PRIVATE)
-            .map_err(|e| io_err("making private", &dir)(e.into()))?;
-        let mounts = LayerMounts {
-            dir,
-            mounted: RwLock::new(HashSet::new()),
-            change: Mutex::new(()),
-        };
+        mount_change(&dir, MountPropagationFlags::PRIVATE).map_err(|e| io_err("making private", &dir)(e.into()))?;
+        let mounts = LayerMounts { dir, mounted: RwLock::new(HashSet::new()), change: Mutex::new(()) };
         let found = mounts.mounted()?;
         mounts.set_mut().extend(found);
         Ok(mounts)
@@ -122,10 +109,7 @@ impl LayerMounts {
     }
 
     fn is_known(&self, digest: &Digest) -> bool {
-        self.mounted
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .contains(digest)
+        self.mounted.read().unwrap_or_else(|p| p.into_inner()).contains(digest)
     }
 
     /// Mounts the blob of `digest` read-only at `<dir>/<hex>` unless it is
@@ -149,33 +133,16 @@ impl LayerMounts {
                     self.set_mut().insert(*digest);
                     return Ok(target);
                 }
-                if crate::mountinfo::is_mount_point(&target)
-                    .map_err(io_err("reading mountinfo for", &target))?
-                {
+                if crate::mountinfo::is_mount_point(&target).map_err(io_err("reading mountinfo for", &target))? {
                     return Err(MountError::Occupied { target });
                 }
             }
             Err(e) => return Err(io_err("creating mountpoint", &target)(e)),
         }
-        let result = erofs::check_image_file(blob)
-            .map_err(|source| MountError::CorruptBlob {
-                path: blob.to_path_buf(),
-                source,
-            })
-            .and_then(|_| {
-                mount(
-                    blob,
-                    &target,
-                    "erofs",
-                    MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID,
-                    None,
-                )
-                .map_err(|e| MountError::Mount {
-                    digest: *digest,
-                    blob: blob.to_path_buf(),
-                    target: target.clone(),
-                    source: e.into(),
-                })
+        let result =
+            erofs::check_image_file(blob).map_err(|source| MountError::CorruptBlob { path: blob.to_path_buf(), source }).and_then(|_| {
+                mount(blob, &target, "erofs", MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID, None)
+                    .map_err(|e| MountError::Mount { digest: *digest, blob: blob.to_path_buf(), target: target.clone(), source: e.into() })
             });
         if let Err(e) = result {
             let _ = std::fs::remove_dir(&target);
@@ -188,11 +155,7 @@ impl LayerMounts {
     /// Mounts every layer of `image`; paths bottom first, like the manifest.
     /// (overlayfs wants `lowerdir=` topmost first: reverse them.)
     pub fn mount_image(&self, image: &ResolvedImage) -> Result<Vec<PathBuf>, MountError> {
-        image
-            .layers
-            .iter()
-            .map(|l| self.mount(&l.digest, &l.path))
-            .collect()
+        image.layers.iter().map(|l| self.mount(&l.digest, &l.path)).collect()
     }
 
     /// Detaches the mount of `digest` (lazily: sandboxes whose overlays use
@@ -209,12 +172,7 @@ impl LayerMounts {
             match unmount(&target, UnmountFlags::DETACH) {
                 Ok(()) => unmounted = true,
                 Err(Errno::INVAL) | Err(Errno::NOENT) => break,
-                Err(e) => {
-                    return Err(MountError::Unmount {
-                        target,
-                        source: e.into(),
-                    })
-                }
+                Err(e) => return Err(MountError::Unmount { target, source: e.into() }),
             }
         }
         match std::fs::remove_dir(&target) {
@@ -228,8 +186,7 @@ impl LayerMounts {
     /// Layers mounted under `dir`, from the kernel's mount table (so it
     /// includes what an earlier process mounted).
     pub fn mounted(&self) -> Result<Vec<Digest>, MountError> {
-        let entries =
-            mountinfo::read().map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
+        let entries = mountinfo::read().map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
         let mut found: Vec<Digest> = entries
             .into_iter()
             .filter(|m| m.fs_type == "erofs" && m.mount_point.parent() == Some(self.dir.as_path()))
@@ -246,8 +203,7 @@ impl LayerMounts {
     /// digests. Sandboxes whose overlays use one keep a mount that fails
     /// reads of what is not in the page cache; new ones mount it afresh.
     pub fn unmount_backed_by(&self, files: &Path) -> Result<Vec<Digest>, MountError> {
-        let entries =
-            mountinfo::read().map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
+        let entries = mountinfo::read().map_err(io_err("reading", Path::new("/proc/self/mountinfo")))?;
         let mut dead: Vec<Digest> = entries
             .into_iter()
             .filter(|m| m.fs_type == "erofs" && m.mount_point.parent() == Some(self.dir.as_path()))
@@ -283,10 +239,7 @@ impl LayerMounts {
         let _change = self.change.lock().unwrap_or_else(|p| p.into_inner());
         match unmount(&self.dir, UnmountFlags::DETACH) {
             Ok(()) | Err(Errno::INVAL) | Err(Errno::NOENT) => Ok(()),
-            Err(e) => Err(MountError::Unmount {
-                target: self.dir.clone(),
-                source: e.into(),
-            }),
+            Err(e) => Err(MountError::Unmount { target: self.dir.clone(), source: e.into() }),
         }
     }
 }

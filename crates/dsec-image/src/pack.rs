@@ -66,11 +66,7 @@ impl Stamp {
             // bumps the ctime of all of them: a whiteout is only a whiteout.
             return Stamp { ino: 0, ctime_ns: 0, size: 0 };
         }
-        Stamp {
-            ino: m.ino(),
-            ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128,
-            size: m.size(),
-        }
+        Stamp { ino: m.ino(), ctime_ns: m.ctime() as i128 * 1_000_000_000 + m.ctime_nsec() as i128, size: m.size() }
     }
 }
 
@@ -122,12 +118,7 @@ impl ScrubPattern {
 
     fn matches(&self, rel: &Path) -> bool {
         let comps: Vec<&OsStr> = rel.iter().collect();
-        comps.len() == self.0.len()
-            && self
-                .0
-                .iter()
-                .zip(comps)
-                .all(|(p, c)| glob_component(p.as_bytes(), c.as_bytes()))
+        comps.len() == self.0.len() && self.0.iter().zip(comps).all(|(p, c)| glob_component(p.as_bytes(), c.as_bytes()))
     }
 }
 
@@ -160,15 +151,8 @@ impl PackScratch {
     ) -> Result<PackScratch, BuildError> {
         let build = BuildDir::new(store, "pack")?;
         let root = build.make_root()?;
-        let mut walk = Walk {
-            upper,
-            root: &root,
-            previous,
-            scrub,
-            index: PackIndex::default(),
-            stats: DiffStats::default(),
-            links: HashMap::new(),
-        };
+        let mut walk =
+            Walk { upper, root: &root, previous, scrub, index: PackIndex::default(), stats: DiffStats::default(), links: HashMap::new() };
         walk.dir(Path::new("")).map_err(io_err("copying the writable layer", upper))?;
         let (index, mut stats) = (walk.index, walk.stats);
         // Gone since the previous pack: hide them from its layer.
@@ -340,14 +324,8 @@ fn copy_owner_mode(dst: &Path, meta: &fs::Metadata) -> io::Result<()> {
 }
 
 fn set_times(dst: &Path, meta: &fs::Metadata) -> io::Result<()> {
-    let mtime = Timespec {
-        tv_sec: meta.mtime(),
-        tv_nsec: meta.mtime_nsec() as _,
-    };
-    let times = Timestamps {
-        last_access: mtime,
-        last_modification: mtime,
-    };
+    let mtime = Timespec { tv_sec: meta.mtime(), tv_nsec: meta.mtime_nsec() as _ };
+    let times = Timestamps { last_access: mtime, last_modification: mtime };
     rustix::fs::utimensat(CWD, dst, &times, rustix::fs::AtFlags::SYMLINK_NOFOLLOW)?;
     Ok(())
 }
@@ -363,9 +341,7 @@ fn copy_xattrs(src: &Path, dst: &Path, opaque: bool) -> io::Result<()> {
     };
     for name in names[..n].split(|b| *b == 0).filter(|n| !n.is_empty()) {
         let name_str = String::from_utf8_lossy(name);
-        let keep = (opaque && name_str == OPAQUE_XATTR)
-            || name_str.starts_with("user.")
-            || name_str.starts_with("security.capability");
+        let keep = (opaque && name_str == OPAQUE_XATTR) || name_str.starts_with("user.") || name_str.starts_with("security.capability");
         if !keep {
             continue;
         }

@@ -33,11 +33,7 @@ pub struct ProgressFn<F>(pub F);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProgressEvent<'a> {
     Stage(&'a str),
-    Advance {
-        done: u64,
-        total: Option<u64>,
-        unit: Unit,
-    },
+    Advance { done: u64, total: Option<u64>, unit: Unit },
 }
 
 impl<F: Fn(ProgressEvent<'_>) + Send + Sync> Progress for ProgressFn<F> {

@@ -10,15 +10,9 @@ pub const MAX_TAG_LEN: usize = 128;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ReferenceError {
     #[error("invalid image reference `{reference}`: name {reason}")]
-    InvalidName {
-        reference: String,
-        reason: &'static str,
-    },
+    InvalidName { reference: String, reason: &'static str },
     #[error("invalid image reference `{reference}`: tag {reason}")]
-    InvalidTag {
-        reference: String,
-        reason: &'static str,
-    },
+    InvalidTag { reference: String, reason: &'static str },
 }
 
 /// A validated `name:tag`.
@@ -35,18 +29,9 @@ pub struct Reference {
 impl Reference {
     pub fn new(name: &str, tag: &str) -> Result<Self, ReferenceError> {
         let whole = format!("{name}:{tag}");
-        validate_name(name).map_err(|reason| ReferenceError::InvalidName {
-            reference: whole.clone(),
-            reason,
-        })?;
-        validate_tag(tag).map_err(|reason| ReferenceError::InvalidTag {
-            reference: whole,
-            reason,
-        })?;
-        Ok(Reference {
-            name: name.to_string(),
-            tag: tag.to_string(),
-        })
+        validate_name(name).map_err(|reason| ReferenceError::InvalidName { reference: whole.clone(), reason })?;
+        validate_tag(tag).map_err(|reason| ReferenceError::InvalidTag { reference: whole, reason })?;
+        Ok(Reference { name: name.to_string(), tag: tag.to_string() })
     }
 
     pub fn name(&self) -> &str {
@@ -64,18 +49,9 @@ impl FromStr for Reference {
     fn from_str(s: &str) -> Result<Self, ReferenceError> {
         // Names never contain ':', so the first ':' (if any) starts the tag.
         let (name, tag) = s.split_once(':').unwrap_or((s, DEFAULT_TAG));
-        validate_name(name).map_err(|reason| ReferenceError::InvalidName {
-            reference: s.to_string(),
-            reason,
-        })?;
-        validate_tag(tag).map_err(|reason| ReferenceError::InvalidTag {
-            reference: s.to_string(),
-            reason,
-        })?;
-        Ok(Reference {
-            name: name.to_string(),
-            tag: tag.to_string(),
-        })
+        validate_name(name).map_err(|reason| ReferenceError::InvalidName { reference: s.to_string(), reason })?;
+        validate_tag(tag).map_err(|reason| ReferenceError::InvalidTag { reference: s.to_string(), reason })?;
+        Ok(Reference { name: name.to_string(), tag: tag.to_string() })
     }
 }
 
@@ -92,10 +68,7 @@ fn validate_name(name: &str) -> Result<(), &'static str> {
     if name.len() > MAX_NAME_LEN {
         return Err("is longer than 128 characters");
     }
-    if !name
-        .bytes()
-        .all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b'/'))
-    {
+    if !name.bytes().all(|b| matches!(b, b'a'..=b'z' | b'0'..=b'9' | b'.' | b'_' | b'-' | b'/')) {
         return Err("may contain only lowercase letters, digits, '.', '_', '-' and '/'");
     }
     for component in name.split('/') {
@@ -118,10 +91,7 @@ fn validate_tag(tag: &str) -> Result<(), &'static str> {
     if tag.len() > MAX_TAG_LEN {
         return Err("is longer than 128 characters");
     }
-    if !tag
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-'))
-    {
+    if !tag.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')) {
         return Err("may contain only letters, digits, '.', '_' and '-'");
     }
     if !tag.as_bytes()[0].is_ascii_alphanumeric() && tag.as_bytes()[0] != b'_' {
@@ -152,10 +122,7 @@ mod tests {
 
     #[test]
     fn rejects_bad_names() {
-        for bad in [
-            "", "Python", "a b", "/abs", "trail/", "a//b", "../x", "a/./b", ".hidden", "-opt",
-            "a@b", "a+b", "ümlaut", ":tag",
-        ] {
+        for bad in ["", "Python", "a b", "/abs", "trail/", "a//b", "../x", "a/./b", ".hidden", "-opt", "a@b", "a+b", "ümlaut", ":tag"] {
             match bad.parse::<Reference>() {
                 Err(ReferenceError::InvalidName { reference, .. }) => assert_eq!(reference, bad),
                 other => panic!("{bad:?} gave {other:?}"),
@@ -168,17 +135,9 @@ mod tests {
     #[test]
     fn rejects_bad_tags() {
         for bad in ["a:", "a:b:c", "a:.x", "a:-x", "a:x/y", "a:x@y"] {
-            assert!(
-                matches!(
-                    bad.parse::<Reference>(),
-                    Err(ReferenceError::InvalidTag { .. })
-                ),
-                "{bad}"
-            );
+            assert!(matches!(bad.parse::<Reference>(), Err(ReferenceError::InvalidTag { .. })), "{bad}");
         }
-        assert!(format!("a:{}", "t".repeat(129))
-            .parse::<Reference>()
-            .is_err());
+        assert!(format!("a:{}", "t".repeat(129)).parse::<Reference>().is_err());
         let msg = "a:x/y".parse::<Reference>().unwrap_err().to_string();
         assert!(msg.contains("a:x/y") && msg.contains("tag"), "{msg}");
     }

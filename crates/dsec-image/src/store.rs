@@ -47,17 +47,9 @@ pub enum ImageError {
     #[error("digest mismatch: expected {expected}, the content is {actual}")]
     DigestMismatch { expected: Digest, actual: Digest },
     #[error("image `{reference}` names layer {digest}, whose blob {path} is missing")]
-    MissingBlob {
-        reference: String,
-        digest: Digest,
-        path: PathBuf,
-    },
+    MissingBlob { reference: String, digest: Digest, path: PathBuf },
     #[error("layer {digest} should be {expected} bytes but its blob is {actual} bytes")]
-    BlobSizeMismatch {
-        digest: Digest,
-        expected: u64,
-        actual: u64,
-    },
+    BlobSizeMismatch { digest: Digest, expected: u64, actual: u64 },
     #[error("manifest {path}: {source}")]
     Manifest {
         path: PathBuf,
@@ -80,21 +72,12 @@ pub enum ImageError {
 }
 
 /// Maps an I/O error to `DiskFull` or `Io` with context.
-pub(crate) fn io_err<'a>(
-    context: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> ImageError + 'a {
+pub(crate) fn io_err<'a>(context: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> ImageError + 'a {
     move |source| {
         if is_enospc(&source) {
-            ImageError::DiskFull {
-                path: path.to_path_buf(),
-            }
+            ImageError::DiskFull { path: path.to_path_buf() }
         } else {
-            ImageError::Io {
-                context,
-                path: path.to_path_buf(),
-                source,
-            }
+            ImageError::Io { context, path: path.to_path_buf(), source }
         }
     }
 }
@@ -191,9 +174,7 @@ impl ImageStore {
     pub fn open(root: impl AsRef<Path>) -> Result<ImageStore, ImageError> {
         let root = root.as_ref();
         fs::create_dir_all(root).map_err(io_err("creating store directory", root))?;
-        let root = root
-            .canonicalize()
-            .map_err(io_err("resolving store directory", root))?;
+        let root = root.canonicalize().map_err(io_err("resolving store directory", root))?;
         let store = ImageStore {
             blobs: root.join("blobs").join("sha256"),
             manifests: root.join("manifests"),
@@ -227,8 +208,7 @@ impl ImageStore {
         let path = self.chunk_table_path(digest);
         let mut temp = self.temp_file()?;
         temp.write_all(bytes).map_err(io_err("writing chunk table", temp.path()))?;
-        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o444))
-            .map_err(io_err("setting permissions of", temp.path()))?;
+        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o444)).map_err(io_err("setting permissions of", temp.path()))?;
         temp.persist(&path).map_err(|e| io_err("publishing chunk table", &path)(e.error))?;
         Ok(())
     }
@@ -258,11 +238,7 @@ impl ImageStore {
     fn manifest_path(&self, reference: &Reference) -> PathBuf {
         // '+' and '@' are valid in neither names nor tags: the encoding is
         // reversible and flat (no directory per name component to clean up).
-        let file = format!(
-            "{}@{}.json",
-            reference.name().replace('/', "+"),
-            reference.tag()
-        );
+        let file = format!("{}@{}.json", reference.name().replace('/', "+"), reference.tag());
         self.manifests.join(file)
     }
 
@@ -282,12 +258,7 @@ impl ImageStore {
 
     fn lock(&self, op: FlockOperation) -> Result<WriteLock, ImageError> {
         let path = self.root.join("gc.lock");
-        let file = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(io_err("opening lock file", &path))?;
+        let file = OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(io_err("opening lock file", &path))?;
         flock(&file, op).map_err(|e| io_err("locking", &path)(e.into()))?;
         Ok(WriteLock { _file: file })
     }
@@ -310,14 +281,8 @@ impl ImageStore {
             Err(e) => return Err(io_err("reading manifest", &path)(e)),
         };
         let stamp = FileStamp::of(&meta);
-        let blobs_stamp =
-            FileStamp::of(&fs::metadata(&self.blobs).map_err(io_err("reading", &self.blobs))?);
-        if let Some(hit) = self
-            .cache
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .get(reference)
-        {
+        let blobs_stamp = FileStamp::of(&fs::metadata(&self.blobs).map_err(io_err("reading", &self.blobs))?);
+        if let Some(hit) = self.cache.read().unwrap_or_else(|p| p.into_inner()).get(reference) {
             if hit.stamp == stamp && hit.blobs_stamp == blobs_stamp {
                 return Ok(Arc::clone(&hit.image));
             }
@@ -327,47 +292,26 @@ impl ImageStore {
         // racing with us cannot pair an old stamp with new content.
         let mut file = match File::open(&path) {
             Ok(f) => f,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ImageError::ImageNotFound(reference.to_string()))
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ImageError::ImageNotFound(reference.to_string())),
             Err(e) => return Err(io_err("reading manifest", &path)(e)),
         };
         let stamp = FileStamp::of(&file.metadata().map_err(io_err("reading manifest", &path))?);
         let mut bytes = Vec::with_capacity(stamp.size as usize);
-        file.read_to_end(&mut bytes)
-            .map_err(io_err("reading manifest", &path))?;
-        let manifest = Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest {
-            path: path.clone(),
-            source,
-        })?;
+        file.read_to_end(&mut bytes).map_err(io_err("reading manifest", &path))?;
+        let manifest = Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest { path: path.clone(), source })?;
         let layers = self.check_layers(reference, &manifest)?;
-        let image = Arc::new(ResolvedImage {
-            reference: reference.clone(),
-            manifest,
-            layers,
-        });
+        let image = Arc::new(ResolvedImage { reference: reference.clone(), manifest, layers });
         self.cache
             .write()
             .unwrap_or_else(|p| p.into_inner())
-            .insert(
-                reference.clone(),
-                Cached {
-                    stamp,
-                    blobs_stamp,
-                    image: Arc::clone(&image),
-                },
-            );
+            .insert(reference.clone(), Cached { stamp, blobs_stamp, image: Arc::clone(&image) });
         Ok(image)
     }
 
     /// Every blob a manifest names must be present with the recorded size.
     /// (Content was verified against the digest when the blob was imported;
     /// re-hashing 100+ MB per resolve is not affordable.)
-    fn check_layers(
-        &self,
-        reference: &Reference,
-        manifest: &Manifest,
-    ) -> Result<Vec<ResolvedLayer>, ImageError> {
+    fn check_layers(&self, reference: &Reference, manifest: &Manifest) -> Result<Vec<ResolvedLayer>, ImageError> {
         manifest
             .layers
             .iter()
@@ -375,37 +319,21 @@ impl ImageStore {
                 let path = self.blob_path(&layer.digest);
                 let meta = fs::metadata(&path).map_err(|e| {
                     if e.kind() == io::ErrorKind::NotFound {
-                        ImageError::MissingBlob {
-                            reference: reference.to_string(),
-                            digest: layer.digest,
-                            path: path.clone(),
-                        }
+                        ImageError::MissingBlob { reference: reference.to_string(), digest: layer.digest, path: path.clone() }
                     } else {
                         io_err("reading layer blob", &path)(e)
                     }
                 })?;
                 if meta.len() != layer.size {
-                    return Err(ImageError::BlobSizeMismatch {
-                        digest: layer.digest,
-                        expected: layer.size,
-                        actual: meta.len(),
-                    });
+                    return Err(ImageError::BlobSizeMismatch { digest: layer.digest, expected: layer.size, actual: meta.len() });
                 }
-                Ok(ResolvedLayer {
-                    digest: layer.digest,
-                    kind: layer.kind,
-                    size: layer.size,
-                    path,
-                })
+                Ok(ResolvedLayer { digest: layer.digest, kind: layer.kind, size: layer.size, path })
             })
             .collect()
     }
 
     fn forget(&self, reference: &Reference) {
-        self.cache
-            .write()
-            .unwrap_or_else(|p| p.into_inner())
-            .remove(reference);
+        self.cache.write().unwrap_or_else(|p| p.into_inner()).remove(reference);
     }
 
     /// All stored images, sorted by reference. A manifest that cannot be
@@ -419,14 +347,8 @@ impl ImageStore {
                 Err(e) if e.kind() == io::ErrorKind::NotFound => continue,
                 Err(e) => return Err(io_err("reading manifest", &path)(e)),
             };
-            let manifest = Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest {
-                path: path.clone(),
-                source,
-            })?;
-            out.push(ImageEntry {
-                reference,
-                manifest,
-            });
+            let manifest = Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest { path: path.clone(), source })?;
+            out.push(ImageEntry { reference, manifest });
         }
         out.sort_by(|a, b| a.reference.cmp(&b.reference));
         Ok(out)
@@ -449,43 +371,28 @@ impl ImageStore {
     /// Copies an EROFS image into the store. Verifies the superblock and,
     /// when `expected` is given, the digest; the blob becomes visible only
     /// once complete and verified.
-    pub fn put_layer_from_file(
-        &self,
-        src: &Path,
-        expected: Option<&Digest>,
-    ) -> Result<StoredLayer, ImageError> {
+    pub fn put_layer_from_file(&self, src: &Path, expected: Option<&Digest>) -> Result<StoredLayer, ImageError> {
         let file = File::open(src).map_err(io_err("opening layer file", src))?;
         self.put_layer_from_reader(file, expected)
     }
 
     /// Like [`put_layer_from_file`](Self::put_layer_from_file) for any byte stream.
-    pub fn put_layer_from_reader(
-        &self,
-        mut reader: impl Read,
-        expected: Option<&Digest>,
-    ) -> Result<StoredLayer, ImageError> {
+    pub fn put_layer_from_reader(&self, mut reader: impl Read, expected: Option<&Digest>) -> Result<StoredLayer, ImageError> {
         let _lock = self.write_lock()?;
         let temp = self.temp_file()?;
         let mut writer = HashingWriter::new(io::BufWriter::with_capacity(1 << 20, temp.as_file()));
         io::copy(&mut reader, &mut writer).map_err(io_err("writing layer", temp.path()))?;
-        writer
-            .flush()
-            .map_err(io_err("writing layer", temp.path()))?;
+        writer.flush().map_err(io_err("writing layer", temp.path()))?;
         let (digest, len) = writer.finish();
         self.commit_temp_layer(temp, digest, len, expected)
     }
 
     /// Publishes a layer written by a builder straight into a temp file of
     /// this store (no copy): hashes it, checks it, renames it into place.
-    pub(crate) fn put_layer_from_temp(
-        &self,
-        temp: NamedTempFile,
-        expected: Option<&Digest>,
-    ) -> Result<StoredLayer, ImageError> {
+    pub(crate) fn put_layer_from_temp(&self, temp: NamedTempFile, expected: Option<&Digest>) -> Result<StoredLayer, ImageError> {
         let _lock = self.write_lock()?;
         let (digest, len) =
-            Digest::of_reader(io::BufReader::with_capacity(1 << 20, temp.as_file()))
-                .map_err(io_err("reading layer", temp.path()))?;
+            Digest::of_reader(io::BufReader::with_capacity(1 << 20, temp.as_file())).map_err(io_err("reading layer", temp.path()))?;
         self.commit_temp_layer(temp, digest, len, expected)
     }
 
@@ -499,39 +406,21 @@ impl ImageStore {
     ) -> Result<StoredLayer, ImageError> {
         if let Some(expected) = expected {
             if *expected != actual {
-                return Err(ImageError::DigestMismatch {
-                    expected: *expected,
-                    actual,
-                });
+                return Err(ImageError::DigestMismatch { expected: *expected, actual });
             }
         }
-        erofs::check_image(temp.as_file(), len).map_err(|source| ImageError::CorruptBlob {
-            path: temp.path().to_path_buf(),
-            source,
-        })?;
+        erofs::check_image(temp.as_file(), len).map_err(|source| ImageError::CorruptBlob { path: temp.path().to_path_buf(), source })?;
         let path = self.blob_path(&actual);
         if path.is_file() {
             // Content-addressed: an existing blob with this name is this blob.
-            return Ok(StoredLayer {
-                digest: actual,
-                size: len,
-                path,
-            });
+            return Ok(StoredLayer { digest: actual, size: len, path });
         }
-        temp.as_file()
-            .sync_all()
-            .map_err(io_err("syncing layer", temp.path()))?;
+        temp.as_file().sync_all().map_err(io_err("syncing layer", temp.path()))?;
         // Read-only: a blob is immutable once published.
-        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o444))
-            .map_err(io_err("setting permissions of", temp.path()))?;
-        temp.persist(&path)
-            .map_err(|e| io_err("publishing layer", &path)(e.error))?;
+        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o444)).map_err(io_err("setting permissions of", temp.path()))?;
+        temp.persist(&path).map_err(|e| io_err("publishing layer", &path)(e.error))?;
         fsync_dir(&self.blobs).map_err(io_err("syncing", &self.blobs))?;
-        Ok(StoredLayer {
-            digest: actual,
-            size: len,
-            path,
-        })
+        Ok(StoredLayer { digest: actual, size: len, path })
     }
 
     /// Stores `manifest` under `reference`, replacing any previous one.
@@ -557,9 +446,7 @@ impl ImageStore {
         let path = self.manifest_path(reference);
         let bytes = match fs::read(&path) {
             Ok(b) => b,
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                return Err(ImageError::ImageNotFound(reference.to_string()))
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => return Err(ImageError::ImageNotFound(reference.to_string())),
             Err(e) => return Err(io_err("reading manifest", &path)(e)),
         };
         Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest { path, source })
@@ -569,21 +456,13 @@ impl ImageStore {
     /// write lock).
     fn write_manifest(&self, reference: &Reference, manifest: &Manifest) -> Result<(), ImageError> {
         let path = self.manifest_path(reference);
-        let json = manifest.to_json().map_err(|source| ImageError::Manifest {
-            path: path.clone(),
-            source,
-        })?;
+        let json = manifest.to_json().map_err(|source| ImageError::Manifest { path: path.clone(), source })?;
         let mut temp = self.temp_file()?;
-        temp.write_all(&json)
-            .map_err(io_err("writing manifest", temp.path()))?;
+        temp.write_all(&json).map_err(io_err("writing manifest", temp.path()))?;
         // Temp files are created 0600; manifests are not secret.
-        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o644))
-            .map_err(io_err("setting permissions of", temp.path()))?;
-        temp.as_file()
-            .sync_all()
-            .map_err(io_err("syncing manifest", temp.path()))?;
-        temp.persist(&path)
-            .map_err(|e| io_err("publishing manifest", &path)(e.error))?;
+        fs::set_permissions(temp.path(), fs::Permissions::from_mode(0o644)).map_err(io_err("setting permissions of", temp.path()))?;
+        temp.as_file().sync_all().map_err(io_err("syncing manifest", temp.path()))?;
+        temp.persist(&path).map_err(|e| io_err("publishing manifest", &path)(e.error))?;
         fsync_dir(&self.manifests).map_err(io_err("syncing", &self.manifests))?;
         self.forget(reference);
         Ok(())
@@ -597,9 +476,7 @@ impl ImageStore {
         self.forget(&reference);
         match result {
             Ok(()) => fsync_dir(&self.manifests).map_err(io_err("syncing", &self.manifests)),
-            Err(e) if e.kind() == io::ErrorKind::NotFound => {
-                Err(ImageError::ImageNotFound(reference.to_string()))
-            }
+            Err(e) if e.kind() == io::ErrorKind::NotFound => Err(ImageError::ImageNotFound(reference.to_string())),
             Err(e) => Err(io_err("removing manifest", &path)(e)),
         }
     }
@@ -609,11 +486,7 @@ impl ImageStore {
         let mut out = Vec::new();
         for entry in fs::read_dir(&self.blobs).map_err(io_err("listing", &self.blobs))? {
             let entry = entry.map_err(io_err("listing", &self.blobs))?;
-            let Some(digest) = entry
-                .file_name()
-                .to_str()
-                .and_then(|n| n.strip_suffix(".erofs"))
-                .and_then(|hex| Digest::from_hex(hex).ok())
+            let Some(digest) = entry.file_name().to_str().and_then(|n| n.strip_suffix(".erofs")).and_then(|hex| Digest::from_hex(hex).ok())
             else {
                 continue;
             };
@@ -702,11 +575,7 @@ impl ImageStore {
     // ---- temp space for builders --------------------------------------
 
     pub(crate) fn temp_file(&self) -> Result<NamedTempFile, ImageError> {
-        tempfile::Builder::new()
-            .prefix("layer-")
-            .suffix(".tmp")
-            .tempfile_in(&self.tmp)
-            .map_err(io_err("creating temp file in", &self.tmp))
+        tempfile::Builder::new().prefix("layer-").suffix(".tmp").tempfile_in(&self.tmp).map_err(io_err("creating temp file in", &self.tmp))
     }
 
     /// The directory builders put their scratch root filesystems in: inside
@@ -755,15 +624,11 @@ mod tests {
         let tmp = tempfile::tempdir().unwrap();
         let store = ImageStore::open(tmp.path()).unwrap();
         // Not an EROFS image.
-        let err = store
-            .put_layer_from_reader(&[7u8; 4096][..], None)
-            .unwrap_err();
+        let err = store.put_layer_from_reader(&[7u8; 4096][..], None).unwrap_err();
         assert!(matches!(err, ImageError::CorruptBlob { .. }), "{err}");
         // Wrong expected digest is refused before the content is even looked at.
         let wrong = Digest::of_bytes(b"other");
-        let err = store
-            .put_layer_from_reader(&[7u8; 4096][..], Some(&wrong))
-            .unwrap_err();
+        let err = store.put_layer_from_reader(&[7u8; 4096][..], Some(&wrong)).unwrap_err();
         assert!(matches!(err, ImageError::DigestMismatch { .. }), "{err}");
         assert_eq!(fs::read_dir(&store.tmp).unwrap().count(), 0);
         assert_eq!(fs::read_dir(&store.blobs).unwrap().count(), 0);
@@ -773,26 +638,16 @@ mod tests {
     fn unknown_and_invalid_references() {
         let tmp = tempfile::tempdir().unwrap();
         let store = ImageStore::open(tmp.path()).unwrap();
-        assert!(
-            matches!(store.resolve("nope"), Err(ImageError::ImageNotFound(r)) if r == "nope:latest")
-        );
-        assert!(matches!(
-            store.resolve("Bad Name"),
-            Err(ImageError::InvalidReference(_))
-        ));
-        assert!(matches!(
-            store.remove("nope:1"),
-            Err(ImageError::ImageNotFound(_))
-        ));
+        assert!(matches!(store.resolve("nope"), Err(ImageError::ImageNotFound(r)) if r == "nope:latest"));
+        assert!(matches!(store.resolve("Bad Name"), Err(ImageError::InvalidReference(_))));
+        assert!(matches!(store.remove("nope:1"), Err(ImageError::ImageNotFound(_))));
         assert!(store.list().unwrap().is_empty());
     }
 
     #[test]
     fn disk_full_is_typed() {
         let path = Path::new("/x");
-        let e = io_err("writing", path)(io::Error::from_raw_os_error(
-            rustix::io::Errno::NOSPC.raw_os_error(),
-        ));
+        let e = io_err("writing", path)(io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error()));
         assert!(matches!(e, ImageError::DiskFull { .. }));
         assert_eq!(e.to_string(), "disk full while writing /x");
     }

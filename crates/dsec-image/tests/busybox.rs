@@ -8,20 +8,12 @@ use std::os::unix::fs::MetadataExt;
 
 use common::{temp_entries, Env};
 use dsec_image::build::{build_layer_busybox, BusyboxRecipe};
-use dsec_image::{
-    build_default_image, BuildError, BuildOptions, DefaultImage, LayerKind, NoProgress,
-};
+use dsec_image::{build_default_image, BuildError, BuildOptions, DefaultImage, LayerKind, NoProgress};
 
 #[test]
 fn busybox_recipe_builds_a_usable_root() {
     let env = Env::new();
-    let layer = build_layer_busybox(
-        &env.store,
-        &BusyboxRecipe::default(),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap();
+    let layer = build_layer_busybox(&env.store, &BusyboxRecipe::default(), &BuildOptions::default(), &NoProgress).unwrap();
     assert_eq!(temp_entries(&env.store), 0);
     let root = env.mounts.mount(&layer.digest, &layer.path).unwrap();
 
@@ -30,25 +22,12 @@ fn busybox_recipe_builds_a_usable_root() {
     let sh = fs::read_link(root.join("bin/sh")).unwrap();
     assert!(sh.ends_with("busybox"), "{}", sh.display());
     for applet in ["bin/ls", "bin/cat"] {
-        assert!(
-            fs::read_link(root.join(applet))
-                .unwrap()
-                .ends_with("busybox"),
-            "{applet}"
-        );
+        assert!(fs::read_link(root.join(applet)).unwrap().ends_with("busybox"), "{applet}");
     }
 
     let passwd = fs::read_to_string(root.join("etc/passwd")).unwrap();
-    assert!(
-        passwd.lines().any(|l| l.starts_with("root:x:0:0:")),
-        "{passwd}"
-    );
-    assert!(
-        passwd
-            .lines()
-            .any(|l| l == "user:x:1000:1000:user:/home/user:/bin/sh"),
-        "{passwd}"
-    );
+    assert!(passwd.lines().any(|l| l.starts_with("root:x:0:0:")), "{passwd}");
+    assert!(passwd.lines().any(|l| l == "user:x:1000:1000:user:/home/user:/bin/sh"), "{passwd}");
     let group = fs::read_to_string(root.join("etc/group")).unwrap();
     assert!(group.lines().any(|l| l == "user:x:1000:"), "{group}");
 
@@ -66,25 +45,18 @@ fn busybox_recipe_builds_a_usable_root() {
 #[test]
 fn busybox_default_image_is_named_and_resolvable() {
     let env = Env::new();
-    let image =
-        build_default_image(&env.store, DefaultImage::Busybox, &NoProgress, "unused").unwrap();
+    let image = build_default_image(&env.store, DefaultImage::Busybox, &NoProgress, "unused").unwrap();
     assert_eq!(image.reference.to_string(), "busybox:latest");
     assert_eq!(image.layers.len(), 1);
     assert_eq!(image.layers[0].kind, LayerKind::Base);
-    assert_eq!(
-        env.store.resolve("busybox").unwrap().manifest,
-        image.manifest
-    );
+    assert_eq!(env.store.resolve("busybox").unwrap().manifest, image.manifest);
 }
 
 #[test]
 fn a_dynamic_busybox_is_refused() {
     let env = Env::new();
     // Any dynamically linked program stands in for a non-static busybox.
-    let recipe = BusyboxRecipe {
-        busybox: Some(std::env::current_exe().unwrap()),
-    };
-    let err = build_layer_busybox(&env.store, &recipe, &BuildOptions::default(), &NoProgress)
-        .unwrap_err();
+    let recipe = BusyboxRecipe { busybox: Some(std::env::current_exe().unwrap()) };
+    let err = build_layer_busybox(&env.store, &recipe, &BuildOptions::default(), &NoProgress).unwrap_err();
     assert!(matches!(err, BuildError::BusyboxNotStatic { .. }), "{err}");
 }

@@ -11,14 +11,10 @@ use std::time::Instant;
 
 use common::{temp_entries, Env};
 use dsec_image::build::DEFAULT_MIRROR;
-use dsec_image::{
-    ensure_default_images, DefaultImage, Ensured, NoProgress, ProgressEvent, ProgressFn,
-};
+use dsec_image::{ensure_default_images, DefaultImage, Ensured, NoProgress, ProgressEvent, ProgressFn};
 
 fn on_path(program: &str) -> bool {
-    std::env::var_os("PATH")
-        .map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file()))
-        .unwrap_or(false)
+    std::env::var_os("PATH").map(|p| std::env::split_paths(&p).any(|d| d.join(program).is_file())).unwrap_or(false)
 }
 
 fn files_under(dir: &Path) -> Vec<String> {
@@ -55,46 +51,24 @@ fn default_images_from_debootstrap() {
     eprintln!("first setup: {:.1?}", started.elapsed());
     assert_eq!(
         outcome,
-        [
-            (DefaultImage::Busybox, Ensured::Built),
-            (DefaultImage::Python, Ensured::Built),
-            (DefaultImage::Judge, Ensured::Built)
-        ]
+        [(DefaultImage::Busybox, Ensured::Built), (DefaultImage::Python, Ensured::Built), (DefaultImage::Judge, Ensured::Built)]
     );
-    assert!(
-        stages
-            .lock()
-            .unwrap()
-            .iter()
-            .any(|s| s.starts_with("I: Retrieving")),
-        "debootstrap's output reached the progress callback"
-    );
+    assert!(stages.lock().unwrap().iter().any(|s| s.starts_with("I: Retrieving")), "debootstrap's output reached the progress callback");
     assert_eq!(temp_entries(&env.store), 0, "build root removed");
 
     let image = env.store.resolve("python").unwrap();
-    assert!(image
-        .manifest
-        .config
-        .env
-        .iter()
-        .any(|e| e.starts_with("PATH=")));
+    assert!(image.manifest.config.env.iter().any(|e| e.starts_with("PATH=")));
     let root = env.mounts.mount_image(&image).unwrap().pop().unwrap();
     // Present, not executed: nothing from the image runs on the host.
     let python = fs::symlink_metadata(root.join("usr/bin/python3")).unwrap();
     assert!(python.file_type().is_symlink() || python.is_file());
-    assert!(
-        root.join("usr/bin/python3").exists(),
-        "python3 resolves inside the image"
-    );
+    assert!(root.join("usr/bin/python3").exists(), "python3 resolves inside the image");
     assert!(root.join("usr/bin/git").is_file());
     assert!(root.join("usr/lib/python3/dist-packages/pytest").is_dir());
     assert!(root.join("usr/lib/python3/dist-packages/pip").is_dir());
 
     let passwd = fs::read_to_string(root.join("etc/passwd")).unwrap();
-    assert!(
-        passwd.lines().any(|l| l.starts_with("user:x:1000:1000:")),
-        "{passwd}"
-    );
+    assert!(passwd.lines().any(|l| l.starts_with("user:x:1000:1000:")), "{passwd}");
     let shadow = fs::read_to_string(root.join("etc/shadow")).unwrap();
     assert!(shadow.lines().any(|l| l.starts_with("user:")));
     let home = fs::metadata(root.join("home/user")).unwrap();
@@ -102,21 +76,31 @@ fn default_images_from_debootstrap() {
     assert!(root.join("home/user/.bashrc").is_file(), "skel copied");
 
     // Cleaned: no package lists, downloaded debs or logs.
-    let lists: Vec<_> = files_under(&root.join("var/lib/apt/lists"))
-        .into_iter()
-        .filter(|f| !f.ends_with("/lock"))
-        .collect();
+    let lists: Vec<_> = files_under(&root.join("var/lib/apt/lists")).into_iter().filter(|f| !f.ends_with("/lock")).collect();
     assert!(lists.is_empty(), "{lists:?}");
-    assert!(files_under(&root.join("var/cache/apt/archives"))
-        .iter()
-        .all(|f| !f.ends_with(".deb")));
+    assert!(files_under(&root.join("var/cache/apt/archives")).iter().all(|f| !f.ends_with(".deb")));
     assert!(files_under(&root.join("var/log")).is_empty());
     eprintln!("python image: {} bytes", image.manifest.size_bytes);
 
     // The FnCall runners' image carries the judge's toolchains.
     let judge = env.store.resolve("judge").unwrap();
     let root = env.mounts.mount_image(&judge).unwrap().pop().unwrap();
-    for tool in ["usr/bin/python3", "usr/bin/gcc", "usr/bin/g++", "usr/include/stdio.h", "bin/bash", "usr/bin/javac", "usr/bin/jar", "usr/bin/node", "usr/bin/go", "usr/bin/rustc", "usr/bin/php", "usr/bin/ruby", "usr/bin/perl", "usr/bin/lua5.4"] {
+    for tool in [
+        "usr/bin/python3",
+        "usr/bin/gcc",
+        "usr/bin/g++",
+        "usr/include/stdio.h",
+        "bin/bash",
+        "usr/bin/javac",
+        "usr/bin/jar",
+        "usr/bin/node",
+        "usr/bin/go",
+        "usr/bin/rustc",
+        "usr/bin/php",
+        "usr/bin/ruby",
+        "usr/bin/perl",
+        "usr/bin/lua5.4",
+    ] {
         let found = resolve_in_image(&root, tool);
         assert!(found.as_ref().is_some_and(|p| p.is_file()), "judge image lacks {tool} (resolved: {found:?})");
     }

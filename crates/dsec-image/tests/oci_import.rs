@@ -136,11 +136,7 @@ fn layers() -> Vec<Vec<u8>> {
             E::File(".wh.dirgone", ""),
             E::File("bin/tool", "tool v2\n"),
         ]),
-        layer_tar(&[
-            E::Dir("dirgone"),
-            E::File("dirgone/again", "recreated\n"),
-            E::File("etc/.wh.keep-not-there", ""),
-        ]),
+        layer_tar(&[E::Dir("dirgone"), E::File("dirgone/again", "recreated\n"), E::File("etc/.wh.keep-not-there", "")]),
     ]
 }
 
@@ -167,9 +163,7 @@ impl View {
             &target,
             "overlay",
             MountFlags::RDONLY,
-            std::ffi::CString::new(format!("lowerdir={}", dirs.join(":")))
-                .unwrap()
-                .as_c_str(),
+            std::ffi::CString::new(format!("lowerdir={}", dirs.join(":"))).unwrap().as_c_str(),
         )
         .unwrap();
         View { target }
@@ -220,11 +214,7 @@ fn whiteouts_and_opaque_dirs_hold_whether_layers_are_merged_or_not() {
 
     // Each its own dsec layer: deletions become overlay whiteouts and
     // opaque directories that hide the lower layers' files.
-    let options = ImportOptions {
-        reference: Some("tool:split".parse().unwrap()),
-        merge_below: 0,
-        ..ImportOptions::default()
-    };
+    let options = ImportOptions { reference: Some("tool:split".parse().unwrap()), merge_below: 0, ..ImportOptions::default() };
     let split = import_path(&env.store, &src, &options, &NoProgress).unwrap();
     assert_eq!(split.image.layers.len(), 3);
     let view = View::new(&env, &split.image);
@@ -251,10 +241,7 @@ fn a_corrupt_layer_stores_nothing() {
     fs::write(&blob, &data).unwrap();
 
     let err = import_path(&env.store, &src, &ImportOptions::default(), &NoProgress).unwrap_err();
-    assert!(
-        matches!(err, ImportError::DigestMismatch { .. } | ImportError::Layer { .. }),
-        "{err}"
-    );
+    assert!(matches!(err, ImportError::DigestMismatch { .. } | ImportError::Layer { .. }), "{err}");
     assert!(env.store.list().unwrap().is_empty());
     assert_eq!(temp_entries(&env.store), 0);
 
@@ -304,10 +291,7 @@ fn docker_save_archives_plain_and_gzipped() {
     assert_eq!(view.files(), expected_view());
     drop(view);
 
-    let options = ImportOptions {
-        reference: Some("saved:gz".parse::<Reference>().unwrap()),
-        ..ImportOptions::default()
-    };
+    let options = ImportOptions { reference: Some("saved:gz".parse::<Reference>().unwrap()), ..ImportOptions::default() };
     let b = import_path(&env.store, &gz, &options, &NoProgress).unwrap();
     assert_eq!(b.reference.to_string(), "saved:gz");
     let view = View::new(&env, &b.image);
@@ -334,11 +318,7 @@ fn bad_sources_are_refused_clearly() {
     let err = import_path(&env.store, &src, &ImportOptions::default(), &NoProgress).unwrap_err();
     assert!(matches!(err, ImportError::NoMatchingPlatform { .. }), "{err}");
     let options = ImportOptions {
-        platform: Some(Platform {
-            os: "linux".into(),
-            architecture: "arm64".into(),
-            variant: None,
-        }),
+        platform: Some(Platform { os: "linux".into(), architecture: "arm64".into(), variant: None }),
         ..ImportOptions::default()
     };
     // (Asked for explicitly, it imports: the files are only data here.)

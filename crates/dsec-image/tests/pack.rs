@@ -24,10 +24,7 @@ impl Drop for Mount {
 
 fn overlay(target: &Path, lowers_top_first: &[PathBuf], upper: Option<(&Path, &Path)>) -> Mount {
     fs::create_dir_all(target).unwrap();
-    let mut opts = format!(
-        "lowerdir={}",
-        lowers_top_first.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":")
-    );
+    let mut opts = format!("lowerdir={}", lowers_top_first.iter().map(|p| p.display().to_string()).collect::<Vec<_>>().join(":"));
     if let Some((u, w)) = upper {
         opts += &format!(",upperdir={},workdir={},index=off,redirect_dir=off,metacopy=off", u.display(), w.display());
     }

@@ -11,8 +11,8 @@ use std::sync::{Arc, Barrier};
 use common::{blob_files, make_tree, mount_count, mount_options, temp_entries, Env};
 use dsec_image::build::build_layer_from_dir;
 use dsec_image::{
-    BuildOptions, Compression, Digest, ImageConfig, ImageError, LayerDescriptor, LayerKind,
-    LayerMounts, Manifest, MountError, NoProgress, Reference, StoredLayer,
+    BuildOptions, Compression, Digest, ImageConfig, ImageError, LayerDescriptor, LayerKind, LayerMounts, Manifest, MountError, NoProgress,
+    Reference, StoredLayer,
 };
 
 fn dir_layer(env: &Env, name: &str, extra: &str) -> StoredLayer {
@@ -24,14 +24,7 @@ fn dir_layer(env: &Env, name: &str, extra: &str) -> StoredLayer {
 
 fn put_single(env: &Env, reference: &str, layer: &StoredLayer, kind: LayerKind) -> Reference {
     let reference: Reference = reference.parse().unwrap();
-    let manifest = Manifest::new(
-        vec![LayerDescriptor {
-            digest: layer.digest,
-            kind,
-            size: layer.size,
-        }],
-        ImageConfig::default(),
-    );
+    let manifest = Manifest::new(vec![LayerDescriptor { digest: layer.digest, kind, size: layer.size }], ImageConfig::default());
     env.store.put_image(&reference, &manifest).unwrap();
     reference
 }
@@ -57,28 +50,16 @@ fn build_store_resolve_mount_read() {
     assert_eq!(image.manifest.size_bytes, layer.size);
     assert!(image.layers[0].path.is_absolute());
     // Cached: the same allocation comes back while the manifest is unchanged.
-    assert!(Arc::ptr_eq(
-        &image,
-        &env.store.resolve("tests/small:v1").unwrap()
-    ));
+    assert!(Arc::ptr_eq(&image, &env.store.resolve("tests/small:v1").unwrap()));
 
     let paths = env.mounts.mount_image(&image).unwrap();
     assert_eq!(paths, vec![env.mounts.path_of(&layer.digest)]);
     let root = &paths[0];
-    assert_eq!(
-        fs::read_to_string(root.join("etc/greeting")).unwrap(),
-        "hello from a layer\n"
-    );
+    assert_eq!(fs::read_to_string(root.join("etc/greeting")).unwrap(), "hello from a layer\n");
     let main = fs::metadata(root.join("home/user/project/main.py")).unwrap();
     assert_eq!((main.uid(), main.gid()), (1000, 1000));
-    assert_eq!(
-        fs::metadata(root.join("run.sh")).unwrap().mode() & 0o777,
-        0o755
-    );
-    assert_eq!(
-        fs::read_link(root.join("greeting-link")).unwrap().to_str(),
-        Some("etc/greeting")
-    );
+    assert_eq!(fs::metadata(root.join("run.sh")).unwrap().mode() & 0o777, 0o755);
+    assert_eq!(fs::read_link(root.join("greeting-link")).unwrap().to_str(), Some("etc/greeting"));
     assert!(root.join("empty").is_dir());
     let opts = mount_options(root).unwrap();
     for flag in ["ro", "nosuid", "nodev"] {
@@ -91,10 +72,7 @@ fn build_store_resolve_mount_read() {
     assert!(env.mounts.unmount(&layer.digest).unwrap());
     assert!(!root.exists(), "mountpoint removed");
     assert!(env.mounts.mounted().unwrap().is_empty());
-    assert!(
-        !env.mounts.unmount(&layer.digest).unwrap(),
-        "second unmount is a no-op"
-    );
+    assert!(!env.mounts.unmount(&layer.digest).unwrap(), "second unmount is a no-op");
 }
 
 #[test]
@@ -144,10 +122,7 @@ fn unmount_all_except_keeps_what_is_asked() {
     assert_ne!(a.digest, b.digest);
     env.mounts.mount(&a.digest, &a.path).unwrap();
     env.mounts.mount(&b.digest, &b.path).unwrap();
-    let removed = env
-        .mounts
-        .unmount_all_except(&HashSet::from([b.digest]))
-        .unwrap();
+    let removed = env.mounts.unmount_all_except(&HashSet::from([b.digest])).unwrap();
     assert_eq!(removed, vec![a.digest]);
     assert_eq!(env.mounts.mounted().unwrap(), vec![b.digest]);
     // Unmounting detaches lazily: a file opened through the mount stays readable.
@@ -190,33 +165,18 @@ fn corrupt_blobs_and_wrong_digests_are_refused() {
     let copy = env.path().join("copy.erofs");
     fs::write(&copy, &good).unwrap();
     let wrong = Digest::of_bytes(b"not it");
-    match env
-        .store
-        .put_layer_from_file(&copy, Some(&wrong))
-        .unwrap_err()
-    {
+    match env.store.put_layer_from_file(&copy, Some(&wrong)).unwrap_err() {
         ImageError::DigestMismatch { expected, actual } => {
             assert_eq!((expected, actual), (wrong, layer.digest));
         }
         other => panic!("{other}"),
     }
     // Right digest: accepted, deduplicated onto the existing blob.
-    let again = env
-        .store
-        .put_layer_from_file(&copy, Some(&layer.digest))
-        .unwrap();
+    let again = env.store.put_layer_from_file(&copy, Some(&layer.digest)).unwrap();
     assert_eq!(again, layer);
 
-    assert_eq!(
-        blob_files(&env.store),
-        blobs_before,
-        "nothing half-written became visible"
-    );
-    assert_eq!(
-        temp_entries(&env.store),
-        0,
-        "temp files cleaned on every error path"
-    );
+    assert_eq!(blob_files(&env.store), blobs_before, "nothing half-written became visible");
+    assert_eq!(temp_entries(&env.store), 0, "temp files cleaned on every error path");
 
     // The mount path checks too, and leaves no mountpoint behind.
     let fake = Digest::of_bytes(b"fake");
@@ -235,28 +195,16 @@ fn missing_blobs_are_reported() {
     env.store.resolve_ref(&reference).unwrap();
     fs::remove_file(&layer.path).unwrap();
     match env.store.resolve("gone").unwrap_err() {
-        ImageError::MissingBlob {
-            reference, digest, ..
-        } => {
+        ImageError::MissingBlob { reference, digest, .. } => {
             assert_eq!((reference.as_str(), digest), ("gone:latest", layer.digest));
         }
         other => panic!("{other}"),
     }
     // And a manifest naming a missing blob cannot be stored.
     let manifest = env.store.resolve("gone").err().map(|_| {
-        Manifest::new(
-            vec![LayerDescriptor {
-                digest: layer.digest,
-                kind: LayerKind::Base,
-                size: layer.size,
-            }],
-            ImageConfig::default(),
-        )
+        Manifest::new(vec![LayerDescriptor { digest: layer.digest, kind: LayerKind::Base, size: layer.size }], ImageConfig::default())
     });
-    let err = env
-        .store
-        .put_image(&"other".parse().unwrap(), &manifest.unwrap())
-        .unwrap_err();
+    let err = env.store.put_image(&"other".parse().unwrap(), &manifest.unwrap()).unwrap_err();
     assert!(matches!(err, ImageError::MissingBlob { .. }), "{err}");
 }
 
@@ -272,21 +220,10 @@ fn manifests_replace_list_remove_and_gc() {
     // Replacing a manifest is seen by the next resolve (cache invalidated).
     let two_layers = Manifest::new(
         vec![
-            LayerDescriptor {
-                digest: a.digest,
-                kind: LayerKind::Base,
-                size: a.size,
-            },
-            LayerDescriptor {
-                digest: b.digest,
-                kind: LayerKind::Toolkit,
-                size: b.size,
-            },
+            LayerDescriptor { digest: a.digest, kind: LayerKind::Base, size: a.size },
+            LayerDescriptor { digest: b.digest, kind: LayerKind::Toolkit, size: b.size },
         ],
-        ImageConfig {
-            workdir: "/work".into(),
-            ..ImageConfig::default()
-        },
+        ImageConfig { workdir: "/work".into(), ..ImageConfig::default() },
     );
     env.store.put_image(&r, &two_layers).unwrap();
     let second = env.store.resolve("app:latest").unwrap();
@@ -296,40 +233,22 @@ fn manifests_replace_list_remove_and_gc() {
     assert_eq!(second.layers[1].kind, LayerKind::Toolkit);
 
     put_single(&env, "ws/task-1:v2", &c, LayerKind::Workspace);
-    let listed: Vec<String> = env
-        .store
-        .list()
-        .unwrap()
-        .iter()
-        .map(|e| e.reference.to_string())
-        .collect();
+    let listed: Vec<String> = env.store.list().unwrap().iter().map(|e| e.reference.to_string()).collect();
     assert_eq!(listed, ["app:latest", "ws/task-1:v2"]);
 
     // All referenced: gc removes nothing.
     assert_eq!(env.store.gc(&HashSet::new()).unwrap().blobs_removed, 0);
     // Drop the workspace image: its blob goes, unless kept (e.g. mounted).
     env.store.remove("ws/task-1:v2").unwrap();
-    assert!(matches!(
-        env.store.resolve("ws/task-1:v2"),
-        Err(ImageError::ImageNotFound(_))
-    ));
-    assert_eq!(
-        env.store
-            .gc(&HashSet::from([c.digest]))
-            .unwrap()
-            .blobs_removed,
-        0
-    );
+    assert!(matches!(env.store.resolve("ws/task-1:v2"), Err(ImageError::ImageNotFound(_))));
+    assert_eq!(env.store.gc(&HashSet::from([c.digest])).unwrap().blobs_removed, 0);
     let stats = env.store.gc(&HashSet::new()).unwrap();
     assert_eq!((stats.blobs_removed, stats.bytes_removed), (1, c.size));
     assert!(!c.path.exists() && a.path.exists() && b.path.exists());
 
     env.store.remove("app").unwrap();
     let stats = env.store.gc(&HashSet::new()).unwrap();
-    assert_eq!(
-        (stats.blobs_removed, stats.bytes_removed),
-        (2, a.size + b.size)
-    );
+    assert_eq!((stats.blobs_removed, stats.bytes_removed), (2, a.size + b.size));
     assert!(blob_files(&env.store).is_empty());
     assert!(env.store.list().unwrap().is_empty());
 }
@@ -340,37 +259,17 @@ fn compressed_layers_mount_and_read() {
     let src = env.path().join("src");
     make_tree(&src);
     fs::write(src.join("big.txt"), "compressible line\n".repeat(50_000)).unwrap();
-    let plain =
-        build_layer_from_dir(&env.store, &src, &BuildOptions::default(), &NoProgress).unwrap();
-    let options = BuildOptions {
-        compression: Compression::Lz4hc { level: Some(9) },
-    };
+    let plain = build_layer_from_dir(&env.store, &src, &BuildOptions::default(), &NoProgress).unwrap();
+    let options = BuildOptions { compression: Compression::Lz4hc { level: Some(9) } };
     let packed = build_layer_from_dir(&env.store, &src, &options, &NoProgress).unwrap();
-    assert!(
-        packed.size < plain.size,
-        "{} >= {}",
-        packed.size,
-        plain.size
-    );
+    assert!(packed.size < plain.size, "{} >= {}", packed.size, plain.size);
     let root = env.mounts.mount(&packed.digest, &packed.path).unwrap();
-    assert_eq!(
-        fs::read(root.join("big.txt")).unwrap(),
-        fs::read(src.join("big.txt")).unwrap()
-    );
+    assert_eq!(fs::read(root.join("big.txt")).unwrap(), fs::read(src.join("big.txt")).unwrap());
 }
 
 #[test]
 fn building_from_a_missing_dir_is_a_typed_error() {
     let env = Env::new();
-    let err = build_layer_from_dir(
-        &env.store,
-        &env.path().join("nope"),
-        &BuildOptions::default(),
-        &NoProgress,
-    )
-    .unwrap_err();
-    assert!(
-        matches!(err, dsec_image::BuildError::NotADirectory(_)),
-        "{err}"
-    );
+    let err = build_layer_from_dir(&env.store, &env.path().join("nope"), &BuildOptions::default(), &NoProgress).unwrap_err();
+    assert!(matches!(err, dsec_image::BuildError::NotADirectory(_)), "{err}");
 }

@@ -132,7 +132,12 @@ impl Egress {
     /// Loads the eBPF programs, makes the resolver's interface, starts the
     /// warm pool and the resolver. Needs a tokio runtime. Returns the
     /// stream of denials for the edge to record.
-    pub fn start(cfg: NetConfig, node: &str, layout: CgroupLayout, state_dir: &Path) -> Result<(Egress, tokio::sync::mpsc::Receiver<Denial>), NetError> {
+    pub fn start(
+        cfg: NetConfig,
+        node: &str,
+        layout: CgroupLayout,
+        state_dir: &Path,
+    ) -> Result<(Egress, tokio::sync::mpsc::Receiver<Denial>), NetError> {
         let tag = node_tag(node);
         let state_dir = state_dir.join("net");
         std::fs::create_dir_all(&state_dir).map_err(io(state_dir.display().to_string()))?;
@@ -259,7 +264,8 @@ impl Egress {
     fn persist(&self, id: &str, slot: u32, rules: &BTreeMap<String, bool>) -> Result<(), NetError> {
         let path = self.inner.state_dir.join(format!("{id}.json"));
         let tmp = self.inner.state_dir.join(format!("{id}.json.tmp"));
-        let body = serde_json::to_vec(&Persisted { slot, rules: rules.clone() }).map_err(|e| NetError::Io(path.display().to_string(), e.into()))?;
+        let body = serde_json::to_vec(&Persisted { slot, rules: rules.clone() })
+            .map_err(|e| NetError::Io(path.display().to_string(), e.into()))?;
         std::fs::write(&tmp, body).and_then(|()| std::fs::rename(&tmp, &path)).map_err(io(path.display().to_string()))
     }
 
@@ -421,9 +427,7 @@ impl Egress {
     /// `name`.
     pub(crate) fn sandbox_by_ip(&self, ip: Ipv4Addr, name: &str) -> Option<(String, bool)> {
         let all = self.inner.sandboxes.lock().unwrap_or_else(|p| p.into_inner());
-        all.iter()
-            .find(|(_, n)| self.inner.cfg.slot_addrs(n.slot).1 == ip)
-            .map(|(id, n)| (id.clone(), n.rules.domain(name).is_some()))
+        all.iter().find(|(_, n)| self.inner.cfg.slot_addrs(n.slot).1 == ip).map(|(id, n)| (id.clone(), n.rules.domain(name).is_some()))
     }
 
     pub(crate) fn sandbox_by_cgid(&self, cgid: u64) -> Option<String> {
@@ -437,10 +441,7 @@ impl Egress {
 }
 
 fn learned_entries(learned: &[(Ipv4Addr, String, Vec<rules::PortRange>)], rules: &RuleSet) -> Vec<(Ipv4Addr, Vec<rules::PortRange>)> {
-    learned
-        .iter()
-        .filter_map(|(ip, name, _)| rules.domain(name).map(|d| (*ip, d.ranges.clone())))
-        .collect()
+    learned.iter().filter_map(|(ip, name, _)| rules.domain(name).map(|d| (*ip, d.ranges.clone()))).collect()
 }
 
 fn read_persisted(path: &Path) -> Option<Persisted> {

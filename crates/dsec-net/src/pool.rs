@@ -206,7 +206,8 @@ impl Pool {
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
         loop {
             let p = self.clone();
-            let made = std::thread::spawn(move || p.make_in(slot)).join().map_err(|_| io::Error::other("the namespace builder panicked"))?;
+            let made =
+                std::thread::spawn(move || p.make_in(slot)).join().map_err(|_| io::Error::other("the namespace builder panicked"))?;
             match made {
                 Err(e) if e.kind() == io::ErrorKind::AlreadyExists && std::time::Instant::now() < deadline => {
                     std::thread::sleep(std::time::Duration::from_millis(100));

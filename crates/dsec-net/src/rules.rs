@@ -50,7 +50,11 @@ impl Cidr {
     }
 
     fn mask(&self) -> u32 {
-        if self.len == 0 { 0 } else { u32::MAX << (32 - self.len) }
+        if self.len == 0 {
+            0
+        } else {
+            u32::MAX << (32 - self.len)
+        }
     }
 
     /// Whether `self` contains all of `other`.
@@ -225,7 +229,8 @@ fn parse_key(key: &str, cfg: &NetConfig) -> Result<Parsed, RuleError> {
         Some(n) => (true, n),
         None => (false, target),
     };
-    let valid_label = |l: &str| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') && !l.starts_with('-');
+    let valid_label =
+        |l: &str| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') && !l.starts_with('-');
     if !name.contains('.') || !name.split('.').all(valid_label) {
         return Err(bad("not a service name, an IPv4 prefix or a domain".into()));
     }
@@ -316,7 +321,9 @@ mod tests {
 
     #[test]
     fn unknown_services_and_bad_prefixes_are_errors() {
-        assert!(matches!(parse(&rules(&[("pipy", true)]), &cfg()), Err(RuleError::UnknownService(n, known)) if n == "pipy" && known == "npm, pypi"));
+        assert!(
+            matches!(parse(&rules(&[("pipy", true)]), &cfg()), Err(RuleError::UnknownService(n, known)) if n == "pipy" && known == "npm, pypi")
+        );
         assert!(matches!(parse(&rules(&[("github", false)]), &cfg()), Err(RuleError::UnknownService(..))), "false is checked too");
         assert!(matches!(parse(&rules(&[("10.0.0.1/8", true)]), &cfg()), Err(RuleError::BadCidr(..))));
         assert!(matches!(parse(&rules(&[("300.1.1.1", true)]), &cfg()), Err(RuleError::BadCidr(..))));
@@ -330,12 +337,20 @@ mod tests {
     #[test]
     fn prefixes_protocols_and_domains_parse() {
         let set = parse(
-            &rules(&[("udp:198.18.1.0/24:53", true), ("198.18.2.7:8000-8010", true), ("icmp:198.18.3.0/24", true), ("*.Example.org:443", true), ("a.example.com", true)]),
+            &rules(&[
+                ("udp:198.18.1.0/24:53", true),
+                ("198.18.2.7:8000-8010", true),
+                ("icmp:198.18.3.0/24", true),
+                ("*.Example.org:443", true),
+                ("a.example.com", true),
+            ]),
             &cfg(),
         )
         .unwrap();
         assert!(set.static_allow.contains(&("198.18.1.0/24".parse().unwrap(), vec![PortRange { lo: 53, hi: 53, protos: PROTO_UDP }])));
-        assert!(set.static_allow.contains(&("198.18.2.7/32".parse().unwrap(), vec![PortRange { lo: 8000, hi: 8010, protos: PROTO_TCP | PROTO_UDP }])));
+        assert!(set
+            .static_allow
+            .contains(&("198.18.2.7/32".parse().unwrap(), vec![PortRange { lo: 8000, hi: 8010, protos: PROTO_TCP | PROTO_UDP }])));
         assert!(set.domain("files.example.org.").is_some());
         assert!(set.domain("example.org").is_none(), "*. means subdomains only");
         assert!(set.domain("badexample.org").is_none());
@@ -346,14 +361,19 @@ mod tests {
     #[test]
     fn longer_prefixes_inherit_the_ports_of_those_covering_them() {
         let set = parse(&rules(&[("198.18.0.0/16:443", true), ("198.18.5.0/24:80", true), ("198.18.5.0/24:81", true)]), &cfg()).unwrap();
-        let e = compile(&set, &[(Ipv4Addr::new(198, 18, 5, 9), vec![PortRange { lo: 8080, hi: 8080, protos: PROTO_TCP }])], cfg().subnet).unwrap();
+        let e = compile(&set, &[(Ipv4Addr::new(198, 18, 5, 9), vec![PortRange { lo: 8080, hi: 8080, protos: PROTO_TCP }])], cfg().subnet)
+            .unwrap();
         let get = |c: &str| e.iter().find(|x| x.cidr == c.parse().unwrap()).unwrap().ranges.clone();
         let tu = PROTO_TCP | PROTO_UDP;
         assert_eq!(get("198.18.0.0/16"), vec![PortRange { lo: 443, hi: 443, protos: tu }]);
         assert_eq!(get("198.18.5.0/24"), vec![PortRange { lo: 80, hi: 81, protos: tu }, PortRange { lo: 443, hi: 443, protos: tu }]);
         assert_eq!(
             get("198.18.5.9/32"),
-            vec![PortRange { lo: 8080, hi: 8080, protos: PROTO_TCP }, PortRange { lo: 80, hi: 81, protos: tu }, PortRange { lo: 443, hi: 443, protos: tu }]
+            vec![
+                PortRange { lo: 8080, hi: 8080, protos: PROTO_TCP },
+                PortRange { lo: 80, hi: 81, protos: tu },
+                PortRange { lo: 443, hi: 443, protos: tu }
+            ]
         );
         assert_eq!(get("10.213.0.0/16"), vec![], "the subnet stays denied");
     }

@@ -79,8 +79,8 @@ pub fn spawn_in(
     netns: Option<BorrowedFd<'_>>,
 ) -> std::io::Result<(i32, OwnedFd)> {
     let null = std::fs::OpenOptions::new().read(true).write(true).open("/dev/null")?; // CLOEXEC
-    // The child dup2s onto 0, 1 and 3: its sources must not be among those
-    // numbers (a process started with stdin closed hands out fd 0).
+                                                                                      // The child dup2s onto 0, 1 and 3: its sources must not be among those
+                                                                                      // numbers (a process started with stdin closed hands out fd 0).
     let theirs = high_fd(channel.try_clone_to_owned()?)?;
     let null = high_fd(null.into())?;
 
@@ -124,13 +124,7 @@ pub fn spawn_in(
     // suspends this thread until the child has exec'd or exited. With
     // CLONE_PIDFD the kernel stores the pidfd through the parent_tid pointer.
     let pid = unsafe {
-        libc::clone(
-            child_main,
-            stack_top,
-            flags,
-            &mut args_block as *mut ChildArgs as *mut libc::c_void,
-            &mut pidfd as *mut libc::c_int,
-        )
+        libc::clone(child_main, stack_top, flags, &mut args_block as *mut ChildArgs as *mut libc::c_void, &mut pidfd as *mut libc::c_int)
     };
     let clone_err = std::io::Error::last_os_error();
     // SAFETY: restores the mask saved above.

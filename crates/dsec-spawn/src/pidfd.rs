@@ -20,9 +20,7 @@ pub fn reap(pidfd: &OwnedFd) -> Option<i32> {
 /// Sends `signal` through a pidfd (never hits a recycled pid).
 pub fn pidfd_kill(pidfd: &OwnedFd, signal: libc::c_int) -> std::io::Result<()> {
     // SAFETY: pidfd_send_signal with a valid pidfd and no siginfo.
-    let r = unsafe {
-        libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0)
-    };
+    let r = unsafe { libc::syscall(libc::SYS_pidfd_send_signal, pidfd.as_raw_fd(), signal, std::ptr::null::<libc::siginfo_t>(), 0) };
     if r < 0 {
         Err(std::io::Error::last_os_error())
     } else {
@@ -51,4 +49,3 @@ pub fn pidfd_getfd(pidfd: &OwnedFd, target: RawFd) -> std::io::Result<OwnedFd> {
     // SAFETY: the kernel just gave us this fd.
     Ok(unsafe { OwnedFd::from_raw_fd(fd as RawFd) })
 }
-

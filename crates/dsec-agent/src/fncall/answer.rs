@@ -122,7 +122,8 @@ mod tests {
             r.read_to_end(&mut all).unwrap();
             all
         });
-        let answer = Answer { raw: Some(vec![("stdout".into(), 2), ("file:x".into(), big.len() as u64), ("stderr".into(), 4)]), ..Answer::ok() };
+        let answer =
+            Answer { raw: Some(vec![("stdout".into(), 2), ("file:x".into(), big.len() as u64), ("stderr".into(), 4)]), ..Answer::ok() };
         // The stderr memfd holds 2 bytes but 4 are announced: padded.
         let parts = [part(b"hi", 2), part(&big, big.len() as u64), part(b"er", 4)];
         send(w.as_fd(), &answer, &parts).unwrap();

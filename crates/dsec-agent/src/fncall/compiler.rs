@@ -231,7 +231,10 @@ mod tests {
         // Compiled in the worker is not remembered: asked again.
         assert!(c.compile(&[b"-".repeat(200_000), b"1".to_vec()].concat()).is_err());
         // Neither root nor able to gain privileges (read before the kill).
-        assert!(status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().skip(1).all(|u| u == COMPILER_UID.to_string())), "{status}");
+        assert!(
+            status.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().skip(1).all(|u| u == COMPILER_UID.to_string())),
+            "{status}"
+        );
         assert!(status.lines().any(|l| l == "NoNewPrivs:\t1"), "{status}");
         drop(c);
     }

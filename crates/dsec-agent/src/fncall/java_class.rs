@@ -148,7 +148,10 @@ mod tests {
 
     #[test]
     fn without_a_public_class_it_is_main() {
-        assert_eq!(main_class("class Main { public static void main(String[] a) {} }"), JavaMain { class: "Main".into(), qualified: "Main".into() });
+        assert_eq!(
+            main_class("class Main { public static void main(String[] a) {} }"),
+            JavaMain { class: "Main".into(), qualified: "Main".into() }
+        );
         assert_eq!(class(""), "Main");
         assert_eq!(class("public static void"), "Main");
     }

@@ -57,13 +57,19 @@ pub fn ruleset(writable: &[&str]) -> io::Result<Option<OwnedFd>> {
     let fd = unsafe { libc::syscall(SYS_LANDLOCK_CREATE_RULESET, &attr as *const u64, 8usize, 0u32) };
     let ruleset = owned(fd as i32).map_err(|e| io::Error::new(e.kind(), format!("landlock_create_ruleset: {e}")))?;
     for &path in writable {
-        let dir = match rustix::fs::open(path, rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()) {
+        let dir = match rustix::fs::open(
+            path,
+            rustix::fs::OFlags::PATH | rustix::fs::OFlags::DIRECTORY | rustix::fs::OFlags::CLOEXEC,
+            rustix::fs::Mode::empty(),
+        ) {
             Ok(d) => d,
             Err(_) => continue, // not in this image
         };
         let rule = PathBeneath { allowed_access: rights, parent_fd: dir.as_raw_fd() };
         // SAFETY: `rule` lives across the call; both fds are open.
-        let r = unsafe { libc::syscall(SYS_LANDLOCK_ADD_RULE, ruleset.as_raw_fd(), LANDLOCK_RULE_PATH_BENEATH, &rule as *const PathBeneath, 0u32) };
+        let r = unsafe {
+            libc::syscall(SYS_LANDLOCK_ADD_RULE, ruleset.as_raw_fd(), LANDLOCK_RULE_PATH_BENEATH, &rule as *const PathBeneath, 0u32)
+        };
         if r != 0 {
             let e = io::Error::last_os_error();
             return Err(io::Error::new(e.kind(), format!("landlock_add_rule {path}: {e}")));

@@ -222,7 +222,14 @@ impl Monitor {
         cleaned.and(served)
     }
 
-    fn call(&mut self, req: &Request<'_>, lang: &'static Lang, compile: bool, limits: &request::Limits, written: &mut Vec<String>) -> Result<(Answer, Vec<Part>), Failure> {
+    fn call(
+        &mut self,
+        req: &Request<'_>,
+        lang: &'static Lang,
+        compile: bool,
+        limits: &request::Limits,
+        written: &mut Vec<String>,
+    ) -> Result<(Answer, Vec<Part>), Failure> {
         let mut files = Vec::new();
         for (name, content) in &req.files {
             files.push((name.clone(), unb64(&format!("file {name:?}"), content)?));
@@ -339,11 +346,7 @@ fn syntax_error(text: Vec<u8>, output_bytes: u64) -> Result<(Answer, Vec<Part>),
     let stderr = sys::memfd("stderr", &text).map_err(answerable)?;
     let len = (text.len() as u64).min(output_bytes);
     let outcome = outcome::Outcome { exit_code: Some(1), output_exceeded: len < text.len() as u64, ..Default::default() };
-    let answer = Answer {
-        outcome: Some(outcome),
-        raw: Some(vec![("stdout".into(), 0), ("stderr".into(), len)]),
-        ..Default::default()
-    };
+    let answer = Answer { outcome: Some(outcome), raw: Some(vec![("stdout".into(), 0), ("stderr".into(), len)]), ..Default::default() };
     Ok((answer, vec![Part { fd: stdout, len: 0 }, Part { fd: stderr, len }]))
 }
 

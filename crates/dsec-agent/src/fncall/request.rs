@@ -17,7 +17,10 @@ pub use dsec_agent_proto::fncall::{CallLimits as Limits, MonitorRequest as Reque
 pub enum Parsed<'a> {
     Ok(Box<Request<'a>>),
     /// Not a request we understand; the id, if one could be read.
-    Bad { id: serde_json::Value, error: String },
+    Bad {
+        id: serde_json::Value,
+        error: String,
+    },
 }
 
 pub fn parse(data: &[u8]) -> Parsed<'_> {
@@ -97,10 +100,7 @@ impl<'fd> RequestReader<'fd> {
             }
         };
         let header = &self.buf[self.start..self.start + nl];
-        let n: usize = std::str::from_utf8(header)
-            .ok()
-            .and_then(|s| s.trim().parse().ok())
-            .ok_or("bad request header")?;
+        let n: usize = std::str::from_utf8(header).ok().and_then(|s| s.trim().parse().ok()).ok_or("bad request header")?;
         let end = (nl + 1).checked_add(n).ok_or("bad request header")?;
         while self.end - self.start < end {
             if !self.more()? {

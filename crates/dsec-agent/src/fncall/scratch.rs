@@ -47,8 +47,7 @@ pub fn prepare() -> Result<&'static str, String> {
 /// call has not run yet, so nothing in scratch is the call's doing.
 pub fn write_files(files: &[(String, Vec<u8>)]) -> Result<(), String> {
     for (name, content) in files {
-        let rel = safe_rel(name)
-            .ok_or_else(|| format!("file path {name:?} must be relative and stay inside the working directory"))?;
+        let rel = safe_rel(name).ok_or_else(|| format!("file path {name:?} must be relative and stay inside the working directory"))?;
         let mut dir = SCRATCH.to_string();
         let parts: Vec<&str> = rel.split('/').collect();
         for p in &parts[..parts.len() - 1] {
@@ -68,7 +67,11 @@ pub fn write_files(files: &[(String, Vec<u8>)]) -> Result<(), String> {
 /// Writes `data` to `path` (created or truncated, never through a
 /// symbolic link), owned by the call user.
 pub fn write_new(path: &str, data: &[u8], mode: u32) -> io::Result<()> {
-    let fd = rustix::fs::open(path, OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::from_raw_mode(mode))?;
+    let fd = rustix::fs::open(
+        path,
+        OFlags::WRONLY | OFlags::CREATE | OFlags::TRUNC | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::from_raw_mode(mode),
+    )?;
     rustix::fs::fchown(&fd, Some(rustix::fs::Uid::from_raw(CALL_UID)), Some(rustix::fs::Gid::from_raw(CALL_GID)))?;
     write_all(fd.as_fd(), data)
 }
@@ -107,16 +110,11 @@ pub fn install_program(data: &[u8]) -> Result<(), String> {
     let path = format!("{PROG_DIR}/prog");
     let _ = std::fs::remove_dir_all(PROG_DIR);
     std::fs::DirBuilder::new().mode(0o711).create(PROG_DIR).map_err(|e| context("creating", PROG_DIR, e))?;
-    let written = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o755)
-        .open(&path)
-        .and_then(|mut f| {
-            use std::io::Write;
-            f.write_all(data)?;
-            f.set_permissions(std::fs::Permissions::from_mode(0o755))
-        });
+    let written = std::fs::OpenOptions::new().write(true).create_new(true).mode(0o755).open(&path).and_then(|mut f| {
+        use std::io::Write;
+        f.write_all(data)?;
+        f.set_permissions(std::fs::Permissions::from_mode(0o755))
+    });
     written.map_err(|e| context("installing", &path, e))
 }
 

@@ -49,11 +49,8 @@ pub struct Confinement {
 /// the zygote never called (`_exit`, `setresuid`, ...) was resolved in each
 /// worker: the linker's code and the libraries' symbol tables faulted in,
 /// and a GOT page copied, ~14 page faults of ~290 per call.
-pub const ZYGOTE_ENV: &[(&str, &str)] = &[
-    ("PYTHONMALLOC", "malloc"),
-    ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=8388608"),
-    ("LD_BIND_NOW", "1"),
-];
+pub const ZYGOTE_ENV: &[(&str, &str)] =
+    &[("PYTHONMALLOC", "malloc"), ("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1:glibc.malloc.top_pad=8388608"), ("LD_BIND_NOW", "1")];
 
 /// The helper's environment: `inherited` (the monitor's own) without any
 /// PYTHON*, GLIBC_TUNABLES or LD_BIND_* variable, then PYTHONSAFEPATH and
@@ -84,7 +81,14 @@ fn null_terminated(strings: &[CString]) -> Vec<*const libc::c_char> {
 /// Forks and execs `python -s script --mode FD...` with `keep` open in it
 /// (`script` may be `-`: read from `confinement.stdin`) and `extra_env`
 /// in its environment; returns its pid.
-pub fn python_helper(python: &str, script: &str, mode: &str, keep: &[i32], confinement: &Confinement, extra_env: &[(&str, &str)]) -> Result<i32, String> {
+pub fn python_helper(
+    python: &str,
+    script: &str,
+    mode: &str,
+    keep: &[i32],
+    confinement: &Confinement,
+    extra_env: &[(&str, &str)],
+) -> Result<i32, String> {
     let mut argv = vec![python.to_string(), "-s".into(), script.into(), format!("--{mode}")];
     argv.extend(keep.iter().map(|fd| fd.to_string()));
     helper(argv, mode, keep, confinement, extra_env)
@@ -94,7 +98,8 @@ pub fn python_helper(python: &str, script: &str, mode: &str, keep: &[i32], confi
 /// `extra_env` in its environment; returns its pid. `mode` names it in
 /// errors.
 pub fn helper(argv: Vec<String>, mode: &str, keep: &[i32], confinement: &Confinement, extra_env: &[(&str, &str)]) -> Result<i32, String> {
-    let argv: Vec<CString> = argv.into_iter().map(|a| CString::new(a).map_err(|_| format!("a NUL in the {mode}'s command"))).collect::<Result<_, _>>()?;
+    let argv: Vec<CString> =
+        argv.into_iter().map(|a| CString::new(a).map_err(|_| format!("a NUL in the {mode}'s command"))).collect::<Result<_, _>>()?;
     let argv_ptrs = null_terminated(&argv);
     let env = helper_env(std::env::vars_os(), extra_env);
     let env_ptrs = null_terminated(&env);
@@ -184,8 +189,15 @@ mod tests {
 
     #[test]
     fn helpers_get_no_inherited_python_or_glibc_settings_only_ours() {
-        let inherited = [("PATH", "/bin"), ("PYTHONPATH", "/evil"), ("PYTHONMALLOC", "debug"), ("GLIBC_TUNABLES", "x=1"), ("LD_BIND_NOT", "1"), ("DSEC_FNCALL_PRELOAD", "math")]
-            .map(|(k, v)| (k.into(), v.into()));
+        let inherited = [
+            ("PATH", "/bin"),
+            ("PYTHONPATH", "/evil"),
+            ("PYTHONMALLOC", "debug"),
+            ("GLIBC_TUNABLES", "x=1"),
+            ("LD_BIND_NOT", "1"),
+            ("DSEC_FNCALL_PRELOAD", "math"),
+        ]
+        .map(|(k, v)| (k.into(), v.into()));
         let env = helper_env(inherited.into_iter(), ZYGOTE_ENV);
         let env: Vec<&str> = env.iter().map(|c| c.to_str().unwrap()).collect();
         assert_eq!(

@@ -87,7 +87,8 @@ pub struct SweepWatch {
 /// What makes a watch's directory gain an entry (create, mkdir, link,
 /// mknod, bind a socket: IN_CREATE; rename into it: IN_MOVED_TO) or ends
 /// the watch (the directory deleted or moved).
-const WATCHED: u32 = libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW;
+const WATCHED: u32 =
+    libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW;
 /// Events after which the queue no longer tells everything.
 const WATCH_LOST: u32 = libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_Q_OVERFLOW | libc::IN_IGNORED;
 /// struct inotify_event without its name.

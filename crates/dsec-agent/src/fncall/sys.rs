@@ -37,7 +37,8 @@ pub fn as_call_user<T>(f: impl FnOnce() -> T) -> io::Result<T> {
 pub fn children_list() -> Result<OwnedFd, String> {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let path = format!("/proc/self/task/{me}/children");
-    rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()).map_err(|e| format!("{path}: {e}"))
+    rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
+        .map_err(|e| format!("{path}: {e}"))
 }
 
 /// A small file's bytes (one open, a read or two, one close).
@@ -77,9 +78,10 @@ pub fn write_all(fd: BorrowedFd<'_>, mut data: &[u8]) -> io::Result<()> {
 
 /// The first executable `prog` in the directories of the calls' PATH.
 pub fn which(prog: &str) -> Option<String> {
-    ["/usr/local/bin", "/usr/bin", "/bin"].iter().map(|d| format!("{d}/{prog}")).find(|p| {
-        rustix::fs::access(p.as_str(), rustix::fs::Access::EXEC_OK).is_ok()
-    })
+    ["/usr/local/bin", "/usr/bin", "/bin"]
+        .iter()
+        .map(|d| format!("{d}/{prog}"))
+        .find(|p| rustix::fs::access(p.as_str(), rustix::fs::Access::EXEC_OK).is_ok())
 }
 
 /// A memfd holding `data`, its offset back at 0.

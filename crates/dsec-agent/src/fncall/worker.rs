@@ -31,8 +31,13 @@ pub const MAX_WORKER_MSG: usize = 128 << 10;
 pub enum Program<'a> {
     /// The script's path and its marshalled code (None: the worker
     /// compiles the file).
-    Python { path: &'a str, code: Option<&'a [u8]> },
-    Exec { argv: Vec<String> },
+    Python {
+        path: &'a str,
+        code: Option<&'a [u8]>,
+    },
+    Exec {
+        argv: Vec<String>,
+    },
 }
 
 pub struct Step<'a> {
@@ -134,7 +139,8 @@ pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_
     if !anc.push(SendAncillaryMessage::ScmRights(&fds)) {
         return Err("no room for the call's descriptors".into());
     }
-    sendmsg(&zygote.cmd, &[IoSlice::new(msg)], &mut anc, SendFlags::NOSIGNAL).map_err(|e| format!("handing the call to the worker: {e}"))?;
+    sendmsg(&zygote.cmd, &[IoSlice::new(msg)], &mut anc, SendFlags::NOSIGNAL)
+        .map_err(|e| format!("handing the call to the worker: {e}"))?;
     drop(stdin);
     let over = || [&stdout, &stderr].iter().any(|fd| rustix::fs::fstat(fd).is_ok_and(|st| st.st_size as u64 > output_bytes));
     let waited = wait_for_end(&zygote.reports, Duration::from_millis(time_ms), over)?;

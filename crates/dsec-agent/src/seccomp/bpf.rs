@@ -18,8 +18,7 @@
 use std::collections::BTreeMap;
 
 use seccompiler::{
-    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule,
-    TargetArch,
+    sock_filter, BpfProgram, SeccompAction, SeccompCmpArgLen, SeccompCmpOp, SeccompCondition, SeccompFilter, SeccompRule, TargetArch,
 };
 
 use super::policy::{self, When};
@@ -58,12 +57,9 @@ fn rule(when: When) -> Result<Option<SeccompRule>, BpfError> {
         When::IoctlCmd(cmd) => Some(SeccompRule::new(vec![cond(1, SeccompCmpArgLen::Dword, SeccompCmpOp::Eq, u64::from(cmd))?])?),
         // True when every bit of `bits` is set: the caller passes one bit.
         When::FlagsAny(bits) => Some(SeccompRule::new(vec![cond(0, SeccompCmpArgLen::Qword, SeccompCmpOp::MaskedEq(bits), bits)?])?),
-        When::ArgMaskedEq { arg, mask, value } => Some(SeccompRule::new(vec![cond(
-            arg,
-            SeccompCmpArgLen::Dword,
-            SeccompCmpOp::MaskedEq(u64::from(mask)),
-            u64::from(value),
-        )?])?),
+        When::ArgMaskedEq { arg, mask, value } => {
+            Some(SeccompRule::new(vec![cond(arg, SeccompCmpArgLen::Dword, SeccompCmpOp::MaskedEq(u64::from(mask)), u64::from(value))?])?)
+        }
     })
 }
 
@@ -100,11 +96,7 @@ pub fn quiet() -> Result<BpfProgram, BpfError> {
         // the next instruction): load nr; nr >= X32 bit -> ENOSYS. The rest
         // of the program loads nr again itself.
         let refuse = libc::SECCOMP_RET_ERRNO | libc::ENOSYS as u32;
-        let guard = [
-            stmt(BPF_LD_W_ABS, NR_OFFSET),
-            jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1),
-            stmt(BPF_RET_K, refuse),
-        ];
+        let guard = [stmt(BPF_LD_W_ABS, NR_OFFSET), jump(BPF_JGE_K, X32_SYSCALL_BIT, 0, 1), stmt(BPF_RET_K, refuse)];
         prog.splice(3..3, guard);
     }
     Ok(prog)

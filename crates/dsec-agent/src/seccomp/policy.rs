@@ -82,7 +82,11 @@ pub const REFUSED: &[Refused] = &[
     always("bpf", libc::SYS_bpf, "loads programs into the host kernel"),
     always("perf_event_open", libc::SYS_perf_event_open, "observes the host and other sandboxes; a frequent exploit vector"),
     always("userfaultfd", libc::SYS_userfaultfd, "stalls kernel page faults at will: the standard race-widening exploit primitive"),
-    always("io_uring_setup", libc::SYS_io_uring_setup, "a large, often-exploited kernel interface that also bypasses this filter for the I/O it carries"),
+    always(
+        "io_uring_setup",
+        libc::SYS_io_uring_setup,
+        "a large, often-exploited kernel interface that also bypasses this filter for the I/O it carries",
+    ),
     always("io_uring_enter", libc::SYS_io_uring_enter, "see io_uring_setup"),
     always("io_uring_register", libc::SYS_io_uring_register, "see io_uring_setup"),
     // Kernel keyrings are not namespaced: keys would be shared with the
@@ -116,8 +120,20 @@ pub const REFUSED: &[Refused] = &[
     always("mount_setattr", libc::SYS_mount_setattr, "would make read-only mounts writable"),
     // Namespaces: none to create, none to join.
     always("setns", libc::SYS_setns, "joins another namespace"),
-    Refused { name: "unshare", nr: libc::SYS_unshare, when: When::FlagsAny(NAMESPACE_FLAGS), errno: libc::EPERM, why: "creates namespaces (a user namespace grants every capability inside it)" },
-    Refused { name: "clone", nr: libc::SYS_clone, when: When::FlagsAny(NAMESPACE_FLAGS), errno: libc::EPERM, why: "creates namespaces (a user namespace grants every capability inside it)" },
+    Refused {
+        name: "unshare",
+        nr: libc::SYS_unshare,
+        when: When::FlagsAny(NAMESPACE_FLAGS),
+        errno: libc::EPERM,
+        why: "creates namespaces (a user namespace grants every capability inside it)",
+    },
+    Refused {
+        name: "clone",
+        nr: libc::SYS_clone,
+        when: When::FlagsAny(NAMESPACE_FLAGS),
+        errno: libc::EPERM,
+        why: "creates namespaces (a user namespace grants every capability inside it)",
+    },
     // File handles open any inode of a filesystem, bypassing the mount
     // namespace (the 2014 "shocker" container escape).
     always("open_by_handle_at", libc::SYS_open_by_handle_at, "opens files outside the sandbox's mounts"),

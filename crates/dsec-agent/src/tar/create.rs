@@ -71,10 +71,7 @@ fn tar_kind(ft: FileType) -> Option<u8> {
 /// relative to it (no leading component), or a single file under its name.
 pub async fn create(agent: &Agent, ctx: &Rc<ReqCtx>, path: &str) -> Result<Reply, AgentError> {
     let p = SandboxPath::parse(path)?;
-    let top = agent
-        .root
-        .open_at(&p, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty())
-        .map_err(|e| os_err(p.display(), e))?;
+    let top = agent.root.open_at(&p, OFlags::RDONLY | OFlags::NONBLOCK, Mode::empty()).map_err(|e| os_err(p.display(), e))?;
     let st = rustix::fs::fstat(&top).map_err(|e| os_err(p.display(), e))?;
     let mut em = Emitter { ctx, buf: Vec::with_capacity(MAX_CHUNK_BYTES * 2) };
     let mut scratch = vec![0u8; MAX_CHUNK_BYTES];
@@ -111,7 +108,12 @@ pub async fn create(agent: &Agent, ctx: &Rc<ReqCtx>, path: &str) -> Result<Reply
                 let Some(kind) = tar_kind(ft) else { continue };
                 match ft {
                     FileType::RegularFile => {
-                        let fd = match rustix::fs::openat(dfd, raw.as_slice(), OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty()) {
+                        let fd = match rustix::fs::openat(
+                            dfd,
+                            raw.as_slice(),
+                            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        ) {
                             Ok(fd) => fd,
                             Err(Errno::NOENT) => continue,
                             Err(e) => return Err(os_err(shown(), e)),
@@ -119,8 +121,13 @@ pub async fn create(agent: &Agent, ctx: &Rc<ReqCtx>, path: &str) -> Result<Reply
                         emit_file(&mut em, &fd, &est, name, &mut scratch).await?;
                     }
                     FileType::Directory => {
-                        let sub = rustix::fs::openat(dfd, raw.as_slice(), OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-                            .map_err(|e| os_err(shown(), e))?;
+                        let sub = rustix::fs::openat(
+                            dfd,
+                            raw.as_slice(),
+                            OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                            Mode::empty(),
+                        )
+                        .map_err(|e| os_err(shown(), e))?;
                         let mut dname = name.clone();
                         dname.push(b'/');
                         em.put(&encode_header(&meta(&est, dname.clone(), kind, Vec::new()))).await?;

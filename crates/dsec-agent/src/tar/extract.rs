@@ -30,11 +30,23 @@ struct Pending {
 enum State {
     Header,
     /// Content of a regular file being extracted.
-    File { fd: OwnedFd, remaining: u64, pad: u64, meta: ExtractMeta },
+    File {
+        fd: OwnedFd,
+        remaining: u64,
+        pad: u64,
+        meta: ExtractMeta,
+    },
     /// Content of a PAX / GNU long-name entry, gathered in memory.
-    Meta { kind: u8, buf: Vec<u8>, remaining: u64, pad: u64 },
+    Meta {
+        kind: u8,
+        buf: Vec<u8>,
+        remaining: u64,
+        pad: u64,
+    },
     /// Content we ignore (and padding).
-    Skip { remaining: u64 },
+    Skip {
+        remaining: u64,
+    },
     End,
 }
 
@@ -61,7 +73,6 @@ pub struct Extractor {
     /// `/`), as opposed to those only implied by a deeper entry's name.
     explicit_dirs: HashSet<Vec<u8>>,
 }
-
 
 /// Splits an entry name into components, refusing anything that would land
 /// outside the target: `..` components. A leading `/` or `./` is dropped
@@ -184,7 +195,8 @@ impl Extractor {
                 let mut rest = &buf[..];
                 while !rest.is_empty() {
                     let sp = rest.iter().position(|&b| b == b' ').ok_or_else(|| bad("bad PAX record"))?;
-                    let len: usize = std::str::from_utf8(&rest[..sp]).ok().and_then(|s| s.parse().ok()).ok_or_else(|| bad("bad PAX record length"))?;
+                    let len: usize =
+                        std::str::from_utf8(&rest[..sp]).ok().and_then(|s| s.parse().ok()).ok_or_else(|| bad("bad PAX record length"))?;
                     if len <= sp + 1 || len > rest.len() {
                         return Err(bad("bad PAX record length"));
                     }
@@ -293,16 +305,27 @@ impl Extractor {
                     Ok(()) | Err(Errno::EXIST) => {}
                     Err(e) => return Err(os_err(&shown, e)),
                 }
-                let fd = rustix::fs::openat2(&parent, last, OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty(), BENEATH)
-                    .map_err(|e| os_err(&shown, e))?;
+                let fd = rustix::fs::openat2(
+                    &parent,
+                    last,
+                    OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::empty(),
+                    BENEATH,
+                )
+                .map_err(|e| os_err(&shown, e))?;
                 finish_file(&fd, &meta)?;
                 self.explicit_dirs.insert(parts.join(&b'/'));
                 self.state = skip;
             }
             b'0' | 0 | b'7' => {
                 replace_non_dir(&parent, last, &shown)?;
-                let fd = rustix::fs::openat(&parent, last, OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))
-                    .map_err(|e| os_err(&shown, e))?;
+                let fd = rustix::fs::openat(
+                    &parent,
+                    last,
+                    OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                    Mode::from_raw_mode(0o600),
+                )
+                .map_err(|e| os_err(&shown, e))?;
                 if size == 0 {
                     finish_file(&fd, &meta)?;
                     self.state = State::Skip { remaining: pad };
@@ -457,7 +480,8 @@ mod tests {
     fn extractor_refuses_escape_and_truncation() {
         let dir = tempfile::tempdir().unwrap();
         let fd = rustix::fs::open(dir.path(), OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).unwrap();
-        let m = EntryMeta { name: b"../evil".to_vec(), kind: b'0', mode: 0o644, uid: 0, gid: 0, size: 0, mtime: 0, link: vec![], dev: (0, 0) };
+        let m =
+            EntryMeta { name: b"../evil".to_vec(), kind: b'0', mode: 0o644, uid: 0, gid: 0, size: 0, mtime: 0, link: vec![], dev: (0, 0) };
         let mut ex = Extractor::new(rustix::io::dup(&fd).unwrap());
         assert_eq!(ex.feed(&encode_header(&m)).unwrap_err().kind, ErrorKind::InvalidPath);
         assert!(!dir.path().parent().unwrap().join("evil").exists());

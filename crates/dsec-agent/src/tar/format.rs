@@ -107,7 +107,17 @@ pub fn encode_header(m: &EntryMeta) -> Vec<u8> {
     if !pax.is_empty() {
         let mut pname = b"PaxHeaders/".to_vec();
         pname.extend_from_slice(&main.name[..main.name.len().min(100 - pname.len())]);
-        let ph = EntryMeta { name: pname, kind: b'x', mode: 0o644, uid: 0, gid: 0, size: pax.len() as u64, mtime: main.mtime, link: Vec::new(), dev: (0, 0) };
+        let ph = EntryMeta {
+            name: pname,
+            kind: b'x',
+            mode: 0o644,
+            uid: 0,
+            gid: 0,
+            size: pax.len() as u64,
+            mtime: main.mtime,
+            link: Vec::new(),
+            dev: (0, 0),
+        };
         out.extend_from_slice(&ustar_header(&ph));
         out.extend_from_slice(&pax);
         out.resize(out.len().next_multiple_of(BLOCK), 0);
@@ -175,11 +185,18 @@ mod tests {
     fn headers_are_readable_by_the_tar_crate() {
         let long_name = format!("{}/file.txt", "d".repeat(150));
         let mut archive = Vec::new();
-        for (name, kind, link, size) in [
-            (long_name.clone(), b'0', String::new(), 5u64),
-            ("short".to_string(), b'2', "t".repeat(120), 0),
-        ] {
-            let m = EntryMeta { name: name.into_bytes(), kind, mode: 0o640, uid: 3_000_000, gid: 7, size, mtime: 1_700_000_000, link: link.into_bytes(), dev: (0, 0) };
+        for (name, kind, link, size) in [(long_name.clone(), b'0', String::new(), 5u64), ("short".to_string(), b'2', "t".repeat(120), 0)] {
+            let m = EntryMeta {
+                name: name.into_bytes(),
+                kind,
+                mode: 0o640,
+                uid: 3_000_000,
+                gid: 7,
+                size,
+                mtime: 1_700_000_000,
+                link: link.into_bytes(),
+                dev: (0, 0),
+            };
             archive.extend(encode_header(&m));
             if size > 0 {
                 archive.extend(b"hello");
@@ -188,9 +205,18 @@ mod tests {
         }
         archive.extend([0u8; 1024]);
         let mut a = ::tar::Archive::new(&archive[..]);
-        let entries: Vec<_> = a.entries().unwrap().map(|e| e.unwrap()).map(|e| {
-            (e.path().unwrap().to_string_lossy().into_owned(), e.header().uid().unwrap(), e.link_name().unwrap().map(|l| l.to_string_lossy().into_owned()))
-        }).collect();
+        let entries: Vec<_> = a
+            .entries()
+            .unwrap()
+            .map(|e| e.unwrap())
+            .map(|e| {
+                (
+                    e.path().unwrap().to_string_lossy().into_owned(),
+                    e.header().uid().unwrap(),
+                    e.link_name().unwrap().map(|l| l.to_string_lossy().into_owned()),
+                )
+            })
+            .collect();
         assert_eq!(entries[0].0, long_name);
         assert_eq!(entries[0].1, 3_000_000);
         assert_eq!(entries[1].2.as_deref(), Some("t".repeat(120).as_str()));

@@ -150,7 +150,13 @@ fn in_the_way(kind: ErrorKind, what: &str, target: &str, rel: &[Vec<u8>], name: 
 
 /// Moves every entry of `src` into `dst` (after [`check`]); `rel` is `src`'s path in the
 /// archive (components), for `explicit_dirs` and messages.
-fn merge(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, rel: &mut Vec<Vec<u8>>, explicit_dirs: &HashSet<Vec<u8>>, target: &str) -> Result<(), AgentError> {
+fn merge(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    rel: &mut Vec<Vec<u8>>,
+    explicit_dirs: &HashSet<Vec<u8>>,
+    target: &str,
+) -> Result<(), AgentError> {
     for (name, is_dir) in dir_entries(src).map_err(|e| os_err(shown(target, rel, b""), e))? {
         let name = name.as_slice();
         if is_dir {
@@ -219,7 +225,14 @@ impl From<Errno> for CopyError {
 }
 
 /// Copies `name` from `src` to `dst` where a rename cannot cross filesystems.
-fn copy_entry(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, name: &[u8], rel: &mut Vec<Vec<u8>>, explicit_dirs: &HashSet<Vec<u8>>, target: &str) -> Result<(), CopyError> {
+fn copy_entry(
+    src: BorrowedFd<'_>,
+    dst: BorrowedFd<'_>,
+    name: &[u8],
+    rel: &mut Vec<Vec<u8>>,
+    explicit_dirs: &HashSet<Vec<u8>>,
+    target: &str,
+) -> Result<(), CopyError> {
     let st = rustix::fs::statat(src, name, AtFlags::SYMLINK_NOFOLLOW)?;
     match FileType::from_raw_mode(st.st_mode) {
         FileType::Directory => {
@@ -234,13 +247,19 @@ fn copy_entry(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, name: &[u8], rel: &mut V
         }
         FileType::RegularFile => {
             let tmp = temp_name("extract");
-            let out = rustix::fs::openat(dst, tmp.as_str(), OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC, Mode::from_raw_mode(0o600))?;
+            let out = rustix::fs::openat(
+                dst,
+                tmp.as_str(),
+                OFlags::WRONLY | OFlags::CREATE | OFlags::EXCL | OFlags::CLOEXEC,
+                Mode::from_raw_mode(0o600),
+            )?;
             let copied = (|| -> Result<(), CopyError> {
                 let input = rustix::fs::openat(src, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
                 std::io::copy(&mut File::from(input), &mut File::from(rustix::io::dup(&out)?)).map_err(CopyError::Io)?;
                 let _ = rustix::fs::fchown(&out, Some(rustix::fs::Uid::from_raw(st.st_uid)), Some(rustix::fs::Gid::from_raw(st.st_gid)));
                 rustix::fs::fchmod(&out, Mode::from_raw_mode(st.st_mode & 0o7777))?;
-                let _ = rustix::fs::futimens(&out, &Timestamps { last_access: st_time(st.st_atime), last_modification: st_time(st.st_mtime) });
+                let _ =
+                    rustix::fs::futimens(&out, &Timestamps { last_access: st_time(st.st_atime), last_modification: st_time(st.st_mtime) });
                 rustix::fs::renameat(dst, tmp.as_str(), dst, name)?;
                 Ok(())
             })();
@@ -253,7 +272,13 @@ fn copy_entry(src: BorrowedFd<'_>, dst: BorrowedFd<'_>, name: &[u8], rel: &mut V
             let link = rustix::fs::readlinkat(src, name, Vec::new())?;
             unlink_non_dir(dst, name)?;
             rustix::fs::symlinkat(link.as_c_str(), dst, name)?;
-            let _ = rustix::fs::chownat(dst, name, Some(rustix::fs::Uid::from_raw(st.st_uid)), Some(rustix::fs::Gid::from_raw(st.st_gid)), AtFlags::SYMLINK_NOFOLLOW);
+            let _ = rustix::fs::chownat(
+                dst,
+                name,
+                Some(rustix::fs::Uid::from_raw(st.st_uid)),
+                Some(rustix::fs::Gid::from_raw(st.st_gid)),
+                AtFlags::SYMLINK_NOFOLLOW,
+            );
         }
         FileType::Fifo => {
             unlink_non_dir(dst, name)?;
@@ -293,7 +318,8 @@ mod tests {
     use super::*;
 
     fn entry(name: &str, kind: u8, mode: u32, content: &[u8]) -> Vec<u8> {
-        let m = EntryMeta { name: name.into(), kind, mode, uid: 0, gid: 0, size: content.len() as u64, mtime: 0, link: vec![], dev: (0, 0) };
+        let m =
+            EntryMeta { name: name.into(), kind, mode, uid: 0, gid: 0, size: content.len() as u64, mtime: 0, link: vec![], dev: (0, 0) };
         let mut out = encode_header(&m);
         out.extend(content);
         out.resize(out.len().div_ceil(BLOCK) * BLOCK, 0);

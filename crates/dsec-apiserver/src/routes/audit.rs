@@ -16,7 +16,12 @@ use crate::state::AppState;
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/audit", tag = "sandboxes",
     params(("id" = String, Path), ("after" = Option<u64>, Query)),
     responses((status = 200, body = api::AuditEvents), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
-pub async fn list(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Json<api::AuditEvents>> {
+pub async fn list(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    q: QueryPairs,
+) -> ApiResult<Json<api::AuditEvents>> {
     let after = match q.get("after") {
         None => 0,
         Some(s) => s.parse::<u64>().map_err(|_| ApiError::invalid(format!("after={s:?} must be a non-negative integer")))?,

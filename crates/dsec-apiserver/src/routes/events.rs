@@ -137,9 +137,8 @@ fn line(e: &SandboxEvent) -> Bytes {
 }
 
 fn ndjson(lines: mpsc::Receiver<Bytes>) -> Response {
-    let stream = futures_util::stream::unfold(lines, |mut rx| async move {
-        rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx))
-    });
+    let stream =
+        futures_util::stream::unfold(lines, |mut rx| async move { rx.recv().await.map(|b| (Ok::<_, std::convert::Infallible>(b), rx)) });
     Response::builder()
         .header(header::CONTENT_TYPE, "application/x-ndjson")
         .header(header::CACHE_CONTROL, "no-cache")

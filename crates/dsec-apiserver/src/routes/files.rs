@@ -12,8 +12,8 @@ use dsec_agent_proto::{Op, Reply, WriteFileSpec, MAX_CHUNK_BYTES};
 use dsec_api as api;
 use dsec_edge::journal::MAX_KEPT_CONTENT;
 use dsec_edge::{ActivityGuard, EdgeError, StepOp, UploadStart};
-use sha2::{Digest, Sha256};
 use futures_util::StreamExt;
+use sha2::{Digest, Sha256};
 
 use crate::auth::Auth;
 use crate::convert;
@@ -142,7 +142,9 @@ async fn upload(st: &AppState, caller: &dsec_edge::Caller, id: &str, step: Optio
 fn check_length(req_headers: &axum::http::HeaderMap, max: u64) -> ApiResult<()> {
     let len = req_headers.get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok());
     match len {
-        Some(n) if n > max => Err(ApiError::new(api::ErrorCode::PayloadTooLarge, format!("upload of {n} bytes exceeds the limit of {max}"))),
+        Some(n) if n > max => {
+            Err(ApiError::new(api::ErrorCode::PayloadTooLarge, format!("upload of {n} bytes exceeds the limit of {max}")))
+        }
         _ => Ok(()),
     }
 }
@@ -163,7 +165,14 @@ pub async fn read(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
     params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header), ("path" = String, Query), ("mode" = Option<u32>, Query), ("parents" = Option<bool>, Query), ("owner" = Option<String>, Query)),
     request_body(content = Vec<u8>, content_type = "application/octet-stream"),
     responses((status = 200, body = api::WriteResult), (status = "4XX", body = api::ErrorBody)))]
-pub async fn write(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, q: QueryPairs, req: Request) -> ApiResult<Json<api::WriteResult>> {
+pub async fn write(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    StepId(step): StepId,
+    q: QueryPairs,
+    req: Request,
+) -> ApiResult<Json<api::WriteResult>> {
     let max = st.limits.max_upload_bytes;
     check_length(req.headers(), max)?;
     let path = q.required("path")?.to_string();
@@ -186,7 +195,13 @@ pub async fn write(State(st): State<AppState>, Auth(caller): Auth, Path(id): Pat
 #[utoipa::path(delete, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header), ("path" = String, Query), ("recursive" = Option<bool>, Query)),
     responses((status = 204), (status = "4XX", body = api::ErrorBody)))]
-pub async fn remove(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, q: QueryPairs) -> ApiResult<StatusCode> {
+pub async fn remove(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    StepId(step): StepId,
+    q: QueryPairs,
+) -> ApiResult<StatusCode> {
     let op = StepOp::Remove { path: q.required("path")?.to_string(), recursive: q.bool("recursive", false)? };
     st.nodes.owner(&id)?.run_step(&caller, &id, step.as_deref(), op).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -210,7 +225,12 @@ pub async fn stat(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path), ("path" = String, Query)),
     responses((status = 200, body = api::DirListing), (status = 404, body = api::ErrorBody)))]
-pub async fn list(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Json<api::DirListing>> {
+pub async fn list(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    q: QueryPairs,
+) -> ApiResult<Json<api::DirListing>> {
     let path = q.required("path")?.to_string();
     match st.nodes.owner(&id)?.call(&caller, &id, Op::ListDir { path: path.clone() }).await? {
         Reply::Dir(entries) => {
@@ -224,7 +244,13 @@ pub async fn list(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/files/mkdir", tag = "files",
     params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header)), request_body = api::MkdirRequest,
     responses((status = 204), (status = "4XX", body = api::ErrorBody)))]
-pub async fn mkdir(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, ApiJson(req): ApiJson<api::MkdirRequest>) -> ApiResult<StatusCode> {
+pub async fn mkdir(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    StepId(step): StepId,
+    ApiJson(req): ApiJson<api::MkdirRequest>,
+) -> ApiResult<StatusCode> {
     let op = StepOp::Mkdir { path: req.path, parents: req.parents, mode: req.mode.unwrap_or(0o755) };
     st.nodes.owner(&id)?.run_step(&caller, &id, step.as_deref(), op).await?;
     Ok(StatusCode::NO_CONTENT)
@@ -245,7 +271,14 @@ pub async fn archive_get(State(st): State<AppState>, Auth(caller): Auth, Path(id
     params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header), ("path" = String, Query)),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
     responses((status = 200, body = api::WriteResult), (status = "4XX", body = api::ErrorBody)))]
-pub async fn archive_put(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, StepId(step): StepId, q: QueryPairs, req: Request) -> ApiResult<Json<api::WriteResult>> {
+pub async fn archive_put(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    StepId(step): StepId,
+    q: QueryPairs,
+    req: Request,
+) -> ApiResult<Json<api::WriteResult>> {
     let max = st.limits.max_upload_bytes;
     check_length(req.headers(), max)?;
     let path = q.required("path")?.to_string();

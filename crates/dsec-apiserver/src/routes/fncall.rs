@@ -135,7 +135,11 @@ pub async fn pools(State(st): State<AppState>, Auth(caller): Auth) -> ApiResult<
     params(("token" = String, Path, description = "a dsec user token")),
     security(()),
     responses((status = 200, body = api::RunCodeResponse), (status = 400, body = api::ErrorBody), (status = 401, body = api::ErrorBody)))]
-pub async fn sandboxfusion_run_code(State(st): State<AppState>, Path(token): Path<String>, req: Request) -> ApiResult<Json<api::RunCodeResponse>> {
+pub async fn sandboxfusion_run_code(
+    State(st): State<AppState>,
+    Path(token): Path<String>,
+    req: Request,
+) -> ApiResult<Json<api::RunCodeResponse>> {
     let mut headers = HeaderMap::new();
     let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| ApiError::new(ErrorCode::Unauthorized, "malformed token"))?;
     headers.insert(axum::http::header::AUTHORIZATION, value);

@@ -27,7 +27,12 @@ pub async fn metrics(State(st): State<AppState>, Admin(_admin): Admin) -> impl I
         out.gauge("dsec_node_cpu_reserved_cores", "CPU cores reserved by sandboxes.", &node, status.cpu_reserved);
         out.gauge("dsec_node_cpu_capacity_cores", "CPU cores sandboxes may reserve (with overcommit).", &node, status.cpu_capacity);
         out.gauge("dsec_node_memory_reserved_bytes", "Memory reserved by sandboxes.", &node, (status.memory_reserved_mb << 20) as f64);
-        out.gauge("dsec_node_memory_capacity_bytes", "Memory sandboxes may reserve (with overcommit).", &node, (status.memory_capacity_mb << 20) as f64);
+        out.gauge(
+            "dsec_node_memory_capacity_bytes",
+            "Memory sandboxes may reserve (with overcommit).",
+            &node,
+            (status.memory_capacity_mb << 20) as f64,
+        );
         out.gauge("dsec_node_creations_queued", "Creations waiting in the node's queue.", &node, status.queued as f64);
     }
     for edge in st.nodes.local_edges() {
@@ -40,7 +45,12 @@ pub async fn metrics(State(st): State<AppState>, Admin(_admin): Admin) -> impl I
             out.gauge("dsec_fncall_runners_idle", "FnCall runners waiting for a call.", &l, p.idle as f64);
             out.gauge("dsec_fncall_calls_queued", "FnCall calls waiting for a runner.", &l, p.queued as f64);
             out.counter("dsec_fncall_calls_total", "FnCall calls served.", &l, p.calls as f64);
-            out.counter("dsec_fncall_runners_replaced_total", "FnCall runners retired after a call that did not end cleanly.", &l, p.runners_replaced as f64);
+            out.counter(
+                "dsec_fncall_runners_replaced_total",
+                "FnCall runners retired after a call that did not end cleanly.",
+                &l,
+                p.runners_replaced as f64,
+            );
         }
     }
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], out.finish())

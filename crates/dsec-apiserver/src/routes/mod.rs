@@ -1,6 +1,5 @@
 pub mod admin;
 pub mod audit;
-pub mod screen;
 pub mod events;
 pub mod files;
 pub mod fncall;
@@ -8,7 +7,8 @@ pub mod jobs;
 pub mod metrics;
 pub mod pack;
 pub mod pause;
-pub mod snapshots;
 pub mod sandboxes;
+pub mod screen;
+pub mod snapshots;
 pub mod stream;
 pub mod trajectory;

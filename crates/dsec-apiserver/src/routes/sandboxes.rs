@@ -12,8 +12,8 @@ use crate::auth::Auth;
 use crate::convert;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::{ApiJson, IdempotencyKey, QueryPairs, StepId};
-use dsec_edge::StepOp;
 use crate::state::AppState;
+use dsec_edge::StepOp;
 
 /// Create a sandbox and wait until it runs. With an `Idempotency-Key`
 /// header, a retry (same tenant, key and body) returns the same sandbox.
@@ -36,7 +36,8 @@ pub async fn create(
     params(("state" = Option<String>, Query), ("job" = Option<String>, Query), ("label" = Option<Vec<String>>, Query, description = "k=v; repeat for several")),
     responses((status = 200, body = api::SandboxList)))]
 pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs) -> ApiResult<Json<api::SandboxList>> {
-    let mut filter = ListFilter { state: q.get("state").map(convert::state_in).transpose()?, job: q.get("job").map(str::to_string), labels: vec![] };
+    let mut filter =
+        ListFilter { state: q.get("state").map(convert::state_in).transpose()?, job: q.get("job").map(str::to_string), labels: vec![] };
     for l in q.all("label") {
         let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid(format!("label filter {l:?} must be key=value")))?;
         filter.labels.push((k.to_string(), v.to_string()));

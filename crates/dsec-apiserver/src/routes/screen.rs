@@ -36,7 +36,12 @@ async fn send(st: &AppState, caller: &dsec_edge::Caller, id: &str, action: Scree
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/screen/keys", tag = "screen",
     params(("id" = String, Path)), request_body = api::ScreenKeysRequest,
     responses((status = 204), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
-pub async fn keys(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, ApiJson(req): ApiJson<api::ScreenKeysRequest>) -> ApiResult<StatusCode> {
+pub async fn keys(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<api::ScreenKeysRequest>,
+) -> ApiResult<StatusCode> {
     send(&st, &caller, &id, ScreenInput::Keys(req.keys)).await
 }
 
@@ -44,7 +49,12 @@ pub async fn keys(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/screen/type", tag = "screen",
     params(("id" = String, Path)), request_body = api::ScreenTypeRequest,
     responses((status = 204), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
-pub async fn type_text(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, ApiJson(req): ApiJson<api::ScreenTypeRequest>) -> ApiResult<StatusCode> {
+pub async fn type_text(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<api::ScreenTypeRequest>,
+) -> ApiResult<StatusCode> {
     send(&st, &caller, &id, ScreenInput::Text(req.text)).await
 }
 
@@ -52,7 +62,12 @@ pub async fn type_text(State(st): State<AppState>, Auth(caller): Auth, Path(id):
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/screen/move", tag = "screen",
     params(("id" = String, Path)), request_body = api::ScreenMoveRequest,
     responses((status = 204), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
-pub async fn move_to(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, ApiJson(req): ApiJson<api::ScreenMoveRequest>) -> ApiResult<StatusCode> {
+pub async fn move_to(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<api::ScreenMoveRequest>,
+) -> ApiResult<StatusCode> {
     send(&st, &caller, &id, ScreenInput::Move { x: req.x, y: req.y }).await
 }
 
@@ -60,7 +75,12 @@ pub async fn move_to(State(st): State<AppState>, Auth(caller): Auth, Path(id): P
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/screen/click", tag = "screen",
     params(("id" = String, Path)), request_body = api::ScreenClickRequest,
     responses((status = 204), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
-pub async fn click(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, ApiJson(req): ApiJson<api::ScreenClickRequest>) -> ApiResult<StatusCode> {
+pub async fn click(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    ApiJson(req): ApiJson<api::ScreenClickRequest>,
+) -> ApiResult<StatusCode> {
     let at = match (req.x, req.y) {
         (Some(x), Some(y)) => Some((x, y)),
         (None, None) => None,

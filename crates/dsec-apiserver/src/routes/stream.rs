@@ -44,7 +44,13 @@ pub async fn exec_stream(
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "exec",
     params(("id" = String, Path), ("rows" = Option<u16>, Query), ("cols" = Option<u16>, Query), ("cmd" = Option<String>, Query), ("user" = Option<String>, Query), ("cwd" = Option<String>, Query)),
     responses((status = 101, description = "WebSocket: binary frames are terminal bytes"), (status = 404, body = api::ErrorBody)))]
-pub async fn pty(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs, ws: WebSocketUpgrade) -> ApiResult<Response> {
+pub async fn pty(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    q: QueryPairs,
+    ws: WebSocketUpgrade,
+) -> ApiResult<Response> {
     st.nodes.owner(&id)?.get(&caller, &id)?;
     let spec = PtySpec {
         command: q.get("cmd").map(|c| Command::Shell(c.to_string())),

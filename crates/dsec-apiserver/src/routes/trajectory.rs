@@ -26,7 +26,12 @@ pub async fn get(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/replay", tag = "trajectory",
     params(("id" = String, Path), ("keep" = Option<bool>, Query)),
     responses((status = 200, body = api::ReplayReport), (status = 404, body = api::ErrorBody)))]
-pub async fn replay(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Json<api::ReplayReport>> {
+pub async fn replay(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    q: QueryPairs,
+) -> ApiResult<Json<api::ReplayReport>> {
     let keep = q.bool("keep", false)?;
     let r = st.nodes.owner(&id)?.replay(&caller, &id, keep).await?;
     Ok(Json(api::ReplayReport {
@@ -39,7 +44,14 @@ pub async fn replay(State(st): State<AppState>, Auth(caller): Auth, Path(id): Pa
         divergences: r
             .divergences
             .into_iter()
-            .map(|d| api::Divergence { seq: d.seq, step_id: d.step_id, kind: d.kind, field: d.field, recorded: d.recorded, replayed: d.replayed })
+            .map(|d| api::Divergence {
+                seq: d.seq,
+                step_id: d.step_id,
+                kind: d.kind,
+                field: d.field,
+                recorded: d.recorded,
+                replayed: d.replayed,
+            })
             .collect(),
     }))
 }

@@ -54,24 +54,15 @@ pub async fn run(a: ChurnArgs) -> anyhow::Result<()> {
     // again, so the API's keep-alive sockets do not show up as fds.
     let (c1, do_exec) = (client(&a.common)?, a.exec);
     let m0 = CpuMark::now(Some(pid));
-    let out = run_load(
-        a.cycles,
-        a.concurrency,
-        progress(a.cycles, "churn", true),
-        move |_| {
-            let (c, r, ex) = (c1.clone(), req.clone(), ex.clone());
-            async move {
-                let id = c.create(&r).await?.id;
-                let e = if do_exec {
-                    dsec_exec_true(&c, &id, &ex).await
-                } else {
-                    Ok(())
-                };
-                c.delete(&id).await?;
-                e
-            }
-        },
-    )
+    let out = run_load(a.cycles, a.concurrency, progress(a.cycles, "churn", true), move |_| {
+        let (c, r, ex) = (c1.clone(), req.clone(), ex.clone());
+        async move {
+            let id = c.create(&r).await?.id;
+            let e = if do_exec { dsec_exec_true(&c, &id, &ex).await } else { Ok(()) };
+            c.delete(&id).await?;
+            e
+        }
+    })
     .await;
     let m1 = CpuMark::now(Some(pid));
     let errors = out.errors();
@@ -81,18 +72,12 @@ pub async fn run(a: ChurnArgs) -> anyhow::Result<()> {
     // asynchronous kernel cleanup (namespaces) finish before counting.
     let t0 = Instant::now();
     let mut after = count();
-    while t0.elapsed() < Duration::from_secs(30)
-        && (after.own() != before.own() || after.net_namespaces > before.net_namespaces)
-    {
+    while t0.elapsed() < Duration::from_secs(30) && (after.own() != before.own() || after.net_namespaces > before.net_namespaces) {
         tokio::time::sleep(Duration::from_millis(500)).await;
         after = count();
     }
     let settle_s = t0.elapsed().as_secs_f64();
-    let remaining = cl
-        .list(&[])
-        .await
-        .map(|l| l.sandboxes.len())
-        .unwrap_or(usize::MAX);
+    let remaining = cl.list(&[]).await.map(|l| l.sandboxes.len()).unwrap_or(usize::MAX);
 
     let b = serde_json::to_value(&before)?;
     let af = serde_json::to_value(&after)?;
@@ -101,12 +86,7 @@ pub async fn run(a: ChurnArgs) -> anyhow::Result<()> {
         .iter()
         .map(|k| {
             let (x, y) = (b[k].as_i64().unwrap_or(0), af[k].as_i64().unwrap_or(0));
-            vec![
-                k.clone(),
-                x.to_string(),
-                y.to_string(),
-                format!("{:+}", y - x),
-            ]
+            vec![k.clone(), x.to_string(), y.to_string(), format!("{:+}", y - x)]
         })
         .collect();
     let v = json!({
@@ -136,10 +116,6 @@ pub async fn run(a: ChurnArgs) -> anyhow::Result<()> {
         errors.len(),
         f(summarize(&out.latencies()).p50_ms, 2)
     );
-    print_table(
-        "left behind (before -> after)",
-        &["", "before", "after", "delta"],
-        &rows,
-    );
+    print_table("left behind (before -> after)", &["", "before", "after", "delta"], &rows);
     Ok(())
 }

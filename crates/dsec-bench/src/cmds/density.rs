@@ -54,10 +54,7 @@ fn memcg(node: Option<&str>) -> BTreeMap<String, u64> {
     if let Some(n) = node {
         let dir = std::path::Path::new("/sys/fs/cgroup/memory/dsec").join(n);
         for k in ["memory.usage_in_bytes", "memory.kmem.usage_in_bytes"] {
-            if let Some(v) = std::fs::read_to_string(dir.join(k))
-                .ok()
-                .and_then(|t| t.trim().parse().ok())
-            {
+            if let Some(v) = std::fs::read_to_string(dir.join(k)).ok().and_then(|t| t.trim().parse().ok()) {
                 m.insert(k.to_string(), v);
             }
         }
@@ -80,31 +77,19 @@ pub async fn run(a: DensityArgs) -> anyhow::Result<()> {
 
     let c1 = cl.clone();
     let m0 = CpuMark::now(Some(pid));
-    let out = run_load(
-        a.count,
-        a.concurrency,
-        progress(a.count, "density", true),
-        move |_| {
-            let (c, r) = (c1.clone(), req.clone());
-            async move {
-                let sb = c.create(&r).await?;
-                Ok((sb.id, sb.create_ms.unwrap_or(f64::NAN)))
-            }
-        },
-    )
+    let out = run_load(a.count, a.concurrency, progress(a.count, "density", true), move |_| {
+        let (c, r) = (c1.clone(), req.clone());
+        async move {
+            let sb = c.create(&r).await?;
+            Ok((sb.id, sb.create_ms.unwrap_or(f64::NAN)))
+        }
+    })
     .await;
     let m1 = CpuMark::now(Some(pid));
     let errors = out.errors();
-    let ok: Vec<(f64, f64, String)> = out
-        .ok()
-        .map(|(d, (id, s))| (d.latency_ms, *s, id.clone()))
-        .collect();
+    let ok: Vec<(f64, f64, String)> = out.ok().map(|(d, (id, s))| (d.latency_ms, *s, id.clone())).collect();
     let n = ok.len();
-    eprintln!(
-        "created {n} sandboxes in {:.1} s ({} errors)",
-        out.wall.as_secs_f64(),
-        errors.len()
-    );
+    eprintln!("created {n} sandboxes in {:.1} s ({} errors)", out.wall.as_secs_f64(), errors.len());
     if n == 0 {
         anyhow::bail!("no sandbox was created: {:?}", errors.first());
     }
@@ -115,15 +100,8 @@ pub async fn run(a: DensityArgs) -> anyhow::Result<()> {
     let cg1 = memcg(a.node.as_deref());
     let slab1 = host::slab_bytes();
     let table = host::process_table();
-    let agents: Vec<i32> = host::descendants(&table, pid)
-        .into_iter()
-        .filter(|p| {
-            table
-                .get(p)
-                .map(|(_, c)| c == "dsec-agent")
-                .unwrap_or(false)
-        })
-        .collect();
+    let agents: Vec<i32> =
+        host::descendants(&table, pid).into_iter().filter(|p| table.get(p).map(|(_, c)| c == "dsec-agent").unwrap_or(false)).collect();
     let mut agent_sum: BTreeMap<String, u64> = BTreeMap::new();
     for p in &agents {
         for (k, v) in host::smaps_rollup(*p) {
@@ -138,26 +116,15 @@ pub async fn run(a: DensityArgs) -> anyhow::Result<()> {
     // exec in the first, the last and a spread in between.
     let ex = exec_true();
     let mut probe_ok = 0;
-    let probes: Vec<&String> = ok
-        .iter()
-        .step_by((n / 50).max(1))
-        .map(|x| &x.2)
-        .chain(ok.last().map(|x| &x.2))
-        .collect();
+    let probes: Vec<&String> = ok.iter().step_by((n / 50).max(1)).map(|x| &x.2).chain(ok.last().map(|x| &x.2)).collect();
     for id in &probes {
         if dsec_exec_true(&cl, id, &ex).await.is_ok() {
             probe_ok += 1;
         }
     }
-    let listed_running = cl
-        .list(&[("state", "running")])
-        .await
-        .map(|l| l.sandboxes.len())
-        .unwrap_or(0);
+    let listed_running = cl.list(&[("state", "running")]).await.map(|l| l.sandboxes.len()).unwrap_or(0);
 
-    let delta = |k: &str| {
-        mem1.get(k).copied().unwrap_or(0) as f64 - mem0.get(k).copied().unwrap_or(0) as f64
-    };
+    let delta = |k: &str| mem1.get(k).copied().unwrap_or(0) as f64 - mem0.get(k).copied().unwrap_or(0) as f64;
     let per = |kb: f64| kb / n as f64 / 1024.0; // MiB per sandbox
     let used_mib = per(-delta("MemAvailable"));
     let lat: Vec<f64> = ok.iter().map(|x| x.0).collect();
@@ -166,59 +133,22 @@ pub async fn run(a: DensityArgs) -> anyhow::Result<()> {
     let (first_c, last_c) = (median(&lat[..k]), median(&lat[n - k..]));
     let (first_s, last_s) = (median(&srv[..k]), median(&srv[n - k..]));
     let mut breakdown = BTreeMap::new();
-    for key in [
-        "Rss",
-        "Pss",
-        "Pss_Anon",
-        "Pss_File",
-        "Private_Dirty",
-        "Private_Clean",
-        "Shared_Clean",
-    ] {
+    for key in ["Rss", "Pss", "Pss_Anon", "Pss_File", "Private_Dirty", "Private_Clean", "Shared_Clean"] {
         if let Some(v) = agent_sum.get(key) {
-            breakdown.insert(
-                format!("agent_{key}_mib"),
-                *v as f64 / agents.len().max(1) as f64 / 1024.0,
-            );
+            breakdown.insert(format!("agent_{key}_mib"), *v as f64 / agents.len().max(1) as f64 / 1024.0);
         }
     }
-    for key in [
-        "Slab",
-        "SUnreclaim",
-        "KernelStack",
-        "PageTables",
-        "Percpu",
-        "Shmem",
-        "AnonPages",
-        "Cached",
-    ] {
+    for key in ["Slab", "SUnreclaim", "KernelStack", "PageTables", "Percpu", "Shmem", "AnonPages", "Cached"] {
         breakdown.insert(format!("kernel_{key}_delta_mib"), per(delta(key)));
     }
-    breakdown.insert(
-        "dsec_process_rss_delta_mib".into(),
-        per(rss1 as f64 - rss0 as f64),
-    );
-    let cgd = |k: &str| {
-        (cg1.get(k).copied().unwrap_or(0) as f64 - cg0.get(k).copied().unwrap_or(0) as f64)
-            / n as f64
-            / (1 << 20) as f64
-    };
+    breakdown.insert("dsec_process_rss_delta_mib".into(), per(rss1 as f64 - rss0 as f64));
+    let cgd = |k: &str| (cg1.get(k).copied().unwrap_or(0) as f64 - cg0.get(k).copied().unwrap_or(0) as f64) / n as f64 / (1 << 20) as f64;
     breakdown.insert("memcg_usage_mib".into(), cgd("memory.usage_in_bytes"));
-    breakdown.insert(
-        "memcg_kmem_usage_mib".into(),
-        cgd("memory.kmem.usage_in_bytes"),
-    );
+    breakdown.insert("memcg_kmem_usage_mib".into(), cgd("memory.kmem.usage_in_bytes"));
 
     // The slab caches that grew most, in KiB per sandbox.
-    let mut slabs: Vec<(String, f64)> = slab1
-        .iter()
-        .map(|(k, v)| {
-            (
-                k.clone(),
-                (*v as f64 - slab0.get(k).copied().unwrap_or(0) as f64) / n as f64 / 1024.0,
-            )
-        })
-        .collect();
+    let mut slabs: Vec<(String, f64)> =
+        slab1.iter().map(|(k, v)| (k.clone(), (*v as f64 - slab0.get(k).copied().unwrap_or(0) as f64) / n as f64 / 1024.0)).collect();
     slabs.sort_by(|a, b| b.1.partial_cmp(&a.1).unwrap());
     slabs.truncate(15);
     let v = json!({
@@ -252,67 +182,22 @@ pub async fn run(a: DensityArgs) -> anyhow::Result<()> {
 
     let b = |k: &str| v["breakdown_per_sandbox"][k].as_f64().unwrap_or(f64::NAN);
     let rows: Vec<Vec<String>> = vec![
-        vec![
-            "sandboxes running".into(),
-            format!(
-                "{n} ({} listed, {probe_ok}/{} probe execs ok)",
-                listed_running,
-                probes.len()
-            ),
-        ],
-        vec![
-            "create rate".into(),
-            format!(
-                "{:.0}/s at {} creators, {:.1} s",
-                out.rate(),
-                a.concurrency,
-                out.wall.as_secs_f64()
-            ),
-        ],
-        vec![
-            "host memory per sandbox".into(),
-            format!("{used_mib:.3} MiB (MemAvailable delta / N)"),
-        ],
-        vec![
-            "  agent RSS / PSS".into(),
-            format!("{:.3} / {:.3} MiB", b("agent_Rss_mib"), b("agent_Pss_mib")),
-        ],
+        vec!["sandboxes running".into(), format!("{n} ({} listed, {probe_ok}/{} probe execs ok)", listed_running, probes.len())],
+        vec!["create rate".into(), format!("{:.0}/s at {} creators, {:.1} s", out.rate(), a.concurrency, out.wall.as_secs_f64())],
+        vec!["host memory per sandbox".into(), format!("{used_mib:.3} MiB (MemAvailable delta / N)")],
+        vec!["  agent RSS / PSS".into(), format!("{:.3} / {:.3} MiB", b("agent_Rss_mib"), b("agent_Pss_mib"))],
         vec![
             "  kernel Slab (unreclaimable)".into(),
-            format!(
-                "{:.3} ({:.3}) MiB",
-                b("kernel_Slab_delta_mib"),
-                b("kernel_SUnreclaim_delta_mib")
-            ),
+            format!("{:.3} ({:.3}) MiB", b("kernel_Slab_delta_mib"), b("kernel_SUnreclaim_delta_mib")),
         ],
         vec![
             "  KernelStack + PageTables".into(),
-            format!(
-                "{:.3} + {:.3} MiB",
-                b("kernel_KernelStack_delta_mib"),
-                b("kernel_PageTables_delta_mib")
-            ),
+            format!("{:.3} + {:.3} MiB", b("kernel_KernelStack_delta_mib"), b("kernel_PageTables_delta_mib")),
         ],
-        vec![
-            "  Percpu".into(),
-            format!("{:.3} MiB", b("kernel_Percpu_delta_mib")),
-        ],
-        vec![
-            "  Shmem (tmpfs)".into(),
-            format!("{:.3} MiB", b("kernel_Shmem_delta_mib")),
-        ],
-        vec![
-            "  dsec process RSS".into(),
-            format!("{:.3} MiB", b("dsec_process_rss_delta_mib")),
-        ],
-        vec![
-            "  memcg usage (kmem)".into(),
-            format!(
-                "{:.3} ({:.3}) MiB",
-                b("memcg_usage_mib"),
-                b("memcg_kmem_usage_mib")
-            ),
-        ],
+        vec!["  Percpu".into(), format!("{:.3} MiB", b("kernel_Percpu_delta_mib"))],
+        vec!["  Shmem (tmpfs)".into(), format!("{:.3} MiB", b("kernel_Shmem_delta_mib"))],
+        vec!["  dsec process RSS".into(), format!("{:.3} MiB", b("dsec_process_rss_delta_mib"))],
+        vec!["  memcg usage (kmem)".into(), format!("{:.3} ({:.3}) MiB", b("memcg_usage_mib"), b("memcg_kmem_usage_mib"))],
         vec![
             format!("create p50 first/last {k}"),
             format!(
@@ -327,25 +212,13 @@ pub async fn run(a: DensityArgs) -> anyhow::Result<()> {
         ],
         vec![
             "idle CPU with all running".into(),
-            format!(
-                "dsec {:.3} cores, host {:.3} cores",
-                idle.server_cpu_ms_per_op / idle.wall_ms,
-                idle.host_busy_cores
-            ),
+            format!("dsec {:.3} cores, host {:.3} cores", idle.server_cpu_ms_per_op / idle.wall_ms, idle.host_busy_cores),
         ],
     ];
-    let mut kv: Vec<(String, String)> = rows
-        .into_iter()
-        .map(|r| (r[0].clone(), r[1].clone()))
-        .collect();
+    let mut kv: Vec<(String, String)> = rows.into_iter().map(|r| (r[0].clone(), r[1].clone())).collect();
     kv.push((
         "  top slab caches (KiB each)".into(),
-        slabs
-            .iter()
-            .take(5)
-            .map(|(k, v)| format!("{k} {v:.0}"))
-            .collect::<Vec<_>>()
-            .join(", "),
+        slabs.iter().take(5).map(|(k, v)| format!("{k} {v:.0}")).collect::<Vec<_>>().join(", "),
     ));
     print_kv("density", &kv);
     if !errors.is_empty() {

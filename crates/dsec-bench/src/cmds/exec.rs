@@ -58,10 +58,7 @@ pub async fn run(a: ExecArgs) -> anyhow::Result<()> {
                 cr.exec("rtt", &["true"]).await?;
             }
         }
-        let (mut d, mut c) = (
-            Vec::with_capacity(a.iterations),
-            Vec::with_capacity(a.crun_iterations),
-        );
+        let (mut d, mut c) = (Vec::with_capacity(a.iterations), Vec::with_capacity(a.crun_iterations));
         while d.len() < a.iterations || (crun.is_some() && c.len() < a.crun_iterations) {
             for _ in 0..100 {
                 if d.len() < a.iterations {
@@ -92,15 +89,8 @@ pub async fn run(a: ExecArgs) -> anyhow::Result<()> {
             let m0 = CpuMark::now(a.common.dsec_pid);
             let mut tasks = Vec::new();
             for w in 0..conc {
-                let (cl, ids, stop, count, errors, lats, ex) = (
-                    cl.clone(),
-                    ids.clone(),
-                    stop.clone(),
-                    count.clone(),
-                    errors.clone(),
-                    lats.clone(),
-                    ex.clone(),
-                );
+                let (cl, ids, stop, count, errors, lats, ex) =
+                    (cl.clone(), ids.clone(), stop.clone(), count.clone(), errors.clone(), lats.clone(), ex.clone());
                 tasks.push(tokio::spawn(async move {
                     let mut mine = Vec::new();
                     while !stop.load(Ordering::Relaxed) {
@@ -154,32 +144,16 @@ pub async fn run(a: ExecArgs) -> anyhow::Result<()> {
     });
     let mut rows = vec![{
         let s = summarize(&d);
-        vec![
-            "dsec, compiled client".into(),
-            f(s.p50_ms, 3),
-            f(s.p90_ms, 3),
-            f(s.p99_ms, 3),
-            s.n.to_string(),
-        ]
+        vec!["dsec, compiled client".into(), f(s.p50_ms, 3), f(s.p90_ms, 3), f(s.p99_ms, 3), s.n.to_string()]
     }];
     if crun.is_some() {
         out["crun_exec"] = json!({"sequential_ms": summarize(&c), "samples": round3(&c)});
         out["ratio_p50"] = json!(summarize(&c).p50_ms / summarize(&d).p50_ms);
         let s = summarize(&c);
-        rows.push(vec![
-            "crun exec".into(),
-            f(s.p50_ms, 3),
-            f(s.p90_ms, 3),
-            f(s.p99_ms, 3),
-            s.n.to_string(),
-        ]);
+        rows.push(vec!["crun exec".into(), f(s.p50_ms, 3), f(s.p90_ms, 3), f(s.p99_ms, 3), s.n.to_string()]);
     }
     write_out(a.common.out.as_deref(), &out)?;
-    print_table(
-        "exec round trip of `true`, sequential (ms)",
-        &["", "p50", "p90", "p99", "n"],
-        &rows,
-    );
+    print_table("exec round trip of `true`, sequential (ms)", &["", "p50", "p90", "p99", "n"], &rows);
     let rows: Vec<Vec<String>> = loops
         .iter()
         .map(|l| {
@@ -188,12 +162,7 @@ pub async fn run(a: ExecArgs) -> anyhow::Result<()> {
                 f(l["req_per_s"].as_f64().unwrap_or(f64::NAN), 0),
                 f(l["latency_ms"]["p50_ms"].as_f64().unwrap_or(f64::NAN), 2),
                 f(l["latency_ms"]["p99_ms"].as_f64().unwrap_or(f64::NAN), 2),
-                f(
-                    l["cpu"]["server_cpu_ms_per_op"]
-                        .as_f64()
-                        .unwrap_or(f64::NAN),
-                    3,
-                ),
+                f(l["cpu"]["server_cpu_ms_per_op"].as_f64().unwrap_or(f64::NAN), 3),
                 f(l["cpu"]["host_busy_cores"].as_f64().unwrap_or(f64::NAN), 2),
                 l["errors"].to_string(),
             ]
@@ -201,15 +170,7 @@ pub async fn run(a: ExecArgs) -> anyhow::Result<()> {
         .collect();
     print_table(
         "exec capacity, compiled client, closed loop (one sandbox per worker)",
-        &[
-            "C",
-            "req/s",
-            "p50 ms",
-            "p99 ms",
-            "server cpu ms/req",
-            "busy cores",
-            "errors",
-        ],
+        &["C", "req/s", "p50 ms", "p99 ms", "server cpu ms/req", "busy cores", "errors"],
         &rows,
     );
     Ok(())

@@ -61,12 +61,7 @@ pub async fn run(args: BaselineArgs) -> anyhow::Result<()> {
 
 /// One program run: exit code, stdout, timed out.
 async fn run_program(cmd: &mut tokio::process::Command, stdin: &[u8], limit: Duration) -> anyhow::Result<(Option<i32>, Vec<u8>, bool)> {
-    let mut child = cmd
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()?;
+    let mut child = cmd.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::piped()).kill_on_drop(true).spawn()?;
     let mut input = child.stdin.take().context("stdin")?;
     let data = stdin.to_vec();
     tokio::spawn(async move {
@@ -165,7 +160,8 @@ async fn serve(st: &Baseline, req: &FnCallRequest) -> anyhow::Result<Value> {
     let mut last_stdout = Vec::new();
     for (stdin, expected) in cases {
         let (code, stdout, timed_out) =
-            run_program(tokio::process::Command::new(&program[0]).args(&program[1..]).current_dir(dir.path()), stdin.as_bytes(), limit).await?;
+            run_program(tokio::process::Command::new(&program[0]).args(&program[1..]).current_dir(dir.path()), stdin.as_bytes(), limit)
+                .await?;
         let verdict = match (timed_out, code, &expected) {
             (true, _, _) => "TLE",
             (false, Some(0), Some(e)) if tokens(&stdout) == tokens(e.as_bytes()) => "AC",

@@ -130,14 +130,7 @@ pub async fn run(a: LatencyArgs) -> anyhow::Result<()> {
 
     let row = |name: &str, v: &[f64]| {
         let s = summarize(v);
-        vec![
-            name.to_string(),
-            f(s.p50_ms, 2),
-            f(s.p90_ms, 2),
-            f(s.p99_ms, 2),
-            f(s.max_ms, 2),
-            s.n.to_string(),
-        ]
+        vec![name.to_string(), f(s.p50_ms, 2), f(s.p90_ms, 2), f(s.p99_ms, 2), f(s.max_ms, 2), s.n.to_string()]
     };
     let mut rows = vec![
         row("dsec create->exec answered", &d.total),
@@ -155,11 +148,7 @@ pub async fn run(a: LatencyArgs) -> anyhow::Result<()> {
             row("  crun delete -f + umount", &c.delete),
         ]);
     }
-    print_table(
-        "create -> first exec answered (ms)",
-        &["", "p50", "p90", "p99", "max", "n"],
-        &rows,
-    );
+    print_table("create -> first exec answered (ms)", &["", "p50", "p90", "p99", "max", "n"], &rows);
     if crun.is_some() {
         println!(
             "  ratio crun/dsec: p50 {:.2}x, p99 {:.2}x",

@@ -49,21 +49,14 @@ pub fn create_request(c: &Common) -> api::CreateSandboxRequest {
 }
 
 pub fn exec_true() -> api::ExecRequest {
-    api::ExecRequest {
-        argv: Some(vec!["true".into()]),
-        ..Default::default()
-    }
+    api::ExecRequest { argv: Some(vec!["true".into()]), ..Default::default() }
 }
 
 /// Runs `true` and checks it succeeded.
 pub async fn dsec_exec_true(cl: &Client, id: &str, req: &api::ExecRequest) -> anyhow::Result<()> {
     let r = cl.exec(id, req).await?;
     if r.exit_code != 0 {
-        bail!(
-            "exec true in {id}: exit {} ({})",
-            r.exit_code,
-            r.stderr.trim()
-        );
+        bail!("exec true in {id}: exit {} ({})", r.exit_code, r.stderr.trim());
     }
     Ok(())
 }
@@ -73,35 +66,17 @@ pub async fn crun_setup(c: &Common, o: &CrunOpts) -> anyhow::Result<Option<Arc<C
         return Ok(None);
     };
     let blob = crun::image_blob(&o.images_dir, &c.image)?;
-    let limits = crun::Limits {
-        memory_mb: c.memory_mb,
-        cpu_cores: c.cpu,
-        disk_mb: c.disk_mb,
-        pids: c.pids,
-    };
-    Ok(Some(Arc::new(Crun::setup(
-        work,
-        &blob,
-        limits,
-        &["sleep", "2147483647"],
-    )?)))
+    let limits = crun::Limits { memory_mb: c.memory_mb, cpu_cores: c.cpu, disk_mb: c.disk_mb, pids: c.pids };
+    Ok(Some(Arc::new(Crun::setup(work, &blob, limits, &["sleep", "2147483647"])?)))
 }
 
 /// Facts about the run that go into every results file.
 pub fn environment(c: &Common, crun_on: bool) -> Value {
     let (cpus, mem) = {
         let m = crate::host::meminfo();
-        (
-            std::thread::available_parallelism()
-                .map(|n| n.get())
-                .unwrap_or(0),
-            m.get("MemTotal").copied().unwrap_or(0),
-        )
+        (std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0), m.get("MemTotal").copied().unwrap_or(0))
     };
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease")
-        .unwrap_or_default()
-        .trim()
-        .to_string();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim().to_string();
     json!({
         "endpoint": c.endpoint,
         "image": c.image,
@@ -122,8 +97,7 @@ pub fn write_out(path: Option<&Path>, v: &Value) -> anyhow::Result<()> {
         if let Some(d) = p.parent() {
             std::fs::create_dir_all(d)?;
         }
-        std::fs::write(p, serde_json::to_vec_pretty(v)?)
-            .with_context(|| format!("writing {}", p.display()))?;
+        std::fs::write(p, serde_json::to_vec_pretty(v)?).with_context(|| format!("writing {}", p.display()))?;
         eprintln!("results written to {}", p.display());
     }
     Ok(())

@@ -83,100 +83,55 @@ pub async fn run(a: ThroughputArgs) -> anyhow::Result<()> {
                 f(g("delete", "rate_per_s"), 0),
                 f(g("cycles", "rate_per_s"), 0),
                 f(lat("cycles", "p50_ms"), 1),
-                f(
-                    s["burst"]["cpu"]["host_busy_cpu_ms_per_op"]
-                        .as_f64()
-                        .unwrap_or(f64::NAN),
-                    2,
-                ),
-                (s["burst"]["errors"].as_u64().unwrap_or(0)
-                    + s["cycles"]["errors"].as_u64().unwrap_or(0))
-                .to_string(),
+                f(s["burst"]["cpu"]["host_busy_cpu_ms_per_op"].as_f64().unwrap_or(f64::NAN), 2),
+                (s["burst"]["errors"].as_u64().unwrap_or(0) + s["cycles"]["errors"].as_u64().unwrap_or(0)).to_string(),
             ]);
         }
     }
     print_table(
-        &format!(
-            "creation throughput (burst of {}, {} create+delete cycles)",
-            a.burst, a.cycles
-        ),
-        &[
-            "C",
-            "side",
-            "create/s",
-            "p50 ms",
-            "p99 ms",
-            "delete/s",
-            "cycles/s",
-            "cyc p50",
-            "cpu ms/create",
-            "errors",
-        ],
+        &format!("creation throughput (burst of {}, {} create+delete cycles)", a.burst, a.cycles),
+        &["C", "side", "create/s", "p50 ms", "p99 ms", "delete/s", "cycles/s", "cyc p50", "cpu ms/create", "errors"],
         &rows,
     );
     Ok(())
 }
 
-async fn measure(
-    a: &ThroughputArgs,
-    cl: &Client,
-    crun: Option<Arc<Crun>>,
-) -> anyhow::Result<Vec<Value>> {
+async fn measure(a: &ThroughputArgs, cl: &Client, crun: Option<Arc<Crun>>) -> anyhow::Result<Vec<Value>> {
     let req = Arc::new(create_request(&a.common));
     let pid = a.common.dsec_pid;
     let mut levels = Vec::new();
     for (li, &conc) in a.concurrency.iter().enumerate() {
         let mut level = json!({"concurrency": conc});
-        let order: [bool; 2] = if li % 2 == 0 {
-            [true, false]
-        } else {
-            [false, true]
-        };
+        let order: [bool; 2] = if li % 2 == 0 { [true, false] } else { [false, true] };
         for is_dsec in order {
             if is_dsec {
                 // Burst of creations.
                 let (c1, r1) = (cl.clone(), req.clone());
                 let m0 = CpuMark::now(pid);
-                let burst = run_load(
-                    a.burst,
-                    conc,
-                    progress(a.burst, &format!("dsec c={conc}"), a.common.progress),
-                    move |_| {
-                        let (c, r) = (c1.clone(), r1.clone());
-                        async move { Ok(c.create(&r).await?.id) }
-                    },
-                )
+                let burst = run_load(a.burst, conc, progress(a.burst, &format!("dsec c={conc}"), a.common.progress), move |_| {
+                    let (c, r) = (c1.clone(), r1.clone());
+                    async move { Ok(c.create(&r).await?.id) }
+                })
                 .await;
                 let m1 = CpuMark::now(pid);
-                let ids: Arc<Vec<String>> =
-                    Arc::new(burst.ok().map(|(_, id)| id.clone()).collect());
+                let ids: Arc<Vec<String>> = Arc::new(burst.ok().map(|(_, id)| id.clone()).collect());
                 let c2 = cl.clone();
                 let ids2 = ids.clone();
-                let del = run_load(
-                    ids.len(),
-                    conc,
-                    progress(ids.len(), "dsec delete", a.common.progress),
-                    move |i| {
-                        let (c, ids) = (c2.clone(), ids2.clone());
-                        async move { Ok(c.delete(&ids[i]).await?) }
-                    },
-                )
+                let del = run_load(ids.len(), conc, progress(ids.len(), "dsec delete", a.common.progress), move |i| {
+                    let (c, ids) = (c2.clone(), ids2.clone());
+                    async move { Ok(c.delete(&ids[i]).await?) }
+                })
                 .await;
                 let m2 = CpuMark::now(pid);
                 let (c3, r3) = (cl.clone(), req.clone());
-                let cycles = run_load(
-                    a.cycles,
-                    conc,
-                    progress(a.cycles, "dsec cycles", a.common.progress),
-                    move |_| {
-                        let (c, r) = (c3.clone(), r3.clone());
-                        async move {
-                            let id = c.create(&r).await?.id;
-                            c.delete(&id).await?;
-                            Ok(())
-                        }
-                    },
-                )
+                let cycles = run_load(a.cycles, conc, progress(a.cycles, "dsec cycles", a.common.progress), move |_| {
+                    let (c, r) = (c3.clone(), r3.clone());
+                    async move {
+                        let id = c.create(&r).await?.id;
+                        c.delete(&id).await?;
+                        Ok(())
+                    }
+                })
                 .await;
                 let m3 = CpuMark::now(pid);
                 level["dsec"] = json!({
@@ -187,51 +142,35 @@ async fn measure(
             } else if let Some(cr) = &crun {
                 let cr1 = cr.clone();
                 let m0 = CpuMark::now(pid);
-                let burst = run_load(
-                    a.burst,
-                    conc,
-                    progress(a.burst, &format!("crun c={conc}"), a.common.progress),
-                    move |i| {
-                        let cr = cr1.clone();
-                        async move {
-                            let id = format!("b{conc}-{i}");
-                            cr.create(&id).await?;
-                            Ok(id)
-                        }
-                    },
-                )
+                let burst = run_load(a.burst, conc, progress(a.burst, &format!("crun c={conc}"), a.common.progress), move |i| {
+                    let cr = cr1.clone();
+                    async move {
+                        let id = format!("b{conc}-{i}");
+                        cr.create(&id).await?;
+                        Ok(id)
+                    }
+                })
                 .await;
                 let m1 = CpuMark::now(pid);
-                let ids: Arc<Vec<String>> =
-                    Arc::new(burst.ok().map(|(_, id)| id.clone()).collect());
+                let ids: Arc<Vec<String>> = Arc::new(burst.ok().map(|(_, id)| id.clone()).collect());
                 let (cr2, ids2) = (cr.clone(), ids.clone());
-                let del = run_load(
-                    ids.len(),
-                    conc,
-                    progress(ids.len(), "crun delete", a.common.progress),
-                    move |i| {
-                        let (cr, ids) = (cr2.clone(), ids2.clone());
-                        async move { cr.delete(&ids[i]).await.map(|_| ()) }
-                    },
-                )
+                let del = run_load(ids.len(), conc, progress(ids.len(), "crun delete", a.common.progress), move |i| {
+                    let (cr, ids) = (cr2.clone(), ids2.clone());
+                    async move { cr.delete(&ids[i]).await.map(|_| ()) }
+                })
                 .await;
                 let m2 = CpuMark::now(pid);
                 let cr3 = cr.clone();
-                let cycles = run_load(
-                    a.cycles,
-                    conc,
-                    progress(a.cycles, "crun cycles", a.common.progress),
-                    move |i| {
-                        let cr = cr3.clone();
-                        async move {
-                            let id = format!("y{conc}-{i}");
-                            let r = cr.create(&id).await;
-                            let d = cr.delete(&id).await;
-                            r?;
-                            d.map(|_| ())
-                        }
-                    },
-                )
+                let cycles = run_load(a.cycles, conc, progress(a.cycles, "crun cycles", a.common.progress), move |i| {
+                    let cr = cr3.clone();
+                    async move {
+                        let id = format!("y{conc}-{i}");
+                        let r = cr.create(&id).await;
+                        let d = cr.delete(&id).await;
+                        r?;
+                        d.map(|_| ())
+                    }
+                })
                 .await;
                 let m3 = CpuMark::now(pid);
                 level["crun"] = json!({
@@ -243,8 +182,7 @@ async fn measure(
         }
         if level.get("crun").is_some() {
             let r = |p: &str| {
-                level["dsec"][p]["rate_per_s"].as_f64().unwrap_or(0.0)
-                    / level["crun"][p]["rate_per_s"].as_f64().unwrap_or(f64::NAN)
+                level["dsec"][p]["rate_per_s"].as_f64().unwrap_or(0.0) / level["crun"][p]["rate_per_s"].as_f64().unwrap_or(f64::NAN)
             };
             let (rb, rc) = (r("burst"), r("cycles"));
             level["ratio_burst"] = json!(rb);

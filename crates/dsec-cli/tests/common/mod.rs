@@ -512,7 +512,10 @@ impl Api {
     }
 
     /// Runs one API call with a deadline.
-    pub fn call<T>(&self, f: impl std::future::Future<Output = Result<T, dsec_client::ClientError>>) -> Result<T, dsec_client::ClientError> {
+    pub fn call<T>(
+        &self,
+        f: impl std::future::Future<Output = Result<T, dsec_client::ClientError>>,
+    ) -> Result<T, dsec_client::ClientError> {
         self.rt.block_on(async { tokio::time::timeout(Duration::from_secs(30), f).await.expect("API call timed out") })
     }
 

@@ -212,9 +212,7 @@ pub(crate) fn write_file(path: &Path, value: &str) -> Result<(), CgroupError> {
 }
 
 pub(crate) fn read_pids(path: &Path) -> Vec<i32> {
-    std::fs::read_to_string(path)
-        .map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect())
-        .unwrap_or_default()
+    std::fs::read_to_string(path).map(|t| t.lines().filter_map(|l| l.trim().parse().ok()).collect()).unwrap_or_default()
 }
 
 /// rmdir with a few retries: a cgroup stays busy for a moment after its last

@@ -187,10 +187,7 @@ impl V2Cgroups {
 
     pub(super) fn oom_kills(&self, name: &str) -> u64 {
         let Ok(text) = std::fs::read_to_string(self.parent.join(name).join("memory.events")) else { return 0 };
-        text.lines()
-            .find_map(|l| l.strip_prefix("oom_kill "))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or(0)
+        text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
     }
 }
 

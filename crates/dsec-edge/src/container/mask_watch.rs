@@ -103,7 +103,8 @@ impl MaskWatch {
             // leads to the same inode.
             let Ok(path) = std::ffi::CString::new(format!("/proc/self/fd/{}", fd.as_raw_fd())) else { continue };
             // SAFETY: a valid group fd and a NUL-terminated path.
-            let r = unsafe { libc::fanotify_mark(self.group.get_ref().as_raw_fd(), libc::FAN_MARK_ADD, mask, libc::AT_FDCWD, path.as_ptr()) };
+            let r =
+                unsafe { libc::fanotify_mark(self.group.get_ref().as_raw_fd(), libc::FAN_MARK_ADD, mask, libc::AT_FDCWD, path.as_ptr()) };
             if r == 0 {
                 dev = Some(st.st_dev);
             } else {
@@ -241,7 +242,8 @@ mod tests {
         m.fd = -1;
         m.metadata_len = std::mem::size_of::<libc::fanotify_event_metadata>() as u16;
         // SAFETY: viewing a plain C struct as its bytes.
-        let bytes = unsafe { std::slice::from_raw_parts((&m as *const libc::fanotify_event_metadata).cast::<u8>(), m.metadata_len as usize) };
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&m as *const libc::fanotify_event_metadata).cast::<u8>(), m.metadata_len as usize) };
         assert!(parse(bytes).is_empty());
     }
 

@@ -56,18 +56,23 @@ impl ContainerBackend {
     /// `agent_exec`: each agent execs the agent binary afresh instead of
     /// being forked from the spawn helper (a fresh address-space layout per
     /// agent, ~0.4 ms more CPU per creation).
-    pub fn new(cgroups: Arc<Cgroups>, agent_path: &Path, state_dir: &Path, setup_timeout: Duration, agent_exec: bool) -> Result<Self, EdgeError> {
+    pub fn new(
+        cgroups: Arc<Cgroups>,
+        agent_path: &Path,
+        state_dir: &Path,
+        setup_timeout: Duration,
+        agent_exec: bool,
+    ) -> Result<Self, EdgeError> {
         let scratch_dir = state_dir.join("scratch");
         // Everything that can fail comes before the node's sysfs mount.
         if !agent_path.is_file() {
             return Err(EdgeError::Internal(format!("guest agent binary not found at {}", agent_path.display())));
         }
-        std::fs::create_dir_all(&scratch_dir)
-            .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", scratch_dir.display())))?;
-        let agent_path = CString::new(agent_path.as_os_str().as_encoded_bytes())
-            .map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
-        let spawner = spawn::Spawner::new(agent_path, agent_exec)
-            .map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
+        std::fs::create_dir_all(&scratch_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", scratch_dir.display())))?;
+        let agent_path =
+            CString::new(agent_path.as_os_str().as_encoded_bytes()).map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
+        let spawner =
+            spawn::Spawner::new(agent_path, agent_exec).map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
         Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None, masks: None, netns_pool: None })
     }
@@ -221,7 +226,10 @@ impl ContainerBackend {
         let t_setup = t0.elapsed();
         // Whatever the handshake did, the attach ends before anything else.
         let attached = match attaching {
-            Some(task) => task.await.map_err(|e| EdgeError::Internal(format!("attaching the allowlist: {e}"))).and_then(|r| r.map_err(EdgeError::from)),
+            Some(task) => task
+                .await
+                .map_err(|e| EdgeError::Internal(format!("attaching the allowlist: {e}")))
+                .and_then(|r| r.map_err(EdgeError::from)),
             None => Ok(()),
         };
         if let Err(e) = attached {
@@ -294,7 +302,6 @@ impl ContainerBackend {
             other => Err(EdgeError::Internal(format!("agent of {id} answered re-attach with {other:?}"))),
         }
     }
-
 }
 
 impl crate::backend::Backend for ContainerBackend {

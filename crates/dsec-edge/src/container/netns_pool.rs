@@ -45,7 +45,8 @@ fn make_one() -> std::io::Result<OwnedFd> {
     // general call is unsafe is CLONE_FILES/CLONE_FS); only this thread
     // moves, and it runs nothing but this pool.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNET)? };
-    let fd = rustix::fs::open("/proc/thread-self/ns/net", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
+    let fd =
+        rustix::fs::open("/proc/thread-self/ns/net", rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())?;
     dsec_spawn::set_loopback_up()?;
     Ok(fd)
 }

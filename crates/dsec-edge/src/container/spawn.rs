@@ -109,7 +109,12 @@ fn start_helper(agent_path: &CString, exec_each: bool) -> std::io::Result<Helper
     Ok(Helper { sock: ours, pidfd })
 }
 
-fn ask(h: &Helper, ns_flags: libc::c_int, channel: &UnixStream, netns: Option<std::os::fd::BorrowedFd<'_>>) -> Result<(i32, OwnedFd), AskError> {
+fn ask(
+    h: &Helper,
+    ns_flags: libc::c_int,
+    channel: &UnixStream,
+    netns: Option<std::os::fd::BorrowedFd<'_>>,
+) -> Result<(i32, OwnedFd), AskError> {
     let mut fds = vec![channel.as_fd()];
     fds.extend(netns);
     protocol::send_fds(h.sock.as_fd(), &protocol::encode_request(ns_flags as u32), &fds).map_err(AskError::Helper)?;

@@ -187,7 +187,19 @@ mod tests {
     }
 
     fn launch(f: &VmFiles) -> FullVmLaunch<'_> {
-        FullVmLaunch { accel: Accel::Tcg, firmware: Firmware::Seabios, memory_mb: 512, vcpus: 2, tb_size_mb: 16, files: f, disk_limit_bytes: 1 << 30, free_page_reporting: true, layers: &[], layer_bus: LayerBus::Pmem, incoming: false }
+        FullVmLaunch {
+            accel: Accel::Tcg,
+            firmware: Firmware::Seabios,
+            memory_mb: 512,
+            vcpus: 2,
+            tb_size_mb: 16,
+            files: f,
+            disk_limit_bytes: 1 << 30,
+            free_page_reporting: true,
+            layers: &[],
+            layer_bus: LayerBus::Pmem,
+            incoming: false,
+        }
     }
 
     fn values<'a>(args: &'a [String], flag: &str) -> Vec<&'a str> {

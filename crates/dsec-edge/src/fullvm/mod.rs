@@ -118,8 +118,15 @@ pub struct FullVmBackend {
 
 impl FullVmBackend {
     /// Finds QEMU and qemu-img; an error names what is missing.
-    pub fn new(cgroups: Arc<Cgroups>, cfg: &FullVmConfig, node: &str, state_dir: &Path, probe: Option<Arc<MicroVmBackend>>) -> Result<Self, String> {
-        let qemu = microvm::find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
+    pub fn new(
+        cgroups: Arc<Cgroups>,
+        cfg: &FullVmConfig,
+        node: &str,
+        state_dir: &Path,
+        probe: Option<Arc<MicroVmBackend>>,
+    ) -> Result<Self, String> {
+        let qemu =
+            microvm::find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
         microvm::find_program(Path::new("qemu-img")).ok_or("qemu-img not found (Debian package qemu-utils)")?;
         if cfg.firmware == Firmware::Ovmf && !Path::new(cmdline::OVMF_CODE).is_file() {
             return Err(format!("{} not found (Debian package ovmf)", cmdline::OVMF_CODE));
@@ -130,7 +137,18 @@ impl FullVmBackend {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
         let snapshots = microvm::snapshot::SnapshotDir::open(vm_state.join("snapshots"))?;
-        Ok(Self { cgroups, node: node.to_string(), cfg: cfg.clone(), qemu, overlay_dir, pmem_dir, probe, suspend_dir, snapshots, egress: None })
+        Ok(Self {
+            cgroups,
+            node: node.to_string(),
+            cfg: cfg.clone(),
+            qemu,
+            overlay_dir,
+            pmem_dir,
+            probe,
+            suspend_dir,
+            snapshots,
+            egress: None,
+        })
     }
 
     /// Gives VMs created with network rules the node's egress.
@@ -386,7 +404,13 @@ impl Backend for FullVmBackend {
         BackendKind::Vm
     }
 
-    fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan, durable: Durable) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+    fn start<'a>(
+        &'a self,
+        id: &'a str,
+        spec: &'a SandboxSpec,
+        plan: &'a RootfsPlan,
+        durable: Durable,
+    ) -> BoxFuture<'a, Result<Instance, EdgeError>> {
         Box::pin(self.start_vm(id, spec, plan, durable))
     }
 
@@ -416,7 +440,11 @@ impl Backend for FullVmBackend {
         true
     }
 
-    fn suspend<'a>(&'a self, id: &'a str, pidfd: &'a std::os::fd::OwnedFd) -> BoxFuture<'a, Result<crate::backend::SuspendOutcome, EdgeError>> {
+    fn suspend<'a>(
+        &'a self,
+        id: &'a str,
+        pidfd: &'a std::os::fd::OwnedFd,
+    ) -> BoxFuture<'a, Result<crate::backend::SuspendOutcome, EdgeError>> {
         Box::pin(microvm::suspend_qemu(&self.cgroups, id, self.files(id).qmp_socket(), self.image_path(id), None, true, pidfd))
     }
 
@@ -443,6 +471,8 @@ impl Backend for FullVmBackend {
     fn reap_files(&self, live: &HashSet<String>) -> usize {
         let prefix = format!("{}.", self.node);
         let ours = |id: &str| id.starts_with(&prefix) && !live.contains(id);
-        microvm::reap_dir(&self.overlay_dir, ".qcow2", ours) + microvm::reap_dir(&self.suspend_dir, ".vmstate", ours) + pmem::reap(&self.pmem_dir)
+        microvm::reap_dir(&self.overlay_dir, ".qcow2", ours)
+            + microvm::reap_dir(&self.suspend_dir, ".vmstate", ours)
+            + pmem::reap(&self.pmem_dir)
     }
 }

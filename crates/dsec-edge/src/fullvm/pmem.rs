@@ -143,7 +143,8 @@ mod tests {
             std::fs::write(cache.join(junk), b"").unwrap();
         }
         assert_eq!(reap(&cache), 5, "the gone layer's copy and record, and the three leftovers");
-        let mut left: Vec<String> = std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
+        let mut left: Vec<String> =
+            std::fs::read_dir(&cache).unwrap().flatten().map(|e| e.file_name().to_string_lossy().into_owned()).collect();
         left.sort();
         assert_eq!(left, ["kept.erofs.dax", "kept.erofs.dax.src"]);
         assert_eq!(dax_copy(&cache, &kept, &tree).unwrap(), kept_copy, "the kept copy is still used");

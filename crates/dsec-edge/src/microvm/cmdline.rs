@@ -266,7 +266,9 @@ pub fn standby_blockdevs(l: &VmLaunch<'_>) -> Vec<serde_json::Value> {
         .layers
         .iter()
         .enumerate()
-        .map(|(i, layer)| serde_json::json!({ "driver": "raw", "node-name": format!("l{i}"), "read-only": true, "file": file(layer, true) }))
+        .map(
+            |(i, layer)| serde_json::json!({ "driver": "raw", "node-name": format!("l{i}"), "read-only": true, "file": file(layer, true) }),
+        )
         .collect();
     let disk = &l.files.disk;
     out.push(serde_json::json!({ "driver": disk_format(disk), "node-name": "wr", "discard": "unmap", "file": file(disk, false) }));

@@ -17,8 +17,8 @@
 
 mod accel;
 pub mod cmdline;
-pub mod net;
 pub mod disk;
+pub mod net;
 pub mod qmp;
 pub mod snapshot;
 pub mod standby;
@@ -223,7 +223,14 @@ impl MicroVmBackend {
     }
 
     /// The command line's inputs for `id`.
-    fn launch<'a>(&'a self, accel: Accel, spec: &SandboxSpec, plan: &'a RootfsPlan, files: &'a VmFiles, ram: Option<&'a Path>) -> VmLaunch<'a> {
+    fn launch<'a>(
+        &'a self,
+        accel: Accel,
+        spec: &SandboxSpec,
+        plan: &'a RootfsPlan,
+        files: &'a VmFiles,
+        ram: Option<&'a Path>,
+    ) -> VmLaunch<'a> {
         VmLaunch {
             accel,
             kernel: &self.kernel.vmlinuz,
@@ -545,7 +552,8 @@ pub(crate) async fn restore_qemu(
     ignore_shared: bool,
     net: Option<&net::QemuNet>,
 ) -> Result<Instance, EdgeError> {
-    let state = std::fs::File::open(image).map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
+    let state =
+        std::fs::File::open(image).map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
     // Sockets of the previous QEMU: the new one makes its own.
     for stale in [files.agent_socket(), files.qmp_socket()] {
         let _ = std::fs::remove_file(stale);
@@ -578,7 +586,11 @@ pub(crate) async fn restore_qemu(
 
 /// Has a QEMU started with `-incoming defer` (`pidfd`) load its state
 /// and continue (`suspend::finish_restore`, on a blocking thread).
-pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd, ignore_shared: bool) -> Result<suspend::RestoreTimes, EdgeError> {
+pub(crate) async fn load_incoming(
+    files: &VmFiles,
+    pidfd: &std::os::fd::OwnedFd,
+    ignore_shared: bool,
+) -> Result<suspend::RestoreTimes, EdgeError> {
     let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
     tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ignore_shared))
         .await
@@ -771,9 +783,7 @@ async fn attach_ready(id: &str, pidfd: &std::os::fd::OwnedFd, socket: &Path) -> 
             other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
         }
     };
-    tokio::time::timeout(REATTACH_WAIT, attach)
-        .await
-        .map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))?
+    tokio::time::timeout(REATTACH_WAIT, attach).await.map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))?
 }
 
 /// How long re-adoption waits for a guest agent to greet.
@@ -859,7 +869,8 @@ pub(crate) fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpe
 /// After an edge restart, the namespace of a networked VM's running QEMU
 /// (`pid`): QEMU holds it; the edge keeps it too, for a later suspend.
 pub(crate) fn keep_netns_of(eg: &dsec_net::Egress, id: &str, pid: i32) -> Result<(), EdgeError> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(|e| EdgeError::Internal(format!("the network namespace of {id}: {e}")))?;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
+        .map_err(|e| EdgeError::Internal(format!("the network namespace of {id}: {e}")))?;
     eg.keep_netns(id, ns.into());
     Ok(())
 }
@@ -869,7 +880,13 @@ impl Backend for MicroVmBackend {
         BackendKind::Microvm
     }
 
-    fn start<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan, durable: Durable) -> BoxFuture<'a, Result<Instance, EdgeError>> {
+    fn start<'a>(
+        &'a self,
+        id: &'a str,
+        spec: &'a SandboxSpec,
+        plan: &'a RootfsPlan,
+        durable: Durable,
+    ) -> BoxFuture<'a, Result<Instance, EdgeError>> {
         Box::pin(self.start_vm(id, spec, plan, durable))
     }
 
@@ -901,7 +918,11 @@ impl Backend for MicroVmBackend {
         true
     }
 
-    fn suspend<'a>(&'a self, id: &'a str, pidfd: &'a std::os::fd::OwnedFd) -> BoxFuture<'a, Result<crate::backend::SuspendOutcome, EdgeError>> {
+    fn suspend<'a>(
+        &'a self,
+        id: &'a str,
+        pidfd: &'a std::os::fd::OwnedFd,
+    ) -> BoxFuture<'a, Result<crate::backend::SuspendOutcome, EdgeError>> {
         Box::pin(self.suspend_vm(id, pidfd))
     }
 
@@ -941,7 +962,9 @@ impl Backend for MicroVmBackend {
                 }
             }
         }
-        for (dir, suffix) in [(&self.disk_dir, ".qcow2"), (&self.disk_dir, ".ext4"), (&self.ram_dir, ".ram"), (&self.suspend_dir, ".vmstate")] {
+        for (dir, suffix) in
+            [(&self.disk_dir, ".qcow2"), (&self.disk_dir, ".ext4"), (&self.ram_dir, ".ram"), (&self.suspend_dir, ".vmstate")]
+        {
             gone += reap_dir(dir, suffix, &mut ours);
         }
         gone

@@ -90,7 +90,12 @@ impl Session {
     }
 
     /// Runs `command` with `fd` attached (SCM_RIGHTS), as `getfd` wants.
-    pub fn call_with_fd(&mut self, command: &str, args: serde_json::Value, fd: std::os::fd::BorrowedFd<'_>) -> Result<serde_json::Value, EdgeError> {
+    pub fn call_with_fd(
+        &mut self,
+        command: &str,
+        args: serde_json::Value,
+        fd: std::os::fd::BorrowedFd<'_>,
+    ) -> Result<serde_json::Value, EdgeError> {
         use rustix::net::{sendmsg, SendAncillaryBuffer, SendAncillaryMessage, SendFlags};
         let line = message(command, args);
         let fds = [fd];

@@ -251,16 +251,10 @@ pub fn create_overlay_of_size(backing: &Path, dst: &Path, size: Option<u64>) -> 
     if let Some(size) = size {
         cmd.arg(size.to_string());
     }
-    let out = cmd
-        .output()
-        .map_err(|e| EdgeError::Internal(format!("running qemu-img (Debian package qemu-utils): {e}")))?;
+    let out = cmd.output().map_err(|e| EdgeError::Internal(format!("running qemu-img (Debian package qemu-utils): {e}")))?;
     if !out.status.success() {
         let _ = std::fs::remove_file(dst);
-        return Err(EdgeError::Internal(format!(
-            "qemu-img create {}: {}",
-            dst.display(),
-            String::from_utf8_lossy(&out.stderr).trim()
-        )));
+        return Err(EdgeError::Internal(format!("qemu-img create {}: {}", dst.display(), String::from_utf8_lossy(&out.stderr).trim())));
     }
     Ok(())
 }

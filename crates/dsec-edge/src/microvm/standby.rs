@@ -160,7 +160,9 @@ impl Standbys {
                         me.discard(old);
                     }
                 }
-                Ok(Err(e)) => tracing::warn!(standby = %name, error = %e, "starting a standby QEMU failed; resumes of its shape start their own"),
+                Ok(Err(e)) => {
+                    tracing::warn!(standby = %name, error = %e, "starting a standby QEMU failed; resumes of its shape start their own")
+                }
                 Err(e) => tracing::warn!(standby = %name, error = %e, "standby task failed"),
             }
         });
@@ -235,9 +237,12 @@ impl Standbys {
     pub fn take_over(&self, sb: Standby, to: &Takeover) -> Result<(i32, OwnedFd, TakeoverTimes), EdgeError> {
         let t0 = Instant::now();
         let moved = (|| {
-            self.cgroups.attach(&to.id, sb.pid).map_err(|e| EdgeError::Internal(format!("moving the standby QEMU into {}'s cgroup: {e}", to.id)))?;
+            self.cgroups
+                .attach(&to.id, sb.pid)
+                .map_err(|e| EdgeError::Internal(format!("moving the standby QEMU into {}'s cgroup: {e}", to.id)))?;
             let _ = std::fs::remove_dir_all(&to.run_dir);
-            std::fs::rename(&sb.run_dir, &to.run_dir).map_err(|e| EdgeError::Internal(format!("renaming {} to {}: {e}", sb.run_dir.display(), to.run_dir.display())))
+            std::fs::rename(&sb.run_dir, &to.run_dir)
+                .map_err(|e| EdgeError::Internal(format!("renaming {} to {}: {e}", sb.run_dir.display(), to.run_dir.display())))
         })();
         if let Err(e) = moved {
             self.discard(sb);
@@ -307,7 +312,8 @@ fn load(to: &Takeover) -> Result<TakeoverTimes, EdgeError> {
     s.call("x-exit-preconfig", serde_json::Value::Null)?;
     let machine_ms = ms(t1);
     let t2 = Instant::now();
-    let state = std::fs::File::open(&to.image).map_err(|e| EdgeError::Internal(format!("the suspend image {}: {e}", to.image.display())))?;
+    let state =
+        std::fs::File::open(&to.image).map_err(|e| EdgeError::Internal(format!("the suspend image {}: {e}", to.image.display())))?;
     s.call_with_fd("getfd", serde_json::json!({ "fdname": "incoming" }), state.as_fd())?;
     drop(state);
     suspend::load_and_continue(&mut s, "fd:incoming", true)?;

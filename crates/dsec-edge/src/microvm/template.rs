@@ -144,8 +144,8 @@ impl ImageCache {
 /// Loads a memory snapshot's RAM file (its data extents) into a sealed
 /// memfd, with its device state.
 fn load_image(ram: &Path, vmstate: &Path, memory_mb: u64) -> std::io::Result<MemImage> {
-    use std::os::unix::fs::FileExt;
     use rustix::fs::{seek, SeekFrom};
+    use std::os::unix::fs::FileExt;
     let fd = new_ram(memory_mb)?;
     let src = std::fs::File::open(ram)?;
     let (len, dst) = (src.metadata()?.len().min(memory_mb << 20), std::fs::File::from(fd));
@@ -190,9 +190,17 @@ impl MicroVmBackend {
     /// Starts sandbox `id` from its shape's template, making the template
     /// first if there is none. `launch` is its cold-boot launch; `setup`
     /// what its agent gets.
-    pub(super) async fn start_from_template(&self, id: &str, launch: &VmLaunch<'_>, disk_mb: u64, setup: &VmSetup) -> Result<Instance, Miss> {
+    pub(super) async fn start_from_template(
+        &self,
+        id: &str,
+        launch: &VmLaunch<'_>,
+        disk_mb: u64,
+        setup: &VmSetup,
+    ) -> Result<Instance, Miss> {
         let key = shape_key(launch, disk_mb);
-        let Some(cell) = self.templates.as_ref().and_then(|t| t.cell(&key)) else { return Err(Miss::ColdBoot("the node keeps no more templates".into())) };
+        let Some(cell) = self.templates.as_ref().and_then(|t| t.cell(&key)) else {
+            return Err(Miss::ColdBoot("the node keeps no more templates".into()));
+        };
         let image = match cell.get() {
             Some(image) => image.clone(),
             None => cell.get_or_try_init(|| self.make_template(id, launch)).await?.clone(),
@@ -205,9 +213,15 @@ impl MicroVmBackend {
 
     /// Starts sandbox `id` from memory snapshot `snap`: it continues the
     /// snapshot's guest (no fallback: a boot would lose that state).
-    pub(super) async fn start_from_memory_snapshot(&self, id: &str, launch: &VmLaunch<'_>, snap: &super::snapshot::SnapshotMeta) -> Result<Instance, EdgeError> {
+    pub(super) async fn start_from_memory_snapshot(
+        &self,
+        id: &str,
+        launch: &VmLaunch<'_>,
+        snap: &super::snapshot::SnapshotMeta,
+    ) -> Result<Instance, EdgeError> {
         let Some(mem) = &snap.memory else { return Err(EdgeError::Internal(format!("snapshot {} holds no memory", snap.name))) };
-        if mem.layer_files != launch.layers || mem.memory_mb != launch.memory_mb || super::cmdline::vcpus_for(mem.cpu_cores) != launch.vcpus {
+        if mem.layer_files != launch.layers || mem.memory_mb != launch.memory_mb || super::cmdline::vcpus_for(mem.cpu_cores) != launch.vcpus
+        {
             return Err(EdgeError::Invalid(format!(
                 "snapshot {:?} holds the memory of a microVM of {} MiB and {} vCPUs on other image layers: start its sandboxes with the same image and limits",
                 snap.name,
@@ -247,7 +261,8 @@ impl MicroVmBackend {
         l.incoming_fd = None;
         let files = l.files;
         let args = super::cmdline::qemu_args(&l);
-        let (pid, pidfd) = spawn_qemu_fds(&self.cgroups, &self.qemu, id, args, &files.run_dir, &[(&ram, RAM_FD)], None).map_err(Miss::Failed)?;
+        let (pid, pidfd) =
+            spawn_qemu_fds(&self.cgroups, &self.qemu, id, args, &files.run_dir, &[(&ram, RAM_FD)], None).map_err(Miss::Failed)?;
         if let Err(e) = wait_booted(&files.console_log(), &pidfd, self.boot_timeout).await {
             let _ = pidfd_kill(&pidfd, libc::SIGKILL);
             reap(&pidfd);
@@ -288,7 +303,13 @@ impl MicroVmBackend {
     /// `setup`: the guest was saved freshly booted (a template) and is set
     /// up as a new sandbox; `None`: it was a sandbox (a memory snapshot)
     /// and greets as one.
-    async fn restore_image(&self, id: &str, launch: &VmLaunch<'_>, image: &MemImage, setup: Option<&VmSetup>) -> Result<Instance, EdgeError> {
+    async fn restore_image(
+        &self,
+        id: &str,
+        launch: &VmLaunch<'_>,
+        image: &MemImage,
+        setup: Option<&VmSetup>,
+    ) -> Result<Instance, EdgeError> {
         let files = launch.files;
         for stale in [files.agent_socket(), files.qmp_socket()] {
             let _ = std::fs::remove_file(stale);
@@ -300,7 +321,15 @@ impl MicroVmBackend {
         l.incoming_fd = Some(suspend::INCOMING_FD);
         let state = image.vmstate_fd().map_err(|e| EdgeError::Internal(format!("device state memfd: {e}")))?;
         let args = super::cmdline::qemu_args(&l);
-        let (pid, pidfd) = spawn_qemu_fds(&self.cgroups, &self.qemu, id, args, &files.run_dir, &[(&state, suspend::INCOMING_FD), (&image.ram, RAM_FD)], None)?;
+        let (pid, pidfd) = spawn_qemu_fds(
+            &self.cgroups,
+            &self.qemu,
+            id,
+            args,
+            &files.run_dir,
+            &[(&state, suspend::INCOMING_FD), (&image.ram, RAM_FD)],
+            None,
+        )?;
         drop(state);
         let started = async {
             let times = super::load_incoming(files, &pidfd, true).await?;
@@ -397,7 +426,14 @@ mod tests {
         // A private writable mapping (what a restored QEMU makes) is allowed.
         // SAFETY: a fresh private mapping of 2 MiB of a valid fd, unmapped below.
         unsafe {
-            let p = libc::mmap(std::ptr::null_mut(), 2 << 20, libc::PROT_READ | libc::PROT_WRITE, libc::MAP_PRIVATE, std::os::fd::AsRawFd::as_raw_fd(&ram), 0);
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                2 << 20,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&ram),
+                0,
+            );
             assert_ne!(p, libc::MAP_FAILED);
             let page = p.cast::<u8>().add(4096);
             assert_eq!(std::slice::from_raw_parts(page, 5), b"guest");

@@ -28,10 +28,7 @@ pub fn build_layer_busybox(
 ) -> Result<StoredLayer, BuildError> {
     let busybox = match &recipe.busybox {
         Some(path) => path.clone(),
-        None => find_on_path("busybox").ok_or(BuildError::ToolMissing {
-            tool: BUSYBOX.name,
-            package: BUSYBOX.package,
-        })?,
+        None => find_on_path("busybox").ok_or(BuildError::ToolMissing { tool: BUSYBOX.name, package: BUSYBOX.package })?,
     };
     if !is_static_elf(&busybox)? {
         return Err(BuildError::BusyboxNotStatic { path: busybox });
@@ -82,11 +79,7 @@ fn make_dirs(root: &Path) -> Result<(), BuildError> {
         ("home", 0o755),
     ] {
         let path = root.join(dir);
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&path)
-            .map_err(io_err("creating", &path))?;
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(&path).map_err(io_err("creating", &path))?;
         set_mode(&path, mode)?;
         chown(&path, Some(0), Some(0)).map_err(io_err("chown", &path))?;
     }
@@ -96,11 +89,7 @@ fn make_dirs(root: &Path) -> Result<(), BuildError> {
 fn write_accounts(root: &Path) -> Result<(), BuildError> {
     let days = crate::time::days_since_epoch();
     for (file, text, mode) in [
-        (
-            "etc/passwd",
-            "root:x:0:0:root:/root:/bin/sh\n".to_string(),
-            0o644,
-        ),
+        ("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n".to_string(), 0o644),
         ("etc/group", "root:x:0:\n".to_string(), 0o644),
         ("etc/shadow", format!("root:*:{days}:0:99999:7:::\n"), 0o640),
     ] {
@@ -122,10 +111,7 @@ fn list_applets(busybox: &Path) -> Result<Vec<PathBuf>, BuildError> {
         Err(BuildError::ToolFailed { .. }) => {
             let mut cmd = Command::new(busybox);
             cmd.arg("--list");
-            tool::run(&BUSYBOX, cmd, None)?
-                .into_iter()
-                .map(|name| format!("bin/{name}"))
-                .collect()
+            tool::run(&BUSYBOX, cmd, None)?.into_iter().map(|name| format!("bin/{name}")).collect()
         }
         Err(e) => return Err(e),
     };
@@ -135,8 +121,7 @@ fn list_applets(busybox: &Path) -> Result<Vec<PathBuf>, BuildError> {
             let path = PathBuf::from(line.trim().trim_start_matches('/'));
             // Only plain relative paths: a strange binary must not be able
             // to plant links outside the root.
-            let plain = path.components().count() > 0
-                && path.components().all(|c| matches!(c, Component::Normal(_)));
+            let plain = path.components().count() > 0 && path.components().all(|c| matches!(c, Component::Normal(_)));
             if plain {
                 Ok(path)
             } else {
@@ -161,9 +146,7 @@ fn find_on_path(program: &str) -> Option<PathBuf> {
 fn is_static_elf(path: &Path) -> Result<bool, BuildError> {
     const PT_INTERP: u32 = 3;
     let mut bytes = Vec::new();
-    fs::File::open(path)
-        .and_then(|f| f.take(64 * 1024).read_to_end(&mut bytes))
-        .map_err(io_err("reading", path))?;
+    fs::File::open(path).and_then(|f| f.take(64 * 1024).read_to_end(&mut bytes)).map_err(io_err("reading", path))?;
     if bytes.len() < 64 || &bytes[..4] != b"\x7fELF" {
         return Ok(false);
     }
@@ -187,18 +170,10 @@ fn is_static_elf(path: &Path) -> Result<bool, BuildError> {
     };
     let (phoff, phentsize, phnum) = if is64 {
         let b: [u8; 8] = bytes[0x20..0x28].try_into().unwrap();
-        let off = if little {
-            u64::from_le_bytes(b)
-        } else {
-            u64::from_be_bytes(b)
-        };
+        let off = if little { u64::from_le_bytes(b) } else { u64::from_be_bytes(b) };
         (off as usize, u16_at(0x36) as usize, u16_at(0x38) as usize)
     } else {
-        (
-            u32_at(0x1c) as usize,
-            u16_at(0x2a) as usize,
-            u16_at(0x2c) as usize,
-        )
+        (u32_at(0x1c) as usize, u16_at(0x2a) as usize, u16_at(0x2c) as usize)
     };
     for i in 0..phnum {
         let at = phoff + i * phentsize;

@@ -26,12 +26,7 @@ pub struct DebootstrapRecipe {
 
 impl DebootstrapRecipe {
     pub fn new(suite: &str) -> Self {
-        DebootstrapRecipe {
-            suite: suite.to_string(),
-            mirror: DEFAULT_MIRROR.to_string(),
-            include: Vec::new(),
-            add_user: true,
-        }
+        DebootstrapRecipe { suite: suite.to_string(), mirror: DEFAULT_MIRROR.to_string(), include: Vec::new(), add_user: true }
     }
 
     /// Everything here ends up on debootstrap's command line: refuse what
@@ -39,8 +34,7 @@ impl DebootstrapRecipe {
     fn validate(&self) -> Result<(), BuildError> {
         let debian_name = |s: &str| {
             s.as_bytes().first().is_some_and(u8::is_ascii_alphanumeric)
-                && s.bytes()
-                    .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+.-".contains(&b))
+                && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b"+.-".contains(&b))
         };
         if !debian_name(&self.suite) {
             return Err(BuildError::InvalidRecipe(format!("suite `{}`", self.suite)));
@@ -48,14 +42,9 @@ impl DebootstrapRecipe {
         if let Some(bad) = self.include.iter().find(|p| !debian_name(p)) {
             return Err(BuildError::InvalidRecipe(format!("package name `{bad}`")));
         }
-        let scheme_ok = ["http://", "https://", "file:///"]
-            .iter()
-            .any(|s| self.mirror.starts_with(s));
+        let scheme_ok = ["http://", "https://", "file:///"].iter().any(|s| self.mirror.starts_with(s));
         if !scheme_ok || self.mirror.chars().any(char::is_whitespace) {
-            return Err(BuildError::InvalidRecipe(format!(
-                "mirror URL `{}`",
-                self.mirror
-            )));
+            return Err(BuildError::InvalidRecipe(format!("mirror URL `{}`", self.mirror)));
         }
         Ok(())
     }
@@ -94,10 +83,7 @@ pub(crate) fn build_layer_debootstrap_then(
 /// VM's base image (`vm::base_image`).
 pub(crate) fn debootstrap_tree(recipe: &DebootstrapRecipe, root: &Path, progress: &dyn Progress) -> Result<(), BuildError> {
     recipe.validate()?;
-    progress.stage(&format!(
-        "debootstrap {} from {}",
-        recipe.suite, recipe.mirror
-    ));
+    progress.stage(&format!("debootstrap {} from {}", recipe.suite, recipe.mirror));
     let mut cmd = Command::new(DEBOOTSTRAP.name);
     cmd.arg("--variant=minbase");
     if !recipe.include.is_empty() {
@@ -106,8 +92,7 @@ pub(crate) fn debootstrap_tree(recipe: &DebootstrapRecipe, root: &Path, progress
     cmd.arg(&recipe.suite).arg(root).arg(&recipe.mirror);
     // A fixed, predictable environment: no host locale or proxy surprises
     // inside the chroot's maintainer scripts.
-    cmd.env("DEBIAN_FRONTEND", "noninteractive")
-        .env("LC_ALL", "C");
+    cmd.env("DEBIAN_FRONTEND", "noninteractive").env("LC_ALL", "C");
     tool::run(&DEBOOTSTRAP, cmd, Some(progress))?;
 
     progress.stage("removing apt caches, package lists and logs");
@@ -132,12 +117,8 @@ fn clean(root: &Path) -> Result<(), BuildError> {
     remove_files(&cache, false, |name| name.ends_with(".bin"))?;
     remove_files(&root.join("var/lib/apt/lists"), true, |name| name != "lock")?;
     remove_files(&root.join("var/log"), true, |_| true)?;
-    remove_files(&root.join("var/cache/debconf"), false, |name| {
-        name.ends_with("-old")
-    })?;
-    remove_files(&root.join("var/lib/dpkg"), false, |name| {
-        name.ends_with("-old")
-    })?;
+    remove_files(&root.join("var/cache/debconf"), false, |name| name.ends_with("-old"))?;
+    remove_files(&root.join("var/lib/dpkg"), false, |name| name.ends_with("-old"))?;
     Ok(())
 }
 
@@ -196,10 +177,7 @@ mod tests {
         for bad in ["--foreign", "", "Bookworm", "a b"] {
             let mut r = DebootstrapRecipe::new("bookworm");
             r.suite = bad.into();
-            assert!(
-                matches!(r.validate(), Err(BuildError::InvalidRecipe(_))),
-                "{bad}"
-            );
+            assert!(matches!(r.validate(), Err(BuildError::InvalidRecipe(_))), "{bad}");
         }
         let mut r = DebootstrapRecipe::new("bookworm");
         r.include = vec!["--print-debs".into()];
@@ -215,13 +193,7 @@ mod tests {
     fn clean_keeps_layout_and_lock() {
         let root = tempfile::tempdir().unwrap();
         let r = root.path();
-        for dir in [
-            "var/cache/apt/archives/partial",
-            "var/lib/apt/lists/partial",
-            "var/log/apt",
-            "tmp/hsperfdata_root",
-            "var/tmp",
-        ] {
+        for dir in ["var/cache/apt/archives/partial", "var/lib/apt/lists/partial", "var/log/apt", "tmp/hsperfdata_root", "var/tmp"] {
             fs::create_dir_all(r.join(dir)).unwrap();
         }
         for file in [

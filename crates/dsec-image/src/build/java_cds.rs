@@ -99,7 +99,10 @@ fn archive_in(root: &Path, work: &Path, progress: &dyn Progress) -> Result<(), B
     progress.stage("archiving the classes javac and judge programs load (Java CDS)");
     in_image(root, &format!("javac {javac_flags} -J-XX:ArchiveClassesAtExit={JAVAC_CDS_ARCHIVE} -d {w}/classes {w}/Main.java"))?;
     in_image(root, &format!("java -XX:-UsePerfData -XX:DumpLoadedClassList={w}/classlist -cp {w}/classes Main < {w}/input.txt"))?;
-    in_image(root, &format!("java -XX:-UsePerfData -Xshare:dump -XX:SharedClassListFile={w}/classlist -XX:SharedArchiveFile={JAVA_CDS_ARCHIVE}"))?;
+    in_image(
+        root,
+        &format!("java -XX:-UsePerfData -Xshare:dump -XX:SharedClassListFile={w}/classlist -XX:SharedArchiveFile={JAVA_CDS_ARCHIVE}"),
+    )?;
     // -Xshare:on: a JVM that cannot map the archive fails instead of
     // starting without it.
     in_image(root, &format!("javac {javac_flags} -J-Xshare:on -J-XX:SharedArchiveFile={JAVAC_CDS_ARCHIVE} -d {w}/again {w}/Main.java"))?;
@@ -114,12 +117,17 @@ fn archive_in(root: &Path, work: &Path, progress: &dyn Progress) -> Result<(), B
 /// lines (stdout and stderr).
 fn in_image(root: &Path, script: &str) -> Result<Vec<String>, BuildError> {
     let mut cmd = Command::new(UNSHARE.name);
-    cmd.args(["--mount", "--propagation", "private", "--", "sh", "-c", "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" sh -c \"$1\""])
-        .arg(root)
-        .arg(script);
-    cmd.env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("LC_ALL", "C")
-        .env("HOME", "/tmp");
+    cmd.args([
+        "--mount",
+        "--propagation",
+        "private",
+        "--",
+        "sh",
+        "-c",
+        "mount -t proc proc \"$0/proc\" && exec chroot \"$0\" sh -c \"$1\"",
+    ])
+    .arg(root)
+    .arg(script);
+    cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").env("LC_ALL", "C").env("HOME", "/tmp");
     tool::run(&UNSHARE, cmd, None).map_err(|e| BuildError::JavaCds(format!("`{script}`: {e}")))
 }

@@ -40,10 +40,7 @@ pub(crate) fn mkfs_into_store(
     // mkfs opens the path we gave it; make sure it wrote the inode our
     // handle points at (not a replacement file), or we would hash the wrong one.
     let by_path = std::fs::metadata(temp.path()).map_err(io_err("reading", temp.path()))?;
-    let by_handle = temp
-        .as_file()
-        .metadata()
-        .map_err(io_err("reading", temp.path()))?;
+    let by_handle = temp.as_file().metadata().map_err(io_err("reading", temp.path()))?;
     if (by_path.dev(), by_path.ino()) != (by_handle.dev(), by_handle.ino()) {
         return Err(BuildError::ToolFailed {
             tool: MKFS_EROFS.name,

@@ -29,27 +29,20 @@ pub use dax::build_dax_image;
 pub use debootstrap::{build_layer_debootstrap, DebootstrapRecipe, DEFAULT_MIRROR};
 pub(crate) use debootstrap::{build_layer_debootstrap_then, debootstrap_tree};
 pub use dir::build_layer_from_dir;
-pub use java_cds::{JAVAC_CDS_ARCHIVE, JAVAC_JVM_FLAGS, JAVA_CDS_ARCHIVE};
 pub(crate) use java_cds::archive_java_classes;
-pub use pch::CPP_PCH_FLAGS;
+pub use java_cds::{JAVAC_CDS_ARCHIVE, JAVAC_JVM_FLAGS, JAVA_CDS_ARCHIVE};
+pub(crate) use mkfs::mkfs_into_store;
 pub(crate) use pch::precompile_stdcpp;
+pub use pch::CPP_PCH_FLAGS;
 pub use tar::build_layer_from_tar;
 pub(crate) use tar::{unpack_entry_in, UnpackError};
-pub(crate) use mkfs::mkfs_into_store;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BuildError {
     #[error("`{tool}` was not found on PATH (Debian package: {package})")]
-    ToolMissing {
-        tool: &'static str,
-        package: &'static str,
-    },
+    ToolMissing { tool: &'static str, package: &'static str },
     #[error("`{tool}` failed ({status}); its last output:\n{output_tail}")]
-    ToolFailed {
-        tool: &'static str,
-        status: String,
-        output_tail: String,
-    },
+    ToolFailed { tool: &'static str, status: String, output_tail: String },
     #[error("tar entry `{entry}` would be written outside the root filesystem")]
     TarEntryEscapes { entry: String },
     #[error("unpacking tar archive {path}: {source}")]
@@ -83,19 +76,12 @@ pub enum BuildError {
     Store(#[from] ImageError),
 }
 
-pub(crate) fn io_err<'a>(
-    context: &'static str,
-    path: &'a Path,
-) -> impl FnOnce(io::Error) -> BuildError + 'a {
+pub(crate) fn io_err<'a>(context: &'static str, path: &'a Path) -> impl FnOnce(io::Error) -> BuildError + 'a {
     move |source| {
         if crate::fsutil::is_enospc(&source) {
             BuildError::DiskFull(format!("{context} {}", path.display()))
         } else {
-            BuildError::Io {
-                context,
-                path: path.to_path_buf(),
-                source,
-            }
+            BuildError::Io { context, path: path.to_path_buf(), source }
         }
     }
 }
@@ -148,10 +134,7 @@ impl BuildDir {
     pub(crate) fn make_root(&self) -> Result<PathBuf, BuildError> {
         use std::os::unix::fs::DirBuilderExt;
         let root = self.path.join("root");
-        std::fs::DirBuilder::new()
-            .mode(0o755)
-            .create(&root)
-            .map_err(io_err("creating", &root))?;
+        std::fs::DirBuilder::new().mode(0o755).create(&root).map_err(io_err("creating", &root))?;
         set_mode(&root, 0o755)?;
         Ok(root)
     }
@@ -168,8 +151,7 @@ impl Drop for BuildDir {
 /// chmod that ignores the umask (mkdir/create do not).
 pub(crate) fn set_mode(path: &Path, mode: u32) -> Result<(), BuildError> {
     use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode))
-        .map_err(io_err("setting permissions of", path))
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(mode)).map_err(io_err("setting permissions of", path))
 }
 
 /// Stores a one-layer image named `reference` for a freshly built layer.
@@ -197,14 +179,7 @@ pub(crate) fn build_image_from_recipe(
 ) -> Result<Arc<ResolvedImage>, BuildError> {
     let _lock = store.write_lock()?;
     let layer = build()?;
-    let mut manifest = Manifest::new(
-        vec![LayerDescriptor {
-            digest: layer.digest,
-            kind,
-            size: layer.size,
-        }],
-        config,
-    );
+    let mut manifest = Manifest::new(vec![LayerDescriptor { digest: layer.digest, kind, size: layer.size }], config);
     manifest.default_recipe = default_recipe;
     store.put_image(reference, &manifest)?;
     Ok(store.resolve_ref(reference)?)

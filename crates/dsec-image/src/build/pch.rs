@@ -48,9 +48,9 @@ fn precompile_with_probe(root: &Path, progress: &dyn Progress) -> Result<(), Bui
     gxx(root, &["-x", "c++-header", &header, "-o", &gch])?;
     match first_include(root)? {
         ('!', path) if path == gch => Ok(()),
-        (mark, path) => Err(BuildError::PrecompiledHeader(format!(
-            "g++ does not use `{gch}` once made: its first include is `{mark} {path}`"
-        ))),
+        (mark, path) => {
+            Err(BuildError::PrecompiledHeader(format!("g++ does not use `{gch}` once made: its first include is `{mark} {path}`")))
+        }
     }
 }
 
@@ -72,8 +72,6 @@ fn first_include(root: &Path) -> Result<(char, String), BuildError> {
 fn gxx(root: &Path, args: &[&str]) -> Result<Vec<String>, BuildError> {
     let mut cmd = Command::new(CHROOT.name);
     cmd.arg(root).arg("g++").args(CPP_PCH_FLAGS).args(args);
-    cmd.env_clear()
-        .env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
-        .env("LC_ALL", "C");
+    cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").env("LC_ALL", "C");
     tool::run(&CHROOT, cmd, None)
 }

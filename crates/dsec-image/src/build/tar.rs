@@ -34,10 +34,7 @@ fn unpack(archive: &Path, root: &Path, progress: &dyn Progress) -> Result<(), Bu
         if crate::fsutil::is_enospc(&source) {
             BuildError::DiskFull(format!("unpacking {}", archive.display()))
         } else {
-            BuildError::Tar {
-                path: archive.to_path_buf(),
-                source,
-            }
+            BuildError::Tar { path: archive.to_path_buf(), source }
         }
     };
     let file = File::open(archive).map_err(tar_err)?;
@@ -46,18 +43,9 @@ fn unpack(archive: &Path, root: &Path, progress: &dyn Progress) -> Result<(), Bu
     let mut input = BufReader::with_capacity(1 << 20, file);
 
     // Sniff gzip by its magic rather than trusting the file name.
-    let is_gzip = io::BufRead::fill_buf(&mut input)
-        .map_err(tar_err)?
-        .starts_with(&[0x1f, 0x8b]);
-    let counted = CountingReader {
-        inner: input,
-        done: Rc::clone(&done),
-    };
-    let reader: Box<dyn Read> = if is_gzip {
-        Box::new(GzDecoder::new(counted))
-    } else {
-        Box::new(counted)
-    };
+    let is_gzip = io::BufRead::fill_buf(&mut input).map_err(tar_err)?.starts_with(&[0x1f, 0x8b]);
+    let counted = CountingReader { inner: input, done: Rc::clone(&done) };
+    let reader: Box<dyn Read> = if is_gzip { Box::new(GzDecoder::new(counted)) } else { Box::new(counted) };
 
     let mut tar = tar::Archive::new(reader);
     tar.set_preserve_permissions(true);
@@ -74,9 +62,7 @@ fn unpack(archive: &Path, root: &Path, progress: &dyn Progress) -> Result<(), Bu
         let mut entry = entry.map_err(tar_err)?;
         let path = entry.path().map_err(tar_err)?.into_owned();
         if path.components().any(|c| matches!(c, Component::ParentDir)) {
-            return Err(BuildError::TarEntryEscapes {
-                entry: path.display().to_string(),
-            });
+            return Err(BuildError::TarEntryEscapes { entry: path.display().to_string() });
         }
         if entry.header().entry_type().is_dir() {
             directories.push(entry);
@@ -103,9 +89,7 @@ fn unpack_entry<R: Read>(
     tar_err: impl Fn(io::Error) -> BuildError,
 ) -> Result<(), BuildError> {
     unpack_entry_in(entry, root).map_err(|e| match e {
-        UnpackError::Escapes => BuildError::TarEntryEscapes {
-            entry: path.display().to_string(),
-        },
+        UnpackError::Escapes => BuildError::TarEntryEscapes { entry: path.display().to_string() },
         UnpackError::Io(e) => tar_err(e),
     })
 }
@@ -120,10 +104,7 @@ pub(crate) enum UnpackError {
 /// Unpacks one entry under `root`. The tar crate refuses (with an error)
 /// symlink and hard-link tricks that would land outside `root`, and skips
 /// (returning false) what it considers outside; both are refusals for us.
-pub(crate) fn unpack_entry_in<R: Read>(
-    entry: &mut tar::Entry<'_, R>,
-    root: &Path,
-) -> Result<(), UnpackError> {
+pub(crate) fn unpack_entry_in<R: Read>(entry: &mut tar::Entry<'_, R>, root: &Path) -> Result<(), UnpackError> {
     match entry.unpack_in(root) {
         Ok(true) => Ok(()),
         Ok(false) => Err(UnpackError::Escapes),

@@ -20,13 +20,7 @@ pub(crate) struct User {
 
 /// `user`, uid/gid 1000, home /home/user, with the given login shell.
 pub(crate) fn sandbox_user(shell: &'static str) -> User {
-    User {
-        name: "user",
-        uid: 1000,
-        gid: 1000,
-        home: "/home/user",
-        shell,
-    }
+    User { name: "user", uid: 1000, gid: 1000, home: "/home/user", shell }
 }
 
 /// Adds `user` (and its primary group) unless an entry with that name
@@ -38,23 +32,12 @@ pub(crate) fn add_user(root: &Path, user: &User) -> Result<(), BuildError> {
     append_entry(
         &etc.join("passwd"),
         user.name,
-        &format!(
-            "{0}:x:{1}:{2}:{0}:{3}:{4}",
-            user.name, user.uid, user.gid, user.home, user.shell
-        ),
+        &format!("{0}:x:{1}:{2}:{0}:{3}:{4}", user.name, user.uid, user.gid, user.home, user.shell),
         0o644,
     )?;
-    append_entry(
-        &etc.join("group"),
-        user.name,
-        &format!("{}:x:{}:", user.name, user.gid),
-        0o644,
-    )?;
+    append_entry(&etc.join("group"), user.name, &format!("{}:x:{}:", user.name, user.gid), 0o644)?;
     // `*`: no password login; root in the sandbox can still `su user`.
-    for (file, line) in [
-        ("shadow", format!("{}:*:{days}:0:99999:7:::", user.name)),
-        ("gshadow", format!("{}:!::", user.name)),
-    ] {
+    for (file, line) in [("shadow", format!("{}:*:{days}:0:99999:7:::", user.name)), ("gshadow", format!("{}:!::", user.name))] {
         let path = etc.join(file);
         if path.exists() {
             append_entry(&path, user.name, &line, 0o640)?;
@@ -63,11 +46,7 @@ pub(crate) fn add_user(root: &Path, user: &User) -> Result<(), BuildError> {
 
     let home = root.join(user.home.trim_start_matches('/'));
     if !home.exists() {
-        fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o755)
-            .create(&home)
-            .map_err(io_err("creating", &home))?;
+        fs::DirBuilder::new().recursive(true).mode(0o755).create(&home).map_err(io_err("creating", &home))?;
     }
     set_mode(&home, 0o755)?;
     chown(&home, Some(user.uid), Some(user.gid)).map_err(io_err("chown", &home))?;
@@ -86,19 +65,9 @@ fn append_entry(path: &Path, name: &str, line: &str, mode: u32) -> Result<(), Bu
     if existing.lines().any(|l| l.starts_with(&prefix)) {
         return Ok(());
     }
-    let mut file = OpenOptions::new()
-        .create(true)
-        .append(true)
-        .mode(mode)
-        .open(path)
-        .map_err(io_err("opening", path))?;
-    let sep = if existing.is_empty() || existing.ends_with('\n') {
-        ""
-    } else {
-        "\n"
-    };
-    file.write_all(format!("{sep}{line}\n").as_bytes())
-        .map_err(io_err("writing", path))
+    let mut file = OpenOptions::new().create(true).append(true).mode(mode).open(path).map_err(io_err("opening", path))?;
+    let sep = if existing.is_empty() || existing.ends_with('\n') { "" } else { "\n" };
+    file.write_all(format!("{sep}{line}\n").as_bytes()).map_err(io_err("writing", path))
 }
 
 /// Top-level regular files of /etc/skel (Debian's .bashrc, .profile, ...).
@@ -109,11 +78,7 @@ fn copy_skel(skel: &Path, home: &Path, user: &User) -> Result<(), BuildError> {
     for entry in entries {
         let entry = entry.map_err(io_err("listing", skel))?;
         let src = entry.path();
-        if !entry
-            .file_type()
-            .map_err(io_err("reading", &src))?
-            .is_file()
-        {
+        if !entry.file_type().map_err(io_err("reading", &src))?.is_file() {
             continue;
         }
         let dst = home.join(entry.file_name());
@@ -144,27 +109,15 @@ mod tests {
         add_user(root.path(), &user).unwrap();
 
         let passwd = fs::read_to_string(etc.join("passwd")).unwrap();
-        assert_eq!(
-            passwd,
-            "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n"
-        );
-        assert_eq!(
-            fs::read_to_string(etc.join("group")).unwrap(),
-            "root:x:0:\nuser:x:1000:\n"
-        );
+        assert_eq!(passwd, "root:x:0:0:root:/root:/bin/bash\nuser:x:1000:1000:user:/home/user:/bin/bash\n");
+        assert_eq!(fs::read_to_string(etc.join("group")).unwrap(), "root:x:0:\nuser:x:1000:\n");
         let shadow = fs::read_to_string(etc.join("shadow")).unwrap();
-        assert_eq!(
-            shadow.lines().filter(|l| l.starts_with("user:*:")).count(),
-            1
-        );
+        assert_eq!(shadow.lines().filter(|l| l.starts_with("user:*:")).count(), 1);
         assert!(!etc.join("gshadow").exists(), "only edited when present");
 
         use std::os::unix::fs::MetadataExt;
         let home = fs::metadata(root.path().join("home/user")).unwrap();
-        assert_eq!(
-            (home.uid(), home.gid(), home.mode() & 0o7777),
-            (1000, 1000, 0o755)
-        );
+        assert_eq!((home.uid(), home.gid(), home.mode() & 0o7777), (1000, 1000, 0o755));
         let profile = fs::metadata(root.path().join("home/user/.profile")).unwrap();
         assert_eq!(profile.uid(), 1000);
     }

@@ -125,12 +125,7 @@ impl LazyBlob {
         let count = table.count();
         Ok(LazyBlob {
             digest,
-            state: Mutex::new(State {
-                present: vec![false; count as usize],
-                missing: count,
-                in_flight: HashSet::new(),
-                temp: Some(temp),
-            }),
+            state: Mutex::new(State { present: vec![false; count as usize], missing: count, in_flight: HashSet::new(), temp: Some(temp) }),
             table,
             source,
             store,
@@ -183,9 +178,7 @@ impl LazyBlob {
             self.ensure(index)?;
         }
         let mut buf = vec![0u8; (end - offset) as usize];
-        self.file
-            .read_exact_at(&mut buf, offset)
-            .map_err(|source| LazyError::Cache { digest: self.digest, source })?;
+        self.file.read_exact_at(&mut buf, offset).map_err(|source| LazyError::Cache { digest: self.digest, source })?;
         Ok(buf)
     }
 
@@ -229,9 +222,7 @@ impl LazyBlob {
         self.fetched.fetch_add(len, Ordering::Relaxed);
         // Checked before a single byte of it can be served.
         self.table.verify(index, &data).map_err(|e| fetch_err(e.into()))?;
-        self.file
-            .write_all_at(&data, offset)
-            .map_err(|source| LazyError::Cache { digest: self.digest, source })
+        self.file.write_all_at(&data, offset).map_err(|source| LazyError::Cache { digest: self.digest, source })
     }
 
     /// The last chunk arrived: the whole blob is checked against its digest

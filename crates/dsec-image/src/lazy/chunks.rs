@@ -32,21 +32,11 @@ pub enum ChunkError {
     #[error("chunk table digest mismatch: the manifest says {expected}, the table is {actual}")]
     TableMismatch { expected: Digest, actual: Digest },
     #[error("chunk table is for blob {found} ({found_size} bytes), not for layer {expected} ({expected_size} bytes)")]
-    WrongBlob {
-        expected: Digest,
-        expected_size: u64,
-        found: Digest,
-        found_size: u64,
-    },
+    WrongBlob { expected: Digest, expected_size: u64, found: Digest, found_size: u64 },
     #[error("chunk {index} of layer {blob} failed its digest check (corrupt or changed in the store)")]
     CorruptChunk { blob: Digest, index: u64 },
     #[error("chunk {index} of layer {blob} is {actual} bytes, expected {expected}")]
-    ShortChunk {
-        blob: Digest,
-        index: u64,
-        expected: u64,
-        actual: u64,
-    },
+    ShortChunk { blob: Digest, index: u64, expected: u64, actual: u64 },
     #[error("reading the blob to index it: {0}")]
     Io(#[from] io::Error),
 }
@@ -85,19 +75,9 @@ impl ChunkTable {
         }
         let blob_digest = Digest::from_bytes(whole.finalize().into());
         if blob_digest != *expected {
-            return Err(ChunkError::WrongBlob {
-                expected: *expected,
-                expected_size: size,
-                found: blob_digest,
-                found_size: size,
-            });
+            return Err(ChunkError::WrongBlob { expected: *expected, expected_size: size, found: blob_digest, found_size: size });
         }
-        Ok(ChunkTable {
-            chunk_size,
-            blob_size: size,
-            blob_digest,
-            chunks,
-        })
+        Ok(ChunkTable { chunk_size, blob_size: size, blob_digest, chunks })
     }
 
     pub fn to_bytes(&self) -> Vec<u8> {
@@ -120,18 +100,10 @@ impl ChunkTable {
 
     /// Parses a table fetched from a store and checks it against what the
     /// manifest says: the table's digest, the layer's digest and size.
-    pub fn from_trusted_bytes(
-        bytes: &[u8],
-        table_digest: &Digest,
-        blob: &Digest,
-        blob_size: u64,
-    ) -> Result<ChunkTable, ChunkError> {
+    pub fn from_trusted_bytes(bytes: &[u8], table_digest: &Digest, blob: &Digest, blob_size: u64) -> Result<ChunkTable, ChunkError> {
         let actual = Digest::of_bytes(bytes);
         if actual != *table_digest {
-            return Err(ChunkError::TableMismatch {
-                expected: *table_digest,
-                actual,
-            });
+            return Err(ChunkError::TableMismatch { expected: *table_digest, actual });
         }
         if bytes.len() < HEADER_LEN || &bytes[..8] != MAGIC || (bytes.len() - HEADER_LEN) % 32 != 0 {
             return Err(ChunkError::Malformed("bad header or length"));
@@ -140,26 +112,13 @@ impl ChunkTable {
         let size = u64::from_le_bytes(bytes[16..24].try_into().expect("8 bytes"));
         let digest = Digest::from_bytes(bytes[24..56].try_into().expect("32 bytes"));
         if digest != *blob || size != blob_size {
-            return Err(ChunkError::WrongBlob {
-                expected: *blob,
-                expected_size: blob_size,
-                found: digest,
-                found_size: size,
-            });
+            return Err(ChunkError::WrongBlob { expected: *blob, expected_size: blob_size, found: digest, found_size: size });
         }
-        let chunks: Vec<[u8; 32]> = bytes[HEADER_LEN..]
-            .chunks_exact(32)
-            .map(|c| c.try_into().expect("32 bytes"))
-            .collect();
+        let chunks: Vec<[u8; 32]> = bytes[HEADER_LEN..].chunks_exact(32).map(|c| c.try_into().expect("32 bytes")).collect();
         if chunk_size == 0 || chunks.len() as u64 != size.div_ceil(u64::from(chunk_size)) {
             return Err(ChunkError::Malformed("chunk count does not match the blob size"));
         }
-        Ok(ChunkTable {
-            chunk_size,
-            blob_size: size,
-            blob_digest: digest,
-            chunks,
-        })
+        Ok(ChunkTable { chunk_size, blob_size: size, blob_digest: digest, chunks })
     }
 
     pub fn count(&self) -> u64 {
@@ -176,19 +135,11 @@ impl ChunkTable {
     pub fn verify(&self, index: u64, data: &[u8]) -> Result<(), ChunkError> {
         let (_, len) = self.range(index);
         if data.len() as u64 != len {
-            return Err(ChunkError::ShortChunk {
-                blob: self.blob_digest,
-                index,
-                expected: len,
-                actual: data.len() as u64,
-            });
+            return Err(ChunkError::ShortChunk { blob: self.blob_digest, index, expected: len, actual: data.len() as u64 });
         }
         let got: [u8; 32] = Sha256::digest(data).into();
         if got != self.chunks[index as usize] {
-            return Err(ChunkError::CorruptChunk {
-                blob: self.blob_digest,
-                index,
-            });
+            return Err(ChunkError::CorruptChunk { blob: self.blob_digest, index });
         }
         Ok(())
     }
@@ -226,14 +177,8 @@ mod tests {
         // A table that is not the one the manifest names is refused.
         let mut bad = bytes.clone();
         bad[60] ^= 1;
-        assert!(matches!(
-            ChunkTable::from_trusted_bytes(&bad, &t.digest(), &digest, 10_000),
-            Err(ChunkError::TableMismatch { .. })
-        ));
-        assert!(matches!(
-            ChunkTable::from_trusted_bytes(&bytes, &t.digest(), &digest, 9_999),
-            Err(ChunkError::WrongBlob { .. })
-        ));
+        assert!(matches!(ChunkTable::from_trusted_bytes(&bad, &t.digest(), &digest, 10_000), Err(ChunkError::TableMismatch { .. })));
+        assert!(matches!(ChunkTable::from_trusted_bytes(&bytes, &t.digest(), &digest, 9_999), Err(ChunkError::WrongBlob { .. })));
         assert!(ChunkTable::build(&data[..], 4096, &Digest::of_bytes(b"x")).is_err());
     }
 }

@@ -21,8 +21,8 @@ use std::sync::{Arc, Mutex, RwLock};
 use std::time::{Duration, SystemTime};
 
 use fuser::{
-    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner,
-    MountOption, OpenFlags, ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request, SessionACL,
+    Config, Errno, FileAttr, FileHandle, FileType, Filesystem, FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags,
+    ReplyAttr, ReplyData, ReplyDirectory, ReplyEntry, ReplyOpen, Request, SessionACL,
 };
 
 use super::blob::{BlobStats, LazyBlob};
@@ -191,9 +191,7 @@ impl LazyLayers {
     /// fails) and says whether there was one. `mount` does this too; call
     /// this first to learn that an earlier process's files are gone.
     pub fn detach_left_over(mountpoint: &Path) -> io::Result<bool> {
-        let left = crate::mountinfo::read()?
-            .iter()
-            .any(|m| m.mount_point == mountpoint && m.fs_type.starts_with("fuse"));
+        let left = crate::mountinfo::read()?.iter().any(|m| m.mount_point == mountpoint && m.fs_type.starts_with("fuse"));
         if left {
             rustix::mount::unmount(mountpoint, rustix::mount::UnmountFlags::DETACH)?;
         }
@@ -270,16 +268,12 @@ impl LazyLayers {
     /// than hang the shutdown: the threads end with the process.
     fn umount_and_join(session: fuser::BackgroundSession) -> io::Result<()> {
         let (tx, rx) = std::sync::mpsc::channel();
-        std::thread::Builder::new()
-            .name("dsec-layers-umount".into())
-            .spawn(move || {
-                let _ = tx.send(session.umount_and_join());
-            })?;
+        std::thread::Builder::new().name("dsec-layers-umount".into()).spawn(move || {
+            let _ = tx.send(session.umount_and_join());
+        })?;
         match rx.recv_timeout(UNMOUNT_WAIT) {
             Ok(result) => result,
-            Err(_) => Err(io::Error::other(
-                "the on-demand layer filesystem is detached but still in use by a layer mount",
-            )),
+            Err(_) => Err(io::Error::other("the on-demand layer filesystem is detached but still in use by a layer mount")),
         }
     }
 }

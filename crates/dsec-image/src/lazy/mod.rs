@@ -61,9 +61,8 @@ pub fn resolve_lazily(
             layers.mountpoint().join(format!("{}.erofs", blob.digest().hex()))
         } else if let Some(table_digest) = manifest.chunk_tables.get(&layer.digest) {
             let table = chunk_table(shared, local, &layer.digest, table_digest, layer.size)?;
-            let blob = LazyBlob::new(layer.digest, table, Arc::clone(shared), Arc::clone(local)).map_err(|e| {
-                ImageError::SharedStore { store: shared.describe(), message: e.to_string() }
-            })?;
+            let blob = LazyBlob::new(layer.digest, table, Arc::clone(shared), Arc::clone(local))
+                .map_err(|e| ImageError::SharedStore { store: shared.describe(), message: e.to_string() })?;
             stats.on_demand += 1;
             layers.add(blob)
         } else {

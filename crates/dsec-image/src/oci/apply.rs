@@ -53,10 +53,7 @@ impl GroupRoot {
         archive.set_preserve_mtime(true);
         archive.set_unpack_xattrs(true);
         archive.set_overwrite(true);
-        let tar_err = |e: io::Error| ImportError::Layer {
-            layer: label.to_string(),
-            source: e,
-        };
+        let tar_err = |e: io::Error| ImportError::Layer { layer: label.to_string(), source: e };
 
         let mut layer = LayerState::default();
         let mut directories = Vec::new();
@@ -64,19 +61,13 @@ impl GroupRoot {
         for entry in archive.entries().map_err(tar_err)? {
             let mut entry = entry.map_err(tar_err)?;
             let raw = entry.path().map_err(tar_err)?.into_owned();
-            let Some(path) = clean(&raw).ok_or_else(|| ImportError::EntryEscapes {
-                layer: label.to_string(),
-                entry: raw.display().to_string(),
-            })?
+            let Some(path) =
+                clean(&raw).ok_or_else(|| ImportError::EntryEscapes { layer: label.to_string(), entry: raw.display().to_string() })?
             else {
                 continue; // the layer's `./` itself
             };
             count += 1;
-            let name = path
-                .file_name()
-                .and_then(|n| n.to_str())
-                .unwrap_or_default()
-                .to_string();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default().to_string();
             let parent = path.parent().unwrap_or(Path::new("")).to_path_buf();
             if name == OPAQUE_MARKER {
                 self.make_dir(&parent).map_err(tar_err)?;
@@ -214,21 +205,10 @@ struct LayerState {
     added: HashSet<PathBuf>,
 }
 
-fn unpack<R: Read>(
-    entry: &mut tar::Entry<'_, R>,
-    root: &Path,
-    path: &Path,
-    label: &str,
-) -> Result<(), ImportError> {
+fn unpack<R: Read>(entry: &mut tar::Entry<'_, R>, root: &Path, path: &Path, label: &str) -> Result<(), ImportError> {
     crate::build::unpack_entry_in(entry, root).map_err(|e| match e {
-        crate::build::UnpackError::Escapes => ImportError::EntryEscapes {
-            layer: label.to_string(),
-            entry: path.display().to_string(),
-        },
-        crate::build::UnpackError::Io(source) => ImportError::Layer {
-            layer: label.to_string(),
-            source,
-        },
+        crate::build::UnpackError::Escapes => ImportError::EntryEscapes { layer: label.to_string(), entry: path.display().to_string() },
+        crate::build::UnpackError::Io(source) => ImportError::Layer { layer: label.to_string(), source },
     })
 }
 
@@ -286,13 +266,7 @@ fn is_whiteout(meta: &fs::Metadata) -> bool {
 }
 
 fn make_whiteout(path: &Path) -> io::Result<()> {
-    mknodat(
-        CWD,
-        path,
-        FileType::CharacterDevice,
-        Mode::empty(),
-        makedev(0, 0),
-    )?;
+    mknodat(CWD, path, FileType::CharacterDevice, Mode::empty(), makedev(0, 0))?;
     Ok(())
 }
 

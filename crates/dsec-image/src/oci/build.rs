@@ -6,10 +6,10 @@ use std::io::{BufReader, Read};
 use std::sync::Arc;
 
 use super::apply::GroupRoot;
-use super::verify::{sniff, Compression, Hashing};
 use super::layout::image_config;
 use super::push::ANNOTATION_LAYER_KIND;
 use super::spec::{Descriptor, ImageConfigBlob};
+use super::verify::{sniff, Compression, Hashing};
 use super::{parse_digest, ImportError, ImportOptions, Imported};
 use crate::build::{mkfs_into_store, BuildDir, BuildOptions};
 use crate::digest::Digest;
@@ -83,21 +83,8 @@ pub(crate) fn import_image(
     options: &ImportOptions,
     progress: &dyn Progress,
 ) -> Result<Imported, ImportError> {
-    let image = build_image(
-        store,
-        &reference,
-        image_config(config),
-        layers,
-        open,
-        options.merge_below,
-        &options.build,
-        progress,
-    )?;
-    Ok(Imported {
-        reference,
-        image,
-        source_layers: layers.len(),
-    })
+    let image = build_image(store, &reference, image_config(config), layers, open, options.merge_below, &options.build, progress)?;
+    Ok(Imported { reference, image, source_layers: layers.len() })
 }
 
 /// Opens layer `i` of the plan.
@@ -155,10 +142,7 @@ pub(crate) fn build_image(
                 i + 1,
                 layers.len(),
                 layer.label,
-                layer
-                    .size
-                    .map(|s| format!(" ({:.1} MB)", s as f64 / 1e6))
-                    .unwrap_or_default()
+                layer.size.map(|s| format!(" ({:.1} MB)", s as f64 / 1e6)).unwrap_or_default()
             ));
             apply_one(&root, layer, open(i)?, progress)?;
         }
@@ -180,28 +164,18 @@ pub(crate) fn build_image(
 /// whiteout-aware unpacker; the digests are compared once the whole blob
 /// has been read, and a mismatch fails the import (the scratch root, and
 /// with it everything unpacked from the blob, is then thrown away).
-fn apply_one(
-    root: &GroupRoot,
-    layer: &SourceLayer,
-    blob: Box<dyn Read + '_>,
-    progress: &dyn Progress,
-) -> Result<(), ImportError> {
+fn apply_one(root: &GroupRoot, layer: &SourceLayer, blob: Box<dyn Read + '_>, progress: &dyn Progress) -> Result<(), ImportError> {
     let raw = Hashing::new(blob, Some((progress, layer.size)));
     let raw_tally = raw.tally();
     let mut buffered = BufReader::with_capacity(1 << 20, raw);
-    let compression = sniff(&mut buffered).map_err(|e| ImportError::Layer {
-        layer: layer.label.clone(),
-        source: e,
-    })?;
+    let compression = sniff(&mut buffered).map_err(|e| ImportError::Layer { layer: layer.label.clone(), source: e })?;
     let decoded: Box<dyn Read + '_> = match compression {
         Compression::None => Box::new(buffered),
         Compression::Gzip => Box::new(flate2::read::GzDecoder::new(buffered)),
-        Compression::Zstd => Box::new(ruzstd::decoding::StreamingDecoder::new(buffered).map_err(
-            |e| ImportError::Layer {
-                layer: layer.label.clone(),
-                source: std::io::Error::other(e.to_string()),
-            },
-        )?),
+        Compression::Zstd => Box::new(
+            ruzstd::decoding::StreamingDecoder::new(buffered)
+                .map_err(|e| ImportError::Layer { layer: layer.label.clone(), source: std::io::Error::other(e.to_string()) })?,
+        ),
     };
     let plain = Hashing::new(decoded, None);
     let plain_tally = plain.tally();
@@ -210,11 +184,7 @@ fn apply_one(
     let raw_tally = raw_tally.borrow();
     if let Some(size) = layer.size {
         if raw_tally.bytes() != size {
-            return Err(ImportError::SizeMismatch {
-                what: format!("layer {}", layer.label),
-                expected: size,
-                actual: raw_tally.bytes(),
-            });
+            return Err(ImportError::SizeMismatch { what: format!("layer {}", layer.label), expected: size, actual: raw_tally.bytes() });
         }
     }
     if let Some(expected) = layer.blob_digest {
@@ -241,16 +211,7 @@ mod tests {
     use super::*;
 
     fn sized(sizes: &[Option<u64>]) -> Vec<SourceLayer> {
-        sizes
-            .iter()
-            .map(|s| SourceLayer {
-                label: String::new(),
-                size: *s,
-                blob_digest: None,
-                diff_id: None,
-                kind: None,
-            })
-            .collect()
+        sizes.iter().map(|s| SourceLayer { label: String::new(), size: *s, blob_digest: None, diff_id: None, kind: None }).collect()
     }
 
     #[test]
@@ -264,7 +225,8 @@ mod tests {
     #[test]
     fn layers_of_different_kinds_never_merge() {
         let mut l = sized(&[Some(1); 5]);
-        let kinds = [Some(LayerKind::Base), Some(LayerKind::Base), Some(LayerKind::Workspace), Some(LayerKind::Toolkit), Some(LayerKind::Toolkit)];
+        let kinds =
+            [Some(LayerKind::Base), Some(LayerKind::Base), Some(LayerKind::Workspace), Some(LayerKind::Toolkit), Some(LayerKind::Toolkit)];
         for (layer, kind) in l.iter_mut().zip(kinds) {
             layer.kind = kind;
         }

@@ -39,11 +39,7 @@ pub(crate) struct Client {
 
 impl Client {
     pub(crate) fn new(r: &RegistryRef, options: &RegistryOptions) -> Client {
-        let scheme = if options.plain_http || r.is_loopback() {
-            "http"
-        } else {
-            "https"
-        };
+        let scheme = if options.plain_http || r.is_loopback() { "http" } else { "https" };
         let agent = ureq::AgentBuilder::new()
             .timeout_connect(Duration::from_secs(15))
             .timeout_read(Duration::from_secs(120))
@@ -136,12 +132,7 @@ impl Client {
         body: Option<Body<'_>>,
     ) -> Result<ureq::Response, RegistryError> {
         let payload = || -> Result<Option<(Box<dyn Read + Send + '_>, u64)>, RegistryError> {
-            body.map(|make| make())
-                .transpose()
-                .map_err(|source| RegistryError::LocalRead {
-                    url: url.to_string(),
-                    source,
-                })
+            body.map(|make| make()).transpose().map_err(|source| RegistryError::LocalRead { url: url.to_string(), source })
         };
         let attempt = |auth: Option<&str>| -> Result<Result<ureq::Response, ureq::Error>, RegistryError> {
             let mut req = self.agent.request(method, url);
@@ -175,35 +166,22 @@ impl Client {
     /// -> a token from the realm (anonymous unless credentials are set).
     fn answer(&self, url: &str, challenge: &str) -> Result<String, RegistryError> {
         let basic = || {
-            self.credentials.as_ref().map(|(u, p)| {
-                format!(
-                    "Basic {}",
-                    base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))
-                )
-            })
+            self.credentials
+                .as_ref()
+                .map(|(u, p)| format!("Basic {}", base64::engine::general_purpose::STANDARD.encode(format!("{u}:{p}"))))
         };
         let (scheme, params) = challenge.split_once(' ').unwrap_or((challenge, ""));
         if scheme.eq_ignore_ascii_case("basic") {
-            return basic().ok_or(RegistryError::Denied {
-                url: url.to_string(),
-                status: 401,
-            });
+            return basic().ok_or(RegistryError::Denied { url: url.to_string(), status: 401 });
         }
         if !scheme.eq_ignore_ascii_case("bearer") {
-            return Err(RegistryError::Denied {
-                url: url.to_string(),
-                status: 401,
-            });
+            return Err(RegistryError::Denied { url: url.to_string(), status: 401 });
         }
         let params = parse_challenge(params);
-        let realm = params
-            .iter()
-            .find(|(k, _)| k == "realm")
-            .map(|(_, v)| v.clone())
-            .ok_or_else(|| RegistryError::Protocol {
-                url: url.to_string(),
-                message: format!("bearer challenge without a realm: {challenge}"),
-            })?;
+        let realm = params.iter().find(|(k, _)| k == "realm").map(|(_, v)| v.clone()).ok_or_else(|| RegistryError::Protocol {
+            url: url.to_string(),
+            message: format!("bearer challenge without a realm: {challenge}"),
+        })?;
         let mut req = self.agent.get(&realm);
         for (k, v) in &params {
             if k == "service" || k == "scope" {
@@ -215,19 +193,13 @@ impl Client {
         }
         let resp = req.call().map_err(|e| status_error(&realm, e))?;
         let body = read_limited(&realm, resp)?;
-        let token: serde_json::Value =
-            serde_json::from_slice(&body).map_err(|e| RegistryError::Protocol {
-                url: realm.clone(),
-                message: format!("token response is not JSON: {e}"),
-            })?;
+        let token: serde_json::Value = serde_json::from_slice(&body)
+            .map_err(|e| RegistryError::Protocol { url: realm.clone(), message: format!("token response is not JSON: {e}") })?;
         let token = token
             .get("token")
             .or_else(|| token.get("access_token"))
             .and_then(|t| t.as_str())
-            .ok_or_else(|| RegistryError::Protocol {
-                url: realm.clone(),
-                message: "token response has no token".into(),
-            })?;
+            .ok_or_else(|| RegistryError::Protocol { url: realm.clone(), message: "token response has no token".into() })?;
         Ok(format!("Bearer {token}"))
     }
 }
@@ -261,42 +233,21 @@ pub(crate) fn read_limited(url: &str, resp: ureq::Response) -> Result<Vec<u8>, R
     resp.into_reader()
         .take(MAX_DOCUMENT_BYTES + 1)
         .read_to_end(&mut out)
-        .map_err(|e| RegistryError::Unreachable {
-            url: url.to_string(),
-            message: e.to_string(),
-        })?;
+        .map_err(|e| RegistryError::Unreachable { url: url.to_string(), message: e.to_string() })?;
     if out.len() as u64 > MAX_DOCUMENT_BYTES {
-        return Err(RegistryError::Protocol {
-            url: url.to_string(),
-            message: "document larger than 16 MiB".into(),
-        });
+        return Err(RegistryError::Protocol { url: url.to_string(), message: "document larger than 16 MiB".into() });
     }
     Ok(out)
 }
 
 fn status_error(url: &str, e: ureq::Error) -> RegistryError {
     match e {
-        ureq::Error::Status(404, _) => RegistryError::NotFound {
-            url: url.to_string(),
-        },
-        ureq::Error::Status(s @ (401 | 403), _) => RegistryError::Denied {
-            url: url.to_string(),
-            status: s,
-        },
-        ureq::Error::Status(status, resp) => RegistryError::Status {
-            url: url.to_string(),
-            status,
-            body: resp
-                .into_string()
-                .unwrap_or_default()
-                .chars()
-                .take(300)
-                .collect(),
-        },
-        ureq::Error::Transport(t) => RegistryError::Unreachable {
-            url: url.to_string(),
-            message: t.to_string(),
-        },
+        ureq::Error::Status(404, _) => RegistryError::NotFound { url: url.to_string() },
+        ureq::Error::Status(s @ (401 | 403), _) => RegistryError::Denied { url: url.to_string(), status: s },
+        ureq::Error::Status(status, resp) => {
+            RegistryError::Status { url: url.to_string(), status, body: resp.into_string().unwrap_or_default().chars().take(300).collect() }
+        }
+        ureq::Error::Transport(t) => RegistryError::Unreachable { url: url.to_string(), message: t.to_string() },
     }
 }
 
@@ -306,9 +257,7 @@ mod tests {
 
     #[test]
     fn bearer_challenges() {
-        let p = parse_challenge(
-            r#"realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#,
-        );
+        let p = parse_challenge(r#"realm="https://auth.example/token",service="registry.example",scope="repository:a/b:pull,push""#);
         assert_eq!(p[0], ("realm".into(), "https://auth.example/token".into()));
         assert_eq!(p[2], ("scope".into(), "repository:a/b:pull,push".into()));
     }

@@ -33,35 +33,16 @@ pub(crate) struct ExportedLayer {
 }
 
 /// Writes the EROFS layer at `blob` as a `tar+gzip` OCI layer.
-pub(crate) fn export_layer(
-    store: &ImageStore,
-    blob: &Path,
-    progress: &dyn Progress,
-) -> io::Result<ExportedLayer> {
-    let mountpoint = tempfile::Builder::new()
-        .prefix("export-")
-        .tempdir_in(store.temp_dir())?;
-    let out = store
-        .temp_file()
-        .map_err(|e| io::Error::other(e.to_string()))?;
+pub(crate) fn export_layer(store: &ImageStore, blob: &Path, progress: &dyn Progress) -> io::Result<ExportedLayer> {
+    let mountpoint = tempfile::Builder::new().prefix("export-").tempdir_in(store.temp_dir())?;
+    let out = store.temp_file().map_err(|e| io::Error::other(e.to_string()))?;
     let target = mountpoint.path();
     let file = out.reopen()?;
     let (digest, size, diff_id, stats) = std::thread::scope(|s| {
         s.spawn(|| -> io::Result<(Digest, u64, Digest, TarStats)> {
             enter_private_mount_namespace()?;
-            mount(
-                blob,
-                target,
-                "erofs",
-                MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID,
-                None,
-            )
-            .map_err(|e| {
-                io::Error::new(
-                    io::Error::from(e).kind(),
-                    format!("mounting {} read-only: {e}", blob.display()),
-                )
-            })?;
+            mount(blob, target, "erofs", MountFlags::RDONLY | MountFlags::NODEV | MountFlags::NOSUID, None)
+                .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("mounting {} read-only: {e}", blob.display())))?;
             let compressed = HashingWriter::new(BufWriter::with_capacity(1 << 20, file));
             // Level 6 (gzip's default): registries and clients expect gzip;
             // the CPU it costs is paid once per push.
@@ -75,13 +56,7 @@ pub(crate) fn export_layer(
         .join()
         .unwrap_or_else(|_| Err(io::Error::other("the layer export thread panicked")))
     })?;
-    Ok(ExportedLayer {
-        file: out,
-        digest,
-        size,
-        diff_id,
-        stats,
-    })
+    Ok(ExportedLayer { file: out, digest, size, diff_id, stats })
 }
 
 /// Moves the calling thread into a mount namespace of its own in which
@@ -92,9 +67,6 @@ fn enter_private_mount_namespace() -> io::Result<()> {
     // unshare unsafe in general; this thread only mounts and reads files.
     unsafe { rustix::thread::unshare_unsafe(rustix::thread::UnshareFlags::NEWNS) }
         .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("unshare(CLONE_NEWNS): {e}")))?;
-    mount_change(
-        "/",
-        MountPropagationFlags::PRIVATE | MountPropagationFlags::REC,
-    )
-    .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("making / private: {e}")))
+    mount_change("/", MountPropagationFlags::PRIVATE | MountPropagationFlags::REC)
+        .map_err(|e| io::Error::new(io::Error::from(e).kind(), format!("making / private: {e}")))
 }

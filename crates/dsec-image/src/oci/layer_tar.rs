@@ -38,18 +38,10 @@ pub(crate) struct TarStats {
 
 /// Writes the tree under `root` (not `root` itself) as a tar to `out` and
 /// returns `out` once the archive is finished.
-pub(crate) fn write_layer_tar<W: Write>(
-    root: &Path,
-    out: W,
-    progress: &dyn Progress,
-) -> io::Result<(W, TarStats)> {
+pub(crate) fn write_layer_tar<W: Write>(root: &Path, out: W, progress: &dyn Progress) -> io::Result<(W, TarStats)> {
     let mut entries = Vec::new();
     collect(root, Path::new(""), &mut entries)?;
-    let total: u64 = entries
-        .iter()
-        .filter(|(_, m)| m.file_type().is_file())
-        .map(|(_, m)| m.len())
-        .sum();
+    let total: u64 = entries.iter().filter(|(_, m)| m.file_type().is_file()).map(|(_, m)| m.len()).sum();
     let mut builder = tar::Builder::new(out);
     let mut stats = TarStats::default();
     // (dev, inode) of multiply-linked files -> the first path written.
@@ -102,10 +94,7 @@ pub(crate) fn write_layer_tar<W: Write>(
             let file = fs::File::open(&full)?;
             // The size in the header is a promise: a file that changed
             // under us must fail the export, not corrupt the archive.
-            let mut reader = ExactReader {
-                inner: file.take(meta.len()),
-                left: meta.len(),
-            };
+            let mut reader = ExactReader { inner: file.take(meta.len()), left: meta.len() };
             builder.append_data(&mut header, rel, &mut reader)?;
             stats.file_bytes += meta.len();
             progress.advance(stats.file_bytes, Some(total), Unit::Bytes);
@@ -131,9 +120,7 @@ pub(crate) fn write_layer_tar<W: Write>(
 /// Every entry under `dir`, depth first, names sorted (parents before
 /// their children, as extraction needs).
 fn collect(root: &Path, rel: &Path, out: &mut Vec<(PathBuf, fs::Metadata)>) -> io::Result<()> {
-    let mut names: Vec<OsString> = fs::read_dir(root.join(rel))?
-        .map(|e| e.map(|e| e.file_name()))
-        .collect::<io::Result<_>>()?;
+    let mut names: Vec<OsString> = fs::read_dir(root.join(rel))?.map(|e| e.map(|e| e.file_name())).collect::<io::Result<_>>()?;
     names.sort();
     for name in names {
         let child = rel.join(&name);
@@ -248,10 +235,7 @@ impl<R: Read> Read for ExactReader<R> {
         }
         let n = self.inner.read(buf)?;
         if n == 0 {
-            return Err(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                "the file shrank while it was read",
-            ));
+            return Err(io::Error::new(io::ErrorKind::UnexpectedEof, "the file shrank while it was read"));
         }
         self.left -= n as u64;
         Ok(n)

@@ -6,9 +6,7 @@ use serde::de::DeserializeOwned;
 
 use super::build::{import_image, SourceLayer};
 use super::source::Tree;
-use super::spec::{
-    host_platform, Descriptor, DockerSaveEntry, ImageConfigBlob, ImageManifest, Index, Platform,
-};
+use super::spec::{host_platform, Descriptor, DockerSaveEntry, ImageConfigBlob, ImageManifest, Index, Platform};
 use super::{derive_reference, parse_digest, ImportError, ImportOptions, Imported};
 use crate::digest::Digest;
 use crate::manifest::ImageConfig;
@@ -36,10 +34,7 @@ pub(crate) fn import_tree(
 }
 
 pub(crate) fn json<T: DeserializeOwned>(what: &str, bytes: &[u8]) -> Result<T, ImportError> {
-    serde_json::from_slice(bytes).map_err(|source| ImportError::Json {
-        what: what.to_string(),
-        source,
-    })
+    serde_json::from_slice(bytes).map_err(|source| ImportError::Json { what: what.to_string(), source })
 }
 
 fn blob_path(digest: &str) -> Result<String, ImportError> {
@@ -48,11 +43,7 @@ fn blob_path(digest: &str) -> Result<String, ImportError> {
 }
 
 /// Reads a blob named by a descriptor, checking its size and digest.
-pub(crate) fn read_verified(
-    tree: &dyn Tree,
-    desc: &Descriptor,
-    what: &str,
-) -> Result<Vec<u8>, ImportError> {
+pub(crate) fn read_verified(tree: &dyn Tree, desc: &Descriptor, what: &str) -> Result<Vec<u8>, ImportError> {
     let bytes = tree.read_small(&blob_path(&desc.digest)?)?;
     verify_bytes(&bytes, desc, what)?;
     Ok(bytes)
@@ -60,11 +51,7 @@ pub(crate) fn read_verified(
 
 pub(crate) fn verify_bytes(bytes: &[u8], desc: &Descriptor, what: &str) -> Result<(), ImportError> {
     if bytes.len() as u64 != desc.size {
-        return Err(ImportError::SizeMismatch {
-            what: what.to_string(),
-            expected: desc.size,
-            actual: bytes.len() as u64,
-        });
+        return Err(ImportError::SizeMismatch { what: what.to_string(), expected: desc.size, actual: bytes.len() as u64 });
     }
     verify_digest(bytes, &desc.digest, what)
 }
@@ -84,31 +71,15 @@ pub(crate) fn verify_digest(bytes: &[u8], digest: &str, what: &str) -> Result<()
 
 /// Picks the manifest the caller selected (by tag or digest), or the only
 /// one.
-pub(crate) fn select<'a>(
-    manifests: &'a [Descriptor],
-    select: Option<&str>,
-) -> Result<&'a Descriptor, ImportError> {
-    let names = || {
-        manifests
-            .iter()
-            .map(|d| d.ref_name().unwrap_or(&d.digest).to_string())
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
+pub(crate) fn select<'a>(manifests: &'a [Descriptor], select: Option<&str>) -> Result<&'a Descriptor, ImportError> {
+    let names = || manifests.iter().map(|d| d.ref_name().unwrap_or(&d.digest).to_string()).collect::<Vec<_>>().join(", ");
     match select {
         Some(want) => {
             let tag = want.rsplit(':').next().unwrap_or(want);
             manifests
                 .iter()
-                .find(|d| {
-                    d.digest == want || d.ref_name() == Some(want) || d.ref_name() == Some(tag)
-                })
-                .ok_or_else(|| {
-                    ImportError::Ambiguous(format!(
-                        "no image `{want}` in the source (it holds: {})",
-                        names()
-                    ))
-                })
+                .find(|d| d.digest == want || d.ref_name() == Some(want) || d.ref_name() == Some(tag))
+                .ok_or_else(|| ImportError::Ambiguous(format!("no image `{want}` in the source (it holds: {})", names())))
         }
         None => match manifests {
             [] => Err(ImportError::NotAnImage("the index lists no image".into())),
@@ -123,23 +94,11 @@ pub(crate) fn select<'a>(
 }
 
 /// Picks the entry of a multi-platform index for `wanted`.
-pub(crate) fn pick_platform<'a>(
-    index: &'a Index,
-    wanted: &Platform,
-) -> Result<&'a Descriptor, ImportError> {
-    index
-        .manifests
-        .iter()
-        .find(|d| d.platform.as_ref().is_some_and(|p| wanted.accepts(p)))
-        .ok_or_else(|| ImportError::NoMatchingPlatform {
-            wanted: wanted.to_string(),
-            available: index
-                .manifests
-                .iter()
-                .filter_map(|d| d.platform.as_ref().map(|p| p.to_string()))
-                .collect::<Vec<_>>()
-                .join(", "),
-        })
+pub(crate) fn pick_platform<'a>(index: &'a Index, wanted: &Platform) -> Result<&'a Descriptor, ImportError> {
+    index.manifests.iter().find(|d| d.platform.as_ref().is_some_and(|p| wanted.accepts(p))).ok_or_else(|| ImportError::NoMatchingPlatform {
+        wanted: wanted.to_string(),
+        available: index.manifests.iter().filter_map(|d| d.platform.as_ref().map(|p| p.to_string())).collect::<Vec<_>>().join(", "),
+    })
 }
 
 /// The sandbox defaults an OCI config gives (environment, working
@@ -150,21 +109,13 @@ pub(crate) fn image_config(blob: &ImageConfigBlob) -> ImageConfig {
         return config;
     };
     if let Some(env) = &run.env {
-        let env: Vec<String> = env
-            .iter()
-            .filter(|e| e.contains('=') && !e.starts_with('='))
-            .cloned()
-            .collect();
+        let env: Vec<String> = env.iter().filter(|e| e.contains('=') && !e.starts_with('=')).cloned().collect();
         if !env.is_empty() {
             config.env = env;
         }
     }
     if let Some(dir) = run.working_dir.as_deref().filter(|d| !d.is_empty()) {
-        config.workdir = if dir.starts_with('/') {
-            dir.to_string()
-        } else {
-            format!("/{dir}")
-        };
+        config.workdir = if dir.starts_with('/') { dir.to_string() } else { format!("/{dir}") };
     }
     if let Some(user) = run.user.as_deref().filter(|u| !u.is_empty()) {
         config.user = user.to_string();
@@ -178,18 +129,10 @@ pub(crate) fn check_platform(blob: &ImageConfigBlob, wanted: &Platform) -> Resul
     if blob.architecture.is_empty() || blob.architecture == wanted.architecture {
         return Ok(());
     }
-    Err(ImportError::NoMatchingPlatform {
-        wanted: wanted.to_string(),
-        available: format!("{}/{}", blob.os, blob.architecture),
-    })
+    Err(ImportError::NoMatchingPlatform { wanted: wanted.to_string(), available: format!("{}/{}", blob.os, blob.architecture) })
 }
 
-fn import_oci(
-    store: &ImageStore,
-    tree: &dyn Tree,
-    options: &ImportOptions,
-    progress: &dyn Progress,
-) -> Result<Imported, ImportError> {
+fn import_oci(store: &ImageStore, tree: &dyn Tree, options: &ImportOptions, progress: &dyn Progress) -> Result<Imported, ImportError> {
     let index: Index = json("index.json", &tree.read_small("index.json")?)?;
     let chosen = select(&index.manifests, options.select.as_deref())?;
     let source_name = chosen.ref_name().map(str::to_string);
@@ -200,16 +143,11 @@ fn import_oci(
         desc = pick_platform(&nested, &wanted)?.clone();
     }
     let manifest: ImageManifest = json("image manifest", &read_verified(tree, &desc, "image manifest")?)?;
-    let config_blob: ImageConfigBlob =
-        json("image config", &read_verified(tree, &manifest.config, "image config")?)?;
+    let config_blob: ImageConfigBlob = json("image config", &read_verified(tree, &manifest.config, "image config")?)?;
     check_platform(&config_blob, &wanted)?;
 
     let layers = SourceLayer::from_descriptors(&manifest.layers)?;
-    let paths = manifest
-        .layers
-        .iter()
-        .map(|d| blob_path(&d.digest))
-        .collect::<Result<Vec<_>, _>>()?;
+    let paths = manifest.layers.iter().map(|d| blob_path(&d.digest)).collect::<Result<Vec<_>, _>>()?;
     let reference = match (&options.reference, &source_name) {
         (Some(r), _) => r.clone(),
         (None, Some(name)) => derive_reference(name)?,
@@ -228,15 +166,12 @@ fn import_docker_save(
     let entries: Vec<DockerSaveEntry> = json("manifest.json", &tree.read_small("manifest.json")?)?;
     let tags = |e: &DockerSaveEntry| e.repo_tags.clone().unwrap_or_default();
     let entry = match options.select.as_deref() {
-        Some(want) => entries
-            .iter()
-            .find(|e| tags(e).iter().any(|t| t == want || t.ends_with(&format!("/{want}"))))
-            .ok_or_else(|| {
-                ImportError::Ambiguous(format!(
-                    "no image `{want}` in the archive (it holds: {})",
-                    entries.iter().flat_map(tags).collect::<Vec<_>>().join(", ")
-                ))
-            })?,
+        Some(want) => entries.iter().find(|e| tags(e).iter().any(|t| t == want || t.ends_with(&format!("/{want}")))).ok_or_else(|| {
+            ImportError::Ambiguous(format!(
+                "no image `{want}` in the archive (it holds: {})",
+                entries.iter().flat_map(tags).collect::<Vec<_>>().join(", ")
+            ))
+        })?,
         None => match entries.as_slice() {
             [] => return Err(ImportError::NotAnImage("manifest.json lists no image".into())),
             [only] => only,
@@ -258,11 +193,7 @@ fn import_docker_save(
     let config_blob: ImageConfigBlob = json("image config", &config_bytes)?;
     let wanted = options.platform.clone().unwrap_or_else(host_platform);
     check_platform(&config_blob, &wanted)?;
-    let diff_ids = config_blob
-        .rootfs
-        .as_ref()
-        .map(|r| r.diff_ids.clone())
-        .unwrap_or_default();
+    let diff_ids = config_blob.rootfs.as_ref().map(|r| r.diff_ids.clone()).unwrap_or_default();
     if diff_ids.len() != entry.layers.len() {
         return Err(ImportError::NotAnImage(format!(
             "the config lists {} layers but manifest.json {}",

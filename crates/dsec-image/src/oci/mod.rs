@@ -50,17 +50,9 @@ pub enum ImportError {
     #[error("digest `{0}` is not supported (only sha256)")]
     UnsupportedDigest(String),
     #[error("{what}: digest mismatch: expected {expected}, got {actual}")]
-    DigestMismatch {
-        what: String,
-        expected: String,
-        actual: String,
-    },
+    DigestMismatch { what: String, expected: String, actual: String },
     #[error("{what}: expected {expected} bytes, got {actual}")]
-    SizeMismatch {
-        what: String,
-        expected: u64,
-        actual: u64,
-    },
+    SizeMismatch { what: String, expected: u64, actual: u64 },
     #[error("{what}: invalid JSON: {source}")]
     Json {
         what: String,
@@ -110,13 +102,7 @@ pub struct ImportOptions {
 
 impl Default for ImportOptions {
     fn default() -> Self {
-        ImportOptions {
-            reference: None,
-            select: None,
-            platform: None,
-            merge_below: DEFAULT_MERGE_BELOW,
-            build: BuildOptions::default(),
-        }
+        ImportOptions { reference: None, select: None, platform: None, merge_below: DEFAULT_MERGE_BELOW, build: BuildOptions::default() }
     }
 }
 
@@ -131,17 +117,8 @@ pub struct Imported {
 
 /// Imports the image in `path`: an OCI image layout directory, or a tar
 /// (optionally gzip-compressed) of an OCI layout or of `docker save`.
-pub fn import_path(
-    store: &ImageStore,
-    path: &Path,
-    options: &ImportOptions,
-    progress: &dyn Progress,
-) -> Result<Imported, ImportError> {
-    let meta = std::fs::metadata(path).map_err(|e| ImportError::Io {
-        context: "reading",
-        path: path.to_path_buf(),
-        source: e,
-    })?;
+pub fn import_path(store: &ImageStore, path: &Path, options: &ImportOptions, progress: &dyn Progress) -> Result<Imported, ImportError> {
+    let meta = std::fs::metadata(path).map_err(|e| ImportError::Io { context: "reading", path: path.to_path_buf(), source: e })?;
     if meta.is_dir() {
         return layout::import_tree(store, &source::DirTree::new(path), options, progress);
     }
@@ -151,17 +128,9 @@ pub fn import_path(
     let archive: &Path = if is_gzip(path)? {
         progress.stage(&format!("decompressing {}", path.display()));
         let temp = store.temp_file()?;
-        let input = std::fs::File::open(path).map_err(|e| ImportError::Io {
-            context: "reading",
-            path: path.to_path_buf(),
-            source: e,
-        })?;
+        let input = std::fs::File::open(path).map_err(|e| ImportError::Io { context: "reading", path: path.to_path_buf(), source: e })?;
         let mut out = temp.as_file();
-        io::copy(
-            &mut flate2::read::GzDecoder::new(BufReader::new(input)),
-            &mut out,
-        )
-        .map_err(|e| ImportError::Io {
+        io::copy(&mut flate2::read::GzDecoder::new(BufReader::new(input)), &mut out).map_err(|e| ImportError::Io {
             context: "decompressing",
             path: path.to_path_buf(),
             source: e,
@@ -177,24 +146,14 @@ pub fn import_path(
 
 fn is_gzip(path: &Path) -> Result<bool, ImportError> {
     let mut head = [0u8; 2];
-    let mut f = std::fs::File::open(path).map_err(|e| ImportError::Io {
-        context: "reading",
-        path: path.to_path_buf(),
-        source: e,
-    })?;
-    let n = f.read(&mut head).map_err(|e| ImportError::Io {
-        context: "reading",
-        path: path.to_path_buf(),
-        source: e,
-    })?;
+    let mut f = std::fs::File::open(path).map_err(|e| ImportError::Io { context: "reading", path: path.to_path_buf(), source: e })?;
+    let n = f.read(&mut head).map_err(|e| ImportError::Io { context: "reading", path: path.to_path_buf(), source: e })?;
     Ok(n == 2 && head == [0x1f, 0x8b])
 }
 
 /// `sha256:<hex>` -> digest.
 pub(crate) fn parse_digest(s: &str) -> Result<Digest, ImportError> {
-    let hex = s
-        .strip_prefix("sha256:")
-        .ok_or_else(|| ImportError::UnsupportedDigest(s.to_string()))?;
+    let hex = s.strip_prefix("sha256:").ok_or_else(|| ImportError::UnsupportedDigest(s.to_string()))?;
     Digest::from_hex(hex).map_err(|_| ImportError::UnsupportedDigest(s.to_string()))
 }
 
@@ -210,10 +169,8 @@ pub fn derive_reference(source_name: &str) -> Result<Reference, ImportError> {
     if name.is_empty() {
         return Err(ImportError::NoName);
     }
-    Reference::new(&name.to_ascii_lowercase(), tag).map_err(|e| ImportError::BadName {
-        name: source_name.to_string(),
-        reason: e.to_string(),
-    })
+    Reference::new(&name.to_ascii_lowercase(), tag)
+        .map_err(|e| ImportError::BadName { name: source_name.to_string(), reason: e.to_string() })
 }
 
 #[cfg(test)]
@@ -222,14 +179,8 @@ mod tests {
 
     #[test]
     fn names_from_sources() {
-        assert_eq!(
-            derive_reference("docker.io/library/python:3.12").unwrap().to_string(),
-            "python:3.12"
-        );
-        assert_eq!(
-            derive_reference("127.0.0.1:5000/team/Tool").unwrap().to_string(),
-            "tool:latest"
-        );
+        assert_eq!(derive_reference("docker.io/library/python:3.12").unwrap().to_string(), "python:3.12");
+        assert_eq!(derive_reference("127.0.0.1:5000/team/Tool").unwrap().to_string(), "tool:latest");
         assert_eq!(derive_reference("busybox").unwrap().to_string(), "busybox:latest");
         assert!(derive_reference("").is_err());
     }

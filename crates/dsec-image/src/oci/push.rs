@@ -76,13 +76,8 @@ pub fn push(
     progress.stage(&format!("checking {}", r.registry));
     client.ping()?;
 
-    let mut pushed = Pushed {
-        pushed: String::new(),
-        manifest_digest: Digest::of_bytes(b""),
-        layers_uploaded: 0,
-        layers_present: 0,
-        bytes_uploaded: 0,
-    };
+    let mut pushed =
+        Pushed { pushed: String::new(), manifest_digest: Digest::of_bytes(b""), layers_uploaded: 0, layers_present: 0, bytes_uploaded: 0 };
     let count = resolved.layers.len();
     let mut layers = Vec::with_capacity(count);
     for (i, layer) in resolved.layers.iter().enumerate() {
@@ -96,16 +91,13 @@ pub fn push(
             }
         }
         progress.stage(&format!("{label}: packing"));
-        let exported = export_layer(store, &layer.path, progress).map_err(|source| PushError::Export {
-            layer: layer.digest.to_string(),
-            source,
-        })?;
+        let exported =
+            export_layer(store, &layer.path, progress).map_err(|source| PushError::Export { layer: layer.digest.to_string(), source })?;
         progress.stage(&format!(
             "{label}: uploading {} bytes ({} entries, {} whiteouts, {} opaque directories)",
             exported.size, exported.stats.entries, exported.stats.whiteouts, exported.stats.opaque_dirs
         ));
-        ExportRecord { digest: exported.digest, size: exported.size, diff_id: exported.diff_id }
-            .write(store, &layer.digest);
+        ExportRecord { digest: exported.digest, size: exported.size, diff_id: exported.diff_id }.write(store, &layer.digest);
         let sent = upload_blob(&client, &exported, progress)?;
         if sent {
             pushed.layers_uploaded += 1;
@@ -127,15 +119,8 @@ pub fn push(
     let manifest_digest = Digest::of_bytes(&manifest);
     progress.stage(&format!("tagging {}", r.reference));
     let body = manifest.clone();
-    let make = move || -> io::Result<(Box<dyn Read + Send>, u64)> {
-        Ok((Box::new(io::Cursor::new(body.clone())), body.len() as u64))
-    };
-    client.send(
-        "PUT",
-        &client.url_manifest(&r.reference),
-        &[("Content-Type", MEDIA_OCI_MANIFEST)],
-        Some(&make),
-    )?;
+    let make = move || -> io::Result<(Box<dyn Read + Send>, u64)> { Ok((Box::new(io::Cursor::new(body.clone())), body.len() as u64)) };
+    client.send("PUT", &client.url_manifest(&r.reference), &[("Content-Type", MEDIA_OCI_MANIFEST)], Some(&make))?;
     pushed.manifest_digest = manifest_digest;
     pushed.pushed = format!("{}/{}:{}@{manifest_digest}", r.registry, r.repository, r.reference);
     Ok(pushed)
@@ -173,23 +158,13 @@ fn upload_blob(client: &Client, layer: &ExportedLayer, progress: &dyn Progress) 
     let size = layer.size;
     let make = move || -> io::Result<(Box<dyn Read + Send + '_>, u64)> {
         let file = std::fs::File::open(&path)?;
-        Ok((
-            Box::new(Counted {
-                inner: io::BufReader::with_capacity(1 << 20, file),
-                done: 0,
-                total: size,
-                progress,
-            }),
-            size,
-        ))
+        Ok((Box::new(Counted { inner: io::BufReader::with_capacity(1 << 20, file), done: 0, total: size, progress }), size))
     };
     upload(client, &layer.digest, &make)
 }
 
 fn upload_bytes(client: &Client, bytes: &[u8], digest: &Digest) -> Result<bool, RegistryError> {
-    let make = || -> io::Result<(Box<dyn Read + Send + '_>, u64)> {
-        Ok((Box::new(io::Cursor::new(bytes.to_vec())), bytes.len() as u64))
-    };
+    let make = || -> io::Result<(Box<dyn Read + Send + '_>, u64)> { Ok((Box::new(io::Cursor::new(bytes.to_vec())), bytes.len() as u64)) };
     upload(client, digest, &make)
 }
 
@@ -203,13 +178,10 @@ fn upload(client: &Client, digest: &Digest, body: super::client::Body<'_>) -> Re
     }
     let uploads = client.url_uploads();
     let started = client.send("POST", &uploads, &[("Content-Length", "0")], None)?;
-    let location = started
-        .header("location")
-        .map(|l| client.absolute(l))
-        .ok_or_else(|| RegistryError::Protocol {
-            url: uploads.clone(),
-            message: format!("upload started ({}) without a Location", started.status()),
-        })?;
+    let location = started.header("location").map(|l| client.absolute(l)).ok_or_else(|| RegistryError::Protocol {
+        url: uploads.clone(),
+        message: format!("upload started ({}) without a Location", started.status()),
+    })?;
     let separator = if location.contains('?') { '&' } else { '?' };
     let url = format!("{location}{separator}digest={digest}");
     client.send("PUT", &url, &[("Content-Type", "application/octet-stream")], Some(body))?;

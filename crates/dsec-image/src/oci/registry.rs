@@ -7,10 +7,10 @@
 use std::io::Read;
 
 use super::build::{import_image, SourceLayer};
-use super::layout::{check_platform, json, pick_platform, verify_bytes, verify_digest};
-use super::spec::{host_platform, ImageConfigBlob, ImageManifest, Index, ACCEPT_MANIFESTS};
 use super::client::Client;
 pub use super::client::RegistryOptions;
+use super::layout::{check_platform, json, pick_platform, verify_bytes, verify_digest};
+use super::spec::{host_platform, ImageConfigBlob, ImageManifest, Index, ACCEPT_MANIFESTS};
 use super::{derive_reference, parse_digest, ImportError, ImportOptions, Imported};
 use crate::progress::Progress;
 use crate::store::ImageStore;
@@ -51,18 +51,13 @@ pub struct RegistryRef {
 
 impl RegistryRef {
     pub fn parse(s: &str) -> Result<RegistryRef, RegistryError> {
-        let bad = |reason: &str| RegistryError::BadReference {
-            reference: s.to_string(),
-            reason: reason.to_string(),
-        };
+        let bad = |reason: &str| RegistryError::BadReference { reference: s.to_string(), reason: reason.to_string() };
         let (rest, digest) = match s.split_once('@') {
             Some((r, d)) => (r, Some(d)),
             None => (s, None),
         };
         let (first, remainder) = rest.split_once('/').unwrap_or(("", rest));
-        let (registry, path) = if !first.is_empty()
-            && (first.contains('.') || first.contains(':') || first == "localhost")
-        {
+        let (registry, path) = if !first.is_empty() && (first.contains('.') || first.contains(':') || first == "localhost") {
             (first.to_string(), remainder.to_string())
         } else {
             (DOCKER_HUB.to_string(), rest.to_string())
@@ -71,18 +66,10 @@ impl RegistryRef {
             Some((r, t)) if !t.contains('/') => (r.to_string(), Some(t.to_string())),
             _ => (path.clone(), None),
         };
-        if repository.is_empty()
-            || !repository
-                .chars()
-                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c))
-        {
+        if repository.is_empty() || !repository.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "._-/".contains(c)) {
             return Err(bad("the repository must be lowercase [a-z0-9._-/]"));
         }
-        let repository = if registry == DOCKER_HUB && !repository.contains('/') {
-            format!("library/{repository}")
-        } else {
-            repository
-        };
+        let repository = if registry == DOCKER_HUB && !repository.contains('/') { format!("library/{repository}") } else { repository };
         let reference = match (digest, tag) {
             (Some(d), _) => {
                 parse_digest(d).map_err(|_| bad("only sha256 digests are supported"))?;
@@ -91,11 +78,7 @@ impl RegistryRef {
             (None, Some(t)) => t,
             (None, None) => "latest".to_string(),
         };
-        Ok(RegistryRef {
-            registry,
-            repository,
-            reference,
-        })
+        Ok(RegistryRef { registry, repository, reference })
     }
 
     /// Registries on this machine speak plain HTTP by default (as Docker
@@ -122,11 +105,7 @@ pub fn pull(
     let (bytes, media_type) = client.manifest(&r.reference, &accept)?;
     let wanted = options.platform.clone().unwrap_or_else(host_platform);
     let top: serde_json::Value = json(&client.url_manifest(&r.reference), &bytes)?;
-    let top_type = top
-        .get("mediaType")
-        .and_then(|m| m.as_str())
-        .map(str::to_string)
-        .unwrap_or(media_type);
+    let top_type = top.get("mediaType").and_then(|m| m.as_str()).map(str::to_string).unwrap_or(media_type);
     if r.reference.starts_with("sha256:") {
         verify_digest(&bytes, &r.reference, "image manifest")?;
     }
@@ -153,9 +132,7 @@ pub fn pull(
         None if r.reference.starts_with("sha256:") => derive_reference(&r.repository)?,
         None => derive_reference(&format!("{}:{}", r.repository, r.reference))?,
     };
-    let open = |i: usize| -> Result<Box<dyn Read>, ImportError> {
-        Ok(client.blob(&manifest.layers[i].digest)?)
-    };
+    let open = |i: usize| -> Result<Box<dyn Read>, ImportError> { Ok(client.blob(&manifest.layers[i].digest)?) };
     import_image(store, name, &config_blob, &layers, &open, options, progress)
 }
 
@@ -166,15 +143,9 @@ mod tests {
     #[test]
     fn references_resolve_like_docker_pull() {
         let r = RegistryRef::parse("busybox").unwrap();
-        assert_eq!(
-            (r.registry.as_str(), r.repository.as_str(), r.reference.as_str()),
-            (DOCKER_HUB, "library/busybox", "latest")
-        );
+        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.reference.as_str()), (DOCKER_HUB, "library/busybox", "latest"));
         let r = RegistryRef::parse("127.0.0.1:5000/team/tool:1.2").unwrap();
-        assert_eq!(
-            (r.registry.as_str(), r.repository.as_str(), r.reference.as_str()),
-            ("127.0.0.1:5000", "team/tool", "1.2")
-        );
+        assert_eq!((r.registry.as_str(), r.repository.as_str(), r.reference.as_str()), ("127.0.0.1:5000", "team/tool", "1.2"));
         assert!(r.is_loopback());
         let d = format!("sha256:{}", "a".repeat(64));
         let r = RegistryRef::parse(&format!("ghcr.io/x/y@{d}")).unwrap();

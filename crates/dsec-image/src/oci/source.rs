@@ -22,19 +22,14 @@ pub(crate) trait Tree {
     fn read_small(&self, path: &str) -> Result<Vec<u8>, ImportError> {
         let (reader, size) = self.open(path)?;
         if size > MAX_JSON_BYTES {
-            return Err(ImportError::NotAnImage(format!(
-                "{path} is {size} bytes, more than a metadata file can be"
-            )));
+            return Err(ImportError::NotAnImage(format!("{path} is {size} bytes, more than a metadata file can be")));
         }
         let mut out = Vec::with_capacity(size as usize);
-        reader
-            .take(MAX_JSON_BYTES)
-            .read_to_end(&mut out)
-            .map_err(|e| ImportError::Io {
-                context: "reading",
-                path: PathBuf::from(path),
-                source: e,
-            })?;
+        reader.take(MAX_JSON_BYTES).read_to_end(&mut out).map_err(|e| ImportError::Io {
+            context: "reading",
+            path: PathBuf::from(path),
+            source: e,
+        })?;
         Ok(out)
     }
 }
@@ -59,9 +54,7 @@ pub(crate) struct DirTree {
 
 impl DirTree {
     pub(crate) fn new(root: &Path) -> DirTree {
-        DirTree {
-            root: root.to_path_buf(),
-        }
+        DirTree { root: root.to_path_buf() }
     }
 
     fn resolve(&self, path: &str) -> Option<PathBuf> {
@@ -75,14 +68,9 @@ impl Tree for DirTree {
     }
 
     fn open(&self, path: &str) -> Result<(Box<dyn Read + '_>, u64), ImportError> {
-        let full = self
-            .resolve(path)
-            .ok_or_else(|| ImportError::NotAnImage(format!("path `{path}` leaves the layout")))?;
+        let full = self.resolve(path).ok_or_else(|| ImportError::NotAnImage(format!("path `{path}` leaves the layout")))?;
         let file = File::open(&full).map_err(|e| missing_or_io(path, &full, e))?;
-        let size = file
-            .metadata()
-            .map_err(|e| missing_or_io(path, &full, e))?
-            .len();
+        let size = file.metadata().map_err(|e| missing_or_io(path, &full, e))?.len();
         Ok((Box::new(BufReader::with_capacity(1 << 20, file)), size))
     }
 }
@@ -91,11 +79,7 @@ fn missing_or_io(name: &str, full: &Path, e: io::Error) -> ImportError {
     if e.kind() == io::ErrorKind::NotFound {
         ImportError::MissingFile(name.to_string())
     } else {
-        ImportError::Io {
-            context: "opening",
-            path: full.to_path_buf(),
-            source: e,
-        }
+        ImportError::Io { context: "opening", path: full.to_path_buf(), source: e }
     }
 }
 
@@ -107,18 +91,17 @@ pub(crate) struct TarTree {
 }
 
 enum Member {
-    File { offset: u64, size: u64 },
+    File {
+        offset: u64,
+        size: u64,
+    },
     /// `docker save` links repeated layers to their first copy.
     Symlink(PathBuf),
 }
 
 impl TarTree {
     pub(crate) fn index(archive: &Path) -> Result<TarTree, ImportError> {
-        let io_err = |e: io::Error| ImportError::Io {
-            context: "reading archive",
-            path: archive.to_path_buf(),
-            source: e,
-        };
+        let io_err = |e: io::Error| ImportError::Io { context: "reading archive", path: archive.to_path_buf(), source: e };
         let file = File::open(archive).map_err(io_err)?;
         let mut tar = tar::Archive::new(file);
         let mut members = HashMap::new();
@@ -128,23 +111,14 @@ impl TarTree {
             let Some(path) = clean(&name) else { continue };
             let kind = entry.header().entry_type();
             if kind.is_file() || kind == tar::EntryType::Continuous {
-                members.insert(
-                    path,
-                    Member::File {
-                        offset: entry.raw_file_position(),
-                        size: entry.size(),
-                    },
-                );
+                members.insert(path, Member::File { offset: entry.raw_file_position(), size: entry.size() });
             } else if kind.is_symlink() {
                 if let Some(target) = entry.link_name().map_err(io_err)? {
                     members.insert(path, Member::Symlink(target.into_owned()));
                 }
             }
         }
-        Ok(TarTree {
-            archive: archive.to_path_buf(),
-            members,
-        })
+        Ok(TarTree { archive: archive.to_path_buf(), members })
     }
 
     /// Follows member symlinks (relative to the link's directory).
@@ -187,20 +161,11 @@ impl Tree for TarTree {
     }
 
     fn open(&self, path: &str) -> Result<(Box<dyn Read + '_>, u64), ImportError> {
-        let (offset, size) = self
-            .find(path)
-            .ok_or_else(|| ImportError::MissingFile(path.to_string()))?;
-        let io_err = |e: io::Error| ImportError::Io {
-            context: "reading archive",
-            path: self.archive.clone(),
-            source: e,
-        };
+        let (offset, size) = self.find(path).ok_or_else(|| ImportError::MissingFile(path.to_string()))?;
+        let io_err = |e: io::Error| ImportError::Io { context: "reading archive", path: self.archive.clone(), source: e };
         let mut file = File::open(&self.archive).map_err(io_err)?;
         file.seek(SeekFrom::Start(offset)).map_err(io_err)?;
-        Ok((
-            Box::new(BufReader::with_capacity(1 << 20, file).take(size)),
-            size,
-        ))
+        Ok((Box::new(BufReader::with_capacity(1 << 20, file).take(size)), size))
     }
 }
 

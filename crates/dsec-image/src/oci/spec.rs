@@ -11,12 +11,7 @@ pub const MEDIA_DOCKER_LIST: &str = "application/vnd.docker.distribution.manifes
 pub const MEDIA_DOCKER_MANIFEST: &str = "application/vnd.docker.distribution.manifest.v2+json";
 
 /// Manifest media types a registry is asked for, best first.
-pub const ACCEPT_MANIFESTS: &[&str] = &[
-    MEDIA_OCI_INDEX,
-    MEDIA_OCI_MANIFEST,
-    MEDIA_DOCKER_LIST,
-    MEDIA_DOCKER_MANIFEST,
-];
+pub const ACCEPT_MANIFESTS: &[&str] = &[MEDIA_OCI_INDEX, MEDIA_OCI_MANIFEST, MEDIA_DOCKER_LIST, MEDIA_DOCKER_MANIFEST];
 
 /// The annotation OCI layouts use for a manifest's tag (`skopeo copy ...
 /// oci:DIR:TAG` writes it).
@@ -117,11 +112,7 @@ pub fn host_platform() -> Platform {
         "powerpc64" => "ppc64le",
         other => other,
     };
-    Platform {
-        architecture: architecture.to_string(),
-        os: "linux".to_string(),
-        variant: None,
-    }
+    Platform { architecture: architecture.to_string(), os: "linux".to_string(), variant: None }
 }
 
 /// Parses `os/arch[/variant]`.
@@ -133,20 +124,14 @@ pub fn parse_platform(s: &str) -> Option<Platform> {
     if parts.next().is_some() {
         return None;
     }
-    Some(Platform {
-        architecture: architecture.to_string(),
-        os: os.to_string(),
-        variant,
-    })
+    Some(Platform { architecture: architecture.to_string(), os: os.to_string(), variant })
 }
 
 impl Platform {
     /// Whether an index entry for `other` fits what was asked for (a
     /// missing variant on our side accepts any).
     pub fn accepts(&self, other: &Platform) -> bool {
-        self.os == other.os
-            && self.architecture == other.architecture
-            && (self.variant.is_none() || self.variant == other.variant)
+        self.os == other.os && self.architecture == other.architecture && (self.variant.is_none() || self.variant == other.variant)
     }
 }
 

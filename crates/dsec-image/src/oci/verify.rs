@@ -38,12 +38,7 @@ pub(crate) struct Hashing<'p, R> {
 
 impl<'p, R: Read> Hashing<'p, R> {
     pub(crate) fn new(inner: R, progress: Option<(&'p dyn Progress, Option<u64>)>) -> Self {
-        Hashing {
-            inner,
-            tally: Rc::default(),
-            progress,
-            reported: 0,
-        }
+        Hashing { inner, tally: Rc::default(), progress, reported: 0 }
     }
 
     pub(crate) fn tally(&self) -> Rc<RefCell<Tally>> {

@@ -45,33 +45,18 @@ pub struct CopyStats {
 /// shared store into a node's store, each blob checked against its digest
 /// as it streams in. The manifest is written last, so the image appears in
 /// `to` only once all its layers are there and verified.
-pub fn fetch_image(
-    from: &SharedStore,
-    to: &ImageStore,
-    reference: &Reference,
-    progress: &dyn Progress,
-) -> Result<CopyStats, ImageError> {
+pub fn fetch_image(from: &SharedStore, to: &ImageStore, reference: &Reference, progress: &dyn Progress) -> Result<CopyStats, ImageError> {
     let manifest = from.manifest(reference)?;
     let _lock = to.write_lock()?;
     let mut stats = CopyStats::default();
-    let total: u64 = manifest
-        .layers
-        .iter()
-        .filter(|l| !to.has_blob(&l.digest))
-        .map(|l| l.size)
-        .sum();
+    let total: u64 = manifest.layers.iter().filter(|l| !to.has_blob(&l.digest)).map(|l| l.size).sum();
     for layer in &manifest.layers {
         if to.has_blob(&layer.digest) {
             stats.layers_present += 1;
             continue;
         }
         progress.stage(&format!("layer sha256:{}", &layer.digest.hex()[..12]));
-        let counted = Counted {
-            inner: from.blob_reader(&layer.digest)?,
-            done: stats.bytes_copied,
-            total,
-            progress,
-        };
+        let counted = Counted { inner: from.blob_reader(&layer.digest)?, done: stats.bytes_copied, total, progress };
         let stored = to.put_layer_from_reader(counted, Some(&layer.digest))?;
         stats.layers_copied += 1;
         stats.bytes_copied += stored.size;
@@ -83,12 +68,7 @@ pub fn fetch_image(
 /// Copies `reference` from a node's store into a shared store: the layers
 /// it lacks, a chunk table for every layer (so nodes can load it on
 /// demand), then the manifest, which records the tables' digests.
-pub fn push_image(
-    from: &ImageStore,
-    to: &SharedStore,
-    reference: &Reference,
-    progress: &dyn Progress,
-) -> Result<CopyStats, ImageError> {
+pub fn push_image(from: &ImageStore, to: &SharedStore, reference: &Reference, progress: &dyn Progress) -> Result<CopyStats, ImageError> {
     let image = from.resolve_ref(reference)?;
     let mut manifest = image.manifest.clone();
     let mut stats = CopyStats::default();

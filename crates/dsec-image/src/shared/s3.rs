@@ -43,18 +43,12 @@ impl S3Options {
     pub fn from_env() -> S3Options {
         let var = |k: &str| std::env::var(k).ok().filter(|v| !v.is_empty());
         let credentials = match (var("AWS_ACCESS_KEY_ID"), var("AWS_SECRET_ACCESS_KEY")) {
-            (Some(access_key), Some(secret_key)) => Some(Credentials {
-                access_key,
-                secret_key,
-                session_token: var("AWS_SESSION_TOKEN"),
-            }),
+            (Some(access_key), Some(secret_key)) => Some(Credentials { access_key, secret_key, session_token: var("AWS_SESSION_TOKEN") }),
             _ => None,
         };
         S3Options {
             endpoint: var("DSEC_S3_ENDPOINT").or_else(|| var("AWS_ENDPOINT_URL")),
-            region: var("AWS_REGION")
-                .or_else(|| var("AWS_DEFAULT_REGION"))
-                .unwrap_or_else(|| "us-east-1".into()),
+            region: var("AWS_REGION").or_else(|| var("AWS_DEFAULT_REGION")).unwrap_or_else(|| "us-east-1".into()),
             credentials,
         }
     }
@@ -75,17 +69,11 @@ impl S3Store {
     /// `location` is `bucket[/prefix]` (what follows `s3://`).
     pub fn new(location: &str, options: &S3Options) -> Result<S3Store, ImageError> {
         let (bucket, prefix) = location.split_once('/').unwrap_or((location, ""));
-        let invalid = |message: String| ImageError::SharedStore {
-            store: format!("s3://{location}"),
-            message,
-        };
+        let invalid = |message: String| ImageError::SharedStore { store: format!("s3://{location}"), message };
         if bucket.is_empty() || !bucket.bytes().all(|b| b.is_ascii_alphanumeric() || b"-._".contains(&b)) {
             return Err(invalid(format!("invalid bucket name {bucket:?}")));
         }
-        let endpoint = options
-            .endpoint
-            .clone()
-            .unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", options.region));
+        let endpoint = options.endpoint.clone().unwrap_or_else(|| format!("https://s3.{}.amazonaws.com", options.region));
         let endpoint = endpoint.trim_end_matches('/').to_string();
         let host = endpoint
             .strip_prefix("http://")
@@ -129,10 +117,7 @@ impl S3Store {
     }
 
     fn error(&self, message: String) -> ImageError {
-        ImageError::SharedStore {
-            store: self.describe(),
-            message,
-        }
+        ImageError::SharedStore { store: self.describe(), message }
     }
 
     /// One signed request. `extra` headers are sent and signed.
@@ -148,11 +133,8 @@ impl S3Store {
         let now = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
         let date = sigv4::amz_date(now);
         let payload = if body.is_some() { UNSIGNED_PAYLOAD.to_string() } else { sigv4::sha256_hex(b"") };
-        let mut headers: Vec<(&str, String)> = vec![
-            ("host", self.host.clone()),
-            ("x-amz-date", date.clone()),
-            ("x-amz-content-sha256", payload.clone()),
-        ];
+        let mut headers: Vec<(&str, String)> =
+            vec![("host", self.host.clone()), ("x-amz-date", date.clone()), ("x-amz-content-sha256", payload.clone())];
         headers.extend(extra.iter().cloned());
         if let Some(token) = self.options.credentials.as_ref().and_then(|c| c.session_token.clone()) {
             headers.push(("x-amz-security-token", token));
@@ -169,13 +151,7 @@ impl S3Store {
                 creds,
                 &self.options.region,
                 &date,
-                &sigv4::Request {
-                    method,
-                    path: &path,
-                    query: "",
-                    headers: &signed,
-                    payload_hash: &payload,
-                },
+                &sigv4::Request { method, path: &path, query: "", headers: &signed, payload_hash: &payload },
             );
             req = req.set("authorization", &auth);
         }
@@ -197,9 +173,7 @@ impl S3Store {
         match self.request("GET", key, extra, None)? {
             Ok(resp) => {
                 let mut out = Vec::new();
-                resp.into_reader()
-                    .read_to_end(&mut out)
-                    .map_err(|e| self.error(format!("GET {key}: {e}")))?;
+                resp.into_reader().read_to_end(&mut out).map_err(|e| self.error(format!("GET {key}: {e}")))?;
                 Ok(Ok(out))
             }
             Err(e) => Ok(Err(e)),
@@ -219,10 +193,7 @@ impl S3Store {
     pub fn manifest(&self, reference: &Reference) -> Result<Manifest, ImageError> {
         let key = self.manifest_key(reference);
         match self.get_bytes(&key, &[])? {
-            Ok(bytes) => Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest {
-                path: key.into(),
-                source,
-            }),
+            Ok(bytes) => Manifest::from_json(&bytes).map_err(|source| ImageError::Manifest { path: key.into(), source }),
             Err((404, _)) => Err(ImageError::ImageNotFound(reference.to_string())),
             Err(e) => Err(self.status_error("GET", &key, e)),
         }
@@ -250,10 +221,7 @@ impl S3Store {
         let range = format!("bytes={offset}-{}", offset + len.max(1) - 1);
         match self.get_bytes(&key, &[("range", range)])? {
             Ok(bytes) if bytes.len() as u64 == len => Ok(bytes),
-            Ok(bytes) => Err(self.error(format!(
-                "GET {key} [{offset}, +{len}): the store sent {} bytes",
-                bytes.len()
-            ))),
+            Ok(bytes) => Err(self.error(format!("GET {key} [{offset}, +{len}): the store sent {} bytes", bytes.len()))),
             Err(e) => Err(self.status_error("GET", &key, e)),
         }
     }
@@ -283,10 +251,7 @@ impl S3Store {
 
     pub fn put_manifest(&self, reference: &Reference, manifest: &Manifest) -> Result<(), ImageError> {
         let key = self.manifest_key(reference);
-        let json = manifest.to_json().map_err(|source| ImageError::Manifest {
-            path: key.clone().into(),
-            source,
-        })?;
+        let json = manifest.to_json().map_err(|source| ImageError::Manifest { path: key.clone().into(), source })?;
         self.put(&key, Box::new(&json[..]), json.len() as u64)
     }
 }

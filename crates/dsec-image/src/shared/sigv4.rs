@@ -43,33 +43,21 @@ pub struct Request<'a> {
 /// The `Authorization` header value for `req`, signed at `amz_date`
 /// (`YYYYMMDDTHHMMSSZ`) for `region` and service `s3`.
 pub fn authorization(creds: &Credentials, region: &str, amz_date: &str, req: &Request<'_>) -> String {
-    let mut headers: Vec<(String, String)> = req
-        .headers
-        .iter()
-        .map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_string()))
-        .collect();
+    let mut headers: Vec<(String, String)> = req.headers.iter().map(|(k, v)| (k.to_ascii_lowercase(), v.trim().to_string())).collect();
     headers.sort();
     let canonical_headers: String = headers.iter().map(|(k, v)| format!("{k}:{v}\n")).collect();
     let signed_headers = headers.iter().map(|(k, _)| k.as_str()).collect::<Vec<_>>().join(";");
-    let canonical_request = format!(
-        "{}\n{}\n{}\n{}\n{}\n{}",
-        req.method, req.path, req.query, canonical_headers, signed_headers, req.payload_hash
-    );
+    let canonical_request =
+        format!("{}\n{}\n{}\n{}\n{}\n{}", req.method, req.path, req.query, canonical_headers, signed_headers, req.payload_hash);
     let date = &amz_date[..8];
     let scope = format!("{date}/{region}/s3/aws4_request");
-    let string_to_sign = format!(
-        "AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}",
-        hex::encode(Sha256::digest(canonical_request.as_bytes()))
-    );
+    let string_to_sign = format!("AWS4-HMAC-SHA256\n{amz_date}\n{scope}\n{}", hex::encode(Sha256::digest(canonical_request.as_bytes())));
     let mut key = hmac(format!("AWS4{}", creds.secret_key).as_bytes(), date.as_bytes());
     for part in [region, "s3", "aws4_request"] {
         key = hmac(&key, part.as_bytes());
     }
     let signature = hex::encode(hmac(&key, string_to_sign.as_bytes()));
-    format!(
-        "AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}",
-        creds.access_key
-    )
+    format!("AWS4-HMAC-SHA256 Credential={}/{scope}, SignedHeaders={signed_headers}, Signature={signature}", creds.access_key)
 }
 
 fn hmac(key: &[u8], data: &[u8]) -> Vec<u8> {

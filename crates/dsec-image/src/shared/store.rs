@@ -71,8 +71,7 @@ impl SharedStore {
                 let path = s.blob_path(digest);
                 let file = File::open(&path).map_err(io_err("opening layer", &path))?;
                 let mut buf = vec![0u8; len as usize];
-                file.read_exact_at(&mut buf, offset)
-                    .map_err(io_err("reading layer", &path))?;
+                file.read_exact_at(&mut buf, offset).map_err(io_err("reading layer", &path))?;
                 Ok(buf)
             }
             SharedStore::S3(s) => s.read_range(digest, offset, len),

@@ -188,7 +188,8 @@ mod tests {
         assert!(!is_static_elf(&dynamic));
         assert!(!is_static_elf(b"#!/bin/sh\n"));
         let dir = tempfile::tempdir().unwrap();
-        let k = VmKernel { dir: dir.path().into(), version: "6.1".into(), vmlinuz: "/k/vmlinuz".into(), modules: vec![], net_modules: vec![] };
+        let k =
+            VmKernel { dir: dir.path().into(), version: "6.1".into(), vmlinuz: "/k/vmlinuz".into(), modules: vec![], net_modules: vec![] };
         let e = build_initramfs(&k, Path::new("/bin/sh"), dir.path()).unwrap_err().to_string();
         assert!(e.contains("statically linked"), "{e}");
     }

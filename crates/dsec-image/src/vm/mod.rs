@@ -29,17 +29,8 @@ pub const KERNEL_PACKAGE: &str = "linux-image-cloud-amd64";
 /// virtio over MMIO, the serial channel, block disks, EROFS (which needs
 /// libcrc32c), overlayfs, the balloon. Everything else the guest uses
 /// (ext4, devtmpfs, the 8250 console) is built into the cloud kernel.
-pub const GUEST_MODULES: &[&str] = &[
-    "virtio_ring",
-    "virtio",
-    "virtio_mmio",
-    "virtio_console",
-    "virtio_blk",
-    "libcrc32c",
-    "erofs",
-    "overlay",
-    "virtio_balloon",
-];
+pub const GUEST_MODULES: &[&str] =
+    &["virtio_ring", "virtio", "virtio_mmio", "virtio_console", "virtio_blk", "libcrc32c", "erofs", "overlay", "virtio_balloon"];
 
 /// Modules a networked microVM loads after [`GUEST_MODULES`] (asked for on
 /// the kernel command line): the virtio NIC its QEMU's user-mode network
@@ -203,10 +194,7 @@ mod tests {
 
     #[test]
     fn the_meta_package_names_its_image_package() {
-        assert_eq!(
-            image_package("linux-image-6.1.0-57-cloud-amd64 (= 6.1.192-3)").as_deref(),
-            Some("linux-image-6.1.0-57-cloud-amd64")
-        );
+        assert_eq!(image_package("linux-image-6.1.0-57-cloud-amd64 (= 6.1.192-3)").as_deref(), Some("linux-image-6.1.0-57-cloud-amd64"));
         assert_eq!(image_package("foo, linux-image-6.1.0-9-cloud-amd64").as_deref(), Some("linux-image-6.1.0-9-cloud-amd64"));
         assert_eq!(image_package("libc6"), None);
     }

@@ -18,10 +18,7 @@ pub struct Env {
 
 impl Env {
     pub fn new() -> Env {
-        let dir = tempfile::Builder::new()
-            .prefix("dsec-image-test-")
-            .tempdir()
-            .unwrap();
+        let dir = tempfile::Builder::new().prefix("dsec-image-test-").tempdir().unwrap();
         let store = ImageStore::open(dir.path().join("images")).unwrap();
         let mounts = LayerMounts::open(dir.path().join("layers")).unwrap();
         Env { mounts, store, dir }
@@ -48,12 +45,7 @@ pub fn make_tree(root: &Path) {
     fs::create_dir_all(root.join("empty")).unwrap();
     fs::write(root.join("etc/greeting"), "hello from a layer\n").unwrap();
     fs::write(root.join("home/user/project/main.py"), "print('hi')\n").unwrap();
-    chown(
-        root.join("home/user/project/main.py"),
-        Some(1000),
-        Some(1000),
-    )
-    .unwrap();
+    chown(root.join("home/user/project/main.py"), Some(1000), Some(1000)).unwrap();
     chown(root.join("home/user"), Some(1000), Some(1000)).unwrap();
     fs::write(root.join("run.sh"), "#!/bin/sh\necho run\n").unwrap();
     fs::set_permissions(root.join("run.sh"), fs::Permissions::from_mode(0o755)).unwrap();
@@ -65,25 +57,18 @@ pub fn make_tree(root: &Path) {
 pub fn mount_count(path: &Path) -> usize {
     let text = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let want = path.to_str().unwrap();
-    text.lines()
-        .filter(|l| l.split(' ').nth(4) == Some(want))
-        .count()
+    text.lines().filter(|l| l.split(' ').nth(4) == Some(want)).count()
 }
 
 /// The options field of the mount at `path`.
 pub fn mount_options(path: &Path) -> Option<String> {
     let text = fs::read_to_string("/proc/self/mountinfo").unwrap();
     let want = path.to_str().unwrap();
-    text.lines()
-        .find(|l| l.split(' ').nth(4) == Some(want))
-        .map(|l| l.split(' ').nth(5).unwrap().to_string())
+    text.lines().find(|l| l.split(' ').nth(4) == Some(want)).map(|l| l.split(' ').nth(5).unwrap().to_string())
 }
 
 pub fn blob_files(store: &ImageStore) -> Vec<PathBuf> {
-    let mut v: Vec<PathBuf> = fs::read_dir(store.root().join("blobs/sha256"))
-        .unwrap()
-        .map(|e| e.unwrap().path())
-        .collect();
+    let mut v: Vec<PathBuf> = fs::read_dir(store.root().join("blobs/sha256")).unwrap().map(|e| e.unwrap().path()).collect();
     v.sort();
     v
 }
