@@ -28,7 +28,7 @@ pub struct Nodes {
 
 /// What identifies a creation request for its idempotency key.
 fn request_fingerprint(req: &api::CreateSandboxRequest) -> String {
-    dsec_edge::journal::sha256_hex(&serde_json::to_vec(req).unwrap_or_default())
+    dsec_edge::trajectory::journal::sha256_hex(&serde_json::to_vec(req).unwrap_or_default())
 }
 
 /// How many nodes placement samples (power of k choices).
@@ -159,7 +159,7 @@ impl Nodes {
     /// meets the node that holds the key.
     fn node_for_key(&self, caller: &Caller, key: &str) -> Option<String> {
         let names: Vec<&String> = self.nodes.keys().collect();
-        let digest = dsec_edge::journal::sha256_hex(format!("{}\0{key}", caller.tenant).as_bytes());
+        let digest = dsec_edge::trajectory::journal::sha256_hex(format!("{}\0{key}", caller.tenant).as_bytes());
         let n = u64::from_str_radix(&digest[..15], 16).ok()? as usize;
         names.get(n % names.len().max(1)).map(|s| s.to_string())
     }

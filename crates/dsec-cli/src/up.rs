@@ -140,7 +140,7 @@ pub struct EdgeArgs {
     /// How microVMs run guest code: auto (KVM if a probe boot under it
     /// works, else TCG emulation), kvm or tcg.
     #[arg(long, default_value = "auto")]
-    pub vm_accel: dsec_edge::microvm::cmdline::AccelChoice,
+    pub vm_accel: dsec_edge::backends::microvm::cmdline::AccelChoice,
     /// The QEMU binary of microVMs.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: PathBuf,
@@ -155,7 +155,7 @@ pub struct EdgeArgs {
     pub vm_ram_file: bool,
     /// TCG translation cache per microVM and full VM, MiB (each VM's QEMU
     /// keeps up to this much translated code resident; unused under KVM).
-    #[arg(long, default_value_t = dsec_edge::microvm::cmdline::DEFAULT_TB_SIZE_MB)]
+    #[arg(long, default_value_t = dsec_edge::backends::microvm::cmdline::DEFAULT_TB_SIZE_MB)]
     pub vm_tb_size_mb: u32,
     /// New microVMs restore a memory image of a freshly booted guest of
     /// their shape (one per shape, made by the first) instead of booting;
@@ -178,7 +178,7 @@ pub struct EdgeArgs {
     /// Firmware of full VMs: seabios (BIOS) or ovmf (UEFI, Debian package
     /// ovmf).
     #[arg(long, default_value = "seabios")]
-    pub vm_firmware: dsec_edge::fullvm::cmdline::Firmware,
+    pub vm_firmware: dsec_edge::backends::fullvm::cmdline::Firmware,
     /// Seconds a full VM may take to boot its OS to the agent.
     #[arg(long, default_value_t = 300)]
     pub full_vm_boot_timeout_s: u64,
@@ -186,7 +186,7 @@ pub struct EdgeArgs {
     /// with DAX: one copy in the host's page cache for every VM) or blk
     /// (read-only virtio-blk disks).
     #[arg(long, default_value = "pmem")]
-    pub vm_layers: dsec_edge::fullvm::cmdline::LayerBus,
+    pub vm_layers: dsec_edge::backends::fullvm::cmdline::LayerBus,
 }
 
 /// `python=2:8,cpp=0:4` -> pool configs.
@@ -268,7 +268,7 @@ impl EdgeArgs {
         let mut config = EdgeConfig::for_host(&node, state_dir.clone(), agent);
         if self.swap_file_mb > 0 {
             let path = self.swap_file.clone().unwrap_or_else(|| state_dir.join("swapfile"));
-            config.swap = Some(dsec_edge::swap::SwapConfig { path, size_mb: self.swap_file_mb });
+            config.swap = Some(dsec_edge::pause::swap::SwapConfig { path, size_mb: self.swap_file_mb });
         }
         config.max_creating = self.max_creating;
         config.max_queued_creations = self.max_queued_creations;
@@ -280,14 +280,14 @@ impl EdgeArgs {
         config.syscall_filter = !self.no_syscall_filter;
         config.prewarm = self.prewarm;
         config.agent_exec = self.agent_exec;
-        let mut vm = dsec_edge::microvm::VmConfig::new(dsec_image::vm::vm_dir(&images_dir));
+        let mut vm = dsec_edge::backends::microvm::VmConfig::new(dsec_image::vm::vm_dir(&images_dir));
         vm.accel = self.vm_accel;
         vm.qemu = self.qemu.clone();
         vm.free_page_reporting = self.vm_free_page_reporting;
         vm.ram_file = self.vm_ram_file;
         vm.tb_size_mb = self.vm_tb_size_mb;
         vm.templates = self.vm_templates;
-        let mut fullvm = dsec_edge::fullvm::FullVmConfig::new(
+        let mut fullvm = dsec_edge::backends::fullvm::FullVmConfig::new(
             self.vm_images_dir.clone().unwrap_or_else(|| dsec_image::vm::base_image::images_dir(&dsec_image::vm::vm_dir(&images_dir))),
         );
         fullvm.firmware = self.vm_firmware;

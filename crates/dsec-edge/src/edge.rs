@@ -9,13 +9,13 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::admission::{Admission, Capacity, Usage};
-use crate::backend::Backends;
+use crate::backends::container::ContainerBackend;
+use crate::backends::instance::Instance;
+use crate::backends::Backends;
 use crate::cgroup::{CgroupMode, Cgroups};
-use crate::container::ContainerBackend;
 use crate::error::EdgeError;
 use crate::images::RootfsProvider;
-use crate::instance::Instance;
+use crate::lifecycle::admission::{Admission, Capacity, Usage};
 use crate::model::{now_ms, Caller, SandboxRecord, State};
 use crate::spec::SpecPolicy;
 use crate::store::Store;
@@ -45,7 +45,7 @@ pub struct EdgeConfig {
     pub resume_timeout: Duration,
     /// The node's swap file for paused sandboxes; `None`: pause only
     /// freezes (and drops page cache).
-    pub swap: Option<crate::swap::SwapConfig>,
+    pub swap: Option<crate::pause::swap::SwapConfig>,
     /// Sandboxes being created at once; more wait in the creation queue.
     /// 0 = no bound and no queue.
     pub max_creating: usize,
@@ -75,14 +75,14 @@ pub struct EdgeConfig {
     /// helper, which saves ~0.4 ms of CPU per creation on a VM.
     pub agent_exec: bool,
     /// The microVM backend's settings; `None`: this node runs no microVMs.
-    pub vm: Option<crate::microvm::VmConfig>,
+    pub vm: Option<crate::backends::microvm::VmConfig>,
     /// A microVM must boot to its agent and be set up within this.
     pub vm_boot_timeout: Duration,
     /// Per-sandbox egress (veths, eBPF allowlists, the resolver); `None`:
     /// every sandbox has loopback only.
     pub network: Option<dsec_net::NetConfig>,
     /// The full VM backend's settings; `None`: this node runs no full VMs.
-    pub fullvm: Option<crate::fullvm::FullVmConfig>,
+    pub fullvm: Option<crate::backends::fullvm::FullVmConfig>,
 }
 
 impl EdgeConfig {
@@ -235,11 +235,11 @@ pub(crate) struct EdgeInner {
     pub(crate) backends: Backends,
     pub(crate) rootfs: Arc<dyn RootfsProvider>,
     pub(crate) shutdown: watch::Sender<bool>,
-    pub(crate) swap: Option<crate::swap::NodeSwap>,
-    pub(crate) create_queue: Arc<crate::create_queue::CreateQueue>,
+    pub(crate) swap: Option<crate::pause::swap::NodeSwap>,
+    pub(crate) create_queue: Arc<crate::lifecycle::create_queue::CreateQueue>,
     pub(crate) events: tokio::sync::broadcast::Sender<crate::events::SandboxEvent>,
     /// Trajectory logs and idempotency keys (`journal.db`).
-    pub(crate) journal: crate::journal::Journal,
+    pub(crate) journal: crate::trajectory::journal::Journal,
     pub(crate) counters: crate::metrics::Counters,
     /// Per-sandbox egress, when the node has a network configuration.
     pub(crate) egress: Option<dsec_net::Egress>,
@@ -295,9 +295,9 @@ impl Edge {
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
         raise_fd_limit();
-        let lock_dir = std::path::Path::new(crate::node_lock::LOCK_DIR);
-        let node_lock = crate::node_lock::lock(lock_dir, &config.node)?;
-        crate::node_lock::sweep_stale(lock_dir, &config.node);
+        let lock_dir = std::path::Path::new(crate::lifecycle::node_lock::LOCK_DIR);
+        let node_lock = crate::lifecycle::node_lock::lock(lock_dir, &config.node)?;
+        crate::lifecycle::node_lock::sweep_stale(lock_dir, &config.node);
         let cgroups = Arc::new(Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?);
         undo.cgroups = Some(cgroups.clone());
         if let Err(e) = cgroups.start_pool(config.prewarm) {
@@ -322,7 +322,7 @@ impl Edge {
         if let Some(e) = &egress {
             container = container.with_egress(e.clone());
         }
-        let masked = match crate::container::mask_watch::MaskWatch::start() {
+        let masked = match crate::backends::container::mask_watch::MaskWatch::start() {
             Some((watch, rx)) => {
                 container = container.with_mask_watch(watch);
                 Some(rx)
@@ -333,7 +333,7 @@ impl Edge {
         undo.container = Some(container.clone());
         let microvm = match &config.vm {
             None => Err("the edge was started without microVM support".to_string()),
-            Some(vm) => crate::microvm::MicroVmBackend::new(
+            Some(vm) => crate::backends::microvm::MicroVmBackend::new(
                 cgroups.clone(),
                 vm,
                 &config.node,
@@ -352,22 +352,26 @@ impl Edge {
         }
         let fullvm = match &config.fullvm {
             None => Err("the edge was started without full VM support".to_string()),
-            Some(cfg) => {
-                crate::fullvm::FullVmBackend::new(cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
-                    .map(|f| match &egress {
-                        Some(e) => f.with_egress(e.clone()),
-                        None => f,
-                    })
-                    .map(Arc::new)
-            }
+            Some(cfg) => crate::backends::fullvm::FullVmBackend::new(
+                cgroups.clone(),
+                cfg,
+                &config.node,
+                &config.state_dir,
+                microvm.as_ref().ok().cloned(),
+            )
+            .map(|f| match &egress {
+                Some(e) => f.with_egress(e.clone()),
+                None => f,
+            })
+            .map(Arc::new),
         };
         if let Err(why) = &fullvm {
             tracing::info!(%why, "full VMs unavailable on this node");
         }
         let backends = Backends { container, microvm, fullvm };
         let (store, records) = Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let journal =
-            crate::journal::Journal::open(&config.state_dir.join("journal.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let journal = crate::trajectory::journal::Journal::open(&config.state_dir.join("journal.db"))
+            .map_err(|e| EdgeError::Internal(e.to_string()))?;
         let (cpus, mem_mb) = host_resources();
         let admission = Admission::new(Capacity {
             cpu_cores: cpus * config.cpu_overcommit,
@@ -375,10 +379,10 @@ impl Edge {
             sandboxes: config.max_sandboxes,
         });
         let swap = match &config.swap {
-            Some(cfg) => Some(crate::swap::NodeSwap::enable(cfg).map_err(|e| EdgeError::Internal(e.to_string()))?),
+            Some(cfg) => Some(crate::pause::swap::NodeSwap::enable(cfg).map_err(|e| EdgeError::Internal(e.to_string()))?),
             None => None,
         };
-        let create_queue = crate::create_queue::CreateQueue::new(config.max_creating, config.max_queued_creations);
+        let create_queue = crate::lifecycle::create_queue::CreateQueue::new(config.max_creating, config.max_queued_creations);
         let inner = Arc::new(EdgeInner {
             swap,
             create_queue,
@@ -473,7 +477,10 @@ impl Edge {
         }
         // Still locked by us, so no other edge holds this file: remove it so
         // a host that saw many short-lived edges (tests) keeps no litter.
-        let _ = std::fs::remove_file(crate::node_lock::path(std::path::Path::new(crate::node_lock::LOCK_DIR), &self.inner.config.node));
+        let _ = std::fs::remove_file(crate::lifecycle::node_lock::path(
+            std::path::Path::new(crate::lifecycle::node_lock::LOCK_DIR),
+            &self.inner.config.node,
+        ));
     }
 }
 
@@ -495,7 +502,7 @@ struct Assembled {
     records: Vec<crate::model::SandboxRecord>,
     denials: Option<tokio::sync::mpsc::Receiver<dsec_net::Denial>>,
     /// Opens of masked paths (None where fanotify is not available).
-    masked: Option<tokio::sync::mpsc::Receiver<crate::container::mask_watch::MaskedOpen>>,
+    masked: Option<tokio::sync::mpsc::Receiver<crate::backends::container::mask_watch::MaskedOpen>>,
 }
 
 /// What a failed [`Edge::start`] undoes: the node-wide mounts made so far.
@@ -519,7 +526,7 @@ impl StartUndo {
 impl Drop for StartUndo {
     fn drop(&mut self) {
         if let Some(c) = self.container.take() {
-            crate::backend::Backend::release(c.as_ref());
+            crate::backends::Backend::release(c.as_ref());
         }
         if let Some(e) = self.egress.take() {
             e.shutdown();

@@ -130,7 +130,7 @@ impl Drop for TestEdge {
             let _ = std::fs::remove_dir(format!("/sys/fs/cgroup/{ctrl}/dsec-test"));
         }
         // Host swap is never left on, even when a test failed half-way.
-        let _ = dsec_edge::swap::disable_path(&self.state.path().join("swapfile"));
+        let _ = dsec_edge::pause::swap::disable_path(&self.state.path().join("swapfile"));
         // An edge that never shut down (a failed test) leaves its node lock.
         let _ = std::fs::remove_file(format!("/run/dsec/node-{}.lock", self.node));
         let mut mounts = state_mounts(self.state.path());
@@ -338,10 +338,10 @@ async fn pause_swaps_memory_out_and_a_request_resumes_it() {
     let mut swap_path = PathBuf::new();
     let t = TestEdge::start(|c| {
         swap_path = c.state_dir.parent().unwrap().join("swapfile");
-        c.swap = Some(dsec_edge::swap::SwapConfig { path: swap_path.clone(), size_mb: 512 });
+        c.swap = Some(dsec_edge::pause::swap::SwapConfig { path: swap_path.clone(), size_mb: 512 });
     })
     .await;
-    assert!(dsec_edge::swap::is_active(&swap_path), "the edge turned its swap file on");
+    assert!(dsec_edge::pause::swap::is_active(&swap_path), "the edge turned its swap file on");
     let me = Caller::tenant("t");
     let req = SandboxRequest { memory_mb: Some(512), disk_mb: Some(512), ..busybox() };
     let sb = t.edge.create(&me, req).await.unwrap();
@@ -376,7 +376,7 @@ async fn pause_swaps_memory_out_and_a_request_resumes_it() {
     assert!(matches!(t.edge.pause(&me, &sb.id).await, Err(EdgeError::Ended { .. })));
     assert!(matches!(t.edge.pause(&me, "nope.x").await, Err(EdgeError::SandboxNotFound(_))));
     t.finish().await;
-    assert!(!dsec_edge::swap::is_active(&swap_path) && !swap_path.exists(), "shutdown turns swap off and removes the file");
+    assert!(!dsec_edge::pause::swap::is_active(&swap_path) && !swap_path.exists(), "shutdown turns swap off and removes the file");
 }
 
 /// Creation backpressure with a tiny bound: one creation at a time, two

@@ -10,7 +10,7 @@ use bytes::Bytes;
 use dsec_agent_proto::client::{Call, CallEvent};
 use dsec_agent_proto::{Op, Reply, WriteFileSpec, MAX_CHUNK_BYTES};
 use dsec_api as api;
-use dsec_edge::journal::MAX_KEPT_CONTENT;
+use dsec_edge::trajectory::journal::MAX_KEPT_CONTENT;
 use dsec_edge::{ActivityGuard, EdgeError, StepOp, UploadStart};
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};

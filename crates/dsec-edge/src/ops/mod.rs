@@ -1,0 +1,8 @@
+//! Operations a user asks of a running sandbox, beyond its lifecycle: calls
+//! into its agent, its screen and input, its network, and the forwarding of
+//! its audit events.
+
+pub(crate) mod agent;
+pub(crate) mod audit_forward;
+pub(crate) mod network;
+pub(crate) mod screen;
