@@ -9,7 +9,6 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::backends::container::ContainerBackend;
 use crate::backends::instance::Instance;
 use crate::backends::Backends;
 use crate::cgroup::{CgroupMode, Cgroups};
@@ -75,14 +74,14 @@ pub struct EdgeConfig {
     /// helper, which saves ~0.4 ms of CPU per creation on a VM.
     pub agent_exec: bool,
     /// The microVM backend's settings; `None`: this node runs no microVMs.
-    pub vm: Option<crate::backends::microvm::VmConfig>,
+    pub vm: Option<crate::backends::MicroVmConfig>,
     /// A microVM must boot to its agent and be set up within this.
     pub vm_boot_timeout: Duration,
     /// Per-sandbox egress (veths, eBPF allowlists, the resolver); `None`:
     /// every sandbox has loopback only.
     pub network: Option<dsec_net::NetConfig>,
     /// The full VM backend's settings; `None`: this node runs no full VMs.
-    pub fullvm: Option<crate::backends::fullvm::FullVmConfig>,
+    pub fullvm: Option<crate::backends::FullVmConfig>,
 }
 
 impl EdgeConfig {
@@ -232,7 +231,7 @@ pub(crate) struct EdgeInner {
     pub(crate) store: Store,
     pub(crate) admission: Admission,
     pub(crate) cgroups: Arc<Cgroups>,
-    pub(crate) backends: Backends,
+    pub(crate) backends: Arc<Backends>,
     pub(crate) rootfs: Arc<dyn RootfsProvider>,
     pub(crate) shutdown: watch::Sender<bool>,
     pub(crate) swap: Option<crate::pause::swap::NodeSwap>,
@@ -272,7 +271,7 @@ impl Edge {
     pub async fn start(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>) -> Result<Edge, EdgeError> {
         // A start that fails half-way must not leave the node's mounts
         // (layer mounts, the shared sysfs) behind.
-        let mut undo = StartUndo { rootfs: Some(rootfs.clone()), cgroups: None, container: None, egress: None };
+        let mut undo = StartUndo { rootfs: Some(rootfs.clone()), cgroups: None, backends: None, egress: None };
         let Assembled { edge, records, denials, masked } = Self::assemble(config, rootfs, &mut undo).await?;
         undo.disarm();
         if let Some(rx) = denials {
@@ -313,62 +312,10 @@ impl Edge {
         };
         // Mounts the node's sysfs last: nothing between here and the undo
         // registration below can fail.
-        let mut container =
-            ContainerBackend::new(cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout, config.agent_exec)?;
-        if !config.syscall_filter {
-            container = container.without_syscall_filter();
-        }
-        container = container.with_netns_pool(config.prewarm);
-        if let Some(e) = &egress {
-            container = container.with_egress(e.clone());
-        }
-        let masked = match crate::backends::container::mask_watch::MaskWatch::start() {
-            Some((watch, rx)) => {
-                container = container.with_mask_watch(watch);
-                Some(rx)
-            }
-            None => None,
-        };
-        let container = Arc::new(container);
-        undo.container = Some(container.clone());
-        let microvm = match &config.vm {
-            None => Err("the edge was started without microVM support".to_string()),
-            Some(vm) => crate::backends::microvm::MicroVmBackend::new(
-                cgroups.clone(),
-                vm,
-                &config.node,
-                &config.agent_path,
-                &config.state_dir,
-                config.vm_boot_timeout,
-            )
-            .map(|m| match &egress {
-                Some(e) => m.with_egress(e.clone()),
-                None => m,
-            })
-            .map(Arc::new),
-        };
-        if let Err(why) = &microvm {
-            tracing::info!(%why, "microVMs unavailable on this node");
-        }
-        let fullvm = match &config.fullvm {
-            None => Err("the edge was started without full VM support".to_string()),
-            Some(cfg) => crate::backends::fullvm::FullVmBackend::new(
-                cgroups.clone(),
-                cfg,
-                &config.node,
-                &config.state_dir,
-                microvm.as_ref().ok().cloned(),
-            )
-            .map(|f| match &egress {
-                Some(e) => f.with_egress(e.clone()),
-                None => f,
-            })
-            .map(Arc::new),
-        };
-        if let Err(why) = &fullvm {
-            tracing::info!(%why, "full VMs unavailable on this node");
-        }
-        let backends = Backends { container, microvm, fullvm };
+        let (backends, masked) =
+            Backends::open(crate::backends::BackendsSetup { config: &config, cgroups: &cgroups, egress: egress.as_ref() })?;
+        let backends = Arc::new(backends);
+        undo.backends = Some(backends.clone());
         let (store, records) = Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let journal = crate::trajectory::journal::Journal::open(&config.state_dir.join("journal.db"))
             .map_err(|e| EdgeError::Internal(e.to_string()))?;
@@ -502,7 +449,7 @@ struct Assembled {
     records: Vec<crate::model::SandboxRecord>,
     denials: Option<tokio::sync::mpsc::Receiver<dsec_net::Denial>>,
     /// Opens of masked paths (None where fanotify is not available).
-    masked: Option<tokio::sync::mpsc::Receiver<crate::backends::container::mask_watch::MaskedOpen>>,
+    masked: Option<tokio::sync::mpsc::Receiver<crate::ops::audit_forward::Refused>>,
 }
 
 /// What a failed [`Edge::start`] undoes: the node-wide mounts made so far.
@@ -510,7 +457,8 @@ struct StartUndo {
     rootfs: Option<Arc<dyn RootfsProvider>>,
     /// The node's cgroup levels (removed where empty).
     cgroups: Option<Arc<Cgroups>>,
-    container: Option<Arc<ContainerBackend>>,
+    /// The node's backends (their node-wide mounts released).
+    backends: Option<Arc<Backends>>,
     egress: Option<dsec_net::Egress>,
 }
 
@@ -518,15 +466,17 @@ impl StartUndo {
     fn disarm(&mut self) {
         self.rootfs = None;
         self.cgroups = None;
-        self.container = None;
+        self.backends = None;
         self.egress = None;
     }
 }
 
 impl Drop for StartUndo {
     fn drop(&mut self) {
-        if let Some(c) = self.container.take() {
-            crate::backends::Backend::release(c.as_ref());
+        if let Some(b) = self.backends.take() {
+            for backend in b.all() {
+                backend.release();
+            }
         }
         if let Some(e) = self.egress.take() {
             e.shutdown();

@@ -28,7 +28,7 @@ pub mod spec;
 mod store;
 pub mod trajectory;
 
-pub use backends::microvm::snapshot::SnapshotMeta;
+pub use backends::{ScreenInput, SnapshotMeta};
 pub use edge::{host_resources, ActivityGuard, Edge, EdgeConfig, NodeStats};
 pub use error::EdgeError;
 pub use events::SandboxEvent;
@@ -39,7 +39,6 @@ pub use images::{PackOutput, RootfsPlan, RootfsProvider};
 pub use lifecycle::background::ReapReport;
 pub use lifecycle::lease::Lease;
 pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
-pub use ops::screen::ScreenInput;
 pub use pause::jobs::{JobAction, JobOutcome};
 pub use pause::suspend::PauseMode;
 pub use pause::{PauseOutcome, ResumeOutcome};

@@ -85,7 +85,7 @@ pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeE
             "backend {backend:?} is not available on this node; use \"container\", \"microvm\" or \"vm\""
         )));
     }
-    let min_vm = crate::backends::fullvm::MIN_MEMORY_MB;
+    let min_vm = crate::backends::min_memory_mb(BackendKind::Vm);
     if backend == BackendKind::Vm && req.memory_mb.is_some_and(|m| m < min_vm) {
         return Err(EdgeError::Invalid(format!("a full VM needs memory_limit_mb of at least {min_vm} (its operating system)")));
     }
@@ -220,9 +220,9 @@ mod tests {
         let p = SpecPolicy::for_node(2.0, 24_000);
         let s = resolve(SandboxRequest { cpu_cores: Some(1.0), cpu_quota_cores: Some(2.0), ..req() }, &p).unwrap();
         assert_eq!((s.limits.cpu_cores, s.limits.cpu_quota_cores), (1.0, Some(2.0)));
-        assert_eq!(crate::backends::cgroup_limits(&s).cpu_quota_us, 200_000, "the cgroup gets the quota");
+        assert_eq!(crate::backends::cgroup_limits(&s, 0).cpu_quota_us, 200_000, "the cgroup gets the quota");
         let plain = resolve(SandboxRequest { cpu_cores: Some(0.5), ..req() }, &p).unwrap();
-        assert_eq!(crate::backends::cgroup_limits(&plain).cpu_quota_us, 50_000, "and other sandboxes their reservation");
+        assert_eq!(crate::backends::cgroup_limits(&plain, 0).cpu_quota_us, 50_000, "and other sandboxes their reservation");
         // Records written before the field existed read back without it.
         let old = r#"{"memory_mb":64,"cpu_cores":1.0,"disk_mb":64,"pids":64}"#;
         assert_eq!(serde_json::from_str::<Limits>(old).unwrap().cpu_quota_cores, None);

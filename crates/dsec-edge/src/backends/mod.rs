@@ -8,21 +8,46 @@
 //! the cgroup whatever runs in it; a backend only adds what differs: how
 //! to start and re-attach, what to clean up besides the cgroup, and hooks
 //! around a freeze (a VM's vCPUs are stopped over QMP first).
+//!
+//! The dispatch is closed: [`Backends`] holds one backend per
+//! [`BackendKind`], and nothing outside this module names a concrete one.
+//! What differs by kind is a method of [`Backend`] (memory overhead, disk
+//! sizing, layer plan, network readiness); optional abilities are
+//! capabilities a backend hands out or not: [`Screen`] (screenshots and
+//! input), [`DiskSnapshots`] (with [`MemorySnapshots`]), suspend to disk
+//! ([`Backend::can_suspend`]) and the writable layer of `pack_diff`.
 
 pub mod container;
 pub mod fullvm;
 pub(crate) mod instance;
 pub mod microvm;
+pub mod screen;
+pub mod snapshot;
 
 use std::collections::HashSet;
 use std::future::Future;
+use std::path::{Path, PathBuf};
 use std::pin::Pin;
+use std::sync::Arc;
 
+use tokio::sync::mpsc::Receiver;
+
+use crate::backends::container::ContainerBackend;
+use crate::backends::fullvm::FullVmBackend;
 use crate::backends::instance::Instance;
+use crate::backends::microvm::MicroVmBackend;
+use crate::cgroup::{CgroupLimits, Cgroups};
+use crate::edge::EdgeConfig;
 use crate::error::EdgeError;
-use crate::images::RootfsPlan;
+use crate::images::{RootfsPlan, RootfsProvider};
 use crate::model::{BackendKind, SandboxSpec};
+use crate::ops::audit_forward::Refused;
 use crate::store::StoreError;
+
+pub use fullvm::FullVmConfig;
+pub use microvm::VmConfig as MicroVmConfig;
+pub use screen::{ScreenInput, Screenshot};
+pub use snapshot::{SnapshotDir, SnapshotMemory, SnapshotMeta};
 
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
@@ -122,6 +147,92 @@ pub trait Backend: Send + Sync + 'static {
     fn condition(&self, _id: &str) -> Option<String> {
         None
     }
+
+    /// Host memory the sandbox's process needs beyond its guest's RAM (a
+    /// VM's QEMU), added to its cgroup's limit.
+    fn memory_overhead_mb(&self) -> u64 {
+        0
+    }
+
+    /// The disk a sandbox of `image` gets when the request names none
+    /// (`None`: the node's default). A full VM may write as much as its
+    /// image's disk holds.
+    fn default_disk_mb(&self, _image: &str) -> Option<u64> {
+        None
+    }
+
+    /// The layers `spec` runs on. Blocking (an image may be fetched from a
+    /// shared store).
+    fn plan(&self, rootfs: &dyn RootfsProvider, spec: &SandboxSpec) -> Result<RootfsPlan, EdgeError> {
+        rootfs.plan(&spec.image, spec.workspace.as_deref(), &spec.toolkits)
+    }
+
+    /// Whether this node can give a sandbox of this backend a network under
+    /// its rules; if not, why.
+    fn network_ready(&self) -> Result<(), String> {
+        Ok(())
+    }
+
+    /// The writable layer of running sandbox `id` (its upper directory,
+    /// for `pack_diff`), where the host can see it.
+    fn writable_layer(&self, id: &str, _inst: &Instance) -> Result<std::os::fd::OwnedFd, EdgeError> {
+        Err(EdgeError::Invalid(format!("sandbox {id}: pack_diff works on container sandboxes only")))
+    }
+
+    /// The screen, keyboard and mouse of this backend's sandboxes.
+    fn screen(&self) -> Option<&dyn Screen> {
+        None
+    }
+
+    /// Snapshots of this backend's writable disks.
+    fn disk_snapshots(&self) -> Option<&dyn DiskSnapshots> {
+        None
+    }
+}
+
+/// A backend whose sandboxes have a screen (full VMs).
+pub trait Screen: Send + Sync {
+    /// Checks an input action before anything reaches a sandbox: a bad key
+    /// is the caller's error, whatever the sandbox's state.
+    fn check_input(&self, action: &ScreenInput) -> Result<(), EdgeError>;
+
+    /// The screen of sandbox `id` as PNG.
+    fn screenshot<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<Screenshot, EdgeError>>;
+
+    /// Sends a checked input action to sandbox `id`.
+    fn input<'a>(&'a self, id: &'a str, action: ScreenInput) -> BoxFuture<'a, Result<(), EdgeError>>;
+}
+
+/// A backend whose writable disks can be snapshotted (both VM backends:
+/// the snapshots live in one directory per node, [`Backends::snapshot_dir`]).
+pub trait DiskSnapshots: Send + Sync {
+    /// Copies sandbox `id`'s writable disk into the node's snapshots as
+    /// `meta`; a `running` VM's vCPUs stop for the copy (its guest has
+    /// synced). Returns the listed snapshot and how long the vCPUs stood.
+    fn snapshot_disk<'a>(&'a self, id: &'a str, running: bool, meta: SnapshotMeta)
+        -> BoxFuture<'a, Result<(SnapshotMeta, f64), EdgeError>>;
+
+    /// Where this backend's writable disks live (any of them may back onto
+    /// a snapshot).
+    fn disk_dir(&self) -> &Path;
+
+    /// Memory snapshots, where the backend keeps guest RAM in files of
+    /// their own (microVMs).
+    fn memory(&self) -> Option<&dyn MemorySnapshots> {
+        None
+    }
+}
+
+/// A backend that can keep a sandbox's memory in a snapshot.
+pub trait MemorySnapshots: Send + Sync {
+    /// Whether suspended sandbox `id` has a guest RAM file of its own.
+    fn has_own_ram_file(&self, id: &str) -> bool;
+
+    /// The RAM file and device state of suspended sandbox `id`.
+    fn memory_files(&self, id: &str) -> (PathBuf, PathBuf);
+
+    /// Drops what was loaded of a deleted snapshot's memory.
+    fn forget_snapshot(&self, snapshot_id: &str);
 }
 
 /// What one suspend to disk did.
@@ -140,20 +251,20 @@ pub struct SuspendOutcome {
     pub flush_ms: f64,
 }
 
-/// The memory limit of a sandbox's cgroup: a VM's QEMU needs room beyond
-/// its guest's RAM.
-pub fn cgroup_memory_bytes(spec: &SandboxSpec) -> u64 {
-    match spec.backend {
-        BackendKind::Microvm => (spec.limits.memory_mb + crate::backends::microvm::QEMU_OVERHEAD_MB) << 20,
-        BackendKind::Vm => (spec.limits.memory_mb + crate::backends::fullvm::QEMU_OVERHEAD_MB) << 20,
-        _ => spec.limits.memory_mb << 20,
+/// The least memory a sandbox of `kind` may ask for, where its backend
+/// sets one above the node's (a full VM's operating system).
+pub fn min_memory_mb(kind: BackendKind) -> u64 {
+    match kind {
+        BackendKind::Vm => fullvm::MIN_MEMORY_MB,
+        BackendKind::Container | BackendKind::Fncall | BackendKind::Microvm => 0,
     }
 }
 
-/// The cgroup limits of a sandbox.
-pub fn cgroup_limits(spec: &SandboxSpec) -> crate::cgroup::CgroupLimits {
-    crate::cgroup::CgroupLimits {
-        memory_bytes: cgroup_memory_bytes(spec),
+/// The cgroup limits of a sandbox; `overhead_mb` is its backend's
+/// [`Backend::memory_overhead_mb`].
+pub(crate) fn cgroup_limits(spec: &SandboxSpec, overhead_mb: u64) -> CgroupLimits {
+    CgroupLimits {
+        memory_bytes: (spec.limits.memory_mb + overhead_mb) << 20,
         cpu_quota_us: (spec.limits.cpu_quota_cores.unwrap_or(spec.limits.cpu_cores) * crate::cgroup::CPU_PERIOD_US as f64)
             .round()
             .max(1000.0) as u64,
@@ -161,20 +272,81 @@ pub fn cgroup_limits(spec: &SandboxSpec) -> crate::cgroup::CgroupLimits {
     }
 }
 
-/// The backends of one edge, by kind.
+/// The backends of one edge: a closed set, one per [`BackendKind`]. FnCall
+/// runners are containers with a pool in front (`dsec-fncall`), so that
+/// kind is served by the container backend.
 pub struct Backends {
-    pub container: std::sync::Arc<crate::backends::container::ContainerBackend>,
-    /// `None` when the node cannot run microVMs (no QEMU, no kernel): the
+    container: Arc<ContainerBackend>,
+    /// `Err` when the node cannot run microVMs (no QEMU, no kernel): the
     /// reason is kept for the error a request gets.
-    pub microvm: Result<std::sync::Arc<crate::backends::microvm::MicroVmBackend>, String>,
+    microvm: Result<Arc<MicroVmBackend>, String>,
     /// Likewise for full VMs (no QEMU, no qemu-img, no OVMF when asked).
-    pub fullvm: Result<std::sync::Arc<crate::backends::fullvm::FullVmBackend>, String>,
+    fullvm: Result<Arc<FullVmBackend>, String>,
+}
+
+/// What a node's backends need from the edge's configuration and state.
+pub(crate) struct BackendsSetup<'a> {
+    pub config: &'a EdgeConfig,
+    pub cgroups: &'a Arc<Cgroups>,
+    pub egress: Option<&'a dsec_net::Egress>,
 }
 
 impl Backends {
+    /// Starts the node's backends. The container backend must start (an
+    /// error is the edge's); a VM backend that cannot only records why.
+    /// Returns the opens of masked paths the container backend watches
+    /// (none where fanotify is not available).
+    pub(crate) fn open(s: BackendsSetup<'_>) -> Result<(Backends, Option<Receiver<Refused>>), EdgeError> {
+        let config = s.config;
+        let mut container =
+            ContainerBackend::new(s.cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout, config.agent_exec)?;
+        if !config.syscall_filter {
+            container = container.without_syscall_filter();
+        }
+        container = container.with_netns_pool(config.prewarm);
+        if let Some(e) = s.egress {
+            container = container.with_egress(e.clone());
+        }
+        let masked = match container::mask_watch::MaskWatch::start() {
+            Some((watch, rx)) => {
+                container = container.with_mask_watch(watch);
+                Some(rx)
+            }
+            None => None,
+        };
+        let container = Arc::new(container);
+        let microvm = match &config.vm {
+            None => Err("the edge was started without microVM support".to_string()),
+            Some(vm) => {
+                MicroVmBackend::new(s.cgroups.clone(), vm, &config.node, &config.agent_path, &config.state_dir, config.vm_boot_timeout)
+                    .map(|m| match s.egress {
+                        Some(e) => m.with_egress(e.clone()),
+                        None => m,
+                    })
+                    .map(Arc::new)
+            }
+        };
+        if let Err(why) = &microvm {
+            tracing::info!(%why, "microVMs unavailable on this node");
+        }
+        let fullvm = match &config.fullvm {
+            None => Err("the edge was started without full VM support".to_string()),
+            Some(cfg) => FullVmBackend::new(s.cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
+                .map(|f| match s.egress {
+                    Some(e) => f.with_egress(e.clone()),
+                    None => f,
+                })
+                .map(Arc::new),
+        };
+        if let Err(why) = &fullvm {
+            tracing::info!(%why, "full VMs unavailable on this node");
+        }
+        Ok((Backends { container, microvm, fullvm }, masked))
+    }
+
     pub fn get(&self, kind: BackendKind) -> Result<&dyn Backend, EdgeError> {
         match kind {
-            BackendKind::Container => Ok(self.container.as_ref()),
+            BackendKind::Container | BackendKind::Fncall => Ok(self.container.as_ref()),
             BackendKind::Microvm => match &self.microvm {
                 Ok(vm) => Ok(vm.as_ref()),
                 Err(why) => Err(EdgeError::UnsupportedBackend(format!("microVMs are not available on this node: {why}"))),
@@ -183,8 +355,18 @@ impl Backends {
                 Ok(vm) => Ok(vm.as_ref()),
                 Err(why) => Err(EdgeError::UnsupportedBackend(format!("full VMs are not available on this node: {why}"))),
             },
-            other => Err(EdgeError::UnsupportedBackend(format!("backend {other:?} is not available on this node"))),
         }
+    }
+
+    /// [`Backends::get`], as a handle that outlives the borrow (for a
+    /// blocking thread).
+    pub fn handle(&self, kind: BackendKind) -> Result<Arc<dyn Backend>, EdgeError> {
+        self.get(kind)?;
+        Ok(match kind {
+            BackendKind::Container | BackendKind::Fncall => self.container.clone(),
+            BackendKind::Microvm => self.microvm.clone().map_err(EdgeError::UnsupportedBackend)?,
+            BackendKind::Vm => self.fullvm.clone().map_err(EdgeError::UnsupportedBackend)?,
+        })
     }
 
     /// The backend that cleans up after a sandbox of `kind`; a kind this
@@ -205,5 +387,42 @@ impl Backends {
             v.push(vm.as_ref());
         }
         v
+    }
+
+    /// The memory limit of sandbox `spec`'s cgroup.
+    pub fn cgroup_memory_bytes(&self, spec: &SandboxSpec) -> u64 {
+        cgroup_limits(spec, self.for_cleanup(spec.backend).memory_overhead_mb()).memory_bytes
+    }
+
+    /// The node's disk snapshots: one directory, whichever VM backend runs
+    /// here.
+    pub fn snapshot_dir(&self) -> Result<&SnapshotDir, EdgeError> {
+        match (&self.microvm, &self.fullvm) {
+            (Ok(vm), _) => Ok(&vm.snapshots),
+            (_, Ok(vm)) => Ok(&vm.snapshots),
+            (Err(why), _) => Err(EdgeError::UnsupportedBackend(format!("VMs are not available on this node: {why}"))),
+        }
+    }
+
+    /// The disk snapshots of sandboxes of `kind`.
+    pub fn disk_snapshots(&self, kind: BackendKind, id: &str) -> Result<&dyn DiskSnapshots, EdgeError> {
+        self.get(kind)?.disk_snapshots().ok_or_else(|| {
+            EdgeError::Invalid(format!("sandbox {id}: snapshots are of VMs (microvm, vm); capture a container with pack_diff"))
+        })
+    }
+
+    /// Sandboxes whose writable disks back onto snapshot layer `layer`.
+    pub fn disks_backed_by(&self, layer: &Path) -> Vec<String> {
+        let dirs: Vec<&Path> = self.all().into_iter().filter_map(|b| b.disk_snapshots()).map(|d| d.disk_dir()).collect();
+        snapshot::disks_backed_by(&dirs, layer)
+    }
+
+    /// Drops what any backend loaded of a deleted snapshot.
+    pub fn forget_snapshot(&self, snapshot_id: &str) {
+        for b in self.all() {
+            if let Some(m) = b.disk_snapshots().and_then(|d| d.memory()) {
+                m.forget_snapshot(snapshot_id);
+            }
+        }
     }
 }

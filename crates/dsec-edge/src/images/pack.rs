@@ -20,9 +20,6 @@ use crate::images::layers::ImageLayers;
 use crate::images::{PackInput, PackOutput, PackState};
 use crate::model::{Caller, State};
 
-/// The agent's fd holding the overlay upper (see the agent's `reattach`).
-pub const AGENT_UPPER_FD: i32 = 5;
-
 /// Longest freeze a pack waits for.
 const FREEZE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -109,17 +106,11 @@ impl Edge {
         if entry.state() != State::Running {
             return Err(EdgeError::NotRunning { id: id.to_string(), state: entry.state().as_str() });
         }
-        if entry.record().spec.backend != crate::model::BackendKind::Container {
-            // A VM's writable layer is a disk inside the guest, and the
-            // pidfd is the VMM's: fd 5 there means something else.
-            return Err(EdgeError::Invalid(format!("sandbox {id}: pack_diff works on container sandboxes only")));
-        }
-        let upper = crate::backends::container::spawn::pidfd_getfd(&inst.pidfd, AGENT_UPPER_FD)
-            .map_err(|e| EdgeError::Invalid(format!("sandbox {id} cannot be packed: its agent holds no writable layer ({e})")))?;
+        let upper = self.inner.backends.get(entry.record().spec.backend)?.writable_layer(id, &inst)?;
         let record = entry.record();
         let previous = crate::edge::lock(&entry.pack).clone();
         let scrub = req.scrub.unwrap_or_else(|| dsec_image::pack::DEFAULT_SCRUB.iter().map(|s| s.to_string()).collect());
-        let cgroups = self.inner.backends.container.cgroups().clone();
+        let cgroups = self.inner.cgroups.clone();
         let rootfs = self.inner.rootfs.clone();
         let id_owned = id.to_string();
         let out = tokio::task::spawn_blocking(move || {
@@ -156,7 +147,7 @@ impl Edge {
             Ok(o) => o,
             Err(e) => {
                 // Never leave the sandbox frozen, whatever failed.
-                let _ = self.inner.backends.container.cgroups().thaw(id);
+                let _ = self.inner.cgroups.thaw(id);
                 return Err(e);
             }
         };

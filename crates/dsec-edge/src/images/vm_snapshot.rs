@@ -1,19 +1,18 @@
 //! Snapshots of VM disks (`Edge::snapshot`; microVMs and full VMs alike)
 //! and sandboxes started from them (`create` with a snapshot name): the
-//! edge's side of `microvm::snapshot`. A snapshot may be taken of a
+//! edge's side of `backends::snapshot` and the backends' `DiskSnapshots`. A snapshot may be taken of a
 //! running VM (its guest syncs, its vCPUs stop for the copy) or of a
 //! suspended one (no process needed), so a parent need not be kept
 //! running to fork from it.
 //! Idempotency keys (scope `snapshot`) make a retried snapshot return the
 //! first one.
 
-use std::path::Path;
 use std::time::Duration;
 
 use dsec_agent_proto::{Command, ExecSpec, Stdin};
 
-use crate::backends::microvm::cmdline::VmFiles;
-use crate::backends::microvm::snapshot::{validate_name, SnapshotDir, SnapshotMemory, SnapshotMeta};
+use crate::backends::snapshot::validate_name;
+use crate::backends::{MemorySnapshots, SnapshotDir, SnapshotMemory, SnapshotMeta};
 use crate::edge::Edge;
 use crate::error::EdgeError;
 use crate::model::{now_ms, BackendKind, Caller, State};
@@ -37,35 +36,16 @@ pub struct SnapshotOutcome {
 impl Edge {
     /// The node's snapshots (one directory, whichever VM backend runs here).
     fn snapshot_dir(&self) -> Result<&SnapshotDir, EdgeError> {
-        let b = &self.inner.backends;
-        match (&b.microvm, &b.fullvm) {
-            (Ok(vm), _) => Ok(&vm.snapshots),
-            (_, Ok(vm)) => Ok(&vm.snapshots),
-            (Err(why), _) => Err(EdgeError::UnsupportedBackend(format!("VMs are not available on this node: {why}"))),
-        }
+        self.inner.backends.snapshot_dir()
     }
 
-    /// The files (disk, QMP socket) of VM `id` of backend `kind`.
-    fn vm_files(&self, kind: BackendKind, id: &str) -> Result<VmFiles, EdgeError> {
-        let b = &self.inner.backends;
-        match kind {
-            BackendKind::Microvm => b.microvm.as_ref().map(|vm| vm.files(id)).map_err(|e| EdgeError::UnsupportedBackend(e.clone())),
-            BackendKind::Vm => b.fullvm.as_ref().map(|vm| vm.files(id)).map_err(|e| EdgeError::UnsupportedBackend(e.clone())),
-            _ => Err(EdgeError::Invalid(format!("sandbox {id}: snapshots are of VMs (microvm, vm); capture a container with pack_diff"))),
-        }
-    }
-
-    /// Where every VM disk that may back onto a snapshot lives.
-    fn vm_disk_dirs(&self) -> Vec<&Path> {
-        let b = &self.inner.backends;
-        let mut dirs = Vec::new();
-        if let Ok(vm) = &b.microvm {
-            dirs.push(vm.disk_dir());
-        }
-        if let Ok(vm) = &b.fullvm {
-            dirs.push(vm.overlay_dir());
-        }
-        dirs
+    /// The memory snapshots of microVMs, where this node runs them.
+    fn memory_snapshots(&self) -> Result<&dyn MemorySnapshots, EdgeError> {
+        self.inner
+            .backends
+            .disk_snapshots(BackendKind::Microvm, "")?
+            .memory()
+            .ok_or_else(|| EdgeError::UnsupportedBackend("memory snapshots are of microVMs, and this node's microVMs keep none".into()))
     }
 
     /// Snapshots the writable disk of microVM `id` as `name` (unique per
@@ -120,7 +100,7 @@ impl Edge {
         let snaps = self.snapshot_dir()?;
         let entry = self.entry(caller, id)?;
         let rec = entry.record();
-        let files = self.vm_files(rec.spec.backend, id)?;
+        let disks = self.inner.backends.disk_snapshots(rec.spec.backend, id)?;
         // A frozen (not suspended) VM is resumed first: its guest must
         // sync. A suspended one is snapshotted as it lies.
         if rec.state.is_paused() && !rec.suspended {
@@ -166,7 +146,7 @@ impl Edge {
             meta = self.copy_memory(&rec, meta).await?;
         }
         let snap_id = meta.id.clone();
-        let taken = crate::backends::microvm::snapshot_disk(snaps, files, running, meta).await;
+        let taken = disks.snapshot_disk(id, running, meta).await;
         if taken.is_err() {
             // The memory files copied before (the snapshot is not listed).
             let _ = snaps.remove(&snap_id);
@@ -181,7 +161,7 @@ impl Edge {
     /// loads it into a file of its own, and a second suspend keeps it
     /// there).
     async fn suspend_with_ram_file(&self, caller: &Caller, id: &str) -> Result<(), EdgeError> {
-        let vm = self.inner.backends.microvm.as_ref().map_err(|e| EdgeError::UnsupportedBackend(e.clone()))?;
+        let vm = self.memory_snapshots()?;
         let rec = self.entry(caller, id)?.record();
         if rec.spec.backend != BackendKind::Microvm {
             return Err(EdgeError::Invalid(format!("sandbox {id}: memory snapshots are of microVMs; snapshot a full VM's disk")));
@@ -203,7 +183,7 @@ impl Edge {
     /// snapshot `meta` will list, and records what its sandboxes must
     /// match.
     async fn copy_memory(&self, rec: &crate::model::SandboxRecord, mut meta: SnapshotMeta) -> Result<SnapshotMeta, EdgeError> {
-        let vm = self.inner.backends.microvm.as_ref().map_err(|e| EdgeError::UnsupportedBackend(e.clone()))?;
+        let vm = self.memory_snapshots()?;
         let plan = self.plan_blocking(&rec.spec).await?;
         meta.memory = Some(SnapshotMemory {
             memory_mb: rec.spec.limits.memory_mb,
@@ -274,7 +254,7 @@ impl Edge {
             .collect();
         // Whatever disk still backs onto it (a sandbox whose files outlive
         // its record's state, e.g. one being cleaned up).
-        users.extend(crate::backends::microvm::snapshot::disks_backed_by(&self.vm_disk_dirs(), &snaps.layer(&snap.id)));
+        users.extend(self.inner.backends.disks_backed_by(&snaps.layer(&snap.id)));
         users.sort();
         users.dedup();
         if !users.is_empty() {
@@ -284,9 +264,7 @@ impl Edge {
             )));
         }
         snaps.remove(&snap.id)?;
-        if let Ok(vm) = &self.inner.backends.microvm {
-            vm.forget_snapshot_image(&snap.id);
-        }
+        self.inner.backends.forget_snapshot(&snap.id);
         if let Err(e) = self.inner.journal.forget_target(SCOPE_SNAPSHOT, &snap.id) {
             tracing::warn!(snapshot = %snap.id, error = %e, "dropping the idempotency keys of a deleted snapshot");
         }

@@ -22,7 +22,7 @@ use crate::edge::{lock, Edge, Entry};
 use crate::error::EdgeError;
 use crate::ids::new_sandbox_id;
 use crate::lifecycle::create_queue::Ticket;
-use crate::model::{now_ms, BackendKind, Caller, ListFilter, SandboxRecord, State};
+use crate::model::{now_ms, Caller, ListFilter, SandboxRecord, State};
 use crate::spec::{resolve, SandboxRequest};
 
 impl Edge {
@@ -50,10 +50,12 @@ impl Edge {
         let inner = &self.inner;
         let (mut req, network_rules) = crate::ops::network::take_rules(self, req)?;
         let snapshot = self.apply_snapshot(caller, &mut req)?;
-        // A full VM may by default write as much as its image's disk holds
-        // (`disk_limit_mb` caps its writes on the host, `fullvm::disk_cap`).
-        if let (Some(BackendKind::Vm), None, Ok(vm)) = (req.backend, req.disk_mb, &inner.backends.fullvm) {
-            req.disk_mb = vm.image_disk_mb(&req.image).ok();
+        // A backend may size the disk by the image (a full VM may write as
+        // much as its image's disk holds).
+        if let (Some(kind), None) = (req.backend, req.disk_mb) {
+            if let Ok(backend) = inner.backends.get(kind) {
+                req.disk_mb = backend.default_disk_mb(&req.image);
+            }
         }
         let mut spec = resolve(req, &inner.config.policy)?;
         spec.snapshot = snapshot;
@@ -220,7 +222,7 @@ impl Edge {
                 // Detached before it ended (a suspend to disk ended it on
                 // purpose): the sandbox lives on without this process.
                 let inst = instance.clone();
-                let _ = tokio::task::spawn_blocking(move || crate::backends::container::spawn::reap(&inst.pidfd)).await;
+                let _ = tokio::task::spawn_blocking(move || inst.reap()).await;
                 return;
             }
             let (id, kind) = {
@@ -231,7 +233,7 @@ impl Edge {
             let backend_edge = edge.clone();
             let cleanup_id = id.clone();
             let (status, oom, cleanup) = tokio::task::spawn_blocking(move || {
-                let status = crate::backends::container::spawn::reap(&inst.pidfd);
+                let status = inst.reap();
                 let oom = backend_edge.inner.cgroups.oom_kills(&cleanup_id);
                 let cleanup = backend_edge.inner.backends.for_cleanup(kind).cleanup(&cleanup_id);
                 (status, oom, cleanup)
@@ -317,7 +319,7 @@ impl Edge {
             Some(instance) => {
                 // SIGKILL to PID 1 of the sandbox's pid namespace: the kernel
                 // kills every other process in it before PID 1 is gone.
-                let _ = crate::backends::container::spawn::pidfd_kill(&instance.pidfd, libc::SIGKILL);
+                let _ = instance.kill();
                 // A frozen task on cgroup v1 acts on SIGKILL only once
                 // thawed.
                 if before.is_paused() {
@@ -466,17 +468,9 @@ impl Edge {
     /// which must not stall the runtime's few workers.
     pub(crate) async fn plan_blocking(&self, spec: &crate::model::SandboxSpec) -> Result<crate::images::RootfsPlan, EdgeError> {
         let rootfs = self.inner.rootfs.clone();
-        let plan: Box<dyn FnOnce() -> Result<_, EdgeError> + Send> = match &self.inner.backends.fullvm {
-            // A full VM boots its own disk image: only toolkit layers.
-            Ok(vm) if spec.backend == BackendKind::Vm => {
-                let (vm, spec) = (vm.clone(), spec.clone());
-                Box::new(move || vm.plan(rootfs.as_ref(), &spec))
-            }
-            _ => {
-                let (image, workspace, toolkits) = (spec.image.clone(), spec.workspace.clone(), spec.toolkits.clone());
-                Box::new(move || rootfs.plan(&image, workspace.as_deref(), &toolkits))
-            }
-        };
+        let backend = self.inner.backends.handle(spec.backend)?;
+        let spec = spec.clone();
+        let plan = move || backend.plan(rootfs.as_ref(), &spec);
         tokio::task::spawn_blocking(plan).await.map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))?
     }
 }

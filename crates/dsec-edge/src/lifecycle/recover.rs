@@ -47,7 +47,7 @@ impl Edge {
                 // thaw being due and its record. Thaw before the handshake,
                 // which a frozen agent cannot answer.
                 if self.inner.cgroups.frozen(&rec.id) == Some(true) {
-                    let _ = self.inner.cgroups.restore_memory_limit(&rec.id, crate::backends::cgroup_memory_bytes(&rec.spec));
+                    let _ = self.inner.cgroups.restore_memory_limit(&rec.id, self.inner.backends.cgroup_memory_bytes(&rec.spec));
                     let _ = self.inner.cgroups.thaw(&rec.id);
                     // A VM's vCPUs were stopped before its freeze.
                     let _ = self.inner.backends.for_cleanup(rec.spec.backend).after_thaw(&rec.id).await;
@@ -75,7 +75,7 @@ impl Edge {
                     self.insert(entry.clone());
                     self.watch_exit(entry, instance.clone());
                     if stopping {
-                        let _ = crate::backends::container::spawn::pidfd_kill(&instance.pidfd, libc::SIGKILL);
+                        let _ = instance.kill();
                     }
                 }
                 outcome => {
@@ -111,7 +111,7 @@ impl Edge {
             self.abandon(rec.clone(), "its agent is gone").await;
             return false;
         }
-        let (name, limit, finish_push) = (rec.id.clone(), crate::backends::cgroup_memory_bytes(&rec.spec), rec.state == State::Pausing);
+        let (name, limit, finish_push) = (rec.id.clone(), self.inner.backends.cgroup_memory_bytes(&rec.spec), rec.state == State::Pausing);
         let timeout = self.inner.config.pause_timeout;
         let kept = tokio::task::spawn_blocking(move || -> Result<u64, crate::cgroup::CgroupError> {
             cgroups.freeze(&name, timeout)?;

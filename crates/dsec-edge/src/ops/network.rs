@@ -43,25 +43,17 @@ impl From<RuleError> for EdgeError {
 /// egress); they go back into the spec after it.
 pub(crate) fn take_rules(edge: &Edge, mut req: SandboxRequest) -> Result<(SandboxRequest, Option<BTreeMap<String, bool>>), EdgeError> {
     let Some(egress) = edge.inner.egress.as_ref() else { return Ok((req, None)) };
-    let networked = match req.backend {
-        None | Some(BackendKind::Container) => true,
-        Some(BackendKind::Microvm) => match &edge.inner.backends.microvm {
-            Ok(vm) => vm
+    let networked = match req.backend.unwrap_or(BackendKind::Container) {
+        BackendKind::Fncall => false,
+        kind => match edge.inner.backends.get(kind) {
+            Ok(backend) => backend
                 .network_ready()
                 .map(|()| true)
-                .map_err(|why| EdgeError::UnsupportedNetwork(format!("microVMs cannot have network rules here: {why}")))?,
-            // No microVMs on this node: the backend check after the spec's
-            // says so (rather than the spec's "no network here").
+                .map_err(|why| EdgeError::UnsupportedNetwork(format!("{} cannot have network rules here: {why}", plural(kind))))?,
+            // A backend this node lacks: the backend check after the
+            // spec's says so (rather than the spec's "no network here").
             Err(_) => true,
         },
-        Some(BackendKind::Vm) => match &edge.inner.backends.fullvm {
-            Ok(vm) => vm
-                .network_ready()
-                .map(|()| true)
-                .map_err(|why| EdgeError::UnsupportedNetwork(format!("full VMs cannot have network rules here: {why}")))?,
-            Err(_) => true,
-        },
-        _ => false,
     };
     if !networked || req.network_rules.is_empty() {
         return Ok((req, None));
@@ -69,6 +61,16 @@ pub(crate) fn take_rules(edge: &Edge, mut req: SandboxRequest) -> Result<(Sandbo
     egress.validate(&req.network_rules)?;
     let rules = std::mem::take(&mut req.network_rules);
     Ok((req, Some(rules)))
+}
+
+/// Sandboxes of `kind`, in a sentence.
+fn plural(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Container => "containers",
+        BackendKind::Microvm => "microVMs",
+        BackendKind::Vm => "full VMs",
+        BackendKind::Fncall => "FnCall runners",
+    }
 }
 
 impl Edge {

@@ -118,7 +118,7 @@ impl Edge {
             return Err(EdgeError::Internal(e.to_string()));
         }
         let spec = entry.record().spec;
-        let limit = crate::backends::cgroup_memory_bytes(&spec);
+        let limit = self.inner.backends.cgroup_memory_bytes(&spec);
         let backend = self.inner.backends.for_cleanup(spec.backend);
         if let Err(e) = backend.before_freeze(id).await {
             self.set_state(&entry, State::Running, None);
@@ -183,7 +183,7 @@ impl Edge {
         if rec.suspended {
             return self.restore_locked(entry, &rec, t0).await;
         }
-        let limit = crate::backends::cgroup_memory_bytes(&rec.spec);
+        let limit = self.inner.backends.cgroup_memory_bytes(&rec.spec);
         let cgroups = &self.inner.cgroups;
         let thawed = cgroups.restore_memory_limit(&id, limit).and_then(|_| cgroups.thaw(&id));
         if let Err(e) = thawed {
@@ -219,7 +219,7 @@ impl Edge {
         if rec.memory_freed_bytes.unwrap_or(0) > 0 && self.inner.swap.is_some() {
             // Its memory is in swap: start reading it back now, while it
             // runs, rather than one page fault at a time.
-            let cgroups = self.inner.backends.container.cgroups().clone();
+            let cgroups = self.inner.cgroups.clone();
             tokio::task::spawn_blocking(move || {
                 let done = crate::pause::prefetch::prefetch(&cgroups.procs(&id));
                 tracing::debug!(%id, ?done, "prefetch after resume");

@@ -114,7 +114,7 @@ impl Edge {
                 // meanwhile, a fresh watcher settles it as failed.
                 *lock(&entry.instance) = Some(inst.clone());
                 self.set_state(entry, State::Running, None);
-                if crate::backends::microvm::process_exited(&inst.pidfd) {
+                if inst.has_exited() {
                     self.watch_exit(entry.clone(), inst);
                 }
                 Err(e)

@@ -124,7 +124,7 @@ impl ContainerBackend {
         durable: impl std::future::Future<Output = Result<(), crate::store::StoreError>>,
     ) -> Result<Instance, EdgeError> {
         let t0 = std::time::Instant::now();
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, 0)).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let t_cg = t0.elapsed();
         if let Err(e) = durable.await {
             let _ = self.cgroups.remove(id);
@@ -338,6 +338,12 @@ impl crate::backends::Backend for ContainerBackend {
         removed
     }
 
+    /// The agent keeps the overlay's upper directory open at a fixed fd.
+    fn writable_layer(&self, id: &str, inst: &Instance) -> Result<OwnedFd, EdgeError> {
+        spawn::pidfd_getfd(&inst.pidfd, AGENT_UPPER_FD)
+            .map_err(|e| EdgeError::Invalid(format!("sandbox {id} cannot be packed: its agent holds no writable layer ({e})")))
+    }
+
     /// Network state (cgroup2 directories, slots) of sandboxes not in `live`.
     fn reap_files(&self, live: &std::collections::HashSet<String>) -> usize {
         self.egress.as_ref().map_or(0, |eg| eg.reap(live))
@@ -351,6 +357,9 @@ impl crate::backends::Backend for ContainerBackend {
         }
     }
 }
+
+/// The agent's fd holding the overlay upper (see the agent's `reattach`).
+const AGENT_UPPER_FD: i32 = 5;
 
 /// How long re-adoption waits for an agent to offer its re-attach channel.
 const REATTACH_WAIT: Duration = Duration::from_secs(3);

@@ -13,12 +13,45 @@
 
 use serde_json::{json, Value};
 
+use crate::backends::ScreenInput;
+
 /// The longest key list or text accepted at once (each character is two
 /// events; QEMU queues them all).
 pub const MAX_KEYS: usize = 256;
 pub const MAX_TEXT: usize = 4096;
 /// The tablet's absolute axis range.
 const ABS_MAX: u32 = 0x7fff;
+
+/// The events of `action`, but for a pointer's move (which needs the
+/// screen's size: [`move_events`]); checked whatever the VM's state.
+pub fn events(action: &ScreenInput) -> Result<Vec<Value>, String> {
+    match action {
+        ScreenInput::Keys(keys) => {
+            if keys.is_empty() || keys.len() > MAX_KEYS {
+                return Err(format!("keys must name 1 to {MAX_KEYS} key combos"));
+            }
+            let combos = keys.iter().map(|k| parse_combo(k)).collect::<Result<Vec<_>, _>>()?;
+            Ok(combos.iter().flat_map(combo_events).collect())
+        }
+        ScreenInput::Text(text) => {
+            if text.is_empty() {
+                return Err("text must not be empty".into());
+            }
+            text_events(text)
+        }
+        ScreenInput::Move { .. } => Ok(Vec::new()),
+        ScreenInput::Click { button: b, double, .. } => Ok(click_events(button(b)?, *double)),
+    }
+}
+
+/// Where `action` moves the pointer first, if anywhere.
+pub fn target(action: &ScreenInput) -> Option<(u32, u32)> {
+    match action {
+        ScreenInput::Move { x, y } => Some((*x, *y)),
+        ScreenInput::Click { at, .. } => *at,
+        _ => None,
+    }
+}
 
 /// One press-and-release of a combo, in QMP events.
 #[derive(Debug, Clone, PartialEq)]

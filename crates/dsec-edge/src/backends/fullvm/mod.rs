@@ -111,7 +111,7 @@ pub struct FullVmBackend {
     /// Where suspend images live (the microVMs' directory).
     suspend_dir: PathBuf,
     /// The node's disk snapshots (the same directory as microVMs').
-    pub snapshots: microvm::snapshot::SnapshotDir,
+    pub snapshots: crate::backends::snapshot::SnapshotDir,
     /// Per-sandbox egress, for VMs created with network rules.
     egress: Option<dsec_net::Egress>,
 }
@@ -136,7 +136,7 @@ impl FullVmBackend {
         for d in [&overlay_dir, &suspend_dir, &cfg.run_root] {
             std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
         }
-        let snapshots = microvm::snapshot::SnapshotDir::open(vm_state.join("snapshots"))?;
+        let snapshots = crate::backends::snapshot::SnapshotDir::open(vm_state.join("snapshots"))?;
         Ok(Self {
             cgroups,
             node: node.to_string(),
@@ -160,11 +160,6 @@ impl FullVmBackend {
     /// Whether this node can give a full VM a network under its rules.
     pub(crate) fn network_ready(&self) -> Result<(), String> {
         self.egress.as_ref().map(drop).ok_or_else(|| "outbound network is not enabled on this node".into())
-    }
-
-    /// Where the VMs' overlays live.
-    pub(crate) fn overlay_dir(&self) -> &Path {
-        &self.overlay_dir
     }
 
     /// The suspend image of `id`.
@@ -215,7 +210,7 @@ impl FullVmBackend {
     /// disk is at least that (its filesystems fill it).
     pub fn image_disk_mb(&self, name: &str) -> Result<u64, EdgeError> {
         let base = self.base_image(name)?;
-        let bytes = microvm::snapshot::virtual_size(&base)
+        let bytes = crate::backends::snapshot::virtual_size(&base)
             .ok_or_else(|| EdgeError::ImageNotFound(format!("{} is not a qcow2 disk", base.display())))?;
         Ok(bytes.div_ceil(1 << 20))
     }
@@ -263,7 +258,7 @@ impl FullVmBackend {
 
     async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
         let base = self.base_image(&spec.image)?;
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB)).map_err(|e| EdgeError::Internal(e.to_string()))?;
         if let Err(e) = durable.await {
             let _ = self.cgroups.remove(id);
             return Err(EdgeError::Internal(format!("edge database: {e}")));
@@ -353,13 +348,13 @@ impl FullVmBackend {
     }
 
     /// The screen of running VM `id`.
-    pub async fn screenshot(&self, id: &str) -> Result<screen::Screenshot, EdgeError> {
+    async fn capture_screen(&self, id: &str) -> Result<crate::backends::Screenshot, EdgeError> {
         let files = self.files(id);
         screen::capture(&files.qmp_socket(), &files.run_dir).await
     }
 
     /// Sends input events (`input::*`) to VM `id`'s keyboard and tablet.
-    pub async fn send_input(&self, id: &str, events: Vec<serde_json::Value>) -> Result<(), EdgeError> {
+    async fn send_input(&self, id: &str, events: Vec<serde_json::Value>) -> Result<(), EdgeError> {
         let socket = self.files(id).qmp_socket();
         // QEMU takes a batch as one command; very long texts go in slices
         // so no single command holds QMP long.
@@ -375,7 +370,7 @@ enum Backing {
     /// The image's base disk, and the disk size asked for (bytes).
     Base(PathBuf, u64),
     /// A snapshot (by id) of the node's.
-    Snapshot(microvm::snapshot::SnapshotDir, String),
+    Snapshot(crate::backends::snapshot::SnapshotDir, String),
 }
 
 /// The run directory, the overlay (`qemu-img create`: a few KiB, the
@@ -386,8 +381,8 @@ fn prepare_files(files: &VmFiles, backing: Backing, limit: u64, firmware: Firmwa
     match backing {
         Backing::Base(base, size) => {
             // Larger than the image only if asked: the guest sees a bigger disk.
-            let grow = microvm::snapshot::virtual_size(&base).is_some_and(|b| size > b);
-            microvm::snapshot::create_overlay_of_size(&base, &files.disk, grow.then_some(size))?
+            let grow = crate::backends::snapshot::virtual_size(&base).is_some_and(|b| size > b);
+            crate::backends::snapshot::create_overlay_of_size(&base, &files.disk, grow.then_some(size))?
         }
         Backing::Snapshot(snaps, id) => snaps.chain_onto(&id, &files.disk)?,
     }
@@ -399,9 +394,75 @@ fn prepare_files(files: &VmFiles, backing: Backing, limit: u64, firmware: Firmwa
     Ok(())
 }
 
+impl crate::backends::Screen for FullVmBackend {
+    fn check_input(&self, action: &crate::backends::ScreenInput) -> Result<(), EdgeError> {
+        input::events(action).map(drop).map_err(EdgeError::Invalid)
+    }
+
+    fn screenshot<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<crate::backends::Screenshot, EdgeError>> {
+        Box::pin(self.capture_screen(id))
+    }
+
+    fn input<'a>(&'a self, id: &'a str, action: crate::backends::ScreenInput) -> BoxFuture<'a, Result<(), EdgeError>> {
+        Box::pin(async move {
+            let mut events = input::events(&action).map_err(EdgeError::Invalid)?;
+            if let Some((x, y)) = input::target(&action) {
+                // Pixels are relative to the screen as it is now (its mode
+                // can change at any time: text console, a desktop's
+                // resolution).
+                let shot = self.capture_screen(id).await?;
+                let mut moves = input::move_events(x, y, shot.width, shot.height).map_err(EdgeError::Invalid)?;
+                moves.append(&mut events);
+                events = moves;
+            }
+            self.send_input(id, events).await
+        })
+    }
+}
+
+impl crate::backends::DiskSnapshots for FullVmBackend {
+    fn snapshot_disk<'a>(
+        &'a self,
+        id: &'a str,
+        running: bool,
+        meta: crate::backends::SnapshotMeta,
+    ) -> BoxFuture<'a, Result<(crate::backends::SnapshotMeta, f64), EdgeError>> {
+        Box::pin(microvm::snapshot_disk(&self.snapshots, self.files(id), running, meta))
+    }
+
+    fn disk_dir(&self) -> &Path {
+        &self.overlay_dir
+    }
+}
+
 impl Backend for FullVmBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Vm
+    }
+
+    fn memory_overhead_mb(&self) -> u64 {
+        QEMU_OVERHEAD_MB
+    }
+
+    fn default_disk_mb(&self, image: &str) -> Option<u64> {
+        self.image_disk_mb(image).ok()
+    }
+
+    /// A full VM boots its own disk image: only toolkit layers.
+    fn plan(&self, rootfs: &dyn RootfsProvider, spec: &SandboxSpec) -> Result<RootfsPlan, EdgeError> {
+        FullVmBackend::plan(self, rootfs, spec)
+    }
+
+    fn network_ready(&self) -> Result<(), String> {
+        FullVmBackend::network_ready(self)
+    }
+
+    fn screen(&self) -> Option<&dyn crate::backends::Screen> {
+        Some(self)
+    }
+
+    fn disk_snapshots(&self) -> Option<&dyn crate::backends::DiskSnapshots> {
+        Some(self)
     }
 
     fn start<'a>(

@@ -11,15 +11,8 @@ use std::path::Path;
 use serde_json::json;
 
 use crate::backends::microvm::qmp;
+use crate::backends::Screenshot;
 use crate::error::EdgeError;
-
-/// A screen image and its size.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Screenshot {
-    pub png: Vec<u8>,
-    pub width: u32,
-    pub height: u32,
-}
 
 /// Takes a screenshot of the VM whose QMP socket is `socket`, using `dir`
 /// for the moment the file exists.

@@ -20,9 +20,8 @@ pub mod cmdline;
 pub mod disk;
 pub mod net;
 pub mod qmp;
-pub mod snapshot;
 pub mod standby;
-mod suspend;
+pub(crate) mod suspend;
 pub mod template;
 
 use std::collections::HashSet;
@@ -38,6 +37,7 @@ use dsec_image::vm::VmKernel;
 
 use crate::backends::container::spawn::{pidfd_kill, pidfd_open, reap};
 use crate::backends::instance::Instance;
+use crate::backends::snapshot;
 use crate::backends::{Backend, BoxFuture, Durable};
 use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
@@ -196,25 +196,9 @@ impl MicroVmBackend {
         Ok(())
     }
 
-    /// Where the VMs' writable disks live.
-    pub(crate) fn disk_dir(&self) -> &Path {
-        &self.disk_dir
-    }
-
     /// The guest RAM file of `id` (when guest RAM is file-backed).
     fn ram_path(&self, id: &str) -> Option<PathBuf> {
         self.ram_file.then(|| self.ram_dir.join(format!("{id}.ram")))
-    }
-
-    /// Whether VM `id` has a RAM file of its own (one restored from a
-    /// memory image maps that image privately instead).
-    pub(crate) fn has_own_ram_file(&self, id: &str) -> bool {
-        self.ram_path(id).is_some_and(|p| p.is_file())
-    }
-
-    /// The RAM file and suspend image of VM `id`.
-    pub(crate) fn memory_files(&self, id: &str) -> (PathBuf, PathBuf) {
-        (self.ram_dir.join(format!("{id}.ram")), self.image_path(id))
     }
 
     /// The suspend image of `id` (device state, and RAM without a RAM file).
@@ -272,7 +256,7 @@ impl MicroVmBackend {
     }
 
     async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec)).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB)).map_err(|e| EdgeError::Internal(e.to_string()))?;
         if let Err(e) = durable.await {
             let _ = self.cgroups.remove(id);
             return Err(EdgeError::Internal(format!("edge database: {e}")));
@@ -430,7 +414,7 @@ impl MicroVmBackend {
         // a standby QEMU when one of its shape waits (standby.rs).
         let standby_ok = own_ram && net.is_none();
         if let (true, Some(ram_file)) = (standby_ok, ram.as_ref()) {
-            let limits = crate::backends::cgroup_limits(spec);
+            let limits = crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB);
             let taken = self.standbys.take(&standby::Standbys::shape(&launch));
             self.standbys.refill(&launch, limits, standby::REFILL_DELAY);
             if let Some(sb) = taken {
@@ -875,9 +859,55 @@ pub(crate) fn keep_netns_of(eg: &dsec_net::Egress, id: &str, pid: i32) -> Result
     Ok(())
 }
 
+impl crate::backends::DiskSnapshots for MicroVmBackend {
+    fn snapshot_disk<'a>(
+        &'a self,
+        id: &'a str,
+        running: bool,
+        meta: snapshot::SnapshotMeta,
+    ) -> BoxFuture<'a, Result<(snapshot::SnapshotMeta, f64), EdgeError>> {
+        Box::pin(snapshot_disk(&self.snapshots, self.files(id), running, meta))
+    }
+
+    fn disk_dir(&self) -> &Path {
+        &self.disk_dir
+    }
+
+    fn memory(&self) -> Option<&dyn crate::backends::MemorySnapshots> {
+        Some(self)
+    }
+}
+
+impl crate::backends::MemorySnapshots for MicroVmBackend {
+    /// One restored from a memory image maps that image privately instead.
+    fn has_own_ram_file(&self, id: &str) -> bool {
+        self.ram_path(id).is_some_and(|p| p.is_file())
+    }
+
+    fn memory_files(&self, id: &str) -> (PathBuf, PathBuf) {
+        (self.ram_dir.join(format!("{id}.ram")), self.image_path(id))
+    }
+
+    fn forget_snapshot(&self, snapshot_id: &str) {
+        self.forget_snapshot_image(snapshot_id);
+    }
+}
+
 impl Backend for MicroVmBackend {
     fn kind(&self) -> BackendKind {
         BackendKind::Microvm
+    }
+
+    fn memory_overhead_mb(&self) -> u64 {
+        QEMU_OVERHEAD_MB
+    }
+
+    fn network_ready(&self) -> Result<(), String> {
+        MicroVmBackend::network_ready(self)
+    }
+
+    fn disk_snapshots(&self) -> Option<&dyn crate::backends::DiskSnapshots> {
+        Some(self)
     }
 
     fn start<'a>(

@@ -217,7 +217,7 @@ impl MicroVmBackend {
         &self,
         id: &str,
         launch: &VmLaunch<'_>,
-        snap: &super::snapshot::SnapshotMeta,
+        snap: &crate::backends::snapshot::SnapshotMeta,
     ) -> Result<Instance, EdgeError> {
         let Some(mem) = &snap.memory else { return Err(EdgeError::Internal(format!("snapshot {} holds no memory", snap.name))) };
         if mem.layer_files != launch.layers || mem.memory_mb != launch.memory_mb || super::cmdline::vcpus_for(mem.cpu_cores) != launch.vcpus
