@@ -14,7 +14,7 @@ allocator environment: a worker runs a small snippet and exits. It prints
 the zygote's huge pages and the CPU per worker, the zygote's and the
 workers' apart.
 
-    /usr/bin/python3 bench/fork_loop_thp.py [N] [ROUNDS]   (default 2000 3)
+    /usr/bin/python3 bench/probes/fork_loop_thp.py [N] [ROUNDS]   (default 2000 3)
 """
 import ctypes
 import gc
