@@ -3,8 +3,9 @@
 
 Usage: python3 bench/summary.py [RESULTS_DIR] [--markdown]
 
-docs/benchmarks.md opens with the --markdown output; the sections below it
-there have the details. A result file that is missing is left out.
+docs/benchmarks.md's table of container sandboxes against crun carries the
+--markdown output's figures, with the method beside it. A result file that
+is missing is left out.
 """
 
 import json
@@ -101,7 +102,7 @@ l = load("leaks.json")
 if l:
     b, a = l["before"], l["after"]
     # Counts only dsec can change (the host-wide process count moves with
-    # other sessions' work).
+    # whatever else runs on the host).
     keys = ["processes_under_dsec", "agent_processes", "mounts_host", "mounts_data_dir", "cgroups_node",
             "net_namespaces", "mnt_namespaces", "data_dir_files", "data_dir_dirs", "dsec_open_fds", "dsec_threads"]
     if "dsec_fds_netns" in a and "dsec_fds_netns" in b:

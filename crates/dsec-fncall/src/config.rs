@@ -115,7 +115,7 @@ impl FnCallConfig {
             // processes (monitor, compiler, zygote, worker) that overlap
             // on several cores, and a one-core quota throttled a runner
             // serving one client in 79 of 87 periods (docs/benchmarks.md,
-            // "A runner's CPU quota"). Runners still share the cores
+            // "Findings of the probes"). Runners still share the cores
             // fairly with every other sandbox (equal weights), and each
             // call's own CPU time is bounded by RLIMIT_CPU.
             runner_cpu_quota_cores: cpus.max(1.0),

@@ -1,10 +1,11 @@
 """The floor of a fork per call: what a bare fork + _exit of a warm
 interpreter costs on this host, in the parent and in the child, before the
-child does anything (issue 5, "The floor of a fork per call on this VM").
+child does anything (docs/benchmarks.md, FnCall: "The Python targets
+against the floor of a fork per call").
 
 Run it with the interpreter FnCall runners use, e.g. Debian's:
-    /usr/bin/python3 -I bench/fork_floor.py              # nothing imported
-    /usr/bin/python3 -I bench/fork_floor.py PRELOAD      # modules, comma-separated
+    /usr/bin/python3 -I bench/probes/fork_floor.py              # nothing imported
+    /usr/bin/python3 -I bench/probes/fork_floor.py PRELOAD      # modules, comma-separated
 PRELOAD defaults to nothing; FnCall's default list is in docs/fncall.md.
 """
 import gc

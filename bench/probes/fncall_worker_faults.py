@@ -1,7 +1,7 @@
 """FnCall (issue 5): where a Python worker's page faults come from, stage by
 stage, without the platform. Each page a worker writes after its fork is a
 copied page (a fault, a 4 KiB copy, and a page to free at its exit), and
-they are most of a Python call's CPU (bench/fncall_perf.sh).
+they are most of a Python call's CPU (bench/probes/fncall_perf.sh).
 
 This loads the runner's own zygote.py, sets up a zygote as zygote_main does
 (the default preload, random's reseed hook, gc frozen, the allocator
@@ -18,7 +18,7 @@ itself with it, unless --plain (Python's defaults, for comparison);
 
 Run as root (a worker drops to uid nobody), with the interpreter runners
 use, e.g. Debian's:
-    /usr/bin/python3 bench/fncall_worker_faults.py [N] [--plain | --without NAME...]   (default 400)
+    /usr/bin/python3 bench/probes/fncall_worker_faults.py [N] [--plain | --without NAME...]   (default 400)
 """
 
 import array
@@ -33,8 +33,8 @@ import tempfile
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ZYGOTE_PY = os.path.join(HERE, "..", "crates", "dsec-fncall", "src", "zygote.py")
-SPAWN_RS = os.path.join(HERE, "..", "crates", "dsec-agent", "src", "fncall", "spawn.rs")
+ZYGOTE_PY = os.path.join(HERE, "..", "..", "crates", "dsec-fncall", "src", "zygote.py")
+SPAWN_RS = os.path.join(HERE, "..", "..", "crates", "dsec-agent", "src", "fncall", "spawn.rs")
 PRELOAD = ("math collections itertools functools heapq bisect re json string random typing fractions "
            "decimal statistics traceback types").split()
 SNIPPET = "print(sum(i * i for i in range(100)))\n"

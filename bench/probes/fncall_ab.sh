@@ -5,7 +5,7 @@
 # counted from the runners' cgroups (cpuacct) plus the dsec process itself,
 # which other load on a shared host disturbs far less than calls/s (it still
 # inflates it somewhat: caches and hyperthreads are shared).
-# Usage: DSEC_BENCH_A=PATH/TO/OLD/dsec bench/fncall_ab.sh [SECONDS] [ROUNDS] [CLIENTS]
+# Usage: DSEC_BENCH_A=PATH/TO/OLD/dsec bench/probes/fncall_ab.sh [SECONDS] [ROUNDS] [CLIENTS]
 #   (defaults 8 s, 3 rounds, 16 clients; B is this checkout's dsec, or
 #   DSEC_BENCH_B). Each dsec finds its dsec-agent next to it. FLAGS_A and
 #   FLAGS_B add `dsec up` flags to one side (e.g. FLAGS_B="--fncall-preload
@@ -15,7 +15,7 @@
 # source new: a comment differs) or `cpp-judge` (bench/fncall.sh's C++ submission of 10
 # test cases with the compile cache warm, 1 runner per core; per run, the
 # figure is submissions/s).
-source "$(dirname "$0")/lib.sh"
+source "$(dirname "$0")/../lib.sh"
 SECS=${1:-8}
 ROUNDS=${2:-3}
 WORKLOAD=${DSEC_BENCH_AB_WORKLOAD:-python}

@@ -4,8 +4,8 @@
 # size (PSS, /proc/PID/smaps_rollup) of each process in the node's runner
 # cgroups, by role: the monitor, the compiler, the zygote and its pre-forked
 # worker (both run zygote.py --zygote). DSEC_BENCH_DSEC picks the build.
-# Usage: bench/fncall_rss.sh
-source "$(dirname "$0")/lib.sh"
+# Usage: bench/probes/fncall_rss.sh
+source "$(dirname "$0")/../lib.sh"
 bench_init fncall_rss
 bench_build
 bench_start_dsec --fncall-pools "python=2:2" --cpu-overcommit 64

@@ -13,7 +13,7 @@ Variants, alternated round by round (each a fresh interpreter):
              ZYGOTE_ENV), so the first heap mapping holds aligned blocks
 
 Run it with the interpreter FnCall runners use, e.g. Debian's:
-    /usr/bin/python3 bench/fork_heap.py [N] [ROUNDS]   (defaults 2000, 3)
+    /usr/bin/python3 bench/probes/fork_heap.py [N] [ROUNDS]   (defaults 2000, 3)
 """
 
 import gc

@@ -6,7 +6,7 @@
 # several times more than one on pages the host still backs; a slope or a
 # step from chunk to chunk shows where that starts. Also prints the VM's
 # page-reporting counter before and after, where the kernel has one.
-# Usage: bench/first_touch.sh [CHUNKS] [MIB per chunk]   (default 12 512)
+# Usage: bench/probes/first_touch.sh [CHUNKS] [MIB per chunk]   (default 12 512)
 set -euo pipefail
 CHUNKS=${1:-12}
 MIB=${2:-512}

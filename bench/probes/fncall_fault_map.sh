@@ -11,8 +11,8 @@
 # in fncall_perf.sh (0x7 a write to a present page, i.e. a copied page;
 # 0x14 an instruction fetch; 0x4 a read; 0x6 a write to an absent page).
 # Needs perf and nm (binutils). DSEC_BENCH_DSEC picks the build.
-# Usage: bench/fncall_fault_map.sh [TOP]   (default 30 functions)
-source "$(dirname "$0")/lib.sh"
+# Usage: bench/probes/fncall_fault_map.sh [TOP]   (default 30 functions)
+source "$(dirname "$0")/../lib.sh"
 TOP=${1:-30}
 command -v perf >/dev/null || { echo "needs perf (Debian: linux-perf)" >&2; exit 1; }
 command -v nm >/dev/null || { echo "needs nm (Debian: binutils)" >&2; exit 1; }

@@ -3,7 +3,7 @@ A warm interpreter with FnCall's default preload (gc frozen, as in the
 zygote) forks N children; each turns the benchmark snippet into a code
 object, either by compile() or by marshal.loads() of code compiled before,
 and reports its page faults (copied or new pages) and time for that step.
-Usage: python3 bench/fork_compile_cost.py [N]   (default 300)"""
+Usage: python3 bench/probes/fork_compile_cost.py [N]   (default 300)"""
 
 import gc
 import marshal

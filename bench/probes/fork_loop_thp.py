@@ -1,6 +1,6 @@
 """Would a zygote that forks from C keep its heap's huge pages, and would
-that make a Python call cheaper? (issue 5, "A precompiled <bits/stdc++.h>,
-and two ideas for Python calls that did not pay".)
+that make a Python call cheaper? (docs/benchmarks.md, "Findings of the
+probes": it keeps them, and saves ~2%.)
 
 A zygote forked from Python (os.fork, then wait4) writes its heap between
 the fork and the wait while the worker is alive, and each such write to a
@@ -14,7 +14,7 @@ allocator environment: a worker runs a small snippet and exits. It prints
 the zygote's huge pages and the CPU per worker, the zygote's and the
 workers' apart.
 
-    /usr/bin/python3 bench/fork_loop_thp.py [N] [ROUNDS]   (default 2000 3)
+    /usr/bin/python3 bench/probes/fork_loop_thp.py [N] [ROUNDS]   (default 2000 3)
 """
 import ctypes
 import gc

@@ -8,8 +8,8 @@
 # in builds before it), the compiler (Python source to code objects), the
 # zygote (its forks) and its children (the workers that become the calls). Processes that lived only during the run
 # count through their parent's reaped-children time.
-# Usage: bench/fncall_cpu.sh [SECONDS] [CLIENTS]   (defaults 8 s, 16)
-source "$(dirname "$0")/lib.sh"
+# Usage: bench/probes/fncall_cpu.sh [SECONDS] [CLIENTS]   (defaults 8 s, 16)
+source "$(dirname "$0")/../lib.sh"
 SECS=${1:-8}
 CONNS=${2:-16}
 bench_init fncall_cpu

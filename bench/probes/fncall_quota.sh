@@ -4,8 +4,8 @@
 # one of every core of the node (what dsec sets: dsec-fncall config.rs
 # runner_cpu_quota_cores), alternated, with wrk at 1, 8 and 64 clients for
 # SECONDS each: calls/s, p50 and p99.
-# Usage: bench/fncall_quota.sh [SECONDS] [ROUNDS]   (defaults 6 s, 2)
-source "$(dirname "$0")/lib.sh"
+# Usage: bench/probes/fncall_quota.sh [SECONDS] [ROUNDS]   (defaults 6 s, 2)
+source "$(dirname "$0")/../lib.sh"
 SECS=${1:-6}
 ROUNDS=${2:-2}
 bench_init fncall_quota

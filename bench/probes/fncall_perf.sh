@@ -11,8 +11,8 @@
 #      or reused page; 0x14 an instruction fetch of a page not mapped;
 #      0x4 a read of one; 0x6 a write of one), medians over the workers
 # Needs perf. DSEC_BENCH_DSEC picks the build.
-# Usage: bench/fncall_perf.sh [CLIENTS]   (default 64)
-source "$(dirname "$0")/lib.sh"
+# Usage: bench/probes/fncall_perf.sh [CLIENTS]   (default 64)
+source "$(dirname "$0")/../lib.sh"
 CONNS=${1:-64}
 command -v perf >/dev/null || { echo "needs perf (Debian: linux-perf)" >&2; exit 1; }
 bench_init fncall_perf
