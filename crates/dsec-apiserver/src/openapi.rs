@@ -5,7 +5,9 @@
 //! `DSEC_WRITE_OPENAPI=1 cargo test -p dsec-apiserver --lib openapi`).
 
 use serde_json::Value;
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory};
@@ -27,7 +29,7 @@ use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pa
         fncall::call, fncall::batch, fncall::pools, fncall::sandboxfusion_run_code, fncall::open_run_code,
     ),
     components(schemas(dsec_api::ErrorCode, dsec_api::StreamMessage)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &Unauthorized),
     security(("bearer" = [])),
 )]
 pub struct ApiDoc;
@@ -60,6 +62,28 @@ impl Modify for BearerAuth {
     }
 }
 
+/// Every operation that takes the bearer token answers 401 `unauthorized`
+/// without a good one: said here once instead of on each handler.
+struct Unauthorized;
+
+impl Modify for Unauthorized {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let public = |op: &Operation| op.security.as_ref().is_some_and(|s| s.contains(&SecurityRequirement::default()));
+        for item in doc.paths.paths.values_mut() {
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+            for op in ops.into_iter().flatten().filter(|op| !public(op)) {
+                let responses = &mut op.responses.responses;
+                if !responses.contains_key("401") && !responses.contains_key("4XX") {
+                    let body = Content::new(Some(Ref::from_schema_name("ErrorBody")));
+                    let answer =
+                        ResponseBuilder::new().description("The bearer token is missing or wrong.").content("application/json", body);
+                    responses.insert("401".into(), RefOr::T(answer.build()));
+                }
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -79,6 +103,21 @@ mod tests {
         assert!(doc["paths"]["/v1/sandboxes/{id}/exec"]["post"].is_object());
         assert!(keys_sorted(&doc));
         assert_eq!(text, openapi_json());
+    }
+
+    #[test]
+    fn unauthorized_is_documented_where_a_token_is_needed() {
+        let doc: Value = serde_json::from_str(&openapi_json()).expect("the document is JSON");
+        let answers = |path: &str, method: &str| doc["paths"][path][method]["responses"].clone();
+        assert_eq!(
+            answers("/v1/sandboxes", "get")["401"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/ErrorBody"
+        );
+        // Covered by its range already.
+        assert!(answers("/v1/sandboxes/{id}/exec", "post")["401"].is_null());
+        // Public: no token.
+        assert!(answers("/healthz", "get")["401"].is_null());
+        assert!(answers("/run_code", "post")["401"].is_null());
     }
 
     /// The SDK's copy of the document must equal this one.
