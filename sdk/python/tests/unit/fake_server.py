@@ -148,8 +148,9 @@ class FakeDSec:
         resource = request.match_info.route.resource
         route = None if resource is None else resource.canonical
         body = await request.read() if request.body_exists else None
-        self.contract.check_request(request.method, request.path, route, list(request.query),
-                                    request.headers.get("Content-Type"), body)
+        # The raw path keeps an escaped "/" inside its segment.
+        self.contract.check_request(request.method, request.raw_path.split("?", 1)[0], route,
+                                    list(request.query), request.headers.get("Content-Type"), body)
         resp: web.StreamResponse = await handler(request)
         if route is not None:
             # Streamed answers (downloads, WebSockets) went out already: only

@@ -63,7 +63,9 @@ class Contract:
     document: dict[str, Any] = field(default_factory=load_document)
     #: What the document does not allow, one line each.
     problems: list[str] = field(default_factory=list)
-    #: (method, route, status) of every exchange checked.
+    #: (method, route) of every request checked, and (method, route,
+    #: status) of every answer.
+    requested: set[tuple[str, str]] = field(default_factory=set)
     seen: set[tuple[str, str, int]] = field(default_factory=set)
     #: What broke the document inside a :meth:`beyond` block.
     expected: list[str] = field(default_factory=list)
@@ -139,6 +141,8 @@ class Contract:
         if route is None or op is None:
             self._note(where, ["the document has no such route and method"])
             return
+        with self._lock:
+            self.requested.add((method, route))
         problems = []
         declared = {p["name"] for p in op.get("parameters", ()) if p["in"] == "query"}
         problems += [f"query parameter {k!r} is not declared" for k in query if k not in declared]

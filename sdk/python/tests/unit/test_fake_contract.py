@@ -3,7 +3,8 @@
 Every test's traffic with the fake is checked (the ``fake`` fixture fails a
 test whose requests or answers the document does not allow). Here: every
 route the fake serves is a route of the document, one run reaches every one
-of them through the SDK, and the checks do notice what they are for.
+of them through the SDK, the SDK's requests to the other routes are checked
+too, and the checks do notice what they are for.
 """
 
 from __future__ import annotations
@@ -85,6 +86,57 @@ async def test_every_route_answers_as_the_document_says(client: DSecClient, fake
     reached = {(method, route) for method, route, _ in fake.contract.seen}
     assert sorted(fake_routes(fake) - reached) == []
     assert fake.contract.problems == []
+
+
+#: Operations of the document this SDK has no call for, and why.
+NOT_CALLED_BY_THE_SDK = {
+    ("GET", "/metrics"): "Prometheus scrapes it",
+    ("GET", "/v1/nodes"): "an operator's view (dsec CLI)",
+    ("POST", "/run_code"): "SandboxFusion's own client calls it (docs/fncall.md)",
+    ("POST", "/sandboxfusion/{token}/run_code"): "likewise, with the token in the path",
+}
+
+
+async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, fake: FakeDSec
+                                                           ) -> None:
+    # The calls the fake does not serve: their requests are still checked
+    # (route, query parameters, body), and the fake's 404 is an error.
+    sb = await client.run(DSecRunArgs(image="python"))
+    calls = [
+        client.fncall("python", "print(input())", stdin="x", files={"a.txt": "a"},
+                      fetch_files=["a.txt"], env={"A": "1"}, time_limit=1.5, memory_limit_mb=64,
+                      output_limit_bytes=100, compile_time_limit=2.0),
+        client.fncall("cpp", "int main(){}", test_cases=[dsec.TestCase("1", "1")],
+                      compare="float", float_tolerance=1e-6, checker=("python", "exit(0)"),
+                      stop_on_first_failure=True),
+        client.fncall_batch([{"language": "python", "code": "print(1)"}]),
+        client.fncall_pools(), client.snapshots(), client.delete_snapshot("s"),
+        client.pause_job("j", idempotent=True), client.resume_job("j"),
+        client.delete_image("python:latest"), client.tenants(),
+        sb.audit_events(after=3), sb.set_network_rules({"pypi": True}),
+        sb.pause(mode="freeze"), sb.resume(), sb.set_timeout(lifetime_s=60, ttl_running_stop=30),
+        sb.snapshot("s", memory=True, idempotency_key="k"),
+        sb.pack_diff("img:v1", scrub=["/tmp/*"], idempotency_key="k"),
+        sb.trajectory(), sb.replay(keep=True), sb.screenshot(), sb.send_keys(["ctrl-c", "ret"]),
+        sb.type_text("hi"), sb.move(1, 2), sb.click(3, 4, "right", True), sb.click(),
+    ]
+    for call in calls:
+        with pytest.raises(dsec.DSecError):
+            await call
+    with pytest.raises(dsec.DSecError):
+        await anext(aiter(sb.events()))
+    with pytest.raises(dsec.DSecError):
+        await anext(aiter(client.job_events("j")))
+
+    assert fake.contract.problems == []
+    # With the routes the fake serves (all reached by the test above), every
+    # operation of the document.
+    paths = fake.contract.document["paths"]
+    documented = {(method.upper(), route) for route, item in paths.items() for method in item}
+    unreached = (documented - set(NOT_CALLED_BY_THE_SDK) - fake_routes(fake)
+                 - fake.contract.requested)
+    assert sorted(unreached) == []
+    assert set(NOT_CALLED_BY_THE_SDK) <= documented
 
 
 # --- the checks themselves ----------------------------------------------------------
