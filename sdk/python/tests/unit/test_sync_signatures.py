@@ -123,8 +123,6 @@ def shape(tp: Any, blocking: bool) -> Any:
         return shape(args[0], blocking)
     if blocking and origin in (cabc.AsyncIterator, cabc.AsyncGenerator):
         return (cabc.Iterator, (shape(args[0], blocking),))
-    if origin is cabc.Coroutine:
-        return shape(args[-1], blocking)
     return (origin, tuple(shape(a, blocking) for a in args))
 
 
