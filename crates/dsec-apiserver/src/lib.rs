@@ -21,17 +21,12 @@ pub mod state;
 use axum::routing::{get, post, put};
 use axum::Router;
 use dsec_api::ErrorCode;
-use utoipa::OpenApi;
-
+pub use openapi::openapi_json;
 pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
 use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory};
-
-pub fn openapi_json() -> String {
-    openapi::ApiDoc::openapi().to_pretty_json().unwrap_or_default()
-}
 
 pub fn router(state: AppState) -> Router {
     let doc = openapi_json();

@@ -1,7 +1,13 @@
 //! The OpenAPI document, generated from the handlers' annotations and the
-//! wire types, served at `/openapi.json`.
+//! wire types, served at `/openapi.json`. The Python SDK ships a copy
+//! (`sdk/python/dsec/openapi.json`) that its unit tests check their fake
+//! server against; a test keeps the copy current (regenerate with
+//! `DSEC_WRITE_OPENAPI=1 cargo test -p dsec-apiserver --lib openapi`).
 
-use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use serde_json::Value;
+use utoipa::openapi::path::Operation;
+use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory};
@@ -23,10 +29,29 @@ use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pa
         fncall::call, fncall::batch, fncall::pools, fncall::sandboxfusion_run_code, fncall::open_run_code,
     ),
     components(schemas(dsec_api::ErrorCode, dsec_api::StreamMessage)),
-    modifiers(&BearerAuth),
+    modifiers(&BearerAuth, &Unauthorized),
     security(("bearer" = [])),
 )]
 pub struct ApiDoc;
+
+/// The document as pretty JSON whose objects have their keys sorted, so its
+/// text depends on its content only (not on the order of maps or of
+/// annotations): the served document and the SDK's copy are the same bytes.
+pub fn openapi_json() -> String {
+    serde_json::to_value(ApiDoc::openapi()).and_then(|doc| serde_json::to_string_pretty(&sorted(doc))).unwrap_or_default()
+}
+
+fn sorted(value: Value) -> Value {
+    match value {
+        Value::Object(map) => {
+            let mut entries: Vec<(String, Value)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Value::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Value::Array(items) => Value::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
 
 struct BearerAuth;
 
@@ -34,5 +59,82 @@ impl Modify for BearerAuth {
     fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
         let components = doc.components.get_or_insert_with(Default::default);
         components.add_security_scheme("bearer", SecurityScheme::Http(HttpBuilder::new().scheme(HttpAuthScheme::Bearer).build()));
+    }
+}
+
+/// Every operation that takes the bearer token answers 401 `unauthorized`
+/// without a good one: said here once instead of on each handler.
+struct Unauthorized;
+
+impl Modify for Unauthorized {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        let public = |op: &Operation| op.security.as_ref().is_some_and(|s| s.contains(&SecurityRequirement::default()));
+        for item in doc.paths.paths.values_mut() {
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+            for op in ops.into_iter().flatten().filter(|op| !public(op)) {
+                let responses = &mut op.responses.responses;
+                if !responses.contains_key("401") && !responses.contains_key("4XX") {
+                    let body = Content::new(Some(Ref::from_schema_name("ErrorBody")));
+                    let answer =
+                        ResponseBuilder::new().description("The bearer token is missing or wrong.").content("application/json", body);
+                    responses.insert("401".into(), RefOr::T(answer.build()));
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn keys_sorted(value: &Value) -> bool {
+        match value {
+            Value::Object(map) => map.keys().zip(map.keys().skip(1)).all(|(a, b)| a < b) && map.values().all(keys_sorted),
+            Value::Array(items) => items.iter().all(keys_sorted),
+            _ => true,
+        }
+    }
+
+    #[test]
+    fn openapi_text_is_canonical() {
+        let text = openapi_json();
+        let doc: Value = serde_json::from_str(&text).expect("the document is JSON");
+        assert!(doc["paths"]["/v1/sandboxes/{id}/exec"]["post"].is_object());
+        assert!(keys_sorted(&doc));
+        assert_eq!(text, openapi_json());
+    }
+
+    #[test]
+    fn unauthorized_is_documented_where_a_token_is_needed() {
+        let doc: Value = serde_json::from_str(&openapi_json()).expect("the document is JSON");
+        let answers = |path: &str, method: &str| doc["paths"][path][method]["responses"].clone();
+        assert_eq!(
+            answers("/v1/sandboxes", "get")["401"]["content"]["application/json"]["schema"]["$ref"],
+            "#/components/schemas/ErrorBody"
+        );
+        // Covered by its range already.
+        assert!(answers("/v1/sandboxes/{id}/exec", "post")["401"].is_null());
+        // Public: no token.
+        assert!(answers("/healthz", "get")["401"].is_null());
+        assert!(answers("/run_code", "post")["401"].is_null());
+    }
+
+    /// The SDK's copy of the document must equal this one.
+    #[test]
+    fn sdk_openapi_is_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../sdk/python/dsec/openapi.json");
+        let want = openapi_json() + "\n";
+        if std::env::var_os("DSEC_WRITE_OPENAPI").is_some() {
+            std::fs::write(path, &want).unwrap();
+        }
+        let have = std::fs::read_to_string(path).unwrap_or_default();
+        let first_difference =
+            have.lines().zip(want.lines()).position(|(h, w)| h != w).unwrap_or(have.lines().count().min(want.lines().count()));
+        assert!(
+            have == want,
+            "sdk/python/dsec/openapi.json is stale (from line {}): run DSEC_WRITE_OPENAPI=1 cargo test -p dsec-apiserver --lib openapi",
+            first_difference + 1
+        );
     }
 }

@@ -144,6 +144,11 @@ class DSecClient:
         """The base URL of the API."""
         return self.aio.endpoint
 
+    @property
+    def is_open(self) -> bool:
+        """True between :meth:`open` and :meth:`close`."""
+        return self.aio.is_open
+
     def open(self) -> None:
         """Open the connection pool (calls also open it on first use)."""
         self._run(self.aio.open())
@@ -276,6 +281,11 @@ class Sandbox:
         return self._client._runner.run(coro)
 
     @property
+    def client(self) -> DSecClient:
+        """The client this sandbox talks through."""
+        return self._client
+
+    @property
     def id(self) -> str:
         """The sandbox id."""
         return self.aio.id
@@ -404,21 +414,23 @@ class Sandbox:
                      env: Mapping[str, str] | None = None, cwd: str | None = None,
                      user: str | None = None, session: str | None = None,
                      stdin: str | bytes | None = None,
-                     max_output_bytes: int | None = None) -> ExecStream:
+                     max_output_bytes: int | None = None,
+                     *, step_id: str | None = None) -> ExecStream:
         """Run a command line with streamed output; returns an open
         :class:`ExecStream` (iterate it; use it in ``with`` to close it)."""
         opening = self.aio.stream_shell(cmd, timeout, env, cwd, user, session, stdin,
-                                        max_output_bytes)
+                                        max_output_bytes, step_id=step_id)
         return ExecStream(self._client, self._run(_await(opening)))
 
     def stream_exec(self, argv: Sequence[str], timeout: float | None = None,
                     env: Mapping[str, str] | None = None, cwd: str | None = None,
                     user: str | None = None, session: str | None = None,
                     stdin: str | bytes | None = None,
-                    max_output_bytes: int | None = None) -> ExecStream:
+                    max_output_bytes: int | None = None,
+                    *, step_id: str | None = None) -> ExecStream:
         """Run a program with streamed output; returns an open :class:`ExecStream`."""
         opening = self.aio.stream_exec(argv, timeout, env, cwd, user, session, stdin,
-                                       max_output_bytes)
+                                       max_output_bytes, step_id=step_id)
         return ExecStream(self._client, self._run(_await(opening)))
 
     def create_session(self, env: Mapping[str, str] | None = None, cwd: str | None = None,
@@ -530,6 +542,12 @@ class Session:
                                               max_output_bytes=max_output_bytes,
                                               step_id=step_id))
 
+    def stream(self, cmd: str, timeout: float | None = None,
+               env: Mapping[str, str] | None = None) -> ExecStream:
+        """Run a command line in the session, its output streamed; returns
+        an open :class:`ExecStream`."""
+        return self.sandbox.stream_shell(cmd, timeout=timeout, env=env, session=self.id)
+
     def close(self, *, step_id: str | None = None) -> None:
         """End the session and kill its processes."""
         self.sandbox._run(self.aio.close(step_id=step_id))
@@ -556,7 +574,7 @@ class ExecStream:
         """The final result once the command has ended."""
         return self.aio.result
 
-    def __iter__(self) -> Iterator[OutputChunk | ExecResult]:
+    def __iter__(self) -> ExecStream:
         return self
 
     def __next__(self) -> OutputChunk | ExecResult:
@@ -584,6 +602,11 @@ class ExecStream:
     def kill(self) -> None:
         """SIGKILL the command's process group."""
         self._client._run(self.aio.kill())
+
+    @property
+    def closed(self) -> bool:
+        """True once the WebSocket is closed."""
+        return self.aio.closed
 
     def close(self) -> None:
         """Close the stream."""
@@ -618,12 +641,14 @@ class Pty:
         """Read until ``marker`` appears; return everything read."""
         return self._client._run(self.aio.read_until(marker, timeout))
 
-    def __iter__(self) -> Iterator[bytes]:
-        while True:
-            data = self.read()
-            if not data:
-                return
-            yield data
+    def __iter__(self) -> Pty:
+        return self
+
+    def __next__(self) -> bytes:
+        data = self.read()
+        if not data:
+            raise StopIteration
+        return data
 
     def send(self, data: bytes | str) -> None:
         """Send keystrokes."""
@@ -636,6 +661,11 @@ class Pty:
     def wait(self) -> ExecResult | None:
         """Discard output until the program ends; return its result."""
         return self._client._run(self.aio.wait())
+
+    @property
+    def closed(self) -> bool:
+        """True once the WebSocket is closed."""
+        return self.aio.closed
 
     def close(self) -> None:
         """Close the terminal."""

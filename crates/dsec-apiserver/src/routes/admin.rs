@@ -11,7 +11,7 @@ use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
 use crate::state::AppState;
 
-#[utoipa::path(get, path = "/healthz", tag = "meta", responses((status = 200, body = api::Health)))]
+#[utoipa::path(get, path = "/healthz", tag = "meta", security(()), responses((status = 200, body = api::Health)))]
 pub async fn healthz(State(st): State<AppState>) -> Json<api::Health> {
     Json(api::Health { status: "ok".into(), version: env!("CARGO_PKG_VERSION").into(), nodes: st.nodes.status() })
 }

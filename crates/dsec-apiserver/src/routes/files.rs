@@ -152,7 +152,7 @@ fn check_length(req_headers: &axum::http::HeaderMap, max: u64) -> ApiResult<()> 
 /// Download a file's content.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files", tag = "files",
     params(("id" = String, Path), ("path" = String, Query)),
-    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = 404, body = api::ErrorBody)))]
+    responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = "4XX", body = api::ErrorBody)))]
 pub async fn read(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Response> {
     let path = q.required("path")?.to_string();
     let op = Op::ReadFile { path, offset: q.number("offset")?.unwrap_or(0), limit: q.number("limit")? };
@@ -209,7 +209,7 @@ pub async fn remove(
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/stat", tag = "files",
     params(("id" = String, Path), ("path" = String, Query)),
-    responses((status = 200, body = api::FileInfo), (status = 404, body = api::ErrorBody)))]
+    responses((status = 200, body = api::FileInfo), (status = "4XX", body = api::ErrorBody)))]
 pub async fn stat(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Json<api::FileInfo>> {
     let path = q.required("path")?.to_string();
     match st.nodes.owner(&id)?.call(&caller, &id, Op::Stat { path: path.clone() }).await? {
@@ -224,7 +224,7 @@ pub async fn stat(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/files/list", tag = "files",
     params(("id" = String, Path), ("path" = String, Query)),
-    responses((status = 200, body = api::DirListing), (status = 404, body = api::ErrorBody)))]
+    responses((status = 200, body = api::DirListing), (status = "4XX", body = api::ErrorBody)))]
 pub async fn list(
     State(st): State<AppState>,
     Auth(caller): Auth,
@@ -259,7 +259,7 @@ pub async fn mkdir(
 /// Download a directory (or file) as a tar stream.
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/archive", tag = "files",
     params(("id" = String, Path), ("path" = String, Query)),
-    responses((status = 200, content_type = "application/x-tar", body = Vec<u8>), (status = 404, body = api::ErrorBody)))]
+    responses((status = 200, content_type = "application/x-tar", body = Vec<u8>), (status = "4XX", body = api::ErrorBody)))]
 pub async fn archive_get(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Response> {
     let op = Op::TarCreate { path: q.required("path")?.to_string() };
     let (call, guard) = st.nodes.owner(&id)?.open(&caller, &id, op).await?;

@@ -73,7 +73,7 @@ pub async fn delete(State(st): State<AppState>, Auth(caller): Auth, Path(id): Pa
 /// `x-dsec-step-id` already in the trajectory log, the recorded result.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/exec", tag = "exec",
     params(("id" = String, Path), ("x-dsec-step-id" = Option<String>, Header)), request_body = api::ExecRequest,
-    responses((status = 200, body = api::ExecResponse), (status = "4XX", body = api::ErrorBody)))]
+    responses((status = 200, body = api::ExecResponse), (status = "4XX", body = api::ErrorBody), (status = "5XX", body = api::ErrorBody)))]
 pub async fn exec(
     State(st): State<AppState>,
     Auth(caller): Auth,

@@ -18,6 +18,8 @@ def fake() -> Iterator[FakeDSec]:
         yield server
     finally:
         server.stop()
+    problems = server.contract.problems
+    assert not problems, "the fake's traffic breaks dsec/openapi.json:\n" + "\n".join(problems)
 
 
 @pytest.fixture(autouse=True)

@@ -5,6 +5,10 @@ It follows docs/api.md closely enough to exercise the SDK's wire handling
 streams). It runs in its own thread with its own event loop, so both the
 asyncio SDK and the blocking wrapper can talk to it from the test thread.
 It does not run anything: commands are answered from a tiny script table.
+
+Every request it gets and every answer it gives is checked against the
+API's OpenAPI document (``openapi_contract``); the ``fake`` fixture fails a
+test whose traffic the document does not allow.
 """
 
 from __future__ import annotations
@@ -19,15 +23,9 @@ from typing import Any
 
 from aiohttp import WSMsgType, web
 
-TOKEN = "good-token"
+from .openapi_contract import Contract
 
-CREATE_FIELDS = {
-    "backend", "image", "container_image", "workspace", "toolkits", "memory_limit_mb",
-    "cpu_cores_limit", "disk_limit_mb", "pids_limit", "ttl_running_stop", "max_lifetime_s",
-    "network_rules", "init_user", "env", "workdir", "labels", "job",
-}
-EXEC_FIELDS = {"cmd", "argv", "env", "cwd", "user", "stdin", "stdin_b64", "timeout", "session",
-               "max_output_bytes", "encoding"}
+TOKEN = "good-token"
 
 
 def err(status: int, code: str, message: str, headers: dict[str, str] | None = None
@@ -81,6 +79,9 @@ class FakeDSec:
         self.next_id = 0
         self.loop = asyncio.new_event_loop()
         self.url = ""
+        #: The OpenAPI document's checks of this server's traffic.
+        self.contract = Contract()
+        self.app: web.Application | None = None
         self._ready = threading.Event()
         self._thread = threading.Thread(target=self._main, daemon=True)
         self._runner: web.AppRunner | None = None
@@ -110,7 +111,8 @@ class FakeDSec:
         self.loop.run_forever()
 
     async def _start(self) -> None:
-        app = web.Application(middlewares=[self._auth], client_max_size=64 << 20)
+        app = self.app = web.Application(middlewares=[self._check, self._auth],
+                                         client_max_size=64 << 20)
         r = app.router
         r.add_get("/healthz", self.healthz)
         r.add_post("/v1/sandboxes", self.create)
@@ -142,6 +144,33 @@ class FakeDSec:
         self.url = f"http://127.0.0.1:{port}"
 
     @web.middleware
+    async def _check(self, request: web.Request, handler: Any) -> web.StreamResponse:
+        resource = request.match_info.route.resource
+        route = None if resource is None else resource.canonical
+        body = await request.read() if request.body_exists else None
+        # The raw path keeps an escaped "/" inside its segment.
+        self.contract.check_request(request.method, request.raw_path.split("?", 1)[0], route,
+                                    list(request.query), request.headers.get("Content-Type"), body)
+        resp: web.StreamResponse = await handler(request)
+        if route is not None:
+            # Streamed answers (downloads, WebSockets) went out already: only
+            # their status and content type are checked.
+            sent = resp.body if isinstance(resp, web.Response) else None
+            kind = None if isinstance(resp, web.WebSocketResponse) else resp.content_type
+            self.contract.check_response(request.method, route, resp.status, kind,
+                                         sent if isinstance(sent, bytes) else None)
+        return resp
+
+    async def _send_message(self, ws: web.WebSocketResponse, message: dict[str, Any]) -> None:
+        self.contract.check_message("message to the client", "StreamMessage", message)
+        await ws.send_str(json.dumps(message))
+
+    def _received_message(self, data: str) -> dict[str, Any]:
+        message: dict[str, Any] = json.loads(data)
+        self.contract.check_message("message from the client", "StreamMessage", message)
+        return message
+
+    @web.middleware
     async def _auth(self, request: web.Request, handler: Any) -> web.StreamResponse:
         self.headers.append(dict(request.headers))
         if request.path not in ("/healthz", "/v1/proxy-page"):
@@ -149,12 +178,15 @@ class FakeDSec:
                 return err(401, "unauthorized", "bad token")
         return await handler(request)  # type: ignore[no-any-return]
 
-    async def _json(self, request: web.Request, allowed: set[str]) -> dict[str, Any] | web.Response:
+    async def _json(self, request: web.Request, schema: str) -> dict[str, Any] | web.Response:
+        """The JSON body, if it has only fields of ``schema`` (the server's
+        rejection of unknown fields)."""
         if request.content_type != "application/json":
             return err(415, "unsupported_media_type", "JSON please")
         body = await request.json()
         self.requests.append((request.method, request.path_qs, body))
-        unknown = set(body) - allowed
+        allowed = self.contract.document["components"]["schemas"][schema]["properties"]
+        unknown = set(body) - set(allowed)
         if unknown:
             return err(400, "invalid_request", f"unknown field(s) {sorted(unknown)}")
         return body  # type: ignore[no-any-return]
@@ -171,13 +203,14 @@ class FakeDSec:
         return web.json_response({"status": "ok", "version": "0.0-fake", "nodes": [
             {"name": "node-1", "healthy": True, "sandboxes": len(self.sandboxes),
              "cpu_reserved": 1.0, "cpu_capacity": 2.0, "memory_reserved_mb": 512,
-             "memory_capacity_mb": 4096, "cgroup_version": 2}]})
+             "memory_capacity_mb": 4096, "slots_used": len(self.sandboxes),
+             "slots_capacity": 64, "cgroup_version": 2, "backends": ["container"]}]})
 
     async def proxy_page(self, request: web.Request) -> web.Response:
         return web.Response(status=502, text="<html>bad gateway</html>", content_type="text/html")
 
     async def create(self, request: web.Request) -> web.Response:
-        body = await self._json(request, CREATE_FIELDS)
+        body = await self._json(request, "CreateSandboxRequest")
         if isinstance(body, web.Response):
             return body
         if body.get("image") == "no-such-image":
@@ -235,7 +268,7 @@ class FakeDSec:
         sb = self._sb(request)
         if isinstance(sb, web.Response):
             return sb
-        body = await self._json(request, EXEC_FIELDS)
+        body = await self._json(request, "ExecRequest")
         if isinstance(body, web.Response):
             return body
         if sb.state != "running":
@@ -261,17 +294,22 @@ class FakeDSec:
         sb = self._sb(request)
         if isinstance(sb, web.Response):
             return sb
-        if sb.state != "running":
-            return err(409, "sandbox_not_running", "stopped")
         ws = web.WebSocketResponse()
         await ws.prepare(request)
         first = await ws.receive()
         body = json.loads(first.data)
+        self.contract.check_message("exec stream's first frame", "ExecRequest", body)
         self.requests.append(("WS", request.path_qs, body))
+        if sb.state != "running":
+            # As the server does: the upgrade succeeds, the command does not start.
+            await self._send_message(ws, {"type": "error", "code": "sandbox_not_running",
+                                          "message": "stopped"})
+            await ws.close()
+            return ws
         cmd = body.get("cmd") or " ".join(body.get("argv", []))
         if cmd == "fail":
-            await ws.send_str(json.dumps({"type": "error", "code": "spawn_failed",
-                                          "message": "no such program"}))
+            await self._send_message(ws, {"type": "error", "code": "spawn_failed",
+                                          "message": "no such program"})
             await ws.close()
             return ws
         if cmd == "drop":
@@ -286,14 +324,14 @@ class FakeDSec:
                     assert msg.data[0] == 0
                     await ws.send_bytes(b"\x01" + msg.data[1:])
                 elif msg.type == WSMsgType.TEXT:
-                    m = json.loads(msg.data)
+                    m = self._received_message(msg.data)
                     if m["type"] == "eof":
-                        await ws.send_str(json.dumps({"type": "exit", **exec_response()}))
+                        await self._send_message(ws, {"type": "exit", **exec_response()})
                         break
                     if m["type"] == "signal":
-                        await ws.send_str(json.dumps(
-                            {"type": "exit", **exec_response(128 + m["signal"],
-                                                             signal=m["signal"])}))
+                        await self._send_message(
+                            ws, {"type": "exit", **exec_response(128 + m["signal"],
+                                                               signal=m["signal"])})
                         break
                 else:
                     break
@@ -302,9 +340,11 @@ class FakeDSec:
         await ws.send_bytes(b"\x01line 1\n")
         await ws.send_bytes(b"\x02oops\n")
         await ws.send_bytes(b"\x07ignored tag")
+        # Beyond the document on purpose: a message type of a newer server,
+        # which the SDK must skip.
         await ws.send_str(json.dumps({"type": "progress", "what": "ignored"}))
         await ws.send_bytes(b"\x01line 2\n")
-        await ws.send_str(json.dumps({"type": "exit", **exec_response(3)}))
+        await self._send_message(ws, {"type": "exit", **exec_response(3)})
         await ws.close()
         return ws
 
@@ -319,11 +359,11 @@ class FakeDSec:
         async for msg in ws:
             if msg.type == WSMsgType.BINARY:
                 if msg.data == b"exit\n":
-                    await ws.send_str(json.dumps({"type": "exit", **exec_response(0)}))
+                    await self._send_message(ws, {"type": "exit", **exec_response(0)})
                     break
                 await ws.send_bytes(msg.data)
             elif msg.type == WSMsgType.TEXT:
-                m = json.loads(msg.data)
+                m = self._received_message(msg.data)
                 await ws.send_bytes(f"resized {m['rows']}x{m['cols']}".encode())
         await ws.close()
         return ws
@@ -332,7 +372,7 @@ class FakeDSec:
         sb = self._sb(request)
         if isinstance(sb, web.Response):
             return sb
-        body = await self._json(request, {"env", "cwd", "user"})
+        body = await self._json(request, "CreateSessionRequest")
         if isinstance(body, web.Response):
             return body
         sid = f"s{len(sb.sessions) + 1}"
@@ -453,7 +493,7 @@ class FakeDSec:
         sb = self._sb(request)
         if isinstance(sb, web.Response):
             return sb
-        body = await self._json(request, {"path", "parents", "mode"})
+        body = await self._json(request, "MkdirRequest")
         if isinstance(body, web.Response):
             return body
         sb.dirs.add(body["path"].rstrip("/"))
@@ -510,7 +550,7 @@ class FakeDSec:
         return web.json_response({"path": path, "bytes": len(raw)})
 
     async def create_tenant(self, request: web.Request) -> web.Response:
-        body = await self._json(request, {"name"})
+        body = await self._json(request, "CreateTenantRequest")
         if isinstance(body, web.Response):
             return body
         return web.json_response({"name": body["name"], "admin": False, "token": "t-123",

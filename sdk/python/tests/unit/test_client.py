@@ -217,7 +217,7 @@ async def test_concurrent_execs_share_the_pool(client: DSecClient) -> None:
 # --- errors ---------------------------------------------------------------------------
 
 
-async def test_create_errors(client: DSecClient) -> None:
+async def test_create_errors(client: DSecClient, fake: FakeDSec) -> None:
     with pytest.raises(dsec.ImageNotFound) as ei:
         await client.run_container(DSecContainerRunArgs(container_image="no-such-image"))
     assert ei.value.status == 404 and ei.value.message == "unknown image"
@@ -227,14 +227,14 @@ async def test_create_errors(client: DSecClient) -> None:
     with pytest.raises(dsec.NoCapacity) as nc:
         await client.run_container(DSecContainerRunArgs(container_image="busy"))
     assert nc.value.retry_after == 3.0
-    with pytest.raises(dsec.DSecError) as fut:
+    with pytest.raises(dsec.DSecError) as fut, fake.contract.beyond("a newer server's code"):
         await client.run_container(DSecContainerRunArgs(container_image="future"))
     assert type(fut.value) is dsec.DSecError and fut.value.code == "teapot_overflow"
 
 
-async def test_unknown_field_is_invalid_request(client: DSecClient) -> None:
+async def test_unknown_field_is_invalid_request(client: DSecClient, fake: FakeDSec) -> None:
     # Reach below the SDK (which never sends unknown fields) to check the mapping.
-    with pytest.raises(dsec.InvalidRequest):
+    with pytest.raises(dsec.InvalidRequest), fake.contract.beyond("an unknown field"):
         await client._transport.request("POST", client._transport.url("/v1/sandboxes"),
                                         json_body={"image": "python", "bogus": 1})
 
@@ -346,8 +346,10 @@ async def test_stream_dropped(client: DSecClient) -> None:
 async def test_stream_refused_upgrade(client: DSecClient) -> None:
     sb = await client.run_container(listing_args())
     await sb.stop()
-    with pytest.raises(dsec.SandboxNotRunning):
-        await sb.stream_shell("true")
+    # A stopped sandbox's stream opens, and its first message is the error.
+    async with sb.stream_shell("true") as stream:
+        with pytest.raises(dsec.SandboxNotRunning):
+            await stream.wait()
     with pytest.raises(dsec.SandboxNotFound):
         await client.sandbox("sb-missing").stream_shell("true")
 

@@ -111,3 +111,35 @@ def test_close_stops_the_thread(fake: FakeDSec) -> None:
     assert not (after - before)
     with pytest.raises(RuntimeError):
         client.health()
+
+
+def test_calls_that_mirror_the_asyncio_api(fake: FakeDSec) -> None:
+    # Members test_sync_signatures found missing from the wrapper at first.
+    with DSecClient(fake.url, TOKEN) as client:
+        assert client.is_open
+        sb = client.run(dsec.DSecRunArgs(image="python"))
+        assert sb.client is client
+        with sb.stream_shell("make", step_id="build") as stream:
+            assert not stream.closed
+            assert stream.wait().exit_code == 3
+        assert stream.closed
+        assert fake.headers[-1]["x-dsec-step-id"] == "build"
+        with sb.stream_exec(["make"], step_id="build-2") as stream:
+            assert stream.wait().exit_code == 3
+        assert fake.headers[-1]["x-dsec-step-id"] == "build-2"
+
+        with sb.create_session() as session:
+            with session.stream("make", timeout=5) as stream:
+                assert [i for i in stream if isinstance(i, OutputChunk)][0].data == b"line 1\n"
+            assert fake.requests[-1] == ("WS", f"/v1/sandboxes/{sb.id}/exec/stream",
+                                         {"cmd": "make", "timeout": 5, "session": session.id})
+
+        with sb.pty() as term:
+            assert iter(term) is term and next(term) == b"$ "
+            term.send("hi")
+            assert next(term) == b"hi"
+            term.send("exit\n")
+            assert list(term) == []
+            assert term.result is not None and term.result.exit_code == 0
+        assert term.closed
+    assert not client.is_open
