@@ -2,8 +2,8 @@
 //! core types. The only place that knows both.
 
 use base64::Engine;
-use dsec_agent_proto::{Command, ExecResult, ExecSpec, FileKind, FileStat, Stdin};
 use dsec_api as api;
+use dsec_edge::agent::{Command, ExecResult, ExecSpec, FileKind, FileStat, Stdin};
 use dsec_edge::model::{BackendKind, SandboxRecord, State};
 use dsec_edge::SandboxRequest;
 
@@ -308,9 +308,9 @@ pub fn trajectory_step_out(s: dsec_edge::TrajectoryStep) -> api::TrajectoryStep 
         Some(Err((code, message))) => (None, Some(api::ErrorDetail { code, message })),
         Some(Ok(reply)) => {
             let value = match reply {
-                dsec_agent_proto::Reply::Exited(r) => serde_json::to_value(exec_response(r, api::OutputEncoding::Utf8)).ok(),
-                dsec_agent_proto::Reply::Session { session_id } => serde_json::to_value(api::SessionInfo { session_id }).ok(),
-                dsec_agent_proto::Reply::Written { bytes } => serde_json::to_value(api::WriteResult { path: path_of(&s.op), bytes }).ok(),
+                dsec_edge::agent::Reply::Exited(r) => serde_json::to_value(exec_response(r, api::OutputEncoding::Utf8)).ok(),
+                dsec_edge::agent::Reply::Session { session_id } => serde_json::to_value(api::SessionInfo { session_id }).ok(),
+                dsec_edge::agent::Reply::Written { bytes } => serde_json::to_value(api::WriteResult { path: path_of(&s.op), bytes }).ok(),
                 _ => None,
             };
             (value, None)

@@ -39,11 +39,24 @@ pub use images::{PackOutput, RootfsPlan, RootfsProvider};
 pub use lifecycle::background::ReapReport;
 pub use lifecycle::lease::Lease;
 pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
+pub use ops::agent::AgentRequest;
 pub use pause::jobs::{JobAction, JobOutcome};
 pub use pause::suspend::PauseMode;
 pub use pause::{PauseOutcome, ResumeOutcome};
 pub use spec::{SandboxRequest, SpecPolicy};
 pub use trajectory::replay::{Divergence, ReplayReport};
-pub use trajectory::{StepOp, StepTicket, StreamStart, TrajectoryStep, UploadStart};
+pub use trajectory::{StepOp, StepTicket, StreamOp, StreamStart, TrajectoryStep, UploadStart};
 
 pub use dsec_net::NetConfig;
+
+/// The guest agent's data types that the edge's API speaks in: command and
+/// file specs, their results, and the events of a streamed call. The
+/// agent's operations themselves (`Op`) stay inside the edge: callers name
+/// what they want with [`AgentRequest`], [`StreamOp`] and [`StepOp`].
+pub mod agent {
+    pub use dsec_agent_proto::client::{Call, CallEvent, CallReceiver, CallSender, ClientError};
+    pub use dsec_agent_proto::{
+        AuditEvent, Command, ExecResult, ExecSpec, FileKind, FileStat, PtySpec, Reply, SessionSpec, Stdin, Stream, WriteFileSpec,
+        MAX_CHUNK_BYTES,
+    };
+}

@@ -12,8 +12,8 @@ use std::time::{Duration, Instant};
 
 use dsec_agent_proto::client::{CallEvent, CallReceiver, CallSender};
 use dsec_agent_proto::fncall::MONITOR_SOCKET;
-use dsec_agent_proto::{Command, ExecSpec, Op, Stdin, Stream, WriteFileSpec};
-use dsec_edge::{ActivityGuard, Caller, Edge, SandboxRequest};
+use dsec_agent_proto::{Command, ExecSpec, Stdin, Stream, WriteFileSpec};
+use dsec_edge::{ActivityGuard, AgentRequest, Caller, Edge, SandboxRequest};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -46,7 +46,7 @@ const LAST_WORDS: Duration = Duration::from_secs(1);
 async fn install(edge: &Edge, id: &str, path: &str, data: &[u8]) -> Result<(), FnCallError> {
     let spec =
         WriteFileSpec { path: path.into(), mode: 0o700, append: false, create_parents: true, max_bytes: data.len() as u64, owner: None };
-    let (call, _activity) = edge.open(&runner_caller(), id, Op::WriteFile(spec)).await?;
+    let (call, _activity) = edge.open(&runner_caller(), id, AgentRequest::WriteFile(spec)).await?;
     let failed = |e: &dyn std::fmt::Display| FnCallError::RunnerFailed(format!("writing {path} into {id}: {e}"));
     call.send_data(data).await.map_err(|e| failed(&e))?;
     call.send_eof().map_err(|e| failed(&e))?;
@@ -196,7 +196,7 @@ impl Runner {
             max_output_bytes: u64::MAX,
             session: None,
         };
-        let (call, activity) = edge.open(&runner_caller(), &id, Op::Exec(spec)).await?;
+        let (call, activity) = edge.open(&runner_caller(), &id, AgentRequest::Exec(spec)).await?;
         let (sender, mut receiver) = call.into_split();
         let mut stderr = Vec::new();
         let line = ready_line(&mut receiver, &mut stderr).await?;

@@ -3,8 +3,9 @@
 
 use axum::extract::{Path, State};
 use axum::Json;
-use dsec_agent_proto::{Op, Reply};
 use dsec_api as api;
+use dsec_edge::agent::Reply;
+use dsec_edge::AgentRequest;
 
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
@@ -26,7 +27,7 @@ pub async fn list(
         None => 0,
         Some(s) => s.parse::<u64>().map_err(|_| ApiError::invalid(format!("after={s:?} must be a non-negative integer")))?,
     };
-    match st.nodes.owner(&id)?.call(&caller, &id, Op::AuditEvents { after }).await? {
+    match st.nodes.owner(&id)?.call(&caller, &id, AgentRequest::AuditEvents { after }).await? {
         Reply::Audit(log) => Ok(Json(api::AuditEvents {
             sandbox_id: id,
             events: log

@@ -7,11 +7,11 @@ use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
 use bytes::Bytes;
-use dsec_agent_proto::client::{Call, CallEvent};
-use dsec_agent_proto::{Op, Reply, WriteFileSpec, MAX_CHUNK_BYTES};
 use dsec_api as api;
+use dsec_edge::agent::{Call, CallEvent};
+use dsec_edge::agent::{Reply, WriteFileSpec, MAX_CHUNK_BYTES};
 use dsec_edge::trajectory::journal::MAX_KEPT_CONTENT;
-use dsec_edge::{ActivityGuard, EdgeError, StepOp, UploadStart};
+use dsec_edge::{ActivityGuard, AgentRequest, EdgeError, StepOp, UploadStart};
 use futures_util::StreamExt;
 use sha2::{Digest, Sha256};
 
@@ -155,7 +155,7 @@ fn check_length(req_headers: &axum::http::HeaderMap, max: u64) -> ApiResult<()> 
     responses((status = 200, content_type = "application/octet-stream", body = Vec<u8>), (status = "4XX", body = api::ErrorBody)))]
 pub async fn read(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Response> {
     let path = q.required("path")?.to_string();
-    let op = Op::ReadFile { path, offset: q.number("offset")?.unwrap_or(0), limit: q.number("limit")? };
+    let op = AgentRequest::ReadFile { path, offset: q.number("offset")?.unwrap_or(0), limit: q.number("limit")? };
     let (call, guard) = st.nodes.owner(&id)?.open(&caller, &id, op).await?;
     stream_out(call, guard, "application/octet-stream").await
 }
@@ -212,7 +212,7 @@ pub async fn remove(
     responses((status = 200, body = api::FileInfo), (status = "4XX", body = api::ErrorBody)))]
 pub async fn stat(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Json<api::FileInfo>> {
     let path = q.required("path")?.to_string();
-    match st.nodes.owner(&id)?.call(&caller, &id, Op::Stat { path: path.clone() }).await? {
+    match st.nodes.owner(&id)?.call(&caller, &id, AgentRequest::Stat { path: path.clone() }).await? {
         Reply::Stat(s) => {
             let mut info = convert::file_info(None, s);
             info.path = path;
@@ -232,7 +232,7 @@ pub async fn list(
     q: QueryPairs,
 ) -> ApiResult<Json<api::DirListing>> {
     let path = q.required("path")?.to_string();
-    match st.nodes.owner(&id)?.call(&caller, &id, Op::ListDir { path: path.clone() }).await? {
+    match st.nodes.owner(&id)?.call(&caller, &id, AgentRequest::ListDir { path: path.clone() }).await? {
         Reply::Dir(entries) => {
             let entries = entries.into_iter().map(|e| convert::file_info(Some(&path), e)).collect();
             Ok(Json(api::DirListing { path, entries }))
@@ -261,7 +261,7 @@ pub async fn mkdir(
     params(("id" = String, Path), ("path" = String, Query)),
     responses((status = 200, content_type = "application/x-tar", body = Vec<u8>), (status = "4XX", body = api::ErrorBody)))]
 pub async fn archive_get(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>, q: QueryPairs) -> ApiResult<Response> {
-    let op = Op::TarCreate { path: q.required("path")?.to_string() };
+    let op = AgentRequest::TarCreate { path: q.required("path")?.to_string() };
     let (call, guard) = st.nodes.owner(&id)?.open(&caller, &id, op).await?;
     stream_out(call, guard, "application/x-tar").await
 }

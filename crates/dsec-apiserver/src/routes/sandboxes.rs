@@ -4,8 +4,8 @@ use axum::extract::{Path, State};
 use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::Json;
-use dsec_agent_proto::{Reply, SessionSpec};
 use dsec_api as api;
+use dsec_edge::agent::{Reply, SessionSpec};
 use dsec_edge::ListFilter;
 
 use crate::auth::Auth;

@@ -13,10 +13,10 @@
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
-use dsec_agent_proto::client::{Call, CallEvent, CallSender};
-use dsec_agent_proto::{Command, ExecResult, Op, PtySpec, Reply, Stream};
 use dsec_api::{self as api, ErrorCode, ErrorDetail, StreamMessage};
-use dsec_edge::{Caller, EdgeError, StreamStart};
+use dsec_edge::agent::{Call, CallEvent, CallSender};
+use dsec_edge::agent::{Command, ExecResult, PtySpec, Reply, Stream};
+use dsec_edge::{Caller, EdgeError, StreamOp, StreamStart};
 use futures_util::{SinkExt, StreamExt};
 
 use crate::auth::Auth;
@@ -91,7 +91,7 @@ async fn exec_session(st: AppState, caller: Caller, id: String, step_id: Option<
         let spec = convert::exec_spec(&req, true)?;
         let keep = spec.max_output_bytes;
         let edge = st.nodes.owner(&id)?;
-        let start = edge.begin_stream(&caller, &id, step_id.as_deref(), Op::Exec(spec)).await.map_err(ApiError::from)?;
+        let start = edge.begin_stream(&caller, &id, step_id.as_deref(), StreamOp::Exec(spec)).await.map_err(ApiError::from)?;
         Ok::<_, ApiError>((edge, start, keep))
     };
     let (edge, start, keep) = match opened.await {
@@ -174,7 +174,7 @@ async fn pty_session(st: AppState, caller: Caller, id: String, spec: PtySpec, so
     let (mut out, inp) = socket.split();
     let opened = async {
         let edge = st.nodes.owner(&id)?;
-        let start = edge.begin_stream(&caller, &id, None, Op::OpenPty(spec)).await.map_err(ApiError::from)?;
+        let start = edge.begin_stream(&caller, &id, None, StreamOp::Pty(spec)).await.map_err(ApiError::from)?;
         Ok::<_, ApiError>((edge, start))
     };
     let (edge, ticket, call, activity) = match opened.await {

@@ -8,12 +8,51 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use dsec_agent_proto::client::Call;
-use dsec_agent_proto::{ExecResult, ExecSpec, Op, Reply};
+use dsec_agent_proto::{ExecResult, ExecSpec, Op, Reply, WriteFileSpec};
 
 use crate::backends::instance::Instance;
 use crate::edge::{ActivityGuard, Edge, Entry};
 use crate::error::EdgeError;
 use crate::model::{BackendKind, Caller, State};
+
+/// What a caller may ask of a running sandbox's agent outside the
+/// trajectory log: reads, and the streams the node's own services use
+/// (FnCall runners install their programs and start their monitors with
+/// them). A closed set, so the HTTP layer cannot reach the agent's
+/// lifecycle operations (set-up, identity, shutdown, audit records,
+/// change walks): those stay inside the edge. Logged operations go through
+/// [`Edge::run_step`] and its siblings as a [`crate::StepOp`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum AgentRequest {
+    /// Reply: `Stat`.
+    Stat { path: String },
+    /// Reply: `Dir`.
+    ListDir { path: String },
+    /// The refused attempts recorded after `after`. Reply: `Audit`.
+    AuditEvents { after: u64 },
+    /// A file's content as `Data` frames. Reply: `Done`.
+    ReadFile { path: String, offset: u64, limit: Option<u64> },
+    /// A directory as a tar stream. Reply: `Done`.
+    TarCreate { path: String },
+    /// A file written from `Data` frames. Reply: `Written`.
+    WriteFile(WriteFileSpec),
+    /// A command, unlogged. Reply: `Exited`.
+    Exec(ExecSpec),
+}
+
+impl AgentRequest {
+    fn into_op(self) -> Op {
+        match self {
+            AgentRequest::Stat { path } => Op::Stat { path },
+            AgentRequest::ListDir { path } => Op::ListDir { path },
+            AgentRequest::AuditEvents { after } => Op::AuditEvents { after },
+            AgentRequest::ReadFile { path, offset, limit } => Op::ReadFile { path, offset, limit },
+            AgentRequest::TarCreate { path } => Op::TarCreate { path },
+            AgentRequest::WriteFile(spec) => Op::WriteFile(spec),
+            AgentRequest::Exec(spec) => Op::Exec(spec),
+        }
+    }
+}
 
 /// Extra time the edge waits beyond a command's own timeout and kill grace
 /// before giving up on the agent.
@@ -71,18 +110,18 @@ impl Edge {
     }
 
     /// A request without data streams (stat, list, mkdir, remove, sessions).
-    pub async fn call(&self, caller: &Caller, id: &str, op: Op) -> Result<Reply, EdgeError> {
+    pub async fn call(&self, caller: &Caller, id: &str, req: AgentRequest) -> Result<Reply, EdgeError> {
         let (entry, inst) = self.running(caller, id).await?;
         let _activity = entry.begin();
-        Ok(inst.agent.call(op).await?)
+        Ok(inst.agent.call(req.into_op()).await?)
     }
 
     /// A request with data streams (streaming exec, PTY, file and tar
     /// transfers). The guard counts the stream as activity until dropped.
-    pub async fn open(&self, caller: &Caller, id: &str, op: Op) -> Result<(Call, ActivityGuard), EdgeError> {
+    pub async fn open(&self, caller: &Caller, id: &str, req: AgentRequest) -> Result<(Call, ActivityGuard), EdgeError> {
         let (entry, inst) = self.running(caller, id).await?;
         let activity = entry.begin();
-        let call = inst.agent.open(op).await?;
+        let call = inst.agent.open(req.into_op()).await?;
         Ok((call, activity))
     }
 }

@@ -187,6 +187,14 @@ pub struct RecordedStep {
     row: StepRow,
 }
 
+/// What [`Edge::begin_stream`] opens: a command with streamed output
+/// (logged) or an interactive terminal (logged as opened, never replayed).
+#[derive(Debug, Clone)]
+pub enum StreamOp {
+    Exec(ExecSpec),
+    Pty(PtySpec),
+}
+
 /// How a streamed exec or a terminal begins.
 pub enum StreamStart {
     /// The step id is in the log: its recorded answer (an exec's output is
@@ -279,14 +287,13 @@ impl Edge {
 
     /// Starts a streamed exec (`Op::Exec` with `stream_output`) or a
     /// terminal (`Op::OpenPty`, which takes no step id) through the log.
-    pub async fn begin_stream(&self, caller: &Caller, id: &str, step_id: Option<&str>, agent_op: Op) -> Result<StreamStart, EdgeError> {
-        let op = match &agent_op {
-            Op::Exec(spec) => streamed_exec_op(spec),
-            Op::OpenPty(spec) if step_id.is_none() => StepOp::Pty { spec: spec.clone() },
-            Op::OpenPty(_) => {
+    pub async fn begin_stream(&self, caller: &Caller, id: &str, step_id: Option<&str>, stream: StreamOp) -> Result<StreamStart, EdgeError> {
+        let (op, agent_op) = match stream {
+            StreamOp::Exec(spec) => (streamed_exec_op(&spec), Op::Exec(spec)),
+            StreamOp::Pty(spec) if step_id.is_none() => (StepOp::Pty { spec: spec.clone() }, Op::OpenPty(spec)),
+            StreamOp::Pty(_) => {
                 return Err(EdgeError::Invalid("an interactive terminal cannot be fast-forwarded: open it without a step id".into()))
             }
-            other => return Err(EdgeError::Internal(format!("{other:?} is not a streamed operation"))),
         };
         if let Some(recorded) = self.lookup_step(caller, id, step_id)? {
             return Ok(StreamStart::Recorded(self.settle_recorded(recorded, &op).await));
