@@ -43,6 +43,13 @@ pub const MAX_FRAME_BYTES: usize = 8 << 20;
 /// Largest `Data` payload a sender puts in one frame.
 pub const MAX_CHUNK_BYTES: usize = 64 << 10;
 
+/// Milliseconds since the Unix epoch: the clock that audit events
+/// (`AuditEvent::time_ms`) and the edge's records are stamped with, on the
+/// host and in the guest alike.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
 /// Bytes of `Data` a sender may have in flight per request before it needs
 /// `Credit` from the receiver.
 pub const INITIAL_WINDOW: u32 = 256 << 10;

@@ -86,9 +86,7 @@ pub async fn report(agent: Rc<Agent>, conn: Rc<crate::channel::Conn>) {
     }
 }
 
-pub(crate) fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+pub(crate) use dsec_agent_proto::now_ms;
 
 /// The process's command name, for the event (best effort: it may be gone).
 fn comm(pid: u32) -> String {

@@ -55,9 +55,7 @@ fn new_token() -> String {
     format!("dsec_{}", hex::encode(b))
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+use dsec_edge::model::now_ms;
 
 impl TokenStore {
     /// Opens the tenant database; on first start creates the admin tenant and

@@ -107,20 +107,7 @@ pub fn state_in(s: &str) -> Result<State, ApiError> {
 }
 
 pub fn rfc3339(ms: u64) -> String {
-    // Civil-from-days (Howard Hinnant's algorithm), to avoid a date crate
-    // for one format.
-    let secs = (ms / 1000) as i64;
-    let (days, rem) = (secs.div_euclid(86_400), secs.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z - era * 146_097;
-    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let d = doy - (153 * mp + 2) / 5 + 1;
-    let m = if mp < 10 { mp + 3 } else { mp - 9 };
-    let y = yoe + era * 400 + i64::from(m <= 2);
-    format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, (rem % 3600) / 60, rem % 60, ms % 1000)
+    dsec_image::rfc3339_millis(ms)
 }
 
 pub fn sandbox_out(r: SandboxRecord) -> api::Sandbox {

@@ -181,9 +181,7 @@ pub struct SandboxRecord {
     pub queue_position: Option<u64>,
 }
 
-pub fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0)
-}
+pub use dsec_agent_proto::now_ms;
 
 /// Filter of list calls.
 #[derive(Debug, Clone, Default)]

@@ -33,6 +33,7 @@ mod reference;
 pub mod shared;
 mod store;
 mod time;
+pub use time::rfc3339_millis;
 pub mod vm;
 
 pub use build::{BuildError, BuildOptions, Compression};

@@ -20,6 +20,13 @@ pub(crate) fn rfc3339(unix_secs: u64) -> String {
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}Z", rem / 3600, rem % 3600 / 60, rem % 60)
 }
 
+/// `YYYY-MM-DDTHH:MM:SS.mmmZ` of `ms` since the Unix epoch (the API's
+/// timestamps).
+pub fn rfc3339_millis(ms: u64) -> String {
+    let secs = rfc3339(ms / 1000);
+    format!("{}.{:03}Z", &secs[..secs.len() - 1], ms % 1000)
+}
+
 /// Proleptic Gregorian date of a day count since the Unix epoch, computed in
 /// 400-year eras (each era has exactly 146,097 days).
 fn civil_from_days(days: i64) -> (i64, u32, u32) {

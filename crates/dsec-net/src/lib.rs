@@ -114,9 +114,8 @@ pub struct CgroupLayout {
     pub hybrid: bool,
 }
 
-fn now_ms() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
-}
+// Denials become audit events: stamped with the agent protocol's clock.
+use dsec_agent_proto::now_ms;
 
 /// Four hex characters of the node name: keeps the link names of edges on
 /// one host apart (interface names have 15 characters).

@@ -111,9 +111,7 @@ pub fn sha256_hex(data: &[u8]) -> String {
     hex::encode(Sha256::digest(data))
 }
 
-fn now_ms() -> u64 {
-    crate::model::now_ms()
-}
+use crate::model::now_ms;
 
 impl Journal {
     /// Opens (creating or migrating) the journal. Steps left `running` by
