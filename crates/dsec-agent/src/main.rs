@@ -20,7 +20,6 @@ mod envs;
 mod errors;
 mod exec;
 mod files;
-mod fncall;
 mod guest;
 mod input;
 mod launch;
@@ -111,8 +110,8 @@ fn main() -> ExitCode {
     // Not an agent: the FnCall runner's monitor (a command the runner's
     // agent started) and its exec zygote (which the monitor starts).
     let fncall_mode: Option<fn(&[String]) -> Result<(), String>> = match args.first().map(String::as_str) {
-        Some("fncall-monitor") => Some(fncall::run),
-        Some("fncall-exec-zygote") => Some(fncall::run_exec_zygote),
+        Some("fncall-monitor") => Some(dsec_fncall_runner::run),
+        Some("fncall-exec-zygote") => Some(dsec_fncall_runner::run_exec_zygote),
         _ => None,
     };
     if let Some(run) = fncall_mode {

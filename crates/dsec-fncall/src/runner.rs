@@ -23,7 +23,7 @@ use crate::protocol::{frame, ZReady, ZRequest, ZResponse};
 use crate::{RUNNER_LABEL, RUNNER_TENANT};
 
 /// The zygote's source, written into each runner (root-only) at start.
-pub const ZYGOTE: &str = include_str!("zygote.py");
+pub const ZYGOTE: &str = include_str!("../../dsec-fncall-runner/src/zygote.py");
 const ZYGOTE_PATH: &str = "/usr/local/lib/dsec-fncall-zygote.py";
 /// Where the runner gets a copy of the edge's (statically linked) guest
 /// agent binary, run as `fncall-monitor`: the image's own files stay as

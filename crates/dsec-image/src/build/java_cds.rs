@@ -9,8 +9,8 @@
 //! FnCall Java compile took 0.64 s instead of 0.41 s without it on this
 //! project's test machine), and [`JAVA_CDS_ARCHIVE`], a static one of the
 //! classes a typical judge program loads (0.092 instead of 0.102 s per
-//! run). FnCall passes them only when they exist (the agent's
-//! `fncall/langs.rs`, tested against these paths), and the build checks
+//! run). FnCall passes them only when they exist (the runner's
+//! `dsec-fncall-runner/src/langs.rs`, tested against these paths), and the build checks
 //! that each JVM maps its archive (`-Xshare:on` fails otherwise).
 
 use std::fs;

@@ -20,7 +20,7 @@ use super::{io_err, BuildError};
 use crate::progress::Progress;
 
 /// The options FnCall's C++ compile passes besides its file names (the
-/// agent's `fncall/langs.rs`): the precompiled header is valid only for
+/// runner's `dsec-fncall-runner/src/langs.rs`): the precompiled header is valid only for
 /// these.
 pub const CPP_PCH_FLAGS: &[&str] = &["-O2", "-std=gnu++17"];
 
