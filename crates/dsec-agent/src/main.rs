@@ -109,12 +109,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // Not an agent: the FnCall runner's monitor (a command the runner's
     // agent started) and its exec zygote (which the monitor starts).
-    let fncall_mode: Option<fn(&[String]) -> Result<(), String>> = match args.first().map(String::as_str) {
-        Some("fncall-monitor") => Some(dsec_fncall_runner::run),
-        Some("fncall-exec-zygote") => Some(dsec_fncall_runner::run_exec_zygote),
-        _ => None,
-    };
-    if let Some(run) = fncall_mode {
+    if let Some(run) = args.first().and_then(|m| dsec_fncall_runner::mode(m)) {
         return match run(&args[1..]) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {

@@ -289,7 +289,7 @@ mod tests {
     /// The calls' base environment is zygote.py's.
     #[test]
     fn base_environment_is_the_python_zygotes() {
-        let zygote = include_str!("zygote.py");
+        let zygote = crate::ZYGOTE;
         let start = zygote.find("BASE_ENV = {").expect("zygote.py defines BASE_ENV");
         let block = &zygote[start..start + zygote[start..].find('}').unwrap()];
         for (k, v) in BASE_ENV {

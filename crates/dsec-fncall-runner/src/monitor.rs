@@ -44,7 +44,7 @@ use crate::request::{self, Parsed, Request, RequestReader};
 use crate::sweep::{self, SweepWatch};
 use crate::worker::{self, Program, Step};
 use crate::zygote::{self, Zygote};
-use crate::{edge_link, ipc, outcome, scratch, sys, BASE, SCRATCH};
+use crate::{edge_link, ipc, outcome, scratch, sys, BASE, EXEC_ZYGOTE_FLAG, MONITOR_MODE, SCRATCH};
 
 /// At most this many bytes of fetched files per call.
 const MAX_FETCH_BYTES: u64 = 8 << 20;
@@ -75,8 +75,8 @@ const PYTHON_EXEC_AS_BYTES: u64 = 32 << 20;
 pub fn run(args: &[String]) -> Result<(), String> {
     let (script, exec_zygote) = match args {
         [script] => (script, false),
-        [script, flag] if flag == "--exec-zygote" => (script, true),
-        _ => return Err("usage: dsec-agent fncall-monitor ZYGOTE_PY [--exec-zygote]".into()),
+        [script, flag] if flag == EXEC_ZYGOTE_FLAG => (script, true),
+        _ => return Err(format!("usage: dsec-agent {MONITOR_MODE} ZYGOTE_PY [{EXEC_ZYGOTE_FLAG}]")),
     };
     Monitor::start(script, exec_zygote)?.serve()
 }
