@@ -13,12 +13,13 @@ use std::time::Duration;
 use dsec_agent_proto::{AgentError, ExecResult, ExecSpec, Reply, Stdin, Stream, MAX_CHUNK_BYTES, MAX_FRAME_BYTES};
 use tokio::time::Instant;
 
-use crate::agent::{signal_group, Agent};
+use crate::agent::Agent;
 use crate::aio::{self, Fd};
 use crate::envs;
 use crate::errors::cancelled;
 use crate::input::Input;
 use crate::launch::{self, Launch};
+use crate::pgroup::signal_group;
 use crate::reaper::ExitStatus;
 use crate::request::ReqCtx;
 use crate::session;

@@ -25,6 +25,7 @@ mod input;
 mod launch;
 mod ops;
 mod paths;
+mod pgroup;
 mod pty;
 mod reaper;
 mod reattach;

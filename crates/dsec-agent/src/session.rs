@@ -12,10 +12,11 @@ use std::rc::Rc;
 
 use dsec_agent_proto::{AgentError, Command, ErrorKind, ExecSpec, Reply, SessionSpec};
 
-use crate::agent::{group_alive, signal_group, Agent, Mode};
+use crate::agent::{Agent, Mode};
 use crate::envs::{self, Env};
 use crate::exec;
 use crate::launch;
+use crate::pgroup::{group_alive, signal_group};
 use crate::request::ReqCtx;
 use crate::session_state::parse_state;
 
