@@ -11,7 +11,7 @@ use crate::envs::Env;
 use crate::paths::Root;
 use crate::pgroup::{group_alive, own_children, signal_group};
 use crate::reaper::Reaper;
-use crate::session::Sessions;
+use crate::session_state::Sessions;
 use crate::spawn::ChildPolicy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,7 +57,7 @@ pub struct Agent {
     pub policy: ChildPolicy,
     /// Refused attempts (blocked system calls) and tampering seen, for
     /// `Op::AuditEvents`.
-    pub audit: RefCell<crate::audit::Ring>,
+    pub audit: Rc<RefCell<crate::audit::Ring>>,
     pub tamper: crate::tamper::Watch,
     /// Requests running (over every connection).
     active: Cell<usize>,
@@ -84,7 +84,7 @@ impl Agent {
             groups: RefCell::new(HashSet::new()),
             devnull,
             policy,
-            audit: RefCell::new(crate::audit::Ring::default()),
+            audit: Rc::default(),
             tamper: crate::tamper::Watch::default(),
             active: Cell::new(0),
             idle: tokio::sync::Notify::new(),

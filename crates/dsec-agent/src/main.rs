@@ -366,7 +366,7 @@ fn run(agent: Rc<Agent>, chan: OwnedFd, listener: Option<OwnedFd>) -> Result<(),
         .map_err(|e| format!("event loop: {e}"))?;
     let local = tokio::task::LocalSet::new();
     if let Some(fd) = listener {
-        local.spawn_local(audit::supervise(agent.clone(), fd));
+        local.spawn_local(audit::supervise(agent.audit.clone(), fd));
     }
     local.block_on(&rt, server::serve(agent, chan));
     Ok(())
