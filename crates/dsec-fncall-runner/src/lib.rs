@@ -30,7 +30,7 @@
 //! precompiles `<bits/stdc++.h>` with, and the Java class-data archives with
 //! the JVM options javac's is made under.
 //!
-//! **API boundary.** For the agent binary: [`mode`], the entry point of a
+//! **API boundary.** For the agent binary: [`mode`], the [`Entry`] of a
 //! mode by its name. For the edge: [`ZYGOTE`], [`MONITOR_MODE`],
 //! [`EXEC_ZYGOTE_FLAG`], [`languages`] and [`is_compiled`]; the requests
 //! themselves are dsec-agent-proto's `fncall::MonitorRequest`. For the judge
@@ -75,9 +75,13 @@ pub const EXEC_ZYGOTE_FLAG: &str = "--exec-zygote";
 /// The agent binary's mode that is the exec zygote, started by the monitor.
 const EXEC_ZYGOTE_MODE: &str = "fncall-exec-zygote";
 
-/// A mode's entry point (its arguments after the mode's name), or None if
-/// `name` is no mode of this crate.
-pub fn mode(name: &str) -> Option<fn(&[String]) -> Result<(), String>> {
+/// A mode's entry point: it takes the arguments after the mode's name, and
+/// its error is what the process says before it exits with a failure.
+pub type Entry = fn(&[String]) -> Result<(), String>;
+
+/// The entry point of the mode `name`, or None if it is no mode of this
+/// crate.
+pub fn mode(name: &str) -> Option<Entry> {
     match name {
         MONITOR_MODE => Some(monitor::run),
         EXEC_ZYGOTE_MODE => Some(exec_zygote::run),
