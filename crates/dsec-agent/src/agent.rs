@@ -9,8 +9,9 @@ use std::time::Duration;
 
 use crate::envs::Env;
 use crate::paths::Root;
+use crate::pgroup::{group_alive, own_children, signal_group};
 use crate::reaper::Reaper;
-use crate::session::Sessions;
+use crate::session_state::Sessions;
 use crate::spawn::ChildPolicy;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +57,7 @@ pub struct Agent {
     pub policy: ChildPolicy,
     /// Refused attempts (blocked system calls) and tampering seen, for
     /// `Op::AuditEvents`.
-    pub audit: RefCell<crate::audit::Ring>,
+    pub audit: Rc<RefCell<crate::audit::Ring>>,
     pub tamper: crate::tamper::Watch,
     /// Requests running (over every connection).
     active: Cell<usize>,
@@ -83,7 +84,7 @@ impl Agent {
             groups: RefCell::new(HashSet::new()),
             devnull,
             policy,
-            audit: RefCell::new(crate::audit::Ring::default()),
+            audit: Rc::default(),
             tamper: crate::tamper::Watch::default(),
             active: Cell::new(0),
             idle: tokio::sync::Notify::new(),
@@ -185,31 +186,4 @@ impl Agent {
 fn is_exec(p: &std::ffi::CStr) -> bool {
     rustix::fs::access(p, rustix::fs::Access::EXEC_OK).is_ok()
         && rustix::fs::stat(p).is_ok_and(|s| rustix::fs::FileType::from_raw_mode(s.st_mode) == rustix::fs::FileType::RegularFile)
-}
-
-/// Sends `sig` to process group `pgid`; a group that is already gone is fine.
-pub fn signal_group(pgid: i32, sig: i32) {
-    if pgid <= 1 {
-        return;
-    }
-    // SAFETY: kill(2) with integer arguments; pgid > 1 never means "all".
-    unsafe { libc::kill(-pgid, sig) };
-}
-
-pub fn group_alive(pgid: i32) -> bool {
-    // SAFETY: kill(2) with signal 0 only checks existence.
-    pgid > 1 && unsafe { libc::kill(-pgid, 0) } == 0
-}
-
-/// Pids of our direct children (from /proc/self/task/*/children).
-fn own_children() -> Vec<i32> {
-    let mut out = Vec::new();
-    if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
-        for t in tasks.flatten() {
-            if let Ok(s) = std::fs::read_to_string(t.path().join("children")) {
-                out.extend(s.split_whitespace().filter_map(|p| p.parse::<i32>().ok()));
-            }
-        }
-    }
-    out
 }

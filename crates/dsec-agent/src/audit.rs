@@ -8,13 +8,13 @@
 //! fixed amount of memory and, since it waits for every answer, only its
 //! own sandbox's CPU (the agent is in the sandbox's cgroup).
 
+use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::rc::Rc;
 
 use dsec_agent_proto::{AuditEvent, AuditLog, AuditTally, FromAgent};
 
-use crate::agent::Agent;
 use crate::seccomp::policy;
 
 /// Events kept per sandbox; older ones are dropped and counted.
@@ -61,11 +61,11 @@ impl Ring {
     }
 }
 
-/// Sends the edge on `conn` the audit tally: at once if anything was
+/// Sends the edge on `conn` the tally of `ring`: at once if anything was
 /// recorded before it connected, then after each burst of events. The
 /// caller aborts it when the connection ends.
-pub async fn report(agent: Rc<Agent>, conn: Rc<crate::channel::Conn>) {
-    let changed = agent.audit.borrow().changed.clone();
+pub async fn report(ring: Rc<RefCell<Ring>>, conn: Rc<crate::channel::Conn>) {
+    let changed = ring.borrow().changed.clone();
     let mut first = true;
     loop {
         if !first {
@@ -77,7 +77,7 @@ pub async fn report(agent: Rc<Agent>, conn: Rc<crate::channel::Conn>) {
             return;
         }
         let tally = {
-            let ring = agent.audit.borrow();
+            let ring = ring.borrow();
             (ring.total > 0).then(|| ring.tally.clone())
         };
         if let Some(tally) = tally {
@@ -102,8 +102,9 @@ fn errno_name(e: i32) -> &'static str {
     }
 }
 
-/// Answers the filter's notifications for as long as the agent lives.
-pub async fn supervise(agent: Rc<Agent>, listener: OwnedFd) {
+/// Answers the filter's notifications for as long as the agent lives,
+/// recording each in `ring`.
+pub async fn supervise(ring: Rc<RefCell<Ring>>, listener: OwnedFd) {
     let fd = match crate::aio::register(listener) {
         Ok(fd) => fd,
         Err(e) => {
@@ -126,7 +127,7 @@ pub async fn supervise(agent: Rc<Agent>, listener: OwnedFd) {
             if !pending(guard.get_inner().as_raw_fd()) {
                 break;
             }
-            answer_one(&agent, guard.get_inner().as_raw_fd());
+            answer_one(&ring, guard.get_inner().as_raw_fd());
         }
         if pending(guard.get_inner().as_raw_fd()) {
             drop(guard);
@@ -144,7 +145,7 @@ fn pending(fd: i32) -> bool {
     unsafe { libc::poll(&mut p, 1, 0) == 1 && p.revents & libc::POLLIN != 0 }
 }
 
-fn answer_one(agent: &Agent, fd: i32) {
+fn answer_one(ring: &RefCell<Ring>, fd: i32) {
     // SAFETY: the kernel requires a zeroed seccomp_notif; all-zero bytes
     // are a valid value of this plain C struct.
     let mut req: libc::seccomp_notif = unsafe { std::mem::zeroed() };
@@ -165,7 +166,7 @@ fn answer_one(agent: &Agent, fd: i32) {
     unsafe { libc::ioctl(fd, libc::SECCOMP_IOCTL_NOTIF_SEND, &resp) };
     let who = comm(req.pid);
     let detail = format!("{name} refused with {} (by {who}): {why}", errno_name(errno));
-    agent.audit.borrow_mut().push(now_ms(), "syscall", req.pid, detail);
+    ring.borrow_mut().push(now_ms(), "syscall", req.pid, detail);
 }
 
 #[cfg(test)]

@@ -19,13 +19,13 @@
 //! descriptor (close-on-exec, and the agent is not dumpable), because after
 //! pivot_root no path inside the sandbox leads to it.
 
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
 use dsec_agent_proto::{AgentError, ChangedPath, ErrorKind, Reply};
 use rustix::fs::{AtFlags, FileType, Mode, OFlags};
 
-use crate::agent::Agent;
 use crate::errors::os_err;
 
 /// Entries looked at, at most, per walk: a bound on the time one walk takes
@@ -113,13 +113,22 @@ impl Walk<'_> {
     }
 }
 
-pub fn changed_since(agent: &Agent, since_sec: i64, since_nsec: u32, max_paths: u32) -> Result<Reply, AgentError> {
-    let Some(upper) = agent.upper.get() else {
+/// The walk of `upper` (None: the agent has no writable layer) for what
+/// changed since the given time; `seen` is what the last walk found new,
+/// replaced by what this one finds.
+pub fn changed_since(
+    upper: Option<&OwnedFd>,
+    seen: &RefCell<Seen>,
+    since_sec: i64,
+    since_nsec: u32,
+    max_paths: u32,
+) -> Result<Reply, AgentError> {
+    let Some(upper) = upper else {
         return Err(AgentError::new(ErrorKind::Unsupported, "this agent has no writable layer to watch"));
     };
     // Fail loudly if the layer itself is gone rather than report nothing.
     rustix::fs::fstat(upper).map_err(|e| os_err("the writable layer", e))?;
-    let before = agent.changes_seen.take();
+    let before = seen.take();
     let mut walk = Walk {
         since: (since_sec, since_nsec),
         max_paths: max_paths as usize,
@@ -130,7 +139,7 @@ pub fn changed_since(agent: &Agent, since_sec: i64, since_nsec: u32, max_paths: 
         now: Seen::new(),
     };
     walk.dir(upper.as_fd(), "");
-    agent.changes_seen.replace(walk.now);
+    seen.replace(walk.now);
     Ok(Reply::Changed { paths: walk.paths, truncated: walk.truncated })
 }
 

@@ -13,15 +13,15 @@ use std::time::Duration;
 use dsec_agent_proto::{AgentError, ExecResult, ExecSpec, Reply, Stdin, Stream, MAX_CHUNK_BYTES, MAX_FRAME_BYTES};
 use tokio::time::Instant;
 
-use crate::agent::{signal_group, Agent};
+use crate::agent::Agent;
 use crate::aio::{self, Fd};
 use crate::envs;
 use crate::errors::cancelled;
 use crate::input::Input;
 use crate::launch::{self, Launch};
+use crate::pgroup::signal_group;
 use crate::reaper::ExitStatus;
 use crate::request::ReqCtx;
-use crate::session;
 
 /// How long to keep reading after the command exited, when its pipes stay
 /// open because a background process holds them.
@@ -33,10 +33,8 @@ const STATE_MAX: usize = 1 << 20;
 /// Buffered output travels in the reply frame: keep both streams in it.
 const BUFFERED_CAP: u64 = (MAX_FRAME_BYTES as u64 / 2) - 4096;
 
+/// A command outside any session (a session's is `session::exec`).
 pub async fn exec(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: ExecSpec) -> Result<Reply, AgentError> {
-    if spec.session.is_some() {
-        return session::exec(agent, ctx, spec).await;
-    }
     envs::validate(&spec.env)?;
     let user = launch::user(agent, spec.user.as_deref())?;
     let mut env = envs::base(&agent.image_env, &user);
@@ -131,7 +129,7 @@ pub async fn run(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: &ExecSpec, launch: &
     };
     drop(state_w);
     if let Some(sid) = &spec.session {
-        session::note_group(agent, sid, pid);
+        agent.sessions.borrow_mut().note_group(sid, pid);
     }
 
     let fds = (|| {

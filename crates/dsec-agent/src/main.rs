@@ -20,12 +20,12 @@ mod envs;
 mod errors;
 mod exec;
 mod files;
-mod fncall;
 mod guest;
 mod input;
 mod launch;
 mod ops;
 mod paths;
+mod pgroup;
 mod pty;
 mod reaper;
 mod reattach;
@@ -110,12 +110,7 @@ fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     // Not an agent: the FnCall runner's monitor (a command the runner's
     // agent started) and its exec zygote (which the monitor starts).
-    let fncall_mode: Option<fn(&[String]) -> Result<(), String>> = match args.first().map(String::as_str) {
-        Some("fncall-monitor") => Some(fncall::run),
-        Some("fncall-exec-zygote") => Some(fncall::run_exec_zygote),
-        _ => None,
-    };
-    if let Some(run) = fncall_mode {
+    if let Some(run) = args.first().and_then(|m| dsec_fncall_runner::mode(m)) {
         return match run(&args[1..]) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
@@ -371,7 +366,7 @@ fn run(agent: Rc<Agent>, chan: OwnedFd, listener: Option<OwnedFd>) -> Result<(),
         .map_err(|e| format!("event loop: {e}"))?;
     let local = tokio::task::LocalSet::new();
     if let Some(fd) = listener {
-        local.spawn_local(audit::supervise(agent.clone(), fd));
+        local.spawn_local(audit::supervise(agent.audit.clone(), fd));
     }
     local.block_on(&rt, server::serve(agent, chan));
     Ok(())

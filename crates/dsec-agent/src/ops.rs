@@ -29,6 +29,7 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
             Mode::Container | Mode::Vm | Mode::Guest => protocol("the sandbox is already set up"),
             Mode::Plain => AgentError::new(ErrorKind::Unsupported, "plain mode has no container to set up"),
         }),
+        Op::Exec(spec) if spec.session.is_some() => session::exec(agent, ctx, spec).await,
         Op::Exec(spec) => exec::exec(agent, ctx, spec).await,
         Op::OpenSession(spec) => session::open(agent, spec),
         Op::CloseSession { session_id } => session::close(agent, &session_id),
@@ -42,7 +43,9 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
         Op::TarCreate { path } => tar::create(agent, ctx, &path).await,
         Op::TarExtract { path, max_bytes } => tar::extract(agent, ctx, &path, max_bytes).await,
         Op::AuditEvents { after } => Ok(Reply::Audit(agent.audit.borrow().since(after))),
-        Op::ChangedSince { since_sec, since_nsec, max_paths } => changes::changed_since(agent, since_sec, since_nsec, max_paths),
+        Op::ChangedSince { since_sec, since_nsec, max_paths } => {
+            changes::changed_since(agent.upper.get(), &agent.changes_seen, since_sec, since_nsec, max_paths)
+        }
         Op::RecordAudit { events } => {
             let mut ring = agent.audit.borrow_mut();
             for e in events {

@@ -9,13 +9,14 @@ use rustix::pty::OpenptFlags;
 use rustix::termios::Winsize;
 use tokio::time::Instant;
 
-use crate::agent::{signal_group, Agent};
+use crate::agent::Agent;
 use crate::aio;
 use crate::envs;
 use crate::errors::{cancelled, os_err};
 use crate::exec::EOF_GRACE;
 use crate::input::Input;
 use crate::launch;
+use crate::pgroup::signal_group;
 use crate::reaper::ExitStatus;
 use crate::request::ReqCtx;
 

@@ -52,7 +52,7 @@ pub async fn serve(agent: Rc<Agent>, fd: OwnedFd) {
             }
         };
         tokio::task::spawn_local(conn.clone().writer());
-        let reporter = tokio::task::spawn_local(crate::audit::report(agent.clone(), conn.clone()));
+        let reporter = tokio::task::spawn_local(crate::audit::report(agent.audit.clone(), conn.clone()));
         let new_edge = run_conn(&agent, &conn, start).await;
         reporter.abort();
         conn.close();

@@ -7,15 +7,15 @@
 //! timeouts and output separation exact, and a command that `exit`s or is
 //! killed simply leaves the session as it was.
 
-use std::collections::HashMap;
 use std::rc::Rc;
 
 use dsec_agent_proto::{AgentError, Command, ErrorKind, ExecSpec, Reply, SessionSpec};
 
-use crate::agent::{group_alive, signal_group, Agent, Mode};
-use crate::envs::{self, Env};
+use crate::agent::{Agent, Mode};
+use crate::envs;
 use crate::exec;
 use crate::launch;
+use crate::pgroup::signal_group;
 use crate::request::ReqCtx;
 use crate::session_state::parse_state;
 
@@ -29,20 +29,6 @@ const WRAPPER: &str = "__dsec_cmd=$1; shift; eval \"$__dsec_cmd\" 3>&-; __dsec_r
 /// (SHLVL would grow by one per command).
 const SHELL_OWNED: &[&str] = &["PWD", "SHLVL", "_"];
 
-pub struct Session {
-    cwd: String,
-    env: Env,
-    user: Option<String>,
-    /// Process groups of this session's commands (for CloseSession).
-    groups: Vec<i32>,
-}
-
-#[derive(Default)]
-pub struct Sessions {
-    map: HashMap<String, Session>,
-    next: u64,
-}
-
 fn unknown(id: &str) -> AgentError {
     AgentError::new(ErrorKind::UnknownSession, format!("no session {id:?}"))
 }
@@ -55,27 +41,16 @@ pub fn open(agent: &Agent, spec: SessionSpec) -> Result<Reply, AgentError> {
     launch::cwd(agent, &cwd)?;
     let mut env = envs::base(&agent.image_env, &user);
     envs::overlay(&mut env, &spec.env);
-    let mut sessions = agent.sessions.borrow_mut();
-    sessions.next += 1;
-    let id = format!("s{}", sessions.next);
-    sessions.map.insert(id.clone(), Session { cwd, env, user: spec.user, groups: Vec::new() });
+    let id = agent.sessions.borrow_mut().open(cwd, env, spec.user);
     Ok(Reply::Session { session_id: id })
 }
 
 pub fn close(agent: &Agent, id: &str) -> Result<Reply, AgentError> {
-    let session = agent.sessions.borrow_mut().map.remove(id).ok_or_else(|| unknown(id))?;
+    let session = agent.sessions.borrow_mut().remove(id).ok_or_else(|| unknown(id))?;
     for pg in session.groups {
         signal_group(pg, libc::SIGKILL);
     }
     Ok(Reply::Done)
-}
-
-/// Records a command's process group (pruning groups that have emptied).
-pub fn note_group(agent: &Agent, id: &str, pgid: i32) {
-    if let Some(s) = agent.sessions.borrow_mut().map.get_mut(id) {
-        s.groups.retain(|&g| group_alive(g));
-        s.groups.push(pgid);
-    }
 }
 
 /// Quotes an argv into one shell command line.
@@ -83,11 +58,12 @@ pub fn quote_argv(argv: &[String]) -> String {
     argv.iter().map(|a| format!("'{}'", a.replace('\'', "'\\''"))).collect::<Vec<_>>().join(" ")
 }
 
+/// A command of a session (its `ExecSpec::session`).
 pub async fn exec(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: ExecSpec) -> Result<Reply, AgentError> {
     let id = spec.session.clone().unwrap_or_default();
     let (saved_cwd, saved_env, saved_user) = {
         let sessions = agent.sessions.borrow();
-        let s = sessions.map.get(&id).ok_or_else(|| unknown(&id))?;
+        let s = sessions.get(&id).ok_or_else(|| unknown(&id))?;
         (s.cwd.clone(), s.env.clone(), s.user.clone())
     };
     envs::validate(&spec.env)?;
@@ -125,7 +101,7 @@ pub async fn exec(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, spec: ExecSpec) -> Result
             }
         }
         let cwd = sandbox_cwd(agent, &pwd);
-        if let Some(s) = agent.sessions.borrow_mut().map.get_mut(&id) {
+        if let Some(s) = agent.sessions.borrow_mut().get_mut(&id) {
             if let Some(cwd) = cwd {
                 s.cwd = cwd;
             }

@@ -1,5 +1,7 @@
-//! Parsing what a session's shell reports after each command: its working
-//! directory, a NUL, then the output of `export -p`.
+//! What the agent keeps of each session (its cwd, environment, user and the
+//! process groups of its commands), and the parsing of what a session's
+//! shell reports after each command: its working directory, a NUL, then the
+//! output of `export -p`.
 //!
 //! `export -p` is a builtin in every shell we meet, so this works in images
 //! with no coreutils at all. Its format differs by shell:
@@ -11,7 +13,55 @@
 //! Values may span lines (a quoted newline), so this is a small tokenizer of
 //! shell words, not a line splitter.
 
+use std::collections::HashMap;
+
 use crate::envs::Env;
+use crate::pgroup::group_alive;
+
+pub struct Session {
+    pub cwd: String,
+    pub env: Env,
+    pub user: Option<String>,
+    /// Process groups of this session's commands (for CloseSession).
+    pub groups: Vec<i32>,
+}
+
+/// The open sessions, by id.
+#[derive(Default)]
+pub struct Sessions {
+    map: HashMap<String, Session>,
+    next: u64,
+}
+
+impl Sessions {
+    /// Opens a session; its id.
+    pub fn open(&mut self, cwd: String, env: Env, user: Option<String>) -> String {
+        self.next += 1;
+        let id = format!("s{}", self.next);
+        self.map.insert(id.clone(), Session { cwd, env, user, groups: Vec::new() });
+        id
+    }
+
+    pub fn get(&self, id: &str) -> Option<&Session> {
+        self.map.get(id)
+    }
+
+    pub fn get_mut(&mut self, id: &str) -> Option<&mut Session> {
+        self.map.get_mut(id)
+    }
+
+    pub fn remove(&mut self, id: &str) -> Option<Session> {
+        self.map.remove(id)
+    }
+
+    /// Records a command's process group (pruning groups that have emptied).
+    pub fn note_group(&mut self, id: &str, pgid: i32) {
+        if let Some(s) = self.map.get_mut(id) {
+            s.groups.retain(|&g| group_alive(g));
+            s.groups.push(pgid);
+        }
+    }
+}
 
 /// Splits the state pipe's content into (cwd, exported environment).
 /// `None` if the report is incomplete (the shell died mid-way).

@@ -63,22 +63,16 @@ impl FnCallConfig {
             // the cores among their cgroups with waits of 100-200 ms
             // (measured: 8 Python runners on 2 cores, p99 198 ms at 16
             // clients; 2-4 runners, the same calls/s with p99 30-58 ms).
-            pools: vec![
-                pool("python", 2, 2 * scale),
-                pool("bash", 1, scale),
-                pool("c", 0, scale),
-                pool("cpp", 1, scale),
-                // Started on their first call: most nodes' calls are
-                // Python and C++, and a JVM runner idles on memory.
-                pool("java", 0, scale),
-                pool("javascript", 0, scale),
-                pool("go", 0, scale),
-                pool("rust", 0, scale),
-                pool("php", 0, scale),
-                pool("ruby", 0, scale),
-                pool("perl", 0, scale),
-                pool("lua", 0, scale),
-            ],
+            // One pool per language of the runners' table, in its order.
+            pools: dsec_fncall_runner::languages()
+                .map(|language| match language {
+                    "python" => pool(language, 2, 2 * scale),
+                    "bash" | "cpp" => pool(language, 1, scale),
+                    // Started on their first call: most nodes' calls are
+                    // Python and C++, and a JVM runner idles on memory.
+                    _ => pool(language, 0, scale),
+                })
+                .collect(),
             queue_limit: 4096,
             queue_timeout: Duration::from_secs(120),
             shrink_after: Duration::from_secs(60),

@@ -4,7 +4,8 @@
 //! A runner is an ordinary container sandbox of the edge (same namespaces,
 //! cgroup limits, no network, read-only image layers) in which the guest
 //! agent runs the *monitor* (`dsec-agent fncall-monitor`, a copy of the
-//! edge's agent binary): it prepares each call, has the *zygote*
+//! edge's agent binary; its code, zygote.py and the language table the pools
+//! are made from are dsec-fncall-runner's): it prepares each call, has the *zygote*
 //! (`zygote.py`, a warm Python interpreter) fork a worker that becomes the
 //! call as an unprivileged user and, afterwards, kills every process of that
 //! user and removes every file and IPC object it left. The edge talks to the
@@ -34,7 +35,7 @@ mod service;
 
 pub use config::{FnCallConfig, PoolConfig};
 pub use error::FnCallError;
-pub use service::{FnCallService, COMPILED_LANGUAGES};
+pub use service::FnCallService;
 
 /// The tenant that owns every runner sandbox (no user token maps to it).
 pub const RUNNER_TENANT: &str = "_fncall";

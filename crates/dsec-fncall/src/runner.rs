@@ -14,6 +14,7 @@ use dsec_agent_proto::client::{CallEvent, CallReceiver, CallSender};
 use dsec_agent_proto::fncall::MONITOR_SOCKET;
 use dsec_agent_proto::{Command, ExecSpec, Stdin, Stream, WriteFileSpec};
 use dsec_edge::{ActivityGuard, AgentRequest, Caller, Edge, SandboxRequest};
+use dsec_fncall_runner::{EXEC_ZYGOTE_FLAG, MONITOR_MODE, ZYGOTE};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::UnixStream;
 
@@ -22,8 +23,8 @@ use crate::error::FnCallError;
 use crate::protocol::{frame, ZReady, ZRequest, ZResponse};
 use crate::{RUNNER_LABEL, RUNNER_TENANT};
 
-/// The zygote's source, written into each runner (root-only) at start.
-pub const ZYGOTE: &str = include_str!("zygote.py");
+/// Where the runner gets zygote.py (root-only), whose path the monitor is
+/// given.
 const ZYGOTE_PATH: &str = "/usr/local/lib/dsec-fncall-zygote.py";
 /// Where the runner gets a copy of the edge's (statically linked) guest
 /// agent binary, run as `fncall-monitor`: the image's own files stay as
@@ -177,12 +178,12 @@ impl Runner {
             .map_err(|e| FnCallError::RunnerFailed(format!("reading the guest agent {}: {e}", agent_path.display())))?;
         install(edge, &id, MONITOR_PATH, &monitor).await?;
         install(edge, &id, ZYGOTE_PATH, ZYGOTE.as_bytes()).await?;
-        let mut command = vec![MONITOR_PATH.into(), "fncall-monitor".into(), ZYGOTE_PATH.into()];
+        let mut command = vec![MONITOR_PATH.into(), MONITOR_MODE.into(), ZYGOTE_PATH.into()];
         if language != "python" {
             // Every step of this runner execs a program: a zygote without
             // the warm interpreter forks far more cheaply (the agent's
-            // fncall/exec_zygote.rs).
-            command.push("--exec-zygote".into());
+            // exec zygote, dsec-fncall-runner's exec_zygote.rs).
+            command.push(EXEC_ZYGOTE_FLAG.into());
         }
         let spec = ExecSpec {
             command: Command::Argv(command),

@@ -17,10 +17,6 @@ use crate::pool::{Lease, Pool};
 use crate::protocol::{ZLimits, ZRequest, ZResponse};
 use crate::runner::runner_caller;
 
-/// Languages compiled before they run: those whose entry in the guest
-/// agent's language table (dsec-agent `fncall/langs.rs`) has a compile
-/// step, which a test of the agent's holds equal to this.
-pub const COMPILED_LANGUAGES: &[&str] = &["c", "cpp", "java", "go", "rust"];
 /// Languages a custom checker may be written in.
 const CHECKER_LANGUAGES: &[&str] = &["python", "bash"];
 /// Time the edge allows beyond a step's own limit (kill, cleanup, answer).
@@ -181,7 +177,8 @@ impl FnCallService {
         }
         Ok(Plan {
             pool,
-            compiled: COMPILED_LANGUAGES.contains(&req.language.as_str()),
+            // Compiled before it runs: the runner's language table says.
+            compiled: dsec_fncall_runner::is_compiled(&req.language),
             time_ms,
             compile_time_ms,
             memory_bytes: memory_mb << 20,

@@ -114,7 +114,7 @@ fn default_images_from_debootstrap() {
     assert_eq!(format!("{}.gch", headers.iter().min().unwrap()), *headers.iter().max().unwrap());
     // ... and Java's class-data-sharing archives (the build itself checked
     // that each JVM maps its own).
-    for archive in [dsec_image::build::JAVAC_CDS_ARCHIVE, dsec_image::build::JAVA_CDS_ARCHIVE] {
+    for archive in [dsec_fncall_runner::JAVAC_CDS_ARCHIVE, dsec_fncall_runner::JAVA_CDS_ARCHIVE] {
         let len = fs::metadata(root.join(archive.trim_start_matches('/'))).map(|m| m.len()).unwrap_or(0);
         assert!(len > 1 << 20, "{archive}: {len} bytes");
     }

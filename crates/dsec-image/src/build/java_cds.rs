@@ -9,25 +9,20 @@
 //! FnCall Java compile took 0.64 s instead of 0.41 s without it on this
 //! project's test machine), and [`JAVA_CDS_ARCHIVE`], a static one of the
 //! classes a typical judge program loads (0.092 instead of 0.102 s per
-//! run). FnCall passes them only when they exist (the agent's
-//! `fncall/langs.rs`, tested against these paths), and the build checks
-//! that each JVM maps its archive (`-Xshare:on` fails otherwise).
+//! run). FnCall passes them only when they exist; their paths and javac's
+//! JVM options ([`JAVAC_JVM_FLAGS`], which javac's archive is made under)
+//! come from the runners' language table in dsec-fncall-runner. The build
+//! checks that each JVM maps its archive (`-Xshare:on` fails otherwise).
 
 use std::fs;
 use std::path::Path;
 use std::process::Command;
 
+use dsec_fncall_runner::{JAVAC_CDS_ARCHIVE, JAVAC_JVM_FLAGS, JAVA_CDS_ARCHIVE};
+
 use super::tool::{self, UNSHARE};
 use super::{io_err, BuildError};
 use crate::progress::Progress;
-
-/// javac's archive (dynamic: on top of the JDK's own).
-pub const JAVAC_CDS_ARCHIVE: &str = "/usr/lib/dsec-judge/javac.jsa";
-/// Judge programs' archive (static: the JDK's classes they load).
-pub const JAVA_CDS_ARCHIVE: &str = "/usr/lib/dsec-judge/java.jsa";
-/// The options FnCall's javac runs with (a dynamic archive is made and
-/// used under the same ones).
-pub const JAVAC_JVM_FLAGS: &[&str] = &["-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-J-XX:-UsePerfData"];
 
 /// Scratch space inside the image's `/tmp`, removed after.
 const WORK: &str = "tmp/dsec-java-cds";

@@ -30,10 +30,8 @@ pub use debootstrap::{build_layer_debootstrap, DebootstrapRecipe, DEFAULT_MIRROR
 pub(crate) use debootstrap::{build_layer_debootstrap_then, debootstrap_tree};
 pub use dir::build_layer_from_dir;
 pub(crate) use java_cds::archive_java_classes;
-pub use java_cds::{JAVAC_CDS_ARCHIVE, JAVAC_JVM_FLAGS, JAVA_CDS_ARCHIVE};
 pub(crate) use mkfs::mkfs_into_store;
 pub(crate) use pch::precompile_stdcpp;
-pub use pch::CPP_PCH_FLAGS;
 pub use tar::build_layer_from_tar;
 pub(crate) use tar::{unpack_entry_in, UnpackError};
 

@@ -7,7 +7,7 @@
 //! place of a header it finds beside it when the `.gch` was made with the
 //! same language and code-generation options, so the judge image carries
 //! one made with exactly the flags FnCall compiles C++ with
-//! ([`CPP_PCH_FLAGS`]; the agent's language table is tested against them).
+//! ([`CPP_FLAGS`], from the runners' language table in dsec-fncall-runner).
 //! A source that does not include it, or a compile with other flags,
 //! simply parses headers as before.
 
@@ -15,14 +15,11 @@ use std::fs;
 use std::path::Path;
 use std::process::Command;
 
+use dsec_fncall_runner::CPP_FLAGS;
+
 use super::tool::{self, CHROOT};
 use super::{io_err, BuildError};
 use crate::progress::Progress;
-
-/// The options FnCall's C++ compile passes besides its file names (the
-/// agent's `fncall/langs.rs`): the precompiled header is valid only for
-/// these.
-pub const CPP_PCH_FLAGS: &[&str] = &["-O2", "-std=gnu++17"];
 
 /// A source that includes the header, for g++ to say (`-H`) which header
 /// file, or which precompiled one, it reads. Inside the image's `/tmp`.
@@ -44,7 +41,7 @@ fn precompile_with_probe(root: &Path, progress: &dyn Progress) -> Result<(), Bui
         (_, path) => return Err(BuildError::PrecompiledHeader(format!("g++ reads `{path}` for it before one was made"))),
     };
     let gch = format!("{header}.gch");
-    progress.stage(&format!("precompiling <bits/stdc++.h> (g++ {})", CPP_PCH_FLAGS.join(" ")));
+    progress.stage(&format!("precompiling <bits/stdc++.h> (g++ {})", CPP_FLAGS.join(" ")));
     gxx(root, &["-x", "c++-header", &header, "-o", &gch])?;
     match first_include(root)? {
         ('!', path) if path == gch => Ok(()),
@@ -66,12 +63,12 @@ fn first_include(root: &Path) -> Result<(char, String), BuildError> {
     }
 }
 
-/// `g++ CPP_PCH_FLAGS ARGS` inside `root` (chroot), with a fixed
+/// `g++ CPP_FLAGS ARGS` inside `root` (chroot), with a fixed
 /// environment; its output lines (stdout and stderr). The PATH is also
 /// where `chroot` itself is looked up, on the host.
 fn gxx(root: &Path, args: &[&str]) -> Result<Vec<String>, BuildError> {
     let mut cmd = Command::new(CHROOT.name);
-    cmd.arg(root).arg("g++").args(CPP_PCH_FLAGS).args(args);
+    cmd.arg(root).arg("g++").args(CPP_FLAGS).args(args);
     cmd.env_clear().env("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin").env("LC_ALL", "C");
     tool::run(&CHROOT, cmd, None)
 }

@@ -278,8 +278,8 @@ int main() { long a, b; cin >> a >> b; vector<long> v{a, b}; cout << accumulate(
 
 async def test_bits_stdcpp_is_precompiled_for_the_judges_cpp_options(client: DSecClient) -> None:
     # The judge image carries <bits/stdc++.h> precompiled for the options
-    # C++ calls compile with (-O2 -std=gnu++17: the agent's fncall/langs.rs,
-    # held equal to the image builder's CPP_PCH_FLAGS by a Rust test). As
+    # C++ calls compile with (-O2 -std=gnu++17: dsec-fncall-runner's
+    # CPP_FLAGS, which the image builder precompiles the header with). As
     # the call user, in a runner, g++ with those options uses it: `-H`
     # marks a valid precompiled header it reads with "!".
     probe = ("printf '#include <bits/stdc++.h>\\n' > probe.cpp\n"

@@ -3,7 +3,7 @@ server and the `judge` image.
 
 Java, JavaScript (Node.js) and Go: their runtimes reserve far more address
 space than they use, so their memory limit is the runtime's own heap limit
-plus a check of the run's peak (the agent's fncall/langs.rs,
+plus a check of the run's peak (dsec-fncall-runner's langs.rs,
 MemoryCap::Runtime), not RLIMIT_AS as for C, C++ and Python. Rust, PHP,
 Ruby, Perl and Lua: RLIMIT_AS, as for C, and each one's own out-of-memory
 report is MLE."""

@@ -8,9 +8,9 @@
 //! image's class-data-sharing archives for javac and for Java programs
 //! (an argument holding one is left out when the image has none).
 
-use super::java_class;
-use super::sys::which;
-use super::PROG_DIR;
+use crate::java_class;
+use crate::sys::which;
+use crate::PROG_DIR;
 
 /// How a step's memory limit holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,23 +53,33 @@ pub struct Lang {
 /// A Python call's file in scratch (the name its tracebacks show).
 pub const PYTHON_FILE: &str = "main.py";
 
-/// The judge image's class-data-sharing archives (dsec-image's
-/// `build::java_cds`; a test holds the paths equal): JVMs that map them
-/// start sooner.
-const JAVAC_CDS: &str = "/usr/lib/dsec-judge/javac.jsa";
-const JAVA_CDS: &str = "/usr/lib/dsec-judge/java.jsa";
+/// C++'s compile options besides its file names. The judge image's build
+/// (dsec-image's `build::pch`) precompiles `<bits/stdc++.h>` with these, and
+/// g++ uses a precompiled header only under the options it was made with.
+pub const CPP_FLAGS: [&str; 2] = ["-O2", "-std=gnu++17"];
+
+/// The judge image's class-data-sharing archives, which its build
+/// (dsec-image's `build::java_cds`) makes: JVMs that map them start sooner.
+/// javac's archive is made under JAVAC_JVM_FLAGS.
+pub const JAVAC_CDS_ARCHIVE: &str = "/usr/lib/dsec-judge/javac.jsa";
+pub const JAVA_CDS_ARCHIVE: &str = "/usr/lib/dsec-judge/java.jsa";
+
+/// The options of javac's JVM: the serial collector and the client
+/// compiler start javac soonest; no JVM of a call writes its performance
+/// counters to /tmp (-XX:-UsePerfData), which would leave the monitor a
+/// file to sweep after every call.
+pub const JAVAC_JVM_FLAGS: [&str; 3] = ["-J-XX:+UseSerialGC", "-J-XX:TieredStopAtLevel=1", "-J-XX:-UsePerfData"];
+
+// The cpp and java entries of LANGS name each of these flags.
+const _: () = assert!(CPP_FLAGS.len() == 2 && JAVAC_JVM_FLAGS.len() == 3, "LANGS lists every flag");
 
 /// Java's compile step: javac, then the classes packed with their entry
 /// point into one jar at scratch/prog (by Python's zipfile: a `jar` would
 /// start a second JVM), so that the compile cache and the install step
 /// keep one file, as for native programs. Arguments: the source file, the
-/// main class, JAVA_JAR, then javac's extra options. The serial collector
-/// and the client compiler start javac soonest; no JVM of a call writes
-/// its performance counters to /tmp (-XX:-UsePerfData), which would leave
-/// the monitor a file to sweep after every call. The flags are
-/// dsec-image's JAVAC_JVM_FLAGS (javac's archive is made under them).
+/// main class, JAVA_JAR, then javac's options.
 const JAVA_COMPILE: &str = "f=$1 m=$2 z=$3; shift 3; \
-     javac -J-XX:+UseSerialGC -J-XX:TieredStopAtLevel=1 -J-XX:-UsePerfData \"$@\" -encoding UTF-8 -d classes \"$f\" \
+     javac \"$@\" -encoding UTF-8 -d classes \"$f\" \
      && python3 -I -c \"$z\" \"$m\"";
 
 /// Writes the jar: a manifest naming the main class, then every class
@@ -117,12 +127,10 @@ const LANGS: [Lang; 12] = [
         memory: MemoryCap::AddressSpace,
         tool: "gcc",
     },
-    // The judge image's precompiled <bits/stdc++.h> is made with exactly
-    // these options (dsec-image's CPP_PCH_FLAGS; a test holds them equal).
     Lang {
         name: "cpp",
         file: "main.cpp",
-        compile: Some(&["g++", "-O2", "-std=gnu++17", "-o", "prog", "{FILE}"]),
+        compile: Some(&["g++", CPP_FLAGS[0], CPP_FLAGS[1], "-o", "prog", "{FILE}"]),
         run_compiled: None,
         python: false,
         interpreter: None,
@@ -133,7 +141,19 @@ const LANGS: [Lang; 12] = [
     Lang {
         name: "java",
         file: "Main.java",
-        compile: Some(&["sh", "-c", JAVA_COMPILE, "javac", "{FILE}", "{MAIN}", JAVA_JAR, "-J-XX:SharedArchiveFile={JAVAC_CDS}"]),
+        compile: Some(&[
+            "sh",
+            "-c",
+            JAVA_COMPILE,
+            "javac",
+            "{FILE}",
+            "{MAIN}",
+            JAVA_JAR,
+            JAVAC_JVM_FLAGS[0],
+            JAVAC_JVM_FLAGS[1],
+            JAVAC_JVM_FLAGS[2],
+            "-J-XX:SharedArchiveFile={JAVAC_CDS}",
+        ]),
         // -Xss: deep recursion is common in judge solutions, and the main
         // thread's default 1 MiB stack is smaller than a C program's 8.
         // An archive the JVM cannot use is skipped without a word on the
@@ -329,7 +349,7 @@ fn fill_one(arg: &str, file: &str, main: &str, memory_bytes: u64) -> Option<Stri
     if arg.contains("{MEM_MB}") && memory_bytes == 0 {
         return None;
     }
-    for (name, path) in [("{JAVAC_CDS}", JAVAC_CDS), ("{JAVA_CDS}", JAVA_CDS)] {
+    for (name, path) in [("{JAVAC_CDS}", JAVAC_CDS_ARCHIVE), ("{JAVA_CDS}", JAVA_CDS_ARCHIVE)] {
         if arg.contains(name) {
             // One stat per Java step, against a JVM's ~0.1 s start.
             return std::path::Path::new(path).exists().then(|| arg.replace(name, path));
@@ -338,6 +358,16 @@ fn fill_one(arg: &str, file: &str, main: &str, memory_bytes: u64) -> Option<Stri
     let mb = (memory_bytes >> 20).max(1).to_string();
     let prog = format!("{PROG_DIR}/prog");
     Some(arg.replace("{FILE}", file).replace("{PROG}", &prog).replace("{MAIN}", main).replace("{MEM_MB}", &mb))
+}
+
+/// Every language a runner can serve, in the table's order.
+pub fn languages() -> impl Iterator<Item = &'static str> {
+    LANGS.iter().map(|l| l.name)
+}
+
+/// Whether `language` is one of the table's and has a compile step.
+pub fn is_compiled(language: &str) -> bool {
+    Lang::named(language).is_some_and(Lang::is_compiled)
 }
 
 /// The languages this image can run: those whose tool is there, Python
@@ -412,38 +442,12 @@ mod tests {
         assert!(!Lang::named("c").unwrap().exceeded(64 << 20, 70_000), "RLIMIT_AS holds C's limit");
     }
 
-    /// The archives the judge image's build makes are the ones Java steps
-    /// look for, made under the options javac runs with.
     #[test]
-    fn the_edge_knows_the_same_languages_and_which_compile() {
-        let compiled: Vec<&str> = LANGS.iter().filter(|l| l.compile.is_some()).map(|l| l.name).collect();
-        assert_eq!(compiled, dsec_fncall::COMPILED_LANGUAGES);
-        // Every language served has a pool on a default node, and no pool
-        // names a language the agent lacks.
-        let pools: Vec<String> = dsec_fncall::FnCallConfig::for_node(2.0).pools.into_iter().map(|p| p.language).collect();
-        let names: Vec<&str> = LANGS.iter().map(|l| l.name).collect();
-        assert_eq!(pools, names);
-    }
-
-    #[test]
-    fn java_steps_use_the_judge_images_class_archives() {
-        assert_eq!((JAVAC_CDS, JAVA_CDS), (dsec_image::build::JAVAC_CDS_ARCHIVE, dsec_image::build::JAVA_CDS_ARCHIVE));
-        for flag in dsec_image::build::JAVAC_JVM_FLAGS {
-            assert!(JAVA_COMPILE.contains(&format!("{flag} ")), "{flag}");
-        }
+    fn java_steps_leave_out_class_archives_the_image_lacks() {
         // Left out where the image has none (this host).
-        if !std::path::Path::new(JAVA_CDS).exists() {
+        if !std::path::Path::new(JAVA_CDS_ARCHIVE).exists() {
             let run = Lang::named("java").unwrap().run_argv("Main.java", 1 << 20).unwrap();
             assert!(!run.iter().any(|a| a.contains("SharedArchiveFile")), "{run:?}");
         }
-    }
-
-    /// The judge image's precompiled <bits/stdc++.h> is used only by a
-    /// compile with the options it was made with.
-    #[test]
-    fn cpp_compiles_with_the_options_of_the_judge_images_precompiled_header() {
-        let argv = Lang::named("cpp").unwrap().compile.unwrap();
-        let options: Vec<&str> = argv[1..].iter().copied().filter(|a| !["-o", "prog", "{FILE}"].contains(a)).collect();
-        assert_eq!(options, dsec_image::build::CPP_PCH_FLAGS);
     }
 }

@@ -38,7 +38,7 @@ pub fn start(python: &str, script: &str) -> Result<Zygote, String> {
 pub fn start_exec() -> Result<Zygote, String> {
     let me = std::env::current_exe().map_err(|e| format!("finding the monitor's own binary: {e}"))?;
     start_with(|keep, confinement| {
-        let mut argv = vec![me.to_string_lossy().into_owned(), "fncall-exec-zygote".into()];
+        let mut argv = vec![me.to_string_lossy().into_owned(), crate::EXEC_ZYGOTE_MODE.into()];
         argv.extend(keep.iter().map(|fd| fd.to_string()));
         helper(argv, "exec zygote", keep, confinement, &[])
     })

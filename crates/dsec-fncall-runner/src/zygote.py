@@ -1,6 +1,6 @@
 # The FnCall runner's warm Python interpreter ("zygote") and its workers.
 #
-# The monitor (`dsec-agent fncall-monitor`, crates/dsec-agent/src/fncall/,
+# The monitor (`dsec-agent fncall-monitor`, crates/dsec-fncall-runner/,
 # root, the process the edge starts in each runner) starts this file twice:
 # as the compiler (compiler_main) and as the zygote,
 # `python3 -s zygote.py --zygote CTL REP CMD`: a fresh interpreter, not a

@@ -200,8 +200,8 @@ mod tests {
     /// The real compiler (this machine's python3, as root like the monitor).
     #[test]
     fn compiles_refuses_and_defers() {
-        let python = crate::fncall::sys::which("python3").expect("python3 is needed to test the compiler");
-        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../dsec-fncall/src/zygote.py");
+        let python = crate::sys::which("python3").expect("python3 is needed to test the compiler");
+        let script = concat!(env!("CARGO_MANIFEST_DIR"), "/src/zygote.py");
         let mut c = Compiler::start(&python, script, "/x/main.py").unwrap();
         let Compiled::Code(code) = c.compile(b"print(6 * 7)").unwrap() else { panic!("not compiled") };
         assert_eq!(code[0] & 0x7f, b'c', "a marshalled code object");

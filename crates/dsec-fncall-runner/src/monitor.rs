@@ -31,51 +31,21 @@
 //! calls) skips the searches: see Family::only_helpers_left, SweepWatch and
 //! ipc::objects_exist.
 
-mod answer;
-mod cleanup;
-mod compiled_cache;
-mod compiler;
-mod edge_link;
-mod exec_zygote;
-mod ipc;
-mod java_class;
-mod landlock;
-mod langs;
-mod marshal;
-mod outcome;
-mod report;
-mod request;
-mod scratch;
-mod spawn;
-mod sweep;
-mod sys;
-mod worker;
-mod zygote;
-
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
 use base64::Engine;
 
-use answer::{Answer, Part};
-use cleanup::Family;
-use compiler::{Compiled, Compiler};
-use langs::Lang;
-use request::{Parsed, Request, RequestReader};
-use sweep::SweepWatch;
-use worker::{Program, Step};
-use zygote::Zygote;
+use crate::answer::{self, Answer, Part};
+use crate::cleanup::Family;
+use crate::compiler::{Compiled, Compiler};
+use crate::langs::{self, Lang};
+use crate::request::{self, Parsed, Request, RequestReader};
+use crate::sweep::{self, SweepWatch};
+use crate::worker::{self, Program, Step};
+use crate::zygote::{self, Zygote};
+use crate::{edge_link, ipc, outcome, scratch, sys, BASE, EXEC_ZYGOTE_FLAG, MONITOR_MODE, SCRATCH};
 
-pub const CALL_UID: u32 = 65534; // nobody
-pub const CALL_GID: u32 = 65534; // nogroup
-/// The compiler's own identity: neither root nor the call user.
-pub const COMPILER_UID: u32 = 65533;
-pub const COMPILER_GID: u32 = 65533;
-pub const ROOT_UID: u32 = 0;
-pub const BASE: &str = "/var/lib/dsec-fncall";
-/// Every call's working directory (one call at a time per runner).
-pub const SCRATCH: &str = "/var/lib/dsec-fncall/call";
-pub const PROG_DIR: &str = "/var/lib/dsec-fncall/prog";
 /// At most this many bytes of fetched files per call.
 const MAX_FETCH_BYTES: u64 = 8 << 20;
 
@@ -105,13 +75,11 @@ const PYTHON_EXEC_AS_BYTES: u64 = 32 << 20;
 pub fn run(args: &[String]) -> Result<(), String> {
     let (script, exec_zygote) = match args {
         [script] => (script, false),
-        [script, flag] if flag == "--exec-zygote" => (script, true),
-        _ => return Err("usage: dsec-agent fncall-monitor ZYGOTE_PY [--exec-zygote]".into()),
+        [script, flag] if flag == EXEC_ZYGOTE_FLAG => (script, true),
+        _ => return Err(format!("usage: dsec-agent {MONITOR_MODE} ZYGOTE_PY [{EXEC_ZYGOTE_FLAG}]")),
     };
     Monitor::start(script, exec_zygote)?.serve()
 }
-
-pub use exec_zygote::run as run_exec_zygote;
 
 struct Monitor {
     zygote: Zygote,

@@ -110,7 +110,7 @@ mod tests {
     use std::io::Read;
 
     fn part(data: &[u8], len: u64) -> Part {
-        Part { fd: crate::fncall::sys::memfd("part", data).unwrap(), len }
+        Part { fd: crate::sys::memfd("part", data).unwrap(), len }
     }
 
     #[test]

@@ -248,7 +248,7 @@ fn become_call(msg: &[u8], fds: &[OwnedFd]) -> Result<Infallible, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fncall::marshal::Marshal;
+    use crate::marshal::Marshal;
 
     fn message(argv: Option<&[&str]>, python: Option<&str>) -> Vec<u8> {
         let mut m = Marshal::default();
@@ -289,7 +289,7 @@ mod tests {
     /// The calls' base environment is zygote.py's.
     #[test]
     fn base_environment_is_the_python_zygotes() {
-        let zygote = include_str!("../../../dsec-fncall/src/zygote.py");
+        let zygote = crate::ZYGOTE;
         let start = zygote.find("BASE_ENV = {").expect("zygote.py defines BASE_ENV");
         let block = &zygote[start..start + zygote[start..].find('}').unwrap()];
         for (k, v) in BASE_ENV {
