@@ -55,9 +55,9 @@
 //! version or refuses what it cannot encode. A change an older agent can
 //! decode but would not honour (a new `Op` appended to the enum: an older
 //! agent drops the frame as undecodable and never answers; a field appended
-//! at the very end of a request, which an older agent ignores) is a
-//! [`Feature`]: the edge refuses a request that needs one the agent lacks,
-//! with an error that says so, before it sends anything.
+//! to the struct that ends a request's frame, which an older agent ignores)
+//! is a [`Feature`]: the edge refuses a request that needs one the agent
+//! lacks, with an error that says so, before it sends anything.
 //!
 //! # History
 //! | version | added | what gates it with an agent of the oldest supported version |
@@ -76,7 +76,9 @@ use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use crate::{AgentState, Op, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 
 /// A capability a peer within the supported range of versions may lack.
+/// Its number is its row in [`FEATURES`] and its bit in [`Features`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
 pub enum Feature {
     /// `VmSetup::nic`: a full VM's agent sets its NIC up during the setup.
     VmNic,
@@ -93,8 +95,9 @@ pub struct FeatureInfo {
     pub gates: &'static str,
 }
 
-/// Every feature, as data. A name is never reused; a peer ignores names it
-/// does not know (a newer peer's features cost an older one nothing).
+/// Every feature, as data, in the order of [`Feature`]. A name is never
+/// reused; a peer ignores names it does not know (a newer peer's features
+/// cost an older one nothing).
 pub const FEATURES: &[FeatureInfo] = &[FeatureInfo {
     feature: Feature::VmNic,
     name: "vm_nic",
@@ -104,8 +107,8 @@ pub const FEATURES: &[FeatureInfo] = &[FeatureInfo {
 
 impl Feature {
     pub fn info(self) -> &'static FeatureInfo {
-        // Every variant has its row: `feature_table_is_complete`.
-        FEATURES.iter().find(|f| f.feature == self).unwrap_or(&FEATURES[0])
+        // In range and the right row: `feature_table_is_complete`.
+        &FEATURES[self as usize]
     }
 
     pub fn name(self) -> &'static str {
@@ -409,9 +412,15 @@ pub(crate) mod tests {
 
     #[test]
     fn feature_table_is_complete() {
+        for f in [Feature::VmNic] {
+            // Fails to compile when a variant is added: list it above too.
+            match f {
+                Feature::VmNic => assert_eq!(f.info().feature, f),
+            }
+        }
         for (i, f) in FEATURES.iter().enumerate() {
-            assert_eq!(f.feature.info().name, f.name, "{} has a row of its own", f.name);
-            assert!(FEATURES[..i].iter().all(|g| g.name != f.name && g.feature != f.feature), "{} twice", f.name);
+            assert_eq!(f.feature as usize, i, "{} is not in its row", f.name);
+            assert!(FEATURES[..i].iter().all(|g| g.name != f.name), "{} twice", f.name);
             // A feature older than the minimum would be in every accepted
             // peer: it is part of the baseline instead.
             assert!((MIN_PROTOCOL_VERSION + 1..=PROTOCOL_VERSION).contains(&f.implied_since), "{}", f.name);
