@@ -7,11 +7,12 @@
 //! [`ToAgent`] or [`FromAgent`] message encoded with postcard.
 //!
 //! # Shape of a conversation
-//! 1. Both sides send `Hello` first, each with the range of versions it
-//!    speaks and its features, and the connection speaks the highest
-//!    version of both ranges ([`negotiation`]: the Hello's frozen wire form,
-//!    and which feature gates what). An agent that is already set up (the
-//!    edge restarted and re-attached) says so in [`AgentHello::state`].
+//! 1. Both sides say `Hello` before anything else, each with the range of
+//!    versions it speaks and its features, and the connection speaks the
+//!    highest version of both ranges ([`negotiation`]: the Hello's frozen
+//!    wire form, and which feature gates what). An agent that is already set
+//!    up (the edge restarted and re-attached) says so in
+//!    [`AgentHello::state`].
 //! 2. The edge sends `Request { id, op }`. Ids are chosen by the edge and are
 //!    unique per connection. Every request ends with exactly one
 //!    `FromAgent::Reply { id, .. }`.
