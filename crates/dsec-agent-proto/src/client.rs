@@ -8,10 +8,14 @@
 //! connection costs two parked tasks and an empty map, so an edge can hold
 //! thousands.
 //!
+//! The handshake picks the version and features of the connection
+//! ([`crate::negotiation`]); a request that needs a feature the agent lacks
+//! is refused here, as [`ClientError::Unsupported`], before it is sent.
+//!
 //! ```no_run
 //! # async fn demo(stream: tokio::net::UnixStream) -> Result<(), dsec_agent_proto::client::ClientError> {
 //! use dsec_agent_proto::{client::AgentClient, Op, Reply};
-//! let (client, hello) = AgentClient::connect(stream).await?;
+//! let (client, hello) = AgentClient::answer(stream).await?;
 //! assert!(matches!(client.call(Op::Ping).await?, Reply::Pong));
 //! # Ok(()) }
 //! ```
@@ -24,9 +28,10 @@ use tokio::io::{AsyncRead, AsyncWrite, AsyncWriteExt};
 use tokio::sync::{mpsc, Notify};
 
 use crate::codec::{encode, read_frame_async, write_frame_async, CodecError};
+use crate::negotiation::{Mismatch, Speaks};
 use crate::{
-    AgentError, AgentHello, AuditTally, EdgeHello, FromAgent, Op, Reply, ReqId, Stream, ToAgent, INITIAL_WINDOW, MAX_CHUNK_BYTES,
-    PROTOCOL_VERSION,
+    AgentError, AgentHello, AgentState, AuditTally, EdgeHello, Feature, FromAgent, Negotiated, Op, Reply, ReqId, Stream, ToAgent,
+    INITIAL_WINDOW, MAX_CHUNK_BYTES, PROTOCOL_VERSION,
 };
 
 #[derive(Debug, thiserror::Error)]
@@ -39,6 +44,45 @@ pub enum ClientError {
     Codec(CodecError),
     #[error("agent protocol violation: {0}")]
     Protocol(String),
+    /// The agent and the edge share no protocol version.
+    #[error("{}", incompatible(.agent, .mismatch))]
+    Incompatible { agent: String, mismatch: Mismatch },
+    /// The request needs a feature the agent lacks (nothing was sent).
+    #[error("{agent} speaks protocol {version}, which lacks {feature} ({}); rebuild the image with a newer agent", .feature.info().gates)]
+    Unsupported { agent: String, version: u32, feature: Feature },
+}
+
+fn incompatible(agent: &str, mismatch: &Mismatch) -> String {
+    let advice = if mismatch.peer_is_older() { "rebuild the image with a newer agent" } else { "upgrade the edge" };
+    format!("{}: {advice}", mismatch.describe_as(agent, "the edge"))
+}
+
+/// How an agent is named in errors.
+fn agent_label(sandbox: Option<&str>) -> String {
+    match sandbox {
+        Some(id) => format!("the agent in sandbox {id}"),
+        None => "the sandbox's agent".to_string(),
+    }
+}
+
+/// The sandbox a request names, if it names one (the setups of a fresh
+/// agent, which greeted without one).
+fn sandbox_of(op: &Op) -> Option<&str> {
+    match op {
+        Op::SetupContainer(c) => Some(&c.sandbox_id),
+        Op::SetupVm(c) => Some(&c.sandbox_id),
+        Op::Reidentify(v) => Some(&v.sandbox_id),
+        _ => None,
+    }
+}
+
+/// When the edge says Hello.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Greeting {
+    /// At once, with its own version.
+    First,
+    /// After the agent's, with the version it picked.
+    Answer,
 }
 
 impl From<CodecError> for ClientError {
@@ -142,6 +186,9 @@ struct Inner {
     tx: mpsc::UnboundedSender<Vec<u8>>,
     shared: Arc<Shared>,
     next_id: AtomicU64,
+    negotiated: Negotiated,
+    /// The sandbox the agent greeted as (None: a fresh agent).
+    sandbox: Option<String>,
 }
 
 /// A connection to one agent. Cheap to clone; usable from any task.
@@ -151,21 +198,62 @@ pub struct AgentClient {
 }
 
 impl AgentClient {
-    /// Exchanges Hellos (checking the protocol version) and starts the
-    /// reader and writer tasks on the current tokio runtime.
+    /// Says Hello at once, with the edge's own version, then reads the
+    /// agent's; starts the reader and writer tasks on the current tokio
+    /// runtime. For an agent that may be waiting for the edge to speak: a
+    /// VM's, re-attached or restored (its port's host side may have come
+    /// back while the VM was stopped). An agent from before negotiation
+    /// then works only if it speaks exactly the edge's version.
     pub async fn connect<S>(stream: S) -> Result<(AgentClient, AgentHello), ClientError>
     where
         S: AsyncRead + AsyncWrite + Send + 'static,
     {
+        Self::handshake(stream, Greeting::First).await
+    }
+
+    /// Reads the agent's Hello first, then answers with the version picked;
+    /// otherwise as [`AgentClient::connect`]. For an agent that greets as
+    /// soon as it has a channel: a fresh one, and a container's on its
+    /// re-attach channel. An agent from before negotiation then works at
+    /// any version the edge speaks. Costs no round trip: the edge waits for
+    /// the agent's Hello before its first request either way.
+    pub async fn answer<S>(stream: S) -> Result<(AgentClient, AgentHello), ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
+        Self::handshake(stream, Greeting::Answer).await
+    }
+
+    async fn handshake<S>(stream: S, greeting: Greeting) -> Result<(AgentClient, AgentHello), ClientError>
+    where
+        S: AsyncRead + AsyncWrite + Send + 'static,
+    {
         let (mut rd, mut wr) = tokio::io::split(stream);
-        write_frame_async(&mut wr, &ToAgent::Hello(EdgeHello { protocol_version: PROTOCOL_VERSION })).await?;
+        if greeting == Greeting::First {
+            write_frame_async(&mut wr, &ToAgent::Hello(EdgeHello::ours(PROTOCOL_VERSION))).await?;
+        }
         let hello = match read_frame_async::<_, FromAgent>(&mut rd).await? {
             Some(FromAgent::Hello(h)) => h,
             Some(other) => return Err(ClientError::Protocol(format!("expected Hello, got {other:?}"))),
             None => return Err(ClientError::Closed),
         };
-        if hello.protocol_version != PROTOCOL_VERSION {
-            return Err(ClientError::Protocol(format!("agent speaks protocol {}, we speak {PROTOCOL_VERSION}", hello.protocol_version)));
+        let said = (greeting == Greeting::First).then_some(PROTOCOL_VERSION);
+        let sandbox = match &hello.state {
+            AgentState::Ready { sandbox_id } => Some(sandbox_id.clone()),
+            AgentState::Fresh => None,
+        };
+        let negotiated = match Speaks::ours().agree(&hello.speaks(), said) {
+            Ok(n) => n,
+            Err(mismatch) => {
+                if greeting == Greeting::Answer {
+                    // So that the agent, too, says why.
+                    let _ = write_frame_async(&mut wr, &ToAgent::Hello(EdgeHello::ours(PROTOCOL_VERSION))).await;
+                }
+                return Err(ClientError::Incompatible { agent: agent_label(sandbox.as_deref()), mismatch });
+            }
+        };
+        if greeting == Greeting::Answer {
+            write_frame_async(&mut wr, &ToAgent::Hello(EdgeHello::ours(negotiated.version))).await?;
         }
         let shared = Arc::new(Shared {
             calls: Mutex::new(HashMap::new()),
@@ -176,8 +264,13 @@ impl AgentClient {
         let (tx, rx) = mpsc::unbounded_channel();
         tokio::spawn(reader(rd, shared.clone()));
         tokio::spawn(writer(wr, rx, shared.clone()));
-        let inner = Arc::new(Inner { tx, shared, next_id: AtomicU64::new(1) });
+        let inner = Arc::new(Inner { tx, shared, next_id: AtomicU64::new(1), negotiated, sandbox });
         Ok((AgentClient { inner }, hello))
+    }
+
+    /// The version and features of this connection.
+    pub fn negotiated(&self) -> Negotiated {
+        self.inner.negotiated
     }
 
     /// A request without Data in either direction: waits for its Reply
@@ -195,8 +288,13 @@ impl AgentClient {
         }
     }
 
-    /// Starts a request with streams; see [`Call`].
+    /// Starts a request with streams; see [`Call`]. Refused without
+    /// sending anything if it needs a feature the agent lacks.
     pub async fn open(&self, op: Op) -> Result<Call, ClientError> {
+        if let Some(feature) = op.requires().filter(|f| !self.inner.negotiated.features.has(*f)) {
+            let sandbox = sandbox_of(&op).or(self.inner.sandbox.as_deref());
+            return Err(ClientError::Unsupported { agent: agent_label(sandbox), version: self.inner.negotiated.version, feature });
+        }
         let id = self.inner.next_id.fetch_add(1, Ordering::Relaxed);
         let frame = encode(&ToAgent::Request { id, op })?;
         let (ev_tx, ev_rx) = mpsc::unbounded_channel();
@@ -539,12 +637,15 @@ impl Drop for CallReceiver {
 mod tests {
     use super::*;
     use crate::codec::write_frame_async;
-    use crate::{AgentState, ErrorKind};
+    use crate::{ErrorKind, MIN_PROTOCOL_VERSION};
     use tokio::net::UnixStream;
 
     /// A scripted fake agent on the other end of a socketpair.
-    async fn fake_agent(mut s: UnixStream) -> (UnixStream, EdgeHello) {
-        let hello = AgentHello { protocol_version: PROTOCOL_VERSION, agent_version: "test".into(), state: AgentState::Fresh };
+    async fn fake_agent(s: UnixStream) -> (UnixStream, EdgeHello) {
+        fake_agent_saying(s, AgentHello::ours("test", AgentState::Fresh)).await
+    }
+
+    async fn fake_agent_saying(mut s: UnixStream, hello: AgentHello) -> (UnixStream, EdgeHello) {
         write_frame_async(&mut s, &FromAgent::Hello(hello)).await.unwrap();
         let Some(ToAgent::Hello(h)) = read_frame_async::<_, ToAgent>(&mut s).await.unwrap() else { panic!("no hello") };
         (s, h)
@@ -607,15 +708,98 @@ mod tests {
         drop(agent.await.unwrap());
     }
 
-    #[tokio::test]
-    async fn wrong_version_is_refused() {
-        let (a, mut b) = UnixStream::pair().unwrap();
+    fn hello(version: u32, offer: Option<crate::Offer>) -> AgentHello {
+        AgentHello { protocol_version: version, agent_version: "x".into(), state: AgentState::Ready { sandbox_id: "sb-1".into() }, offer }
+    }
+
+    /// The refusal of an agent the edge cannot talk to, in either order.
+    async fn refusal(agent_hello: AgentHello, greeting: Greeting) -> String {
+        let (a, b) = UnixStream::pair().unwrap();
         tokio::spawn(async move {
-            let hello = AgentHello { protocol_version: PROTOCOL_VERSION + 1, agent_version: "x".into(), state: AgentState::Fresh };
-            write_frame_async(&mut b, &FromAgent::Hello(hello)).await.unwrap();
-            let _ = read_frame_async::<_, ToAgent>(&mut b).await;
+            let _ = fake_agent_saying(b, agent_hello).await;
         });
-        assert!(matches!(AgentClient::connect(a).await, Err(ClientError::Protocol(_))));
+        match AgentClient::handshake(a, greeting).await {
+            Err(e @ ClientError::Incompatible { .. }) => e.to_string(),
+            Err(e) => panic!("not a refusal: {e}"),
+            Ok(_) => panic!("accepted"),
+        }
+    }
+
+    #[tokio::test]
+    async fn an_agent_older_than_the_minimum_is_refused_naming_both_ranges() {
+        let old = crate::Offer { min_version: MIN_PROTOCOL_VERSION - 2, features: vec![] };
+        let msg = refusal(hello(MIN_PROTOCOL_VERSION - 1, Some(old)), Greeting::Answer).await;
+        let want = format!(
+            "the agent in sandbox sb-1 speaks protocols {} to {}, the edge protocols {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}: rebuild the image with a newer agent",
+            MIN_PROTOCOL_VERSION - 2,
+            MIN_PROTOCOL_VERSION - 1
+        );
+        assert_eq!(msg, want);
+        let msg = refusal(hello(PROTOCOL_VERSION + 1, None), Greeting::First).await;
+        assert!(msg.contains("it predates version negotiation") && msg.ends_with("upgrade the edge"), "{msg}");
+    }
+
+    /// A greeting edge has already named its own version, which an agent
+    /// from before negotiation refuses unless it is its own.
+    #[tokio::test]
+    async fn a_strict_older_agent_needs_the_edge_to_answer() {
+        let msg = refusal(hello(MIN_PROTOCOL_VERSION, None), Greeting::First).await;
+        assert!(msg.contains(&format!("only protocol {MIN_PROTOCOL_VERSION}")), "{msg}");
+    }
+
+    /// An agent newer than the edge is answered with the edge's version.
+    #[tokio::test]
+    async fn a_newer_agent_gets_the_edges_version() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let newer = hello(
+            PROTOCOL_VERSION + 3,
+            Some(crate::Offer { min_version: MIN_PROTOCOL_VERSION, features: vec!["vm_nic".into(), "later".into()] }),
+        );
+        let agent = tokio::spawn(fake_agent_saying(b, newer));
+        let (client, _) = AgentClient::answer(a).await.unwrap();
+        let (_, edge_hello) = agent.await.unwrap();
+        assert_eq!(edge_hello, EdgeHello::ours(PROTOCOL_VERSION));
+        assert_eq!(client.negotiated(), Negotiated { version: PROTOCOL_VERSION, features: crate::Features::all() });
+    }
+
+    fn vm_setup(nic: Option<crate::VmNic>) -> Op {
+        Op::SetupVm(crate::negotiation::tests::vm_setup(nic))
+    }
+
+    /// An agent of protocol 4 from before negotiation (it says only its
+    /// version): the edge answers with 4, refuses a setup with a NIC with
+    /// the error that says why, and sends it everything else.
+    #[tokio::test]
+    async fn an_older_agent_serves_what_it_can_and_a_gated_op_is_refused() {
+        for offer in [None, Some(crate::Offer { min_version: 4, features: vec![] })] {
+            let (a, b) = UnixStream::pair().unwrap();
+            let fresh = AgentHello { protocol_version: 4, agent_version: "old".into(), state: AgentState::Fresh, offer };
+            let agent = tokio::spawn(async move {
+                let (mut s, h) = fake_agent_saying(b, fresh).await;
+                let mut ops = vec![];
+                while let Ok(Some(ToAgent::Request { id, op })) = read_frame_async::<_, ToAgent>(&mut s).await {
+                    ops.push(op);
+                    write_frame_async(&mut s, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).await.unwrap();
+                }
+                (h, ops)
+            });
+            let (client, _) = AgentClient::answer(a).await.unwrap();
+            assert_eq!(client.negotiated(), Negotiated { version: 4, features: crate::Features::default() });
+            let nic =
+                crate::VmNic { mac: "52:54:00:00:00:01".into(), address: [10, 0, 2, 15].into(), prefix: 24, gateway: [10, 0, 2, 2].into() };
+            let err = client.call(vm_setup(Some(nic))).await.unwrap_err();
+            assert!(matches!(err, ClientError::Unsupported { feature: Feature::VmNic, version: 4, .. }), "{err}");
+            assert_eq!(
+                err.to_string(),
+                "the agent in sandbox sb speaks protocol 4, which lacks vm_nic (the setup of a networked full VM's NIC (VmSetup::nic)); rebuild the image with a newer agent"
+            );
+            assert_eq!(client.call(vm_setup(None)).await.unwrap(), Reply::Ready);
+            assert_eq!(client.call(Op::Ping).await.unwrap(), Reply::Ready);
+            drop(client);
+            let (edge_hello, ops) = agent.await.unwrap();
+            assert_eq!(edge_hello.protocol_version, 4, "the edge answers with the agent's version");
+            assert_eq!(ops, vec![vm_setup(None), Op::Ping], "the refused setup never reached the agent");
+        }
     }
 
     /// Credit flows both ways: send_data stops at the window until the
@@ -739,12 +923,7 @@ mod tests {
 
     async fn measure_idle_connections() {
         const N: usize = 2000;
-        let hello = crate::codec::encode(&FromAgent::Hello(AgentHello {
-            protocol_version: PROTOCOL_VERSION,
-            agent_version: "test".into(),
-            state: AgentState::Fresh,
-        }))
-        .unwrap();
+        let hello = crate::codec::encode(&FromAgent::Hello(AgentHello::ours("test", AgentState::Fresh))).unwrap();
         let mut keep = Vec::with_capacity(N);
         // Warm up allocator and runtime before measuring.
         for _ in 0..50 {

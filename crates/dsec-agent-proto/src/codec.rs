@@ -107,7 +107,7 @@ mod tests {
     #[test]
     fn round_trip_every_direction() {
         let msgs = vec![
-            ToAgent::Hello(EdgeHello { protocol_version: PROTOCOL_VERSION }),
+            ToAgent::Hello(EdgeHello::ours(PROTOCOL_VERSION)),
             ToAgent::Request {
                 id: 7,
                 op: Op::Exec(ExecSpec {

@@ -7,9 +7,12 @@
 //! [`ToAgent`] or [`FromAgent`] message encoded with postcard.
 //!
 //! # Shape of a conversation
-//! 1. Both sides send `Hello` first and check the peer's
-//!    [`PROTOCOL_VERSION`]. An agent that is already set up (the edge
-//!    restarted and re-attached) says so in [`AgentHello::state`].
+//! 1. Both sides say `Hello` before anything else, each with the range of
+//!    versions it speaks and its features, and the connection speaks the
+//!    highest version of both ranges ([`negotiation`]: the Hello's frozen
+//!    wire form, and which feature gates what). An agent that is already set
+//!    up (the edge restarted and re-attached) says so in
+//!    [`AgentHello::state`].
 //! 2. The edge sends `Request { id, op }`. Ids are chosen by the edge and are
 //!    unique per connection. Every request ends with exactly one
 //!    `FromAgent::Reply { id, .. }`.
@@ -27,15 +30,24 @@
 pub mod client;
 pub mod codec;
 pub mod fncall;
+pub mod negotiation;
 mod ops;
 
+pub use negotiation::{AgentHello, EdgeHello, Feature, Features, Negotiated, Offer};
 pub use ops::*;
 
 use serde::{Deserialize, Serialize};
 
-/// Bumped on every incompatible change. Both sides refuse a peer with a
-/// different major version.
+/// The newest version this build speaks. Bumped when a message's layout
+/// changes in a way older decoders would misread; what an older agent can
+/// decode but not honour is a [`Feature`] instead ([`negotiation`]).
 pub const PROTOCOL_VERSION: u32 = 5;
+
+/// The oldest version this build still speaks, as an edge and as an agent.
+/// Below 4 a version no longer says what an agent can do: ops were added
+/// within protocol 3 without a bump, and a container agent parks the
+/// descriptors of its masked paths for the edge only since 4.
+pub const MIN_PROTOCOL_VERSION: u32 = 4;
 
 /// Largest frame either side accepts (a guard against a corrupt length).
 pub const MAX_FRAME_BYTES: usize = 8 << 20;
@@ -128,20 +140,7 @@ pub enum FromAgent {
     Audited(AuditTally),
 }
 
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct EdgeHello {
-    pub protocol_version: u32,
-}
-
-#[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
-pub struct AgentHello {
-    pub protocol_version: u32,
-    /// The agent binary's version (its crate version); lets the edge gate
-    /// features on old agents.
-    pub agent_version: String,
-    pub state: AgentState,
-}
-
+/// Frozen: part of the Hello's prefix ([`negotiation`]).
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum AgentState {
     /// Just started; waits for a setup request.

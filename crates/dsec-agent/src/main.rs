@@ -51,7 +51,7 @@ use std::process::ExitCode;
 use std::rc::Rc;
 
 use dsec_agent_proto::codec::{read_frame, write_frame, CodecError};
-use dsec_agent_proto::{AgentError, AgentState, ErrorKind, FromAgent, Op, Reply, ToAgent, PROTOCOL_VERSION};
+use dsec_agent_proto::{AgentError, AgentState, ErrorKind, FromAgent, Op, Reply, ToAgent};
 
 use agent::{Agent, Identity, Mode};
 use paths::Root;
@@ -178,12 +178,12 @@ fn forked_container_agent() -> i32 {
     }
 }
 
-/// Blocking handshake: our Hello, then the edge's, version-checked.
+/// Blocking handshake: our Hello, then the edge's, with a version both
+/// speak.
 fn handshake(chan: &mut File, state: AgentState) -> Result<(), String> {
     write_frame(chan, &server::hello(state)).map_err(|e| format!("send Hello: {e}"))?;
     match read_frame::<_, ToAgent>(chan) {
-        Ok(ToAgent::Hello(h)) if h.protocol_version == PROTOCOL_VERSION => Ok(()),
-        Ok(ToAgent::Hello(h)) => Err(format!("the edge speaks protocol {}, we speak {PROTOCOL_VERSION}", h.protocol_version)),
+        Ok(ToAgent::Hello(h)) => server::accept(&h).map(drop),
         Ok(other) => Err(format!("expected Hello, got {other:?}")),
         Err(e) => Err(format!("read Hello: {e}")),
     }

@@ -4,7 +4,8 @@
 use std::os::fd::OwnedFd;
 use std::rc::Rc;
 
-use dsec_agent_proto::{AgentHello, AgentState, FromAgent, ToAgent, PROTOCOL_VERSION};
+use dsec_agent_proto::negotiation::Speaks;
+use dsec_agent_proto::{AgentHello, AgentState, EdgeHello, FromAgent, Negotiated, ToAgent, PROTOCOL_VERSION};
 
 use crate::agent::{Agent, Mode};
 use crate::channel::{Conn, FrameReader, Incoming};
@@ -14,7 +15,13 @@ use crate::reattach;
 use crate::request::ReqCtx;
 
 pub fn hello(state: AgentState) -> FromAgent {
-    FromAgent::Hello(AgentHello { protocol_version: PROTOCOL_VERSION, agent_version: env!("CARGO_PKG_VERSION").to_string(), state })
+    FromAgent::Hello(AgentHello::ours(env!("CARGO_PKG_VERSION"), state))
+}
+
+/// The version both speak, given the edge's Hello (ours, which always
+/// comes first, announced our own); why not, naming both ranges.
+pub fn accept(h: &EdgeHello) -> Result<Negotiated, String> {
+    Speaks::ours().agree(&h.speaks(), Some(PROTOCOL_VERSION)).map_err(|m| m.describe_as("the edge", "this agent"))
 }
 
 /// Serves `fd` (whose handshake is done) and every later channel, until
@@ -126,13 +133,13 @@ async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, start: Start) -> bool {
     if start == Start::Greet {
         let _ = conn.send(&hello(AgentState::Ready { sandbox_id: agent.sandbox_id.borrow().clone() }));
         match reader.next(conn).await {
-            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if h.protocol_version == PROTOCOL_VERSION => {
-                reattach::release();
-            }
-            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) => {
-                eprintln!("dsec-agent: edge speaks protocol {}, we speak {PROTOCOL_VERSION}", h.protocol_version);
-                return false;
-            }
+            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) => match accept(&h) {
+                Ok(_) => reattach::release(),
+                Err(e) => {
+                    eprintln!("dsec-agent: {e}");
+                    return false;
+                }
+            },
             Ok(None) => return false,
             Ok(Some(_)) => {
                 eprintln!("dsec-agent: the edge must say Hello first");
@@ -146,11 +153,10 @@ async fn run_conn(agent: &Rc<Agent>, conn: &Rc<Conn>, start: Start) -> bool {
     }
     loop {
         match reader.next(conn).await {
-            Ok(Some(Incoming::Frame(ToAgent::Hello(h))))
-                if matches!(agent.mode, Mode::Vm | Mode::Guest) && h.protocol_version == PROTOCOL_VERSION =>
-            {
-                return true;
-            }
+            Ok(Some(Incoming::Frame(ToAgent::Hello(h)))) if matches!(agent.mode, Mode::Vm | Mode::Guest) => match accept(&h) {
+                Ok(_) => return true,
+                Err(e) => eprintln!("dsec-agent: a new edge said Hello: {e}"),
+            },
             Ok(Some(Incoming::Frame(msg))) => dispatch(agent, conn, msg),
             Ok(Some(Incoming::Garbage(e))) => eprintln!("dsec-agent: dropped a malformed frame: {e}"),
             Ok(None) => return false,

@@ -95,7 +95,7 @@ async fn reattach(agent_pid: i32) -> (AgentClient, dsec_agent_proto::AgentHello)
             if is_socket(&fd) {
                 let s = StdUnixStream::from(fd);
                 s.set_nonblocking(true).unwrap();
-                return AgentClient::connect(tokio::net::UnixStream::from_std(s).unwrap()).await.unwrap();
+                return AgentClient::answer(tokio::net::UnixStream::from_std(s).unwrap()).await.unwrap();
             }
         }
         assert!(Instant::now() < deadline, "the agent never offered a re-attach socket");
@@ -137,7 +137,7 @@ async fn container_mode_end_to_end() {
     let unshare_pid = child.0.as_ref().unwrap().id() as i32;
     let hangup: OwnedFd = ours.try_clone().unwrap().into();
     ours.set_nonblocking(true).unwrap();
-    let (client, hello) = AgentClient::connect(tokio::net::UnixStream::from_std(ours).unwrap()).await.unwrap();
+    let (client, hello) = AgentClient::answer(tokio::net::UnixStream::from_std(ours).unwrap()).await.unwrap();
     assert_eq!(hello.state, AgentState::Fresh);
     let agent_pid = children_of(unshare_pid)[0];
 
@@ -331,7 +331,7 @@ async fn container_setup_failure_is_reported() {
     let mut child = ChildGuard(Some(cmd.spawn().unwrap()));
     drop(theirs);
     ours.set_nonblocking(true).unwrap();
-    let (client, _) = AgentClient::connect(tokio::net::UnixStream::from_std(ours).unwrap()).await.unwrap();
+    let (client, _) = AgentClient::answer(tokio::net::UnixStream::from_std(ours).unwrap()).await.unwrap();
     let scratch = dir.path().join("scratch");
     std::fs::create_dir(&scratch).unwrap();
     let setup = ContainerSetup {

@@ -10,22 +10,58 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use dsec_agent_proto::codec::{read_frame, write_frame};
-use dsec_agent_proto::{EdgeHello, ErrorKind, FromAgent, Op, Reply, Stdin, ToAgent, INITIAL_WINDOW, MAX_CHUNK_BYTES, PROTOCOL_VERSION};
+use dsec_agent_proto::{
+    EdgeHello, ErrorKind, FromAgent, Offer, Op, Reply, Stdin, ToAgent, INITIAL_WINDOW, MAX_CHUNK_BYTES, MIN_PROTOCOL_VERSION,
+    PROTOCOL_VERSION,
+};
 
-fn start() -> (UnixStream, ChildGuard, tempfile::TempDir) {
+/// A plain agent whose Hello was read (and checked), with `stderr`.
+fn spawn_plain(stderr: Stdio) -> (UnixStream, ChildGuard, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
     let (mut ours, theirs) = UnixStream::pair().unwrap();
     let mut cmd = StdCommand::new(agent_bin());
     cmd.args(["plain", "--root"]).arg(dir.path());
-    cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::inherit());
+    cmd.env_clear().env("PATH", "/usr/bin:/bin").stdin(Stdio::null()).stdout(Stdio::null()).stderr(stderr);
     pass_as_fd3(&mut cmd, &theirs);
     let child = cmd.spawn().unwrap();
     drop(theirs);
     ours.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
     let FromAgent::Hello(h) = read_frame::<_, FromAgent>(&mut ours).unwrap() else { panic!("no hello") };
     assert_eq!(h.protocol_version, PROTOCOL_VERSION);
-    write_frame(&mut ours, &ToAgent::Hello(EdgeHello { protocol_version: PROTOCOL_VERSION })).unwrap();
+    assert_eq!(h.offer.map(|o| o.min_version), Some(MIN_PROTOCOL_VERSION));
     (ours, ChildGuard(Some(child)), dir)
+}
+
+fn start() -> (UnixStream, ChildGuard, tempfile::TempDir) {
+    let (mut ours, child, dir) = spawn_plain(Stdio::inherit());
+    write_frame(&mut ours, &ToAgent::Hello(EdgeHello::ours(PROTOCOL_VERSION))).unwrap();
+    (ours, child, dir)
+}
+
+/// An edge from before negotiation says only its version: served.
+#[test]
+fn an_edge_from_before_negotiation_is_served() {
+    let (mut s, _child, _dir) = spawn_plain(Stdio::inherit());
+    write_frame(&mut s, &ToAgent::Hello(EdgeHello { protocol_version: PROTOCOL_VERSION, offer: None })).unwrap();
+    write_frame(&mut s, &ToAgent::Request { id: 1, op: Op::Ping }).unwrap();
+    assert_eq!(reply_for(&mut s, 1).unwrap(), Reply::Pong);
+}
+
+/// An edge with no version in common: the agent says why (both ranges)
+/// and exits.
+#[test]
+fn an_edge_without_a_common_version_is_refused() {
+    let (mut s, mut child, _dir) = spawn_plain(Stdio::piped());
+    let old = Offer { min_version: 1, features: vec![] };
+    write_frame(&mut s, &ToAgent::Hello(EdgeHello { protocol_version: MIN_PROTOCOL_VERSION - 1, offer: Some(old) })).unwrap();
+    let out = child.0.take().unwrap().wait_with_output().unwrap();
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let want = format!(
+        "the edge speaks protocols 1 to {}, this agent protocols {MIN_PROTOCOL_VERSION} to {PROTOCOL_VERSION}",
+        MIN_PROTOCOL_VERSION - 1
+    );
+    assert!(stderr.contains(&want), "{stderr}");
 }
 
 /// Reads frames until the reply for `id`.
@@ -51,7 +87,7 @@ fn garbage_and_stray_frames_are_survived() {
         ToAgent::Data { id: 77, data: vec![1, 2, 3] },
         ToAgent::Credit { id: 77, bytes: 5 },
         ToAgent::Cancel { id: 78 },
-        ToAgent::Hello(EdgeHello { protocol_version: PROTOCOL_VERSION }),
+        ToAgent::Hello(EdgeHello::ours(PROTOCOL_VERSION)),
     ] {
         write_frame(&mut s, &m).unwrap();
     }

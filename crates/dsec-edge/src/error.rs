@@ -137,6 +137,8 @@ impl From<ClientError> for EdgeError {
     fn from(e: ClientError) -> Self {
         match e {
             ClientError::Agent(a) => EdgeError::Agent(a),
+            // The agent is fine, only too old for this request.
+            e @ ClientError::Unsupported { .. } => EdgeError::Agent(AgentError::new(ErrorKind::Unsupported, e.to_string())),
             other => EdgeError::AgentUnavailable(other.to_string()),
         }
     }

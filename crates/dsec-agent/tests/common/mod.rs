@@ -82,7 +82,7 @@ impl TestAgent {
         let hangup = ours.try_clone().unwrap().into();
         ours.set_nonblocking(true).unwrap();
         let stream = tokio::net::UnixStream::from_std(ours).unwrap();
-        let (client, hello) = AgentClient::connect(stream).await.unwrap();
+        let (client, hello) = AgentClient::answer(stream).await.unwrap();
         TestAgent { client, hello, pid: child.id() as i32, hangup, child: Some(child), dir }
     }
 

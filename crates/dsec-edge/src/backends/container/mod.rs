@@ -214,7 +214,7 @@ impl ContainerBackend {
         let handshake = async move {
             channel.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
             let stream = tokio::net::UnixStream::from_std(channel).map_err(|e| EdgeError::Internal(e.to_string()))?;
-            let (agent, _hello) = AgentClient::connect(stream).await?;
+            let (agent, _hello) = AgentClient::answer(stream).await?;
             let t_hello = t0.elapsed();
             match agent.call(Op::SetupContainer(setup)).await? {
                 Reply::Ready => {}
@@ -285,7 +285,7 @@ impl ContainerBackend {
         let std_stream = std::os::unix::net::UnixStream::from(fd);
         std_stream.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let stream = tokio::net::UnixStream::from_std(std_stream).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let connect = AgentClient::connect(stream);
+        let connect = AgentClient::answer(stream);
         let (agent, hello) = tokio::time::timeout(self.setup_timeout, connect)
             .await
             .map_err(|_| EdgeError::Timeout("re-attaching to the agent".into()))??;

@@ -727,7 +727,7 @@ pub(crate) fn cleanup_vm(cgroups: &Cgroups, id: &str, files: &VmFiles, extra: &[
 /// by both VM backends).
 pub(crate) async fn boot_agent(socket: &Path, qemu: &std::os::fd::OwnedFd, setup: VmSetup) -> Result<AgentClient, EdgeError> {
     let stream = connect_agent(socket, qemu).await?;
-    let (agent, hello) = AgentClient::connect(stream).await?;
+    let (agent, hello) = AgentClient::answer(stream).await?;
     if hello.state != AgentState::Fresh {
         return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
     }
