@@ -345,3 +345,64 @@ async fn the_reaper_removes_cgroups_of_no_live_sandbox() {
     assert_eq!(node.fake.calls().last(), Some(&Call::Cleanup("n1.stray".into())));
     assert_eq!(edge.get(&admin(), &live.id).unwrap().state, State::Running);
 }
+
+#[test]
+fn a_restarted_edge_with_less_room_abandons_what_it_cannot_admit() {
+    let node = TestNode::new(|_| {});
+    let ids: Vec<String> = edge_process(async {
+        let edge = node.start().await;
+        let a = edge.create(&admin(), request()).await.unwrap();
+        let b = edge.create(&admin(), request()).await.unwrap();
+        edge.inner.store.sync().await.unwrap();
+        vec![a.id, b.id]
+    });
+    let smaller = TestNode { config: crate::EdgeConfig { max_sandboxes: 1, ..node.config.clone() }, ..node };
+    edge_process(async {
+        let edge = smaller.start().await;
+        let recs: Vec<_> = ids.iter().map(|id| edge.get(&admin(), id).unwrap()).collect();
+        let (running, failed): (Vec<_>, Vec<_>) = recs.into_iter().partition(|r| r.state == State::Running);
+        assert_eq!((running.len(), failed.len()), (1, 1), "one re-admitted, one abandoned");
+        assert_eq!(failed[0].state, State::Failed);
+        assert!(failed[0].reason.as_deref().unwrap_or_default().ends_with("no capacity left to re-admit it"), "{:?}", failed[0].reason);
+        assert_eq!(smaller.fake.running(), vec![running[0].id.clone()], "the abandoned one's process was removed");
+        assert_eq!(edge.stats().used.sandboxes, 1);
+    });
+}
+
+#[tokio::test]
+async fn the_sweeper_forgets_ended_sandboxes_past_their_retention() {
+    let node = TestNode::new(|c| {
+        c.sweep_interval = std::time::Duration::from_millis(10);
+        c.retention = std::time::Duration::from_millis(1);
+    });
+    let edge = node.start().await;
+    let rec = edge.create(&admin(), request()).await.unwrap();
+    edge.stop(&admin(), &rec.id, "done").await.unwrap();
+    within("the record being forgotten", async {
+        while edge.get(&admin(), &rec.id).is_ok() {
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+    })
+    .await;
+    edge.inner.store.sync().await.unwrap();
+    let (_store, saved) = crate::store::Store::open(&node.config.state_dir.join("edge.db")).unwrap();
+    assert!(saved.iter().all(|r| r.id != rec.id), "and deleted from the database");
+}
+
+#[tokio::test]
+async fn a_shutdown_stops_every_sandbox_when_asked_and_removes_its_lock_file() {
+    let node = TestNode::new(|c| c.stop_sandboxes_on_shutdown = true);
+    let edge = node.start().await;
+    let lock_file = crate::lifecycle::node_lock::path(&node.dir.path().join("locks"), "n1");
+    assert!(lock_file.exists());
+    let a = edge.create(&admin(), request()).await.unwrap();
+    let b = edge.create(&admin(), request()).await.unwrap();
+    edge.shutdown().await;
+    for id in [&a.id, &b.id] {
+        let r = edge.get(&admin(), id).unwrap();
+        assert_eq!((r.state, r.reason.as_deref()), (State::Stopped, Some("edge shut down")));
+    }
+    assert!(node.fake.running().is_empty());
+    assert_eq!(edge.stats().used.sandboxes, 0);
+    assert!(!lock_file.exists(), "the node lock's own file is removed, wherever it is");
+}
