@@ -18,6 +18,12 @@
 //! and every call is recorded in order ([`FakeBackend::calls`]). No test
 //! waits on a timer racing another: each waits for a gate, a recorded
 //! call or a sandbox's end.
+//!
+//! What it cannot show: its processes are not in the cgroups it makes (an
+//! unprivileged process cannot join a directory of a temporary tree), so
+//! a freeze stops nothing, and the recovery of a paused sandbox, which
+//! checks membership through `/proc/<pid>/cgroup`, finds its agent gone;
+//! the integration tests run those as root.
 
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::{AsRawFd, OwnedFd};
