@@ -226,7 +226,7 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub(crate) struct EdgeInner {
     pub(crate) config: EdgeConfig,
     /// Held for the edge's life: one edge per node name per host.
-    _node_lock: std::fs::File,
+    node_lock: crate::lifecycle::node_lock::NodeLock,
     pub(crate) registry: RwLock<HashMap<String, Arc<Entry>>>,
     pub(crate) store: Store,
     pub(crate) admission: Admission,
@@ -272,24 +272,23 @@ impl Edge {
         // A start that fails half-way must not leave the node's mounts
         // (layer mounts, the shared sysfs) behind.
         let mut undo = StartUndo { rootfs: Some(rootfs.clone()), cgroups: None, backends: None, egress: None };
-        let Assembled { edge, records, denials, masked } = Self::assemble(config, rootfs, &mut undo).await?;
+        let host = Self::open_host(&config, &mut undo)?;
+        let assembled = Self::assemble(config, rootfs, host)?;
         undo.disarm();
-        if let Some(rx) = denials {
-            edge.spawn_audit_forwarder(rx, "network", "network attempts refused");
-        }
-        if let Some(rx) = masked {
-            edge.spawn_audit_forwarder(rx, "masked_path", "opens of masked paths");
-        }
-        edge.recover(records).await;
-        edge.reap_once().await;
-        edge.spawn_background_loops();
-        tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.cgroups.version(), "edge ready");
-        Ok(edge)
+        Ok(assembled.bring_up().await)
     }
 
-    /// Builds the edge; the sandbox records it found are recovered by the
-    /// caller once nothing can fail any more.
-    async fn assemble(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>, undo: &mut StartUndo) -> Result<Assembled, EdgeError> {
+    /// [`Edge::start`] on host parts the caller made: a fake backend over
+    /// a temporary cgroup tree (`backends::fake`), so that the lifecycle is
+    /// tested without root.
+    #[cfg(test)]
+    pub(crate) async fn start_on(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>, host: Host) -> Result<Edge, EdgeError> {
+        Ok(Self::assemble(config, rootfs, host)?.bring_up().await)
+    }
+
+    /// Takes the node's lock and opens what the edge takes from the host:
+    /// its cgroups, its egress and its backends.
+    fn open_host(config: &EdgeConfig, undo: &mut StartUndo) -> Result<Host, EdgeError> {
         crate::ids::validate_node_name(&config.node).map_err(EdgeError::Invalid)?;
         std::fs::create_dir_all(&config.state_dir)
             .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
@@ -304,7 +303,7 @@ impl Edge {
         }
         let (egress, denials) = match &config.network {
             Some(net) => {
-                let (e, rx) = start_egress(net, &config, &cgroups)?;
+                let (e, rx) = start_egress(net, config, &cgroups)?;
                 undo.egress = Some(e.clone());
                 (Some(e), Some(rx))
             }
@@ -312,10 +311,16 @@ impl Edge {
         };
         // Mounts the node's sysfs last: nothing between here and the undo
         // registration below can fail.
-        let (backends, masked) =
-            Backends::open(crate::backends::BackendsSetup { config: &config, cgroups: &cgroups, egress: egress.as_ref() })?;
+        let (backends, masked) = Backends::open(crate::backends::BackendsSetup { config, cgroups: &cgroups, egress: egress.as_ref() })?;
         let backends = Arc::new(backends);
         undo.backends = Some(backends.clone());
+        Ok(Host { node_lock, cgroups, backends, egress, denials, masked })
+    }
+
+    /// Builds the edge on its host parts; the sandbox records it found are
+    /// recovered by [`Assembled::bring_up`] once nothing can fail any more.
+    fn assemble(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>, host: Host) -> Result<Assembled, EdgeError> {
+        let Host { node_lock, cgroups, backends, egress, denials, masked } = host;
         let (store, records) = Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let journal = crate::trajectory::journal::Journal::open(&config.state_dir.join("journal.db"))
             .map_err(|e| EdgeError::Internal(e.to_string()))?;
@@ -338,7 +343,7 @@ impl Edge {
             counters: Default::default(),
             egress,
             config,
-            _node_lock: node_lock,
+            node_lock,
             registry: RwLock::new(HashMap::new()),
             store,
             admission,
@@ -422,12 +427,7 @@ impl Edge {
                 tracing::error!(error = %e, "could not turn the swap file off");
             }
         }
-        // Still locked by us, so no other edge holds this file: remove it so
-        // a host that saw many short-lived edges (tests) keeps no litter.
-        let _ = std::fs::remove_file(crate::lifecycle::node_lock::path(
-            std::path::Path::new(crate::lifecycle::node_lock::LOCK_DIR),
-            &self.inner.config.node,
-        ));
+        self.inner.node_lock.remove_file();
     }
 }
 
@@ -443,6 +443,18 @@ fn raise_fd_limit() {
     }
 }
 
+/// What an edge takes from its host: the node's lock, its cgroups, its
+/// backends and its egress, with the receivers of what they refuse.
+pub(crate) struct Host {
+    pub(crate) node_lock: crate::lifecycle::node_lock::NodeLock,
+    pub(crate) cgroups: Arc<Cgroups>,
+    pub(crate) backends: Arc<Backends>,
+    pub(crate) egress: Option<dsec_net::Egress>,
+    pub(crate) denials: Option<tokio::sync::mpsc::Receiver<dsec_net::Denial>>,
+    /// Opens of masked paths (None where fanotify is not available).
+    pub(crate) masked: Option<tokio::sync::mpsc::Receiver<crate::ops::audit_forward::Refused>>,
+}
+
 /// What [`Edge::assemble`] built, for `start` to bring to life.
 struct Assembled {
     edge: Edge,
@@ -450,6 +462,25 @@ struct Assembled {
     denials: Option<tokio::sync::mpsc::Receiver<dsec_net::Denial>>,
     /// Opens of masked paths (None where fanotify is not available).
     masked: Option<tokio::sync::mpsc::Receiver<crate::ops::audit_forward::Refused>>,
+}
+
+impl Assembled {
+    /// Forwards audit events, recovers the sandboxes an earlier edge left,
+    /// reaps strays and starts the background loops.
+    async fn bring_up(self) -> Edge {
+        let Assembled { edge, records, denials, masked } = self;
+        if let Some(rx) = denials {
+            edge.spawn_audit_forwarder(rx, "network", "network attempts refused");
+        }
+        if let Some(rx) = masked {
+            edge.spawn_audit_forwarder(rx, "masked_path", "opens of masked paths");
+        }
+        edge.recover(records).await;
+        edge.reap_once().await;
+        edge.spawn_background_loops();
+        tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.cgroups.version(), "edge ready");
+        edge
+    }
 }
 
 /// What a failed [`Edge::start`] undoes: the node-wide mounts made so far.

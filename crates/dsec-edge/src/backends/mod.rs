@@ -18,6 +18,8 @@
 //! ([`Backend::can_suspend`]) and the writable layer of `pack_diff`.
 
 pub mod container;
+#[cfg(test)]
+pub(crate) mod fake;
 pub mod fullvm;
 pub(crate) mod instance;
 pub mod microvm;
@@ -276,7 +278,8 @@ pub(crate) fn cgroup_limits(spec: &SandboxSpec, overhead_mb: u64) -> CgroupLimit
 /// runners are containers with a pool in front (`dsec-fncall`), so that
 /// kind is served by the container backend.
 pub struct Backends {
-    container: Arc<ContainerBackend>,
+    /// The container backend (a fake one in unit tests).
+    container: Arc<dyn Backend>,
     /// `Err` when the node cannot run microVMs (no QEMU, no kernel): the
     /// reason is kept for the error a request gets.
     microvm: Result<Arc<MicroVmBackend>, String>,
@@ -342,6 +345,14 @@ impl Backends {
             tracing::info!(%why, "full VMs unavailable on this node");
         }
         Ok((Backends { container, microvm, fullvm }, masked))
+    }
+
+    /// A node that runs containers (and FnCall runners) on `container`
+    /// only, as the unit tests' fake backend does.
+    #[cfg(test)]
+    pub(crate) fn containers_only(container: Arc<dyn Backend>) -> Backends {
+        let none = |what: &str| format!("the edge was started without {what} support");
+        Backends { container, microvm: Err(none("microVM")), fullvm: Err(none("full VM")) }
     }
 
     pub fn get(&self, kind: BackendKind) -> Result<&dyn Backend, EdgeError> {

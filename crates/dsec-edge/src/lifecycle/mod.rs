@@ -483,3 +483,6 @@ fn stopped_while_creating(entry: &Entry, id: String) -> EdgeError {
     let reason = entry.record().reason.unwrap_or_else(|| "stopped".into());
     EdgeError::StoppedWhileCreating { id, reason }
 }
+
+#[cfg(test)]
+mod tests;

@@ -25,8 +25,24 @@ pub(crate) fn path(dir: &Path, node: &str) -> PathBuf {
     dir.join(format!("node-{node}.lock"))
 }
 
+/// A node's lock, held for an edge's life (released when dropped).
+#[derive(Debug)]
+pub(crate) struct NodeLock {
+    _file: std::fs::File,
+    path: PathBuf,
+}
+
+impl NodeLock {
+    /// Removes the lock's file at a graceful shutdown: still locked by us,
+    /// so no other edge holds it, and a host that saw many short-lived
+    /// edges (tests) keeps no litter.
+    pub(crate) fn remove_file(&self) {
+        let _ = std::fs::remove_file(&self.path);
+    }
+}
+
 /// Takes `node`'s lock in `dir`, or says that another edge holds it.
-pub(crate) fn lock(dir: &Path, node: &str) -> Result<std::fs::File, EdgeError> {
+pub(crate) fn lock(dir: &Path, node: &str) -> Result<NodeLock, EdgeError> {
     let path = path(dir, node);
     std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
     for attempt in 1..=TRIES {
@@ -46,7 +62,7 @@ pub(crate) fn lock(dir: &Path, node: &str) -> Result<std::fs::File, EdgeError> {
         // Another edge's sweep may have removed the file between our open
         // and our lock: a lock on a removed file guards nothing.
         if same_file(&f, &path) {
-            return Ok(f);
+            return Ok(NodeLock { _file: f, path });
         }
     }
     Err(EdgeError::Invalid(format!("node name {node:?} is already used by another edge on this host; give this one another name (--node)")))

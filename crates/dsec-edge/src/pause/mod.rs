@@ -276,3 +276,6 @@ pub(crate) fn push_budget(timeout: Duration) -> Duration {
 pub(crate) fn ms(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1000.0
 }
+
+#[cfg(test)]
+mod tests;
