@@ -33,7 +33,7 @@ use std::time::Duration;
 
 use dsec_agent_proto::client::AgentClient;
 use dsec_agent_proto::codec::{read_frame_async, write_frame_async};
-use dsec_agent_proto::{AgentError, AgentHello, AgentState, ErrorKind, FromAgent, Op, Reply, ToAgent, PROTOCOL_VERSION};
+use dsec_agent_proto::{AgentError, AgentHello, AgentState, ErrorKind, FromAgent, Op, Reply, ToAgent};
 use tokio::io::unix::AsyncFd;
 use tokio::sync::watch;
 
@@ -457,7 +457,7 @@ async fn serve_agent(stream: tokio::net::UnixStream, state: AgentState, pidfd: O
     if !matches!(read_frame_async::<_, ToAgent>(&mut rd).await, Ok(Some(ToAgent::Hello(_)))) {
         return;
     }
-    let hello = AgentHello { protocol_version: PROTOCOL_VERSION, agent_version: "fake".into(), state };
+    let hello = AgentHello::ours("fake", state);
     if write_frame_async(&mut wr, &FromAgent::Hello(hello)).await.is_err() {
         return;
     }
