@@ -21,6 +21,7 @@ pub mod container;
 pub mod fullvm;
 pub(crate) mod instance;
 pub mod microvm;
+pub mod qemu;
 pub mod screen;
 pub mod snapshot;
 

@@ -1,0 +1,79 @@
+//! Talking to a VM's guest agent over the virtio-serial socket QEMU
+//! serves: the first handshake of a fresh guest (its setup), and
+//! re-attachment to one that was set up before (after an edge restart, a
+//! restore).
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use dsec_agent_proto::client::AgentClient;
+use dsec_agent_proto::{AgentState, Op, Reply, VmSetup};
+
+use super::process::process_exited;
+use crate::backends::container::spawn::pidfd_open;
+use crate::backends::instance::Instance;
+use crate::cgroup::Cgroups;
+use crate::error::EdgeError;
+
+/// Connects to a fresh guest agent and has it set the sandbox up (shared
+/// by both VM backends).
+pub(crate) async fn boot_agent(socket: &Path, qemu: &std::os::fd::OwnedFd, setup: VmSetup) -> Result<AgentClient, EdgeError> {
+    let stream = connect_agent(socket, qemu).await?;
+    let (agent, hello) = AgentClient::connect(stream).await?;
+    if hello.state != AgentState::Fresh {
+        return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
+    }
+    match agent.call(Op::SetupVm(setup)).await? {
+        Reply::Ready => Ok(agent),
+        other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
+    }
+}
+
+/// Re-attaches to the running VM `id` whose QEMU is `pid` (after an edge
+/// restart; shared by both VM backends).
+pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Path) -> Result<Instance, EdgeError> {
+    if !cgroups.contains(id, pid) {
+        return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
+    }
+    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+    let agent = attach_ready(id, &pidfd, socket).await?;
+    Ok(Instance::new(pid, pidfd, agent))
+}
+
+/// Connects to the agent of a VM that was set up before (re-adoption,
+/// restore): it greets as ready, with its sandbox id.
+pub(crate) async fn attach_ready(id: &str, pidfd: &std::os::fd::OwnedFd, socket: &Path) -> Result<AgentClient, EdgeError> {
+    let attach = async {
+        let stream = connect_agent(socket, pidfd).await?;
+        let (agent, hello) = AgentClient::connect(stream).await?;
+        match hello.state {
+            AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
+            other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
+        }
+    };
+    tokio::time::timeout(REATTACH_WAIT, attach).await.map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))?
+}
+
+/// How long re-adoption waits for a guest agent to greet.
+const REATTACH_WAIT: Duration = Duration::from_secs(10);
+
+/// Connects to the agent's socket, which QEMU creates while it starts;
+/// gives up if QEMU exits first.
+pub(crate) async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
+    let t0 = Instant::now();
+    loop {
+        match tokio::net::UnixStream::connect(path).await {
+            Ok(s) => return Ok(s),
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
+                if process_exited(qemu) {
+                    return Err(EdgeError::SetupFailed("QEMU exited during start".into()));
+                }
+                if t0.elapsed() > Duration::from_secs(10) {
+                    return Err(EdgeError::Timeout(format!("QEMU made no agent socket at {}", path.display())));
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            Err(e) => return Err(EdgeError::Internal(format!("connecting to {}: {e}", path.display()))),
+        }
+    }
+}
