@@ -43,11 +43,12 @@ use std::time::Duration;
 
 use dsec_agent_proto::VmSetup;
 
-use crate::backends::container::spawn::{pidfd_kill, reap};
 use crate::backends::instance::Instance;
 use crate::backends::microvm::MicroVmBackend;
+use crate::backends::qemu::agent::{self, BootWait};
 use crate::backends::qemu::cmdline::{self as qemu_cmdline, Accel, AccelChoice, VmFiles};
-use crate::backends::qemu::{agent, cleanup, disk, net as qemu_net, process, qmp, suspend};
+use crate::backends::qemu::undo::Undo;
+use crate::backends::qemu::{cleanup, disk, net as qemu_net, process, qmp, suspend};
 use crate::backends::{Backend, BoxFuture, Durable};
 use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
@@ -257,13 +258,19 @@ impl FullVmBackend {
         }
     }
 
+    /// How long a full VM may take to boot to its agent.
+    fn boot_wait(&self, accel: Accel) -> BootWait {
+        BootWait { timeout: self.cfg.boot_timeout, accel, what: "VM", hint: "; does the image start `dsec-agent guest`?" }
+    }
+
     async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
         let base = self.base_image(&spec.image)?;
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB)).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        if let Err(e) = durable.await {
-            let _ = self.cgroups.remove(id);
-            return Err(EdgeError::Internal(format!("edge database: {e}")));
-        }
+        let limits = crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB);
+        let mut undo = Undo::begin(&self.cgroups, id, &limits, durable).await?;
+        // From here on it has files (and maybe a network) too.
+        undo.then(|| {
+            let _ = self.cleanup(id);
+        });
         let files = self.files(id);
         let (f2, firmware) = (files.clone(), self.cfg.firmware);
         // A VM started from a snapshot boots from a disk chained onto it.
@@ -272,25 +279,14 @@ impl FullVmBackend {
             None => Backing::Base(base, spec.limits.disk_mb << 20),
         };
         let limit = spec.limits.disk_mb << 20;
-        let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, backing, limit, firmware))
+        tokio::task::spawn_blocking(move || prepare_files(&f2, backing, limit, firmware))
             .await
-            .map_err(|e| EdgeError::Internal(e.to_string()))
-            .and_then(|r| r);
-        if let Err(e) = prepared {
-            let _ = self.cleanup(id);
-            return Err(e);
-        }
+            .map_err(|e| EdgeError::Internal(e.to_string()))??;
         let accel = self.accel().await;
         let launch = self.launch(accel, spec, plan, &files, false);
         let mut args = cmdline::qemu_args(&launch);
         let egress = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty());
-        let qemu_net = match egress.map(|eg| qemu_net::prepare_network(eg, id, spec)).transpose() {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = self.cleanup(id);
-                return Err(e);
-            }
-        };
+        let qemu_net = egress.map(|eg| qemu_net::prepare_network(eg, id, spec)).transpose()?;
         if qemu_net.is_some() {
             args.extend(net::qemu_args());
         }
@@ -300,13 +296,8 @@ impl FullVmBackend {
             // suspended VM has no QEMU to hold it.
             eg.keep_netns(id, n.netns);
         }
-        let (pid, pidfd) = match spawned {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = self.cleanup(id);
-                return Err(e);
-            }
-        };
+        let (pid, pidfd) = spawned?;
+        let pidfd = undo.spawned(pid, pidfd);
         let setup = VmSetup {
             sandbox_id: id.to_string(),
             hostname: crate::ids::short_id(id).to_string(),
@@ -323,29 +314,8 @@ impl FullVmBackend {
             nic: egress.map(|_| net::guest_nic()),
         };
         let resolv_conf = egress.map(|e| e.resolv_conf());
-        let booted = async {
-            let agent = agent::boot_agent(&files.agent_socket(), &pidfd, setup).await?;
-            if let Some(conf) = resolv_conf {
-                qemu_net::write_resolv_conf(&agent, conf).await?;
-            }
-            Ok::<_, EdgeError>(agent)
-        };
-        let outcome = tokio::time::timeout(self.cfg.boot_timeout, booted).await;
-        let failure = match outcome {
-            Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
-            Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
-            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", process::console_tail(&files))),
-            Err(_) => EdgeError::Timeout(format!(
-                "the VM did not boot to its agent within {:?} ({} acceleration; does the image start `dsec-agent guest`?){}",
-                self.cfg.boot_timeout,
-                accel.as_str(),
-                process::console_tail(&files)
-            )),
-        };
-        let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-        reap(&pidfd);
-        let _ = self.cleanup(id);
-        Err(failure)
+        let agent = agent::boot_to_ready(&files, pidfd, setup, resolv_conf, &self.boot_wait(accel)).await?;
+        undo.ready(agent)
     }
 
     /// The screen of running VM `id`.

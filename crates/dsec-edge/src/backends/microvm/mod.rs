@@ -30,14 +30,14 @@ use std::time::{Duration, Instant};
 use dsec_agent_proto::VmSetup;
 use dsec_image::vm::VmKernel;
 
-use crate::backends::container::spawn::{pidfd_kill, reap};
 use crate::backends::instance::Instance;
-use crate::backends::qemu::agent::{attach_ready, boot_agent, reattach};
+use crate::backends::qemu::agent::{attach_ready, boot_to_ready, reattach, BootWait};
 use crate::backends::qemu::cleanup::{abort_boot, cleanup_vm, reap_dir};
 use crate::backends::qemu::cmdline::{Accel, AccelChoice, VmFiles};
 use crate::backends::qemu::net::{egress_of, keep_netns_of, network_of, prepare_network};
 use crate::backends::qemu::process::{console_tail, find_program, spawn_qemu};
 use crate::backends::qemu::suspend::{restore_qemu, suspend_qemu};
+use crate::backends::qemu::undo::Undo;
 use crate::backends::qemu::{disk::snapshot_disk, qmp, suspend};
 use crate::backends::snapshot;
 use crate::backends::{Backend, BoxFuture, Durable};
@@ -257,18 +257,24 @@ impl MicroVmBackend {
             .await
     }
 
+    /// How long a microVM may take to boot to its agent.
+    pub(super) fn boot_wait(&self, accel: Accel) -> BootWait {
+        BootWait { timeout: self.boot_timeout, accel, what: "microVM", hint: "" }
+    }
+
     async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB)).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        if let Err(e) = durable.await {
-            let _ = self.cgroups.remove(id);
-            return Err(EdgeError::Internal(format!("edge database: {e}")));
-        }
+        let limits = crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB);
+        let mut undo = Undo::begin(&self.cgroups, id, &limits, durable).await?;
+        // From here on it has files (and maybe a network) too.
+        undo.then(|| {
+            let _ = self.cleanup(id);
+        });
         let files = self.files(id);
         let (tdir, disk_mb, f2) = (self.template_dir.clone(), spec.limits.disk_mb.max(16), files.clone());
         // A fork's disk chains onto its snapshot, a fresh one onto the
         // empty template of its size.
         let (snaps, from_snapshot) = (self.snapshots.clone(), spec.snapshot.clone());
-        let prepared = tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
+        tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
             std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
             match from_snapshot {
                 Some(snap) => snaps.chain_onto(&snap, &f2.disk),
@@ -276,24 +282,11 @@ impl MicroVmBackend {
             }
         })
         .await
-        .map_err(|e| EdgeError::Internal(e.to_string()))
-        .and_then(|r| r);
-        if let Err(e) = prepared {
-            let _ = self.cleanup(id);
-            return Err(e);
-        }
+        .map_err(|e| EdgeError::Internal(e.to_string()))??;
         let accel = self.accel().await;
         let ram = self.ram_path(id);
-        let net = match self.egress.as_ref().filter(|_| !spec.network_rules.is_empty()) {
-            None => None,
-            Some(eg) => match prepare_network(eg, id, spec) {
-                Ok(n) => Some(n),
-                Err(e) => {
-                    let _ = self.cleanup(id);
-                    return Err(e);
-                }
-            },
-        };
+        let egress = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty());
+        let net = egress.map(|eg| prepare_network(eg, id, spec)).transpose()?;
         let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
         let args = net::with_nic(&mut launch, net.is_some());
         let setup = VmSetup {
@@ -315,20 +308,19 @@ impl MicroVmBackend {
         // snapshot alone).
         let memory_snapshot = spec.snapshot.as_ref().and_then(|s| self.snapshots.get(s)).filter(|m| m.memory.is_some() && net.is_none());
         if let Some(snap) = memory_snapshot {
-            return match self.start_from_memory_snapshot(id, &launch, &snap).await {
-                Ok(instance) => Ok(instance),
-                Err(e) => {
-                    let _ = self.cleanup(id);
-                    Err(e)
-                }
-            };
+            let instance = self.start_from_memory_snapshot(id, &launch, &snap).await?;
+            undo.disarm();
+            return Ok(instance);
         }
         // A fork's disk holds what its snapshot wrote: only fresh disks
         // match a template's.
         let mut booted = None;
         if self.templates.is_some() && spec.snapshot.is_none() && net.is_none() {
             match self.start_from_template(id, &launch, disk_mb, &setup).await {
-                Ok(instance) => return Ok(instance),
+                Ok(instance) => {
+                    undo.disarm();
+                    return Ok(instance);
+                }
                 Err(template::Miss::Running(pid, pidfd)) => booted = Some((pid, pidfd)),
                 Err(template::Miss::ColdBoot(why)) => {
                     tracing::warn!(%id, %why, "no template: booting cold");
@@ -337,49 +329,20 @@ impl MicroVmBackend {
                         let _ = std::fs::remove_file(stale);
                     }
                 }
-                Err(template::Miss::Failed(e)) => {
-                    let _ = self.cleanup(id);
-                    return Err(e);
-                }
+                Err(template::Miss::Failed(e)) => return Err(e),
             }
         }
         let spawned = booted.map(Ok).unwrap_or_else(|| spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, net.as_ref()));
-        if let (Some(eg), Some(n)) = (&self.egress, net) {
+        if let (Some(eg), Some(n)) = (egress, net) {
             // The edge holds the namespace for the sandbox's life: a
             // suspended VM has no QEMU to hold it.
             eg.keep_netns(id, n.netns);
         }
-        let (pid, pidfd) = match spawned {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = self.cleanup(id);
-                return Err(e);
-            }
-        };
-        let resolv_conf = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty()).map(|e| e.resolv_conf());
-        let booted = async {
-            let agent = boot_agent(&files.agent_socket(), &pidfd, setup).await?;
-            if let Some(conf) = resolv_conf {
-                crate::backends::qemu::net::write_resolv_conf(&agent, conf).await?;
-            }
-            Ok::<_, EdgeError>(agent)
-        };
-        let outcome = tokio::time::timeout(self.boot_timeout, booted).await;
-        let failure = match outcome {
-            Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
-            Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
-            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", console_tail(&files))),
-            Err(_) => EdgeError::Timeout(format!(
-                "the microVM did not boot to its agent within {:?} ({} acceleration){}",
-                self.boot_timeout,
-                accel.as_str(),
-                console_tail(&files)
-            )),
-        };
-        let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-        reap(&pidfd);
-        let _ = self.cleanup(id);
-        Err(failure)
+        let (pid, pidfd) = spawned?;
+        let pidfd = undo.spawned(pid, pidfd);
+        let resolv_conf = egress.map(|e| e.resolv_conf());
+        let agent = boot_to_ready(&files, pidfd, setup, resolv_conf, &self.boot_wait(accel)).await?;
+        undo.ready(agent)
     }
 
     async fn suspend_vm(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<crate::backends::SuspendOutcome, EdgeError> {
@@ -453,20 +416,16 @@ impl MicroVmBackend {
         let (pid, pidfd, times) = tokio::task::spawn_blocking(move || standbys.take_over(sb, &to2))
             .await
             .map_err(|e| EdgeError::Internal(format!("standby takeover task failed: {e}")))??;
+        let mut undo = Undo::qemu_only();
+        let pidfd = undo.spawned(pid, pidfd);
         let t1 = Instant::now();
         let files = self.files(&to.id);
-        match attach_ready(&to.id, &pidfd, &files.agent_socket()).await {
-            Ok(agent) => {
-                tracing::info!(id = %to.id, standby = true, attach_ms = times.attach_ms, devices_ms = times.devices_ms, machine_ms = times.machine_ms, load_ms = times.load_ms, agent_ms = ms_since(t1), "restored a VM");
-                let _ = std::fs::remove_file(&to.image);
-                Ok(Instance::new(pid, pidfd, agent))
-            }
-            Err(e) => {
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                reap(&pidfd);
-                Err(EdgeError::SetupFailed(format!("restoring {} in a standby QEMU: {e}{}", to.id, console_tail(&files))))
-            }
-        }
+        let agent = attach_ready(&to.id, pidfd, &files.agent_socket())
+            .await
+            .map_err(|e| EdgeError::SetupFailed(format!("restoring {} in a standby QEMU: {e}{}", to.id, console_tail(&files))))?;
+        tracing::info!(id = %to.id, standby = true, attach_ms = times.attach_ms, devices_ms = times.devices_ms, machine_ms = times.machine_ms, load_ms = times.load_ms, agent_ms = ms_since(t1), "restored a VM");
+        let _ = std::fs::remove_file(&to.image);
+        undo.ready(agent)
     }
 }
 

@@ -48,6 +48,7 @@ use crate::backends::instance::Instance;
 use crate::backends::qemu::agent::{boot_agent, connect_agent};
 use crate::backends::qemu::process::{console_tail, process_exited, spawn_qemu_fds};
 use crate::backends::qemu::suspend;
+use crate::backends::qemu::undo::Undo;
 use crate::error::EdgeError;
 
 /// What the agent prints once booted and waiting for the host (kept equal
@@ -272,12 +273,7 @@ impl MicroVmBackend {
             let _ = pidfd_kill(&pidfd, libc::SIGKILL);
             reap(&pidfd);
             return Err(Miss::Failed(match e {
-                EdgeError::Timeout(_) => EdgeError::Timeout(format!(
-                    "the microVM did not boot to its agent within {:?} ({} acceleration){}",
-                    self.boot_timeout,
-                    l.accel.as_str(),
-                    console_tail(files)
-                )),
+                EdgeError::Timeout(_) => self.boot_wait(l.accel).timed_out(files),
                 e => EdgeError::SetupFailed(format!("{e}{}", console_tail(files))),
             }));
         }
@@ -336,29 +332,24 @@ impl MicroVmBackend {
             None,
         )?;
         drop(state);
+        let mut undo = Undo::qemu_only();
+        let pidfd = undo.spawned(pid, pidfd);
         let started = async {
-            let times = suspend::load_incoming(files, &pidfd, true).await?;
+            let times = suspend::load_incoming(files, pidfd, true).await?;
             tracing::debug!(%id, qmp_ready_ms = times.qmp_ready_ms, load_ms = times.load_ms, "restored a memory image");
             let agent = match setup {
-                Some(setup) => boot_agent(&files.agent_socket(), &pidfd, setup.clone()).await?,
-                None => attach_saved(&files.agent_socket(), &pidfd).await?,
+                Some(setup) => boot_agent(&files.agent_socket(), pidfd, setup.clone()).await?,
+                None => attach_saved(&files.agent_socket(), pidfd).await?,
             };
             reidentify(&agent, id, crate::ids::short_id(id)).await?;
             Ok::<_, EdgeError>(agent)
         };
-        match tokio::time::timeout(self.boot_timeout, started).await {
-            Ok(Ok(agent)) => Ok(Instance::new(pid, pidfd, agent)),
-            Ok(Err(e)) => {
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                reap(&pidfd);
-                Err(EdgeError::SetupFailed(format!("{e}{}", console_tail(files))))
-            }
-            Err(_) => {
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                reap(&pidfd);
-                Err(EdgeError::Timeout(format!("restoring {id} from its template")))
-            }
-        }
+        let agent = match tokio::time::timeout(self.boot_timeout, started).await {
+            Ok(Ok(agent)) => agent,
+            Ok(Err(e)) => return Err(EdgeError::SetupFailed(format!("{e}{}", console_tail(files)))),
+            Err(_) => return Err(EdgeError::Timeout(format!("restoring {id} from its template"))),
+        };
+        undo.ready(agent)
     }
 }
 

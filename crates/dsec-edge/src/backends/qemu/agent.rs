@@ -1,23 +1,77 @@
 //! Talking to a VM's guest agent over the virtio-serial socket QEMU
-//! serves: the first handshake of a fresh guest (its setup), and
-//! re-attachment to one that was set up before (after an edge restart, a
-//! restore).
+//! serves: the boot tail of a fresh guest (handshake, setup, resolver,
+//! within the boot timeout), and re-attachment to one that was set up
+//! before (after an edge restart, a restore).
 
+use std::os::fd::OwnedFd;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
 use dsec_agent_proto::client::AgentClient;
 use dsec_agent_proto::{AgentState, Op, Reply, VmSetup};
 
-use super::process::process_exited;
+use super::cmdline::{Accel, VmFiles};
+use super::process::{console_tail, process_exited};
 use crate::backends::container::spawn::pidfd_open;
 use crate::backends::instance::Instance;
 use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
 
+/// How long a guest may take to boot to its agent, and how a boot that
+/// did not is told.
+pub(crate) struct BootWait {
+    pub timeout: Duration,
+    pub accel: Accel,
+    /// What boots, for the message ("microVM", "VM").
+    pub what: &'static str,
+    /// Added to a timeout's message (what to check).
+    pub hint: &'static str,
+}
+
+impl BootWait {
+    /// The error of a boot that did not reach its agent in time.
+    pub fn timed_out(&self, files: &VmFiles) -> EdgeError {
+        EdgeError::Timeout(format!(
+            "the {} did not boot to its agent within {:?} ({} acceleration{}){}",
+            self.what,
+            self.timeout,
+            self.accel.as_str(),
+            self.hint,
+            console_tail(files)
+        ))
+    }
+}
+
+/// The boot tail of both VM backends, once a fresh guest's QEMU (`qemu`)
+/// runs: waits for its agent, has it set the sandbox up (`setup`) and, for
+/// a networked sandbox, points its resolver at the node's (`resolv_conf`),
+/// all within `wait.timeout`. Errors carry the console's last lines,
+/// except an unknown `init_user`, the caller's error as the agent gave it.
+pub(crate) async fn boot_to_ready(
+    files: &VmFiles,
+    qemu: &OwnedFd,
+    setup: VmSetup,
+    resolv_conf: Option<String>,
+    wait: &BootWait,
+) -> Result<AgentClient, EdgeError> {
+    let booted = async {
+        let agent = boot_agent(&files.agent_socket(), qemu, setup).await?;
+        if let Some(conf) = resolv_conf {
+            super::net::write_resolv_conf(&agent, conf).await?;
+        }
+        Ok::<_, EdgeError>(agent)
+    };
+    match tokio::time::timeout(wait.timeout, booted).await {
+        Ok(Ok(agent)) => Ok(agent),
+        Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => Err(EdgeError::Agent(a)),
+        Ok(Err(e)) => Err(EdgeError::SetupFailed(format!("{e}{}", console_tail(files)))),
+        Err(_) => Err(wait.timed_out(files)),
+    }
+}
+
 /// Connects to a fresh guest agent and has it set the sandbox up (shared
 /// by both VM backends).
-pub(crate) async fn boot_agent(socket: &Path, qemu: &std::os::fd::OwnedFd, setup: VmSetup) -> Result<AgentClient, EdgeError> {
+pub(crate) async fn boot_agent(socket: &Path, qemu: &OwnedFd, setup: VmSetup) -> Result<AgentClient, EdgeError> {
     let stream = connect_agent(socket, qemu).await?;
     let (agent, hello) = AgentClient::connect(stream).await?;
     if hello.state != AgentState::Fresh {
@@ -42,7 +96,7 @@ pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Pat
 
 /// Connects to the agent of a VM that was set up before (re-adoption,
 /// restore): it greets as ready, with its sandbox id.
-pub(crate) async fn attach_ready(id: &str, pidfd: &std::os::fd::OwnedFd, socket: &Path) -> Result<AgentClient, EdgeError> {
+pub(crate) async fn attach_ready(id: &str, pidfd: &OwnedFd, socket: &Path) -> Result<AgentClient, EdgeError> {
     let attach = async {
         let stream = connect_agent(socket, pidfd).await?;
         let (agent, hello) = AgentClient::connect(stream).await?;
@@ -59,7 +113,7 @@ const REATTACH_WAIT: Duration = Duration::from_secs(10);
 
 /// Connects to the agent's socket, which QEMU creates while it starts;
 /// gives up if QEMU exits first.
-pub(crate) async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
+pub(crate) async fn connect_agent(path: &Path, qemu: &OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
     let t0 = Instant::now();
     loop {
         match tokio::net::UnixStream::connect(path).await {

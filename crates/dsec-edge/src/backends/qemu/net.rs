@@ -22,8 +22,10 @@
 //!   resolver instead, reached like from a container;
 //! - DHCP answers only inside QEMU; TFTP, SMB and port forwards are not
 //!   configured; IPv6 is off.
+//!
 //! vhost-net (a tap in the namespace) is not needed, and not available on
-//! every host.
+//! every host. The NIC device is each machine's (`microvm::net`,
+//! `fullvm::net`).
 
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;

@@ -27,8 +27,9 @@ use std::time::{Duration, Instant};
 use super::cmdline::VmFiles;
 use super::process::{console_tail, spawn_qemu, wait_exit};
 use super::qmp::Session;
+use super::undo::Undo;
 use super::{agent, net};
-use crate::backends::container::spawn::{pidfd_kill, reap};
+use crate::backends::container::spawn::pidfd_kill;
 use crate::backends::instance::Instance;
 use crate::backends::SuspendOutcome;
 use crate::cgroup::Cgroups;
@@ -65,7 +66,7 @@ pub fn save(qmp: &Path, image: &Path, ram: Option<&Path>, ignore_shared: bool, p
     let _ = s.call("quit", serde_json::Value::Null);
     drop(s);
     if !wait_exit(pidfd, QUIT_TIMEOUT) {
-        let _ = crate::backends::container::spawn::pidfd_kill(pidfd, libc::SIGKILL);
+        let _ = pidfd_kill(pidfd, libc::SIGKILL);
         wait_exit(pidfd, QUIT_TIMEOUT);
     }
     let t1 = Instant::now();
@@ -212,26 +213,20 @@ pub(crate) async fn restore_qemu(
     let t0 = Instant::now();
     let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state), net)?;
     drop(state);
+    let mut undo = Undo::qemu_only();
+    let pidfd = undo.spawned(pid, pidfd);
     let spawn_ms = ms(t0);
     let restored = async {
-        let times = load_incoming(files, &pidfd, ignore_shared).await?;
+        let times = load_incoming(files, pidfd, ignore_shared).await?;
         let t1 = Instant::now();
-        let agent = agent::attach_ready(id, &pidfd, &files.agent_socket()).await?;
+        let agent = agent::attach_ready(id, pidfd, &files.agent_socket()).await?;
         tracing::info!(%id, spawn_ms, qmp_ready_ms = times.qmp_ready_ms, load_ms = times.load_ms, agent_ms = ms(t1), "restored a VM");
         Ok::<_, EdgeError>(agent)
     };
-    match restored.await {
-        Ok(agent) => {
-            // The image is spent (with a RAM file, that is live memory again).
-            let _ = std::fs::remove_file(image);
-            Ok(Instance::new(pid, pidfd, agent))
-        }
-        Err(e) => {
-            let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-            reap(&pidfd);
-            Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(files))))
-        }
-    }
+    let agent = restored.await.map_err(|e| EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(files))))?;
+    // The image is spent (with a RAM file, that is live memory again).
+    let _ = std::fs::remove_file(image);
+    undo.ready(agent)
 }
 
 /// Has a QEMU started with `-incoming defer` (`pidfd`) load its state
