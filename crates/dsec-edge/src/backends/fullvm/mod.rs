@@ -451,21 +451,11 @@ impl Backend for FullVmBackend {
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(async move {
-            let instance = agent::reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
-            if let Some(eg) = qemu_net::egress_of(self.egress.as_ref(), id) {
-                qemu_net::keep_netns_of(eg, id, pid)?;
-            }
-            Ok(instance)
-        })
+        Box::pin(async move { agent::reattach(&self.cgroups, self.egress.as_ref(), id, pid, &self.files(id).agent_socket()).await })
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
-        let done = cleanup::cleanup_vm(&self.cgroups, id, &self.files(id), &[self.image_path(id)]);
-        if let Some(eg) = &self.egress {
-            eg.release(id);
-        }
-        done
+        cleanup::cleanup_vm(&self.cgroups, self.egress.as_ref(), id, &self.files(id), &[self.image_path(id)])
     }
 
     fn can_suspend(&self) -> bool {

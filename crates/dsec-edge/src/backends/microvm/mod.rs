@@ -34,7 +34,7 @@ use crate::backends::instance::Instance;
 use crate::backends::qemu::agent::{attach_ready, boot_to_ready, reattach, BootWait};
 use crate::backends::qemu::cleanup::{abort_boot, cleanup_vm, reap_dir};
 use crate::backends::qemu::cmdline::{Accel, AccelChoice, VmFiles};
-use crate::backends::qemu::net::{egress_of, keep_netns_of, network_of, prepare_network};
+use crate::backends::qemu::net::{network_of, prepare_network};
 use crate::backends::qemu::process::{console_tail, find_program, spawn_qemu};
 use crate::backends::qemu::suspend::{restore_qemu, suspend_qemu};
 use crate::backends::qemu::undo::Undo;
@@ -499,23 +499,14 @@ impl Backend for MicroVmBackend {
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(async move {
-            let instance = reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
-            if let Some(eg) = egress_of(self.egress.as_ref(), id) {
-                keep_netns_of(eg, id, pid)?;
-            }
-            Ok(instance)
-        })
+        Box::pin(async move { reattach(&self.cgroups, self.egress.as_ref(), id, pid, &self.files(id).agent_socket()).await })
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
         // The RAM file whatever the node's setting now (it may have
         // changed across a restart), and any suspend image.
-        let done = cleanup_vm(&self.cgroups, id, &self.files(id), &[self.ram_dir.join(format!("{id}.ram")), self.image_path(id)]);
-        if let Some(eg) = &self.egress {
-            eg.release(id);
-        }
-        done
+        let extra = [self.ram_dir.join(format!("{id}.ram")), self.image_path(id)];
+        cleanup_vm(&self.cgroups, self.egress.as_ref(), id, &self.files(id), &extra)
     }
 
     fn can_suspend(&self) -> bool {

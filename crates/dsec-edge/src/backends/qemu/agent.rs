@@ -84,13 +84,23 @@ pub(crate) async fn boot_agent(socket: &Path, qemu: &OwnedFd, setup: VmSetup) ->
 }
 
 /// Re-attaches to the running VM `id` whose QEMU is `pid` (after an edge
-/// restart; shared by both VM backends).
-pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Path) -> Result<Instance, EdgeError> {
+/// restart; `Backend::adopt` of both VM backends); a networked VM's
+/// namespace is kept by the edge again (`egress`: the node's).
+pub(crate) async fn reattach(
+    cgroups: &Cgroups,
+    egress: Option<&dsec_net::Egress>,
+    id: &str,
+    pid: i32,
+    socket: &Path,
+) -> Result<Instance, EdgeError> {
     if !cgroups.contains(id, pid) {
         return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
     }
     let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
     let agent = attach_ready(id, &pidfd, socket).await?;
+    if let Some(eg) = super::net::egress_of(egress, id) {
+        super::net::keep_netns_of(eg, id, pid)?;
+    }
     Ok(Instance::new(pid, pidfd, agent))
 }
 

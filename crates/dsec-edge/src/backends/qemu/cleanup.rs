@@ -10,8 +10,25 @@ use crate::error::EdgeError;
 
 /// What is left of VM `id` once its QEMU is gone: stray processes of its
 /// cgroup, its run directory, its disk and the backend's `extra` files
-/// (missing ones are fine), the cgroup (shared by both VM backends).
-pub(crate) fn cleanup_vm(cgroups: &Cgroups, id: &str, files: &VmFiles, extra: &[PathBuf]) -> Result<(), EdgeError> {
+/// (missing ones are fine), the cgroup, and its network if it has one
+/// (`egress`: the node's, released whatever else failed); `Backend::cleanup`
+/// of both VM backends.
+pub(crate) fn cleanup_vm(
+    cgroups: &Cgroups,
+    egress: Option<&dsec_net::Egress>,
+    id: &str,
+    files: &VmFiles,
+    extra: &[PathBuf],
+) -> Result<(), EdgeError> {
+    let done = remove_vm(cgroups, id, files, extra);
+    if let Some(eg) = egress {
+        eg.release(id);
+    }
+    done
+}
+
+/// All of [`cleanup_vm`] but the network.
+fn remove_vm(cgroups: &Cgroups, id: &str, files: &VmFiles, extra: &[PathBuf]) -> Result<(), EdgeError> {
     cgroups.kill_all(id);
     let _ = std::fs::remove_dir_all(&files.run_dir);
     for f in std::iter::once(&files.disk).chain(extra) {
