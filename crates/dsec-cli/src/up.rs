@@ -140,7 +140,7 @@ pub struct EdgeArgs {
     /// How microVMs run guest code: auto (KVM if a probe boot under it
     /// works, else TCG emulation), kvm or tcg.
     #[arg(long, default_value = "auto")]
-    pub vm_accel: dsec_edge::backends::microvm::cmdline::AccelChoice,
+    pub vm_accel: dsec_edge::backends::qemu::cmdline::AccelChoice,
     /// The QEMU binary of microVMs.
     #[arg(long, default_value = "qemu-system-x86_64")]
     pub qemu: PathBuf,
@@ -155,7 +155,7 @@ pub struct EdgeArgs {
     pub vm_ram_file: bool,
     /// TCG translation cache per microVM and full VM, MiB (each VM's QEMU
     /// keeps up to this much translated code resident; unused under KVM).
-    #[arg(long, default_value_t = dsec_edge::backends::microvm::cmdline::DEFAULT_TB_SIZE_MB)]
+    #[arg(long, default_value_t = dsec_edge::backends::qemu::cmdline::DEFAULT_TB_SIZE_MB)]
     pub vm_tb_size_mb: u32,
     /// New microVMs restore a memory image of a freshly booted guest of
     /// their shape (one per shape, made by the first) instead of booting;

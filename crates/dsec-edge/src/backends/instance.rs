@@ -29,6 +29,6 @@ impl Instance {
 
     /// True once the process has exited.
     pub fn has_exited(&self) -> bool {
-        crate::backends::microvm::process_exited(&self.pidfd)
+        crate::backends::qemu::process::process_exited(&self.pidfd)
     }
 }

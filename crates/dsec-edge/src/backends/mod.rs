@@ -23,6 +23,7 @@ pub(crate) mod fake;
 pub mod fullvm;
 pub(crate) mod instance;
 pub mod microvm;
+pub mod qemu;
 pub mod screen;
 pub mod snapshot;
 

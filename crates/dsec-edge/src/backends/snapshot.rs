@@ -179,8 +179,8 @@ impl SnapshotDir {
     /// Copies a suspended VM's RAM file and device state as those of
     /// snapshot `id` (before `write` lists it; removed again on error).
     pub fn write_memory(&self, id: &str, ram: &Path, vmstate: &Path) -> Result<(), EdgeError> {
-        let copied = super::microvm::disk::sparse_copy(ram, &self.ram(id))
-            .and_then(|()| super::microvm::disk::sparse_copy(vmstate, &self.vmstate(id)));
+        let copied =
+            super::qemu::disk::sparse_copy(ram, &self.ram(id)).and_then(|()| super::qemu::disk::sparse_copy(vmstate, &self.vmstate(id)));
         copied.map_err(|e| {
             let _ = std::fs::remove_file(self.ram(id));
             let _ = std::fs::remove_file(self.vmstate(id));
@@ -219,9 +219,9 @@ impl SnapshotDir {
     /// only once it is whole).
     pub fn write(&self, overlay: &Path, mut meta: SnapshotMeta) -> Result<SnapshotMeta, EdgeError> {
         let layer = self.layer(&meta.id);
-        super::microvm::disk::sparse_copy(overlay, &layer)
+        super::qemu::disk::sparse_copy(overlay, &layer)
             .map_err(|e| EdgeError::Internal(format!("copying {} to {}: {e}", overlay.display(), layer.display())))?;
-        meta.bytes = super::microvm::suspend::allocated(&layer);
+        meta.bytes = super::qemu::suspend::allocated(&layer);
         let tmp = self.dir.join(format!(".{}.json.tmp", meta.id));
         let written = serde_json::to_vec_pretty(&meta)
             .map_err(|e| e.to_string())
@@ -246,7 +246,7 @@ pub fn create_overlay(backing: &Path, dst: &Path) -> Result<(), EdgeError> {
 /// backing file's: the guest sees a bigger disk) when given.
 pub fn create_overlay_of_size(backing: &Path, dst: &Path, size: Option<u64>) -> Result<(), EdgeError> {
     let mut cmd = Command::new("qemu-img");
-    cmd.args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", "-F", super::microvm::cmdline::disk_format(backing), "-b"])
+    cmd.args(["create", "-q", "-f", "qcow2", "-o", "cluster_size=65536", "-F", super::qemu::cmdline::disk_format(backing), "-b"])
         .arg(backing)
         .arg(dst);
     if let Some(size) = size {
@@ -345,7 +345,7 @@ mod tests {
         create_overlay_of_size(&a, &big, Some(32 << 20)).unwrap();
         assert_eq!(virtual_size(&big), Some(32 << 20));
         // Small: an overlay holds only its header and tables.
-        assert!(super::super::microvm::suspend::allocated(&b) < 1 << 20);
+        assert!(super::super::qemu::suspend::allocated(&b) < 1 << 20);
     }
 
     #[test]

@@ -7,7 +7,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::backends::microvm::cmdline::{Accel, VmFiles, AGENT_PORT};
+use crate::backends::qemu::cmdline::{Accel, VmFiles, AGENT_PORT};
 
 /// Which firmware boots the guest.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,7 +56,7 @@ impl std::str::FromStr for LayerBus {
 pub fn layer_name(bus: LayerBus, i: usize) -> String {
     match bus {
         LayerBus::Pmem => format!("pmem{i}"),
-        LayerBus::Blk => crate::backends::microvm::cmdline::layer_serial(i),
+        LayerBus::Blk => crate::backends::qemu::cmdline::layer_serial(i),
     }
 }
 

@@ -10,14 +10,14 @@
 //! starts the same guest agent at boot (`dsec-agent guest`), which finds
 //! its virtio-serial port by name; the edge then talks to it exactly as
 //! to a microVM's (the QEMU spawn, the agent handshake and re-attachment
-//! are the microVM backend's functions).
+//! are the QEMU layer's, `qemu/`).
 //!
 //! The screen (`screen`, `input`): QMP `screendump` and `input-send-event`.
 //! Stop is a SIGKILL to QEMU; the exit watcher's cleanup removes the run
 //! directory, the overlay and the cgroup.
 //!
-//! Suspend, restore and snapshots are the microVM backend's functions
-//! (`microvm::suspend_qemu`, `restore_qemu`, `snapshot_disk`): guest RAM
+//! Suspend, restore and snapshots are the QEMU layer's
+//! (`qemu::suspend::suspend_qemu`, `restore_qemu`, `qemu::disk::snapshot_disk`): guest RAM
 //! is anonymous memory here, so a suspend image holds all of it (QEMU
 //! skips zero pages); shared memory (read-only pmem layers) is left out of
 //! it. A snapshot is a copy of the VM's overlay, whose backing file is the
@@ -43,10 +43,12 @@ use std::time::Duration;
 
 use dsec_agent_proto::VmSetup;
 
-use crate::backends::container::spawn::{pidfd_kill, reap};
 use crate::backends::instance::Instance;
-use crate::backends::microvm::cmdline::{Accel, AccelChoice, VmFiles};
-use crate::backends::microvm::{self, MicroVmBackend};
+use crate::backends::microvm::MicroVmBackend;
+use crate::backends::qemu::agent::{self, BootWait};
+use crate::backends::qemu::cmdline::{self as qemu_cmdline, Accel, AccelChoice, VmFiles};
+use crate::backends::qemu::undo::Undo;
+use crate::backends::qemu::{cleanup, disk, net as qemu_net, process, qmp, suspend};
 use crate::backends::{Backend, BoxFuture, Durable};
 use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
@@ -91,7 +93,7 @@ impl FullVmConfig {
             free_page_reporting: true,
             boot_timeout: Duration::from_secs(300),
             layer_bus: LayerBus::Pmem,
-            tb_size_mb: microvm::cmdline::DEFAULT_TB_SIZE_MB,
+            tb_size_mb: qemu_cmdline::DEFAULT_TB_SIZE_MB,
         }
     }
 }
@@ -126,8 +128,8 @@ impl FullVmBackend {
         probe: Option<Arc<MicroVmBackend>>,
     ) -> Result<Self, String> {
         let qemu =
-            microvm::find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
-        microvm::find_program(Path::new("qemu-img")).ok_or("qemu-img not found (Debian package qemu-utils)")?;
+            process::find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
+        process::find_program(Path::new("qemu-img")).ok_or("qemu-img not found (Debian package qemu-utils)")?;
         if cfg.firmware == Firmware::Ovmf && !Path::new(cmdline::OVMF_CODE).is_file() {
             return Err(format!("{} not found (Debian package ovmf)", cmdline::OVMF_CODE));
         }
@@ -172,7 +174,7 @@ impl FullVmBackend {
             accel,
             firmware: self.cfg.firmware,
             memory_mb: spec.limits.memory_mb,
-            vcpus: microvm::cmdline::vcpus_for(spec.limits.cpu_cores),
+            vcpus: qemu_cmdline::vcpus_for(spec.limits.cpu_cores),
             tb_size_mb: self.cfg.tb_size_mb,
             files,
             disk_limit_bytes: spec.limits.disk_mb << 20,
@@ -190,11 +192,11 @@ impl FullVmBackend {
         let mut args = cmdline::qemu_args(&self.launch(self.accel().await, spec, plan, &files, true));
         // The same NIC as at boot, in the same namespace and cgroup2
         // directory.
-        let net = microvm::network_of(self.egress.as_ref(), id)?;
+        let net = qemu_net::network_of(self.egress.as_ref(), id)?;
         if net.is_some() {
             args.extend(net::qemu_args());
         }
-        microvm::restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), true, net.as_ref()).await
+        suspend::restore_qemu(&self.cgroups, &self.qemu, id, args, &files, &self.image_path(id), true, net.as_ref()).await
     }
 
     pub fn files(&self, id: &str) -> VmFiles {
@@ -256,13 +258,19 @@ impl FullVmBackend {
         }
     }
 
+    /// How long a full VM may take to boot to its agent.
+    fn boot_wait(&self, accel: Accel) -> BootWait {
+        BootWait { timeout: self.cfg.boot_timeout, accel, what: "VM", hint: "; does the image start `dsec-agent guest`?" }
+    }
+
     async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
         let base = self.base_image(&spec.image)?;
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB)).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        if let Err(e) = durable.await {
-            let _ = self.cgroups.remove(id);
-            return Err(EdgeError::Internal(format!("edge database: {e}")));
-        }
+        let limits = crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB);
+        let mut undo = Undo::begin(&self.cgroups, id, &limits, durable).await?;
+        // From here on it has files (and maybe a network) too.
+        undo.then(|| {
+            let _ = self.cleanup(id);
+        });
         let files = self.files(id);
         let (f2, firmware) = (files.clone(), self.cfg.firmware);
         // A VM started from a snapshot boots from a disk chained onto it.
@@ -271,41 +279,25 @@ impl FullVmBackend {
             None => Backing::Base(base, spec.limits.disk_mb << 20),
         };
         let limit = spec.limits.disk_mb << 20;
-        let prepared = tokio::task::spawn_blocking(move || prepare_files(&f2, backing, limit, firmware))
+        tokio::task::spawn_blocking(move || prepare_files(&f2, backing, limit, firmware))
             .await
-            .map_err(|e| EdgeError::Internal(e.to_string()))
-            .and_then(|r| r);
-        if let Err(e) = prepared {
-            let _ = self.cleanup(id);
-            return Err(e);
-        }
+            .map_err(|e| EdgeError::Internal(e.to_string()))??;
         let accel = self.accel().await;
         let launch = self.launch(accel, spec, plan, &files, false);
         let mut args = cmdline::qemu_args(&launch);
         let egress = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty());
-        let qemu_net = match egress.map(|eg| microvm::prepare_network(eg, id, spec)).transpose() {
-            Ok(n) => n,
-            Err(e) => {
-                let _ = self.cleanup(id);
-                return Err(e);
-            }
-        };
+        let qemu_net = egress.map(|eg| qemu_net::prepare_network(eg, id, spec)).transpose()?;
         if qemu_net.is_some() {
             args.extend(net::qemu_args());
         }
-        let spawned = microvm::spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, qemu_net.as_ref());
+        let spawned = process::spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, qemu_net.as_ref());
         if let (Some(eg), Some(n)) = (egress, qemu_net) {
             // The edge holds the namespace for the sandbox's life: a
             // suspended VM has no QEMU to hold it.
             eg.keep_netns(id, n.netns);
         }
-        let (pid, pidfd) = match spawned {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = self.cleanup(id);
-                return Err(e);
-            }
-        };
+        let (pid, pidfd) = spawned?;
+        let pidfd = undo.spawned(pid, pidfd);
         let setup = VmSetup {
             sandbox_id: id.to_string(),
             hostname: crate::ids::short_id(id).to_string(),
@@ -322,29 +314,8 @@ impl FullVmBackend {
             nic: egress.map(|_| net::guest_nic()),
         };
         let resolv_conf = egress.map(|e| e.resolv_conf());
-        let booted = async {
-            let agent = microvm::boot_agent(&files.agent_socket(), &pidfd, setup).await?;
-            if let Some(conf) = resolv_conf {
-                microvm::net::write_resolv_conf(&agent, conf).await?;
-            }
-            Ok::<_, EdgeError>(agent)
-        };
-        let outcome = tokio::time::timeout(self.cfg.boot_timeout, booted).await;
-        let failure = match outcome {
-            Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
-            Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
-            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", microvm::console_tail(&files))),
-            Err(_) => EdgeError::Timeout(format!(
-                "the VM did not boot to its agent within {:?} ({} acceleration; does the image start `dsec-agent guest`?){}",
-                self.cfg.boot_timeout,
-                accel.as_str(),
-                microvm::console_tail(&files)
-            )),
-        };
-        let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-        reap(&pidfd);
-        let _ = self.cleanup(id);
-        Err(failure)
+        let agent = agent::boot_to_ready(&files, pidfd, setup, resolv_conf, &self.boot_wait(accel)).await?;
+        undo.ready(agent)
     }
 
     /// The screen of running VM `id`.
@@ -359,7 +330,7 @@ impl FullVmBackend {
         // QEMU takes a batch as one command; very long texts go in slices
         // so no single command holds QMP long.
         for chunk in events.chunks(512) {
-            microvm::qmp::execute_with(&socket, "input-send-event", serde_json::json!({ "events": chunk })).await?;
+            qmp::execute_with(&socket, "input-send-event", serde_json::json!({ "events": chunk })).await?;
         }
         Ok(())
     }
@@ -427,7 +398,7 @@ impl crate::backends::DiskSnapshots for FullVmBackend {
         running: bool,
         meta: crate::backends::SnapshotMeta,
     ) -> BoxFuture<'a, Result<(crate::backends::SnapshotMeta, f64), EdgeError>> {
-        Box::pin(microvm::snapshot_disk(&self.snapshots, self.files(id), running, meta))
+        Box::pin(disk::snapshot_disk(&self.snapshots, self.files(id), running, meta))
     }
 
     fn disk_dir(&self) -> &Path {
@@ -476,25 +447,15 @@ impl Backend for FullVmBackend {
     }
 
     fn abort_start(&self, id: &str) -> bool {
-        microvm::abort_boot(&self.cgroups, id)
+        cleanup::abort_boot(&self.cgroups, id)
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(async move {
-            let instance = microvm::reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
-            if let Some(eg) = microvm::egress_of(self.egress.as_ref(), id) {
-                microvm::keep_netns_of(eg, id, pid)?;
-            }
-            Ok(instance)
-        })
+        Box::pin(async move { agent::reattach(&self.cgroups, self.egress.as_ref(), id, pid, &self.files(id).agent_socket()).await })
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
-        let done = microvm::cleanup_vm(&self.cgroups, id, &self.files(id), &[self.image_path(id)]);
-        if let Some(eg) = &self.egress {
-            eg.release(id);
-        }
-        done
+        cleanup::cleanup_vm(&self.cgroups, self.egress.as_ref(), id, &self.files(id), &[self.image_path(id)])
     }
 
     fn can_suspend(&self) -> bool {
@@ -506,7 +467,7 @@ impl Backend for FullVmBackend {
         id: &'a str,
         pidfd: &'a std::os::fd::OwnedFd,
     ) -> BoxFuture<'a, Result<crate::backends::SuspendOutcome, EdgeError>> {
-        Box::pin(microvm::suspend_qemu(&self.cgroups, id, self.files(id).qmp_socket(), self.image_path(id), None, true, pidfd))
+        Box::pin(suspend::suspend_qemu(&self.cgroups, id, self.files(id).qmp_socket(), self.image_path(id), None, true, pidfd))
     }
 
     fn restore<'a>(&'a self, id: &'a str, spec: &'a SandboxSpec, plan: &'a RootfsPlan) -> BoxFuture<'a, Result<Instance, EdgeError>> {
@@ -518,11 +479,11 @@ impl Backend for FullVmBackend {
     }
 
     fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
-        Box::pin(async move { microvm::qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop) })
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop) })
     }
 
     fn after_thaw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
-        Box::pin(async move { microvm::qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
     }
 
     fn condition(&self, id: &str) -> Option<String> {
@@ -532,8 +493,8 @@ impl Backend for FullVmBackend {
     fn reap_files(&self, live: &HashSet<String>) -> usize {
         let prefix = format!("{}.", self.node);
         let ours = |id: &str| id.starts_with(&prefix) && !live.contains(id);
-        microvm::reap_dir(&self.overlay_dir, ".qcow2", ours)
-            + microvm::reap_dir(&self.suspend_dir, ".vmstate", ours)
+        cleanup::reap_dir(&self.overlay_dir, ".qcow2", ours)
+            + cleanup::reap_dir(&self.suspend_dir, ".vmstate", ours)
             + pmem::reap(&self.pmem_dir)
     }
 }

@@ -1,5 +1,5 @@
-//! A full VM with network rules: the microVM's design (`microvm::net`) on
-//! a q35 machine.
+//! A full VM with network rules: the design of `qemu::net` on a q35
+//! machine.
 //!
 //! The NIC is a virtio-net PCI device (the image's kernel has its driver
 //! as a module, which udev loads when the device appears; the cloud
@@ -25,7 +25,7 @@ use std::net::Ipv4Addr;
 
 use dsec_agent_proto::VmNic;
 
-use crate::backends::microvm::net::NETDEV;
+use crate::backends::qemu::net::NETDEV;
 
 /// The NIC's MAC address (QEMU's own prefix), by which the guest's agent
 /// finds it.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::backends::microvm::qmp;
+use crate::backends::qemu::qmp;
 use crate::backends::Screenshot;
 use crate::error::EdgeError;
 

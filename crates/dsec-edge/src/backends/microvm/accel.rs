@@ -10,7 +10,8 @@
 use std::path::Path;
 use std::time::Duration;
 
-use super::cmdline::{qemu_args, Accel, VmFiles, VmLaunch};
+use super::cmdline::{qemu_args, VmLaunch};
+use crate::backends::qemu::cmdline::{Accel, VmFiles};
 
 /// A KVM boot takes well under a second; TCG-speed hangs are cut here.
 const PROBE_TIMEOUT: Duration = Duration::from_secs(20);

@@ -8,7 +8,6 @@
 //! a few small writes, not `disk_limit_mb` of zeros.
 
 use std::fs::File;
-use std::os::fd::AsFd;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -43,66 +42,10 @@ pub fn template(dir: &Path, size_mb: u64) -> Result<PathBuf, EdgeError> {
     Ok(path)
 }
 
-/// Copies `src` to a new file `dst` keeping its holes (SEEK_DATA /
-/// SEEK_HOLE + copy_file_range).
-pub fn sparse_copy(src: &Path, dst: &Path) -> std::io::Result<()> {
-    use rustix::fs::{copy_file_range, seek, SeekFrom};
-    let from = File::open(src)?;
-    let len = from.metadata()?.len();
-    let to = std::fs::OpenOptions::new().write(true).create_new(true).open(dst)?;
-    let copy = || -> std::io::Result<()> {
-        to.set_len(len)?;
-        let mut pos = 0u64;
-        while pos < len {
-            let data = match seek(from.as_fd(), SeekFrom::Data(pos)) {
-                Ok(d) => d,
-                // No data after pos: the rest is a hole.
-                Err(rustix::io::Errno::NXIO) => break,
-                Err(e) => return Err(e.into()),
-            };
-            let hole = seek(from.as_fd(), SeekFrom::Hole(data))?;
-            let (mut off_in, mut off_out) = (data, data);
-            while off_in < hole {
-                let want = (hole - off_in) as usize;
-                let n = copy_file_range(from.as_fd(), Some(&mut off_in), to.as_fd(), Some(&mut off_out), want)?;
-                if n == 0 {
-                    break;
-                }
-            }
-            pos = hole;
-        }
-        Ok(())
-    };
-    copy().inspect_err(|_| {
-        let _ = std::fs::remove_file(dst);
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::io::{Seek, Write};
     use std::os::unix::fs::MetadataExt;
-
-    #[test]
-    fn a_sparse_copy_keeps_data_and_holes() {
-        let dir = tempfile::tempdir().unwrap();
-        let src = dir.path().join("src");
-        let mut f = File::create(&src).unwrap();
-        f.set_len(64 << 20).unwrap();
-        f.seek(std::io::SeekFrom::Start(10 << 20)).unwrap();
-        f.write_all(b"middle").unwrap();
-        f.seek(std::io::SeekFrom::Start((64 << 20) - 4)).unwrap();
-        f.write_all(b"end!").unwrap();
-        drop(f);
-        let dst = dir.path().join("dst");
-        sparse_copy(&src, &dst).unwrap();
-        assert_eq!(std::fs::read(&src).unwrap(), std::fs::read(&dst).unwrap());
-        let blocks = std::fs::metadata(&dst).unwrap().blocks() * 512;
-        assert!(blocks < 1 << 20, "the copy allocated {blocks} bytes");
-        // A second copy onto an existing file is refused, not truncated.
-        assert!(sparse_copy(&src, &dst).is_err());
-    }
 
     #[test]
     fn templates_are_ext4_of_the_asked_size_and_cached() {

@@ -19,31 +19,33 @@ mod accel;
 pub mod cmdline;
 pub mod disk;
 pub mod net;
-pub mod qmp;
 pub mod standby;
-pub(crate) mod suspend;
 pub mod template;
 
 use std::collections::HashSet;
-use std::ffi::CString;
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use dsec_agent_proto::client::AgentClient;
-use dsec_agent_proto::{AgentState, Op, Reply, VmSetup};
+use dsec_agent_proto::VmSetup;
 use dsec_image::vm::VmKernel;
 
-use crate::backends::container::spawn::{pidfd_kill, pidfd_open, reap};
 use crate::backends::instance::Instance;
+use crate::backends::qemu::agent::{attach_ready, boot_to_ready, reattach, BootWait};
+use crate::backends::qemu::cleanup::{abort_boot, cleanup_vm, reap_dir};
+use crate::backends::qemu::cmdline::{Accel, AccelChoice, VmFiles};
+use crate::backends::qemu::net::{network_of, prepare_network};
+use crate::backends::qemu::process::{console_tail, find_program, spawn_qemu};
+use crate::backends::qemu::suspend::{restore_qemu, suspend_qemu};
+use crate::backends::qemu::undo::Undo;
+use crate::backends::qemu::{disk::snapshot_disk, qmp, suspend};
 use crate::backends::snapshot;
 use crate::backends::{Backend, BoxFuture, Durable};
 use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
 use crate::images::RootfsPlan;
 use crate::model::{BackendKind, SandboxSpec};
-use cmdline::{Accel, AccelChoice, VmFiles, VmLaunch};
+use cmdline::VmLaunch;
 
 /// Host memory a VM's QEMU needs beyond its guest's RAM (its own heap,
 /// the bounded TCG translation cache, device buffers); the cgroup limit is
@@ -83,7 +85,7 @@ impl VmConfig {
             run_root: "/run/dsec/vm".into(),
             free_page_reporting: true,
             ram_file: true,
-            tb_size_mb: cmdline::DEFAULT_TB_SIZE_MB,
+            tb_size_mb: crate::backends::qemu::cmdline::DEFAULT_TB_SIZE_MB,
             templates: true,
         }
     }
@@ -220,7 +222,7 @@ impl MicroVmBackend {
             kernel: &self.kernel.vmlinuz,
             initramfs: &self.initramfs,
             memory_mb: spec.limits.memory_mb,
-            vcpus: cmdline::vcpus_for(spec.limits.cpu_cores),
+            vcpus: crate::backends::qemu::cmdline::vcpus_for(spec.limits.cpu_cores),
             layers: &plan.layer_files,
             files,
             tsc_khz: self.tsc_khz,
@@ -255,18 +257,24 @@ impl MicroVmBackend {
             .await
     }
 
+    /// How long a microVM may take to boot to its agent.
+    pub(super) fn boot_wait(&self, accel: Accel) -> BootWait {
+        BootWait { timeout: self.boot_timeout, accel, what: "microVM", hint: "" }
+    }
+
     async fn start_vm(&self, id: &str, spec: &SandboxSpec, plan: &RootfsPlan, durable: Durable) -> Result<Instance, EdgeError> {
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB)).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        if let Err(e) = durable.await {
-            let _ = self.cgroups.remove(id);
-            return Err(EdgeError::Internal(format!("edge database: {e}")));
-        }
+        let limits = crate::backends::cgroup_limits(spec, QEMU_OVERHEAD_MB);
+        let mut undo = Undo::begin(&self.cgroups, id, &limits, durable).await?;
+        // From here on it has files (and maybe a network) too.
+        undo.then(|| {
+            let _ = self.cleanup(id);
+        });
         let files = self.files(id);
         let (tdir, disk_mb, f2) = (self.template_dir.clone(), spec.limits.disk_mb.max(16), files.clone());
         // A fork's disk chains onto its snapshot, a fresh one onto the
         // empty template of its size.
         let (snaps, from_snapshot) = (self.snapshots.clone(), spec.snapshot.clone());
-        let prepared = tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
+        tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
             std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
             match from_snapshot {
                 Some(snap) => snaps.chain_onto(&snap, &f2.disk),
@@ -274,30 +282,17 @@ impl MicroVmBackend {
             }
         })
         .await
-        .map_err(|e| EdgeError::Internal(e.to_string()))
-        .and_then(|r| r);
-        if let Err(e) = prepared {
-            let _ = self.cleanup(id);
-            return Err(e);
-        }
+        .map_err(|e| EdgeError::Internal(e.to_string()))??;
         let accel = self.accel().await;
         let ram = self.ram_path(id);
-        let net = match self.egress.as_ref().filter(|_| !spec.network_rules.is_empty()) {
-            None => None,
-            Some(eg) => match prepare_network(eg, id, spec) {
-                Ok(n) => Some(n),
-                Err(e) => {
-                    let _ = self.cleanup(id);
-                    return Err(e);
-                }
-            },
-        };
+        let egress = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty());
+        let net = egress.map(|eg| prepare_network(eg, id, spec)).transpose()?;
         let mut launch = self.launch(accel, spec, plan, &files, ram.as_deref());
         let args = net::with_nic(&mut launch, net.is_some());
         let setup = VmSetup {
             sandbox_id: id.to_string(),
             hostname: crate::ids::short_id(id).to_string(),
-            layer_disks: (0..plan.layer_files.len()).map(cmdline::layer_serial).collect(),
+            layer_disks: (0..plan.layer_files.len()).map(crate::backends::qemu::cmdline::layer_serial).collect(),
             writable_disk: cmdline::WRITABLE_SERIAL.to_string(),
             now_ms: crate::model::now_ms(),
             masked_paths: crate::backends::container::policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
@@ -313,20 +308,19 @@ impl MicroVmBackend {
         // snapshot alone).
         let memory_snapshot = spec.snapshot.as_ref().and_then(|s| self.snapshots.get(s)).filter(|m| m.memory.is_some() && net.is_none());
         if let Some(snap) = memory_snapshot {
-            return match self.start_from_memory_snapshot(id, &launch, &snap).await {
-                Ok(instance) => Ok(instance),
-                Err(e) => {
-                    let _ = self.cleanup(id);
-                    Err(e)
-                }
-            };
+            let instance = self.start_from_memory_snapshot(id, &launch, &snap).await?;
+            undo.disarm();
+            return Ok(instance);
         }
         // A fork's disk holds what its snapshot wrote: only fresh disks
         // match a template's.
         let mut booted = None;
         if self.templates.is_some() && spec.snapshot.is_none() && net.is_none() {
             match self.start_from_template(id, &launch, disk_mb, &setup).await {
-                Ok(instance) => return Ok(instance),
+                Ok(instance) => {
+                    undo.disarm();
+                    return Ok(instance);
+                }
                 Err(template::Miss::Running(pid, pidfd)) => booted = Some((pid, pidfd)),
                 Err(template::Miss::ColdBoot(why)) => {
                     tracing::warn!(%id, %why, "no template: booting cold");
@@ -335,49 +329,20 @@ impl MicroVmBackend {
                         let _ = std::fs::remove_file(stale);
                     }
                 }
-                Err(template::Miss::Failed(e)) => {
-                    let _ = self.cleanup(id);
-                    return Err(e);
-                }
+                Err(template::Miss::Failed(e)) => return Err(e),
             }
         }
         let spawned = booted.map(Ok).unwrap_or_else(|| spawn_qemu(&self.cgroups, &self.qemu, id, args, &files.run_dir, None, net.as_ref()));
-        if let (Some(eg), Some(n)) = (&self.egress, net) {
+        if let (Some(eg), Some(n)) = (egress, net) {
             // The edge holds the namespace for the sandbox's life: a
             // suspended VM has no QEMU to hold it.
             eg.keep_netns(id, n.netns);
         }
-        let (pid, pidfd) = match spawned {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = self.cleanup(id);
-                return Err(e);
-            }
-        };
-        let resolv_conf = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty()).map(|e| e.resolv_conf());
-        let booted = async {
-            let agent = boot_agent(&files.agent_socket(), &pidfd, setup).await?;
-            if let Some(conf) = resolv_conf {
-                net::write_resolv_conf(&agent, conf).await?;
-            }
-            Ok::<_, EdgeError>(agent)
-        };
-        let outcome = tokio::time::timeout(self.boot_timeout, booted).await;
-        let failure = match outcome {
-            Ok(Ok(agent)) => return Ok(Instance::new(pid, pidfd, agent)),
-            Ok(Err(EdgeError::Agent(a))) if a.kind == dsec_agent_proto::ErrorKind::UnknownUser => EdgeError::Agent(a),
-            Ok(Err(e)) => EdgeError::SetupFailed(format!("{e}{}", console_tail(&files))),
-            Err(_) => EdgeError::Timeout(format!(
-                "the microVM did not boot to its agent within {:?} ({} acceleration){}",
-                self.boot_timeout,
-                accel.as_str(),
-                console_tail(&files)
-            )),
-        };
-        let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-        reap(&pidfd);
-        let _ = self.cleanup(id);
-        Err(failure)
+        let (pid, pidfd) = spawned?;
+        let pidfd = undo.spawned(pid, pidfd);
+        let resolv_conf = egress.map(|e| e.resolv_conf());
+        let agent = boot_to_ready(&files, pidfd, setup, resolv_conf, &self.boot_wait(accel)).await?;
+        undo.ready(agent)
     }
 
     async fn suspend_vm(&self, id: &str, pidfd: &std::os::fd::OwnedFd) -> Result<crate::backends::SuspendOutcome, EdgeError> {
@@ -451,412 +416,21 @@ impl MicroVmBackend {
         let (pid, pidfd, times) = tokio::task::spawn_blocking(move || standbys.take_over(sb, &to2))
             .await
             .map_err(|e| EdgeError::Internal(format!("standby takeover task failed: {e}")))??;
+        let mut undo = Undo::qemu_only();
+        let pidfd = undo.spawned(pid, pidfd);
         let t1 = Instant::now();
         let files = self.files(&to.id);
-        match attach_ready(&to.id, &pidfd, &files.agent_socket()).await {
-            Ok(agent) => {
-                tracing::info!(id = %to.id, standby = true, attach_ms = times.attach_ms, devices_ms = times.devices_ms, machine_ms = times.machine_ms, load_ms = times.load_ms, agent_ms = ms_since(t1), "restored a VM");
-                let _ = std::fs::remove_file(&to.image);
-                Ok(Instance::new(pid, pidfd, agent))
-            }
-            Err(e) => {
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                reap(&pidfd);
-                Err(EdgeError::SetupFailed(format!("restoring {} in a standby QEMU: {e}{}", to.id, console_tail(&files))))
-            }
-        }
+        let agent = attach_ready(&to.id, pidfd, &files.agent_socket())
+            .await
+            .map_err(|e| EdgeError::SetupFailed(format!("restoring {} in a standby QEMU: {e}{}", to.id, console_tail(&files))))?;
+        tracing::info!(id = %to.id, standby = true, attach_ms = times.attach_ms, devices_ms = times.devices_ms, machine_ms = times.machine_ms, load_ms = times.load_ms, agent_ms = ms_since(t1), "restored a VM");
+        let _ = std::fs::remove_file(&to.image);
+        undo.ready(agent)
     }
-}
-
-/// Copies the writable disk `files.disk` of a VM into a new snapshot in
-/// `snaps` (shared by both VM backends). `running`: its vCPUs are stopped
-/// for the copy (the caller synced the guest; QEMU's `stop` flushes its
-/// own caches to the image); otherwise it is suspended and its disk
-/// quiet. Returns the snapshot and how long the vCPUs were stopped.
-pub(crate) async fn snapshot_disk(
-    snaps: &snapshot::SnapshotDir,
-    files: VmFiles,
-    running: bool,
-    mut meta: snapshot::SnapshotMeta,
-) -> Result<(snapshot::SnapshotMeta, f64), EdgeError> {
-    meta.parent = snapshot::backing_file(&files.disk).and_then(|b| snaps.id_of_layer(&b));
-    let qmp = files.qmp_socket();
-    if running {
-        qmp::execute(&qmp, "stop").await?;
-    }
-    let t0 = Instant::now();
-    let snaps = snaps.clone();
-    let copied = tokio::task::spawn_blocking(move || snaps.write(&files.disk, meta))
-        .await
-        .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))
-        .and_then(|r| r);
-    let frozen_ms = t0.elapsed().as_secs_f64() * 1000.0;
-    if running {
-        qmp::execute(&qmp, "cont").await?;
-    }
-    copied.map(|m| (m, frozen_ms))
-}
-
-/// Suspends VM `id` (QEMU `pidfd`, QMP at `qmp`) to `image` and ends its
-/// QEMU (shared by both VM backends; `suspend::save` says what
-/// `ram` and `ignore_shared` mean).
-pub(crate) async fn suspend_qemu(
-    cgroups: &Cgroups,
-    id: &str,
-    qmp: PathBuf,
-    image: PathBuf,
-    ram: Option<PathBuf>,
-    ignore_shared: bool,
-    pidfd: &std::os::fd::OwnedFd,
-) -> Result<crate::backends::SuspendOutcome, EdgeError> {
-    let before = cgroups.memory_usage(id).unwrap_or(0);
-    let pidfd = pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
-    let mut out = tokio::task::spawn_blocking(move || suspend::save(&qmp, &image, ram.as_deref(), ignore_shared, &pidfd))
-        .await
-        .map_err(|e| EdgeError::Internal(format!("suspend task failed: {e}")))??;
-    out.memory_before_bytes = before;
-    out.memory_after_bytes = cgroups.memory_usage(id).unwrap_or(0);
-    Ok(out)
-}
-
-/// Starts VM `id` anew from its suspend `image`: QEMU with `args` (its
-/// usual command line plus `-incoming defer`) loads the image, continues,
-/// and its agent greets as ready (shared by both VM backends). The image
-/// is deleted once the VM runs; on failure it is kept and no QEMU is left.
-/// With `net`, QEMU is placed in a networked sandbox's namespace and
-/// cgroup2 directory.
-#[allow(clippy::too_many_arguments)]
-pub(crate) async fn restore_qemu(
-    cgroups: &Cgroups,
-    qemu: &Path,
-    id: &str,
-    args: Vec<String>,
-    files: &VmFiles,
-    image: &Path,
-    ignore_shared: bool,
-    net: Option<&net::QemuNet>,
-) -> Result<Instance, EdgeError> {
-    let state =
-        std::fs::File::open(image).map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
-    // Sockets of the previous QEMU: the new one makes its own.
-    for stale in [files.agent_socket(), files.qmp_socket()] {
-        let _ = std::fs::remove_file(stale);
-    }
-    let state = std::os::fd::OwnedFd::from(state);
-    let t0 = Instant::now();
-    let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state), net)?;
-    drop(state);
-    let spawn_ms = ms_since(t0);
-    let restored = async {
-        let times = load_incoming(files, &pidfd, ignore_shared).await?;
-        let t1 = Instant::now();
-        let agent = attach_ready(id, &pidfd, &files.agent_socket()).await?;
-        tracing::info!(%id, spawn_ms, qmp_ready_ms = times.qmp_ready_ms, load_ms = times.load_ms, agent_ms = ms_since(t1), "restored a VM");
-        Ok::<_, EdgeError>(agent)
-    };
-    match restored.await {
-        Ok(agent) => {
-            // The image is spent (with a RAM file, that is live memory again).
-            let _ = std::fs::remove_file(image);
-            Ok(Instance::new(pid, pidfd, agent))
-        }
-        Err(e) => {
-            let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-            reap(&pidfd);
-            Err(EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(files))))
-        }
-    }
-}
-
-/// Has a QEMU started with `-incoming defer` (`pidfd`) load its state
-/// and continue (`suspend::finish_restore`, on a blocking thread).
-pub(crate) async fn load_incoming(
-    files: &VmFiles,
-    pidfd: &std::os::fd::OwnedFd,
-    ignore_shared: bool,
-) -> Result<suspend::RestoreTimes, EdgeError> {
-    let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
-    tokio::task::spawn_blocking(move || suspend::finish_restore(&qmp, &fd, ignore_shared))
-        .await
-        .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))?
 }
 
 fn ms_since(t0: Instant) -> f64 {
     t0.elapsed().as_secs_f64() * 1000.0
-}
-
-/// The last lines QEMU and the guest printed, for an error message.
-pub(crate) fn console_tail(files: &VmFiles) -> String {
-    let mut out = String::new();
-    for (what, path) in [("console", files.console_log()), ("qemu", files.run_dir.join("qemu.log"))] {
-        let text = std::fs::read_to_string(&path).unwrap_or_default();
-        // The agent's own words first (why it gave up), else the end
-        // (a kernel's last messages).
-        let agent: Vec<&str> = text.lines().filter(|l| l.contains("dsec-agent")).collect();
-        let lines: Vec<&str> = if agent.is_empty() { text.lines().filter(|l| !l.trim().is_empty()).collect() } else { agent };
-        let tail = &lines[lines.len().saturating_sub(6)..];
-        if !tail.is_empty() {
-            out.push_str(&format!("; {what}: {}", tail.join(" | ")));
-        }
-    }
-    out
-}
-
-/// Starts `qemu args` inside the cgroup of sandbox `id`, in a session of
-/// its own, its output to `run_dir/qemu.log` (shared by both VM backends).
-/// `incoming`, if given, becomes QEMU's fd `suspend::INCOMING_FD` (a
-/// restore's saved state). With `net`, QEMU also joins the sandbox's
-/// cgroup2 directory and network namespace before it execs (so no socket
-/// of it is ever opened outside the sandbox's allowlist).
-#[allow(clippy::too_many_arguments)]
-pub(crate) fn spawn_qemu(
-    cgroups: &Cgroups,
-    qemu: &Path,
-    id: &str,
-    args: Vec<String>,
-    run_dir: &Path,
-    incoming: Option<&std::os::fd::OwnedFd>,
-    net: Option<&net::QemuNet>,
-) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
-    let fds: Vec<(&std::os::fd::OwnedFd, i32)> = incoming.map(|f| (f, suspend::INCOMING_FD)).into_iter().collect();
-    spawn_qemu_fds(cgroups, qemu, id, args, run_dir, &fds, net)
-}
-
-/// `spawn_qemu` with descriptors QEMU inherits: each `(fd, n)` becomes
-/// its fd `n` (at most 4 of them).
-pub(crate) fn spawn_qemu_fds(
-    cgroups: &Cgroups,
-    qemu: &Path,
-    id: &str,
-    args: Vec<String>,
-    run_dir: &Path,
-    fds: &[(&std::os::fd::OwnedFd, i32)],
-    net: Option<&net::QemuNet>,
-) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
-    use std::os::fd::AsRawFd;
-    if fds.len() > 4 {
-        return Err(EdgeError::Internal("QEMU inherits at most 4 descriptors".into()));
-    }
-    // Fixed-size and copied before the fork: the child only reads it.
-    let mut inherit = [(-1i32, -1i32); 4];
-    for (slot, (fd, n)) in inherit.iter_mut().zip(fds) {
-        *slot = (fd.as_raw_fd(), *n);
-    }
-    let netns = net.map(|n| n.netns.as_raw_fd());
-    let procs: Vec<CString> = cgroups
-        .procs_files(id)
-        .iter()
-        .chain(net.map(|n| &n.procs))
-        .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
-        .collect();
-    let log_path = run_dir.join("qemu.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", log_path.display())))?;
-    let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
-    let mut cmd = std::process::Command::new(qemu);
-    cmd.args(args).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
-    // SAFETY: the closure runs between fork and exec and only makes
-    // async-signal-safe calls (setsid, dup2, open, write, close, setns) on data
-    // prepared before the fork.
-    unsafe {
-        cmd.pre_exec(move || {
-            if libc::setsid() < 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            // First every source out of the way of the targets (one may
-            // sit on another's number), then onto its target; dup2 clears
-            // close-on-exec on the copy.
-            let mut high = [-1i32; 4];
-            for (h, &(fd, _)) in high.iter_mut().zip(&inherit) {
-                if fd >= 0 {
-                    *h = libc::fcntl(fd, libc::F_DUPFD_CLOEXEC, 16);
-                    if *h < 0 {
-                        return Err(std::io::Error::last_os_error());
-                    }
-                }
-            }
-            for (&h, &(_, n)) in high.iter().zip(&inherit) {
-                if h >= 0 && libc::dup2(h, n) < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            for p in &procs {
-                let fd = libc::open(p.as_ptr(), libc::O_WRONLY | libc::O_CLOEXEC);
-                if fd < 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-                let ok = libc::write(fd, b"0".as_ptr().cast(), 1) == 1;
-                libc::close(fd);
-                if !ok {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            if let Some(ns) = netns {
-                if libc::setns(ns, libc::CLONE_NEWNET) != 0 {
-                    return Err(std::io::Error::last_os_error());
-                }
-            }
-            Ok(())
-        });
-    }
-    let child = cmd.spawn().map_err(|e| EdgeError::Internal(format!("starting {}: {e}", qemu.display())))?;
-    let pid = child.id() as i32;
-    // Dropping the Child neither kills nor reaps: the exit watcher
-    // reaps through the pidfd.
-    drop(child);
-    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open(QEMU {pid}): {e}")))?;
-    Ok((pid, pidfd))
-}
-
-/// What is left of VM `id` once its QEMU is gone: stray processes of its
-/// cgroup, its run directory, its disk and the backend's `extra` files
-/// (missing ones are fine), the cgroup (shared by both VM backends).
-pub(crate) fn cleanup_vm(cgroups: &Cgroups, id: &str, files: &VmFiles, extra: &[PathBuf]) -> Result<(), EdgeError> {
-    cgroups.kill_all(id);
-    let _ = std::fs::remove_dir_all(&files.run_dir);
-    for f in std::iter::once(&files.disk).chain(extra) {
-        match std::fs::remove_file(f) {
-            Ok(()) => {}
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", f.display()))),
-        }
-    }
-    cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
-}
-
-/// Connects to a fresh guest agent and has it set the sandbox up (shared
-/// by both VM backends).
-pub(crate) async fn boot_agent(socket: &Path, qemu: &std::os::fd::OwnedFd, setup: VmSetup) -> Result<AgentClient, EdgeError> {
-    let stream = connect_agent(socket, qemu).await?;
-    let (agent, hello) = AgentClient::answer(stream).await?;
-    if hello.state != AgentState::Fresh {
-        return Err(EdgeError::SetupFailed(format!("the guest agent greeted with {:?}", hello.state)));
-    }
-    match agent.call(Op::SetupVm(setup)).await? {
-        Reply::Ready => Ok(agent),
-        other => Err(EdgeError::SetupFailed(format!("unexpected reply to setup: {other:?}"))),
-    }
-}
-
-/// `Backend::abort_start` of both VM backends: a boot takes seconds (a
-/// minute for a full VM under TCG), its QEMU is in the sandbox's cgroup
-/// from its exec on, and the boot fails as soon as it is gone.
-pub(crate) fn abort_boot(cgroups: &Cgroups, id: &str) -> bool {
-    cgroups.kill_all(id);
-    true
-}
-
-/// Re-attaches to the running VM `id` whose QEMU is `pid` (after an edge
-/// restart; shared by both VM backends).
-pub(crate) async fn reattach(cgroups: &Cgroups, id: &str, pid: i32, socket: &Path) -> Result<Instance, EdgeError> {
-    if !cgroups.contains(id, pid) {
-        return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
-    }
-    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
-    let agent = attach_ready(id, &pidfd, socket).await?;
-    Ok(Instance::new(pid, pidfd, agent))
-}
-
-/// Connects to the agent of a VM that was set up before (re-adoption,
-/// restore): it greets as ready, with its sandbox id.
-async fn attach_ready(id: &str, pidfd: &std::os::fd::OwnedFd, socket: &Path) -> Result<AgentClient, EdgeError> {
-    let attach = async {
-        let stream = connect_agent(socket, pidfd).await?;
-        let (agent, hello) = AgentClient::connect(stream).await?;
-        match hello.state {
-            AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
-            other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
-        }
-    };
-    tokio::time::timeout(REATTACH_WAIT, attach).await.map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))?
-}
-
-/// How long re-adoption waits for a guest agent to greet.
-const REATTACH_WAIT: Duration = Duration::from_secs(10);
-
-/// Connects to the agent's socket, which QEMU creates while it starts;
-/// gives up if QEMU exits first.
-pub(crate) async fn connect_agent(path: &Path, qemu: &std::os::fd::OwnedFd) -> Result<tokio::net::UnixStream, EdgeError> {
-    let t0 = Instant::now();
-    loop {
-        match tokio::net::UnixStream::connect(path).await {
-            Ok(s) => return Ok(s),
-            Err(e) if matches!(e.kind(), std::io::ErrorKind::NotFound | std::io::ErrorKind::ConnectionRefused) => {
-                if process_exited(qemu) {
-                    return Err(EdgeError::SetupFailed("QEMU exited during start".into()));
-                }
-                if t0.elapsed() > Duration::from_secs(10) {
-                    return Err(EdgeError::Timeout(format!("QEMU made no agent socket at {}", path.display())));
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            Err(e) => return Err(EdgeError::Internal(format!("connecting to {}: {e}", path.display()))),
-        }
-    }
-}
-
-/// Removes the files `<id><suffix>` in `dir` whose id is `ours` (the
-/// reaper's pass over a VM backend's files); returns how many.
-pub(crate) fn reap_dir(dir: &Path, suffix: &str, mut ours: impl FnMut(&str) -> bool) -> usize {
-    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
-    let mut gone = 0;
-    for e in entries.flatten() {
-        let name = e.file_name().to_string_lossy().into_owned();
-        if name.strip_suffix(suffix).is_some_and(&mut ours) && std::fs::remove_file(e.path()).is_ok() {
-            gone += 1;
-        }
-    }
-    gone
-}
-
-/// True once the process behind `pidfd` has exited.
-pub fn process_exited(pidfd: &std::os::fd::OwnedFd) -> bool {
-    suspend::wait_exit(pidfd, Duration::ZERO)
-}
-
-pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
-    if p.components().count() > 1 {
-        return p.is_file().then(|| p.to_path_buf());
-    }
-    std::env::var_os("PATH")?.to_str()?.split(':').map(|d| Path::new(d).join(p)).find(|c| c.is_file())
-}
-
-/// The node's egress if VM `id` has a network (taken back from its
-/// persisted state after an edge restart). Shared by both VM backends.
-pub(crate) fn egress_of<'a>(egress: Option<&'a dsec_net::Egress>, id: &str) -> Option<&'a dsec_net::Egress> {
-    let eg = egress?;
-    (eg.is_networked(id) || eg.adopt(id).unwrap_or(false)).then_some(eg)
-}
-
-/// The namespace and cgroup2 directory a restored QEMU of VM `id` joins:
-/// those of its boot. None for a VM without a network.
-pub(crate) fn network_of(egress: Option<&dsec_net::Egress>, id: &str) -> Result<Option<net::QemuNet>, EdgeError> {
-    match egress_of(egress, id) {
-        None => Ok(None),
-        Some(eg) => Ok(Some(net::QemuNet { netns: eg.netns_of(id)?, procs: eg.cgroup_procs(id) })),
-    }
-}
-
-/// A warm namespace and the allowlist of sandbox `id`, ready for its QEMU
-/// to join (nothing is left on error).
-pub(crate) fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpec) -> Result<net::QemuNet, EdgeError> {
-    let warm = eg.take()?;
-    let procs = match eg.prepare(id, warm.slot, &spec.network_rules) {
-        Ok(p) => p,
-        Err(e) => {
-            drop(warm.netns); // `prepare` released the slot
-            return Err(e.into());
-        }
-    };
-    Ok(net::QemuNet { netns: warm.netns, procs })
-}
-
-/// After an edge restart, the namespace of a networked VM's running QEMU
-/// (`pid`): QEMU holds it; the edge keeps it too, for a later suspend.
-pub(crate) fn keep_netns_of(eg: &dsec_net::Egress, id: &str, pid: i32) -> Result<(), EdgeError> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .map_err(|e| EdgeError::Internal(format!("the network namespace of {id}: {e}")))?;
-    eg.keep_netns(id, ns.into());
-    Ok(())
 }
 
 impl crate::backends::DiskSnapshots for MicroVmBackend {
@@ -925,23 +499,14 @@ impl Backend for MicroVmBackend {
     }
 
     fn adopt<'a>(&'a self, id: &'a str, pid: i32) -> BoxFuture<'a, Result<Instance, EdgeError>> {
-        Box::pin(async move {
-            let instance = reattach(&self.cgroups, id, pid, &self.files(id).agent_socket()).await?;
-            if let Some(eg) = egress_of(self.egress.as_ref(), id) {
-                keep_netns_of(eg, id, pid)?;
-            }
-            Ok(instance)
-        })
+        Box::pin(async move { reattach(&self.cgroups, self.egress.as_ref(), id, pid, &self.files(id).agent_socket()).await })
     }
 
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
         // The RAM file whatever the node's setting now (it may have
         // changed across a restart), and any suspend image.
-        let done = cleanup_vm(&self.cgroups, id, &self.files(id), &[self.ram_dir.join(format!("{id}.ram")), self.image_path(id)]);
-        if let Some(eg) = &self.egress {
-            eg.release(id);
-        }
-        done
+        let extra = [self.ram_dir.join(format!("{id}.ram")), self.image_path(id)];
+        cleanup_vm(&self.cgroups, self.egress.as_ref(), id, &self.files(id), &extra)
     }
 
     fn can_suspend(&self) -> bool {

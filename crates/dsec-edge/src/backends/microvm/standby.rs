@@ -37,10 +37,12 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use super::cmdline::{self, VmFiles, VmLaunch};
-use super::qmp::Session;
-use super::suspend;
+use super::cmdline::{self, VmLaunch};
 use crate::backends::container::spawn::{pidfd_kill, reap};
+use crate::backends::qemu::cmdline::VmFiles;
+use crate::backends::qemu::process::{process_exited, spawn_qemu_fds};
+use crate::backends::qemu::qmp::Session;
+use crate::backends::qemu::suspend;
 use crate::cgroup::{CgroupLimits, Cgroups};
 use crate::edge::lock;
 use crate::error::EdgeError;
@@ -111,7 +113,7 @@ impl Standbys {
     /// Takes the standby of `shape`, if one waits.
     pub fn take(&self, shape: &str) -> Option<Standby> {
         let sb = lock(&self.ready).remove(shape)?;
-        if super::process_exited(&sb.pidfd) {
+        if process_exited(&sb.pidfd) {
             // It died while waiting (killed by hand, OOM): clean up.
             self.discard(sb);
             return None;
@@ -178,7 +180,7 @@ impl Standbys {
         let started = (|| {
             self.cgroups.create(name, limits).map_err(|e| EdgeError::Internal(e.to_string()))?;
             std::fs::create_dir_all(run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", run_dir.display())))?;
-            let (pid, pidfd) = super::spawn_qemu_fds(&self.cgroups, &self.qemu, name, args, run_dir, &[], None)?;
+            let (pid, pidfd) = spawn_qemu_fds(&self.cgroups, &self.qemu, name, args, run_dir, &[], None)?;
             let sb = Standby { name: name.to_string(), pid, pidfd, run_dir: run_dir.to_path_buf() };
             let qmp = run_dir.join("qmp.sock");
             let t0 = Instant::now();
@@ -191,7 +193,7 @@ impl Standbys {
                     }
                     return Ok(sb);
                 }
-                if super::process_exited(&sb.pidfd) || t0.elapsed() > READY_TIMEOUT {
+                if process_exited(&sb.pidfd) || t0.elapsed() > READY_TIMEOUT {
                     let why = std::fs::read_to_string(run_dir.join("qemu.log")).unwrap_or_default();
                     self.discard(sb);
                     return Err(EdgeError::Internal(format!("the standby QEMU did not come up: {}", why.trim())));

@@ -42,9 +42,13 @@ use dsec_agent_proto::{Op, Reply, VmIdentity, VmSetup};
 use rand::RngCore;
 
 use super::cmdline::VmLaunch;
-use super::{boot_agent, console_tail, spawn_qemu_fds, suspend, MicroVmBackend};
+use super::MicroVmBackend;
 use crate::backends::container::spawn::{pidfd_kill, reap};
 use crate::backends::instance::Instance;
+use crate::backends::qemu::agent::{boot_agent, connect_agent};
+use crate::backends::qemu::process::{console_tail, process_exited, spawn_qemu_fds};
+use crate::backends::qemu::suspend;
+use crate::backends::qemu::undo::Undo;
 use crate::error::EdgeError;
 
 /// What the agent prints once booted and waiting for the host (kept equal
@@ -220,13 +224,15 @@ impl MicroVmBackend {
         snap: &crate::backends::snapshot::SnapshotMeta,
     ) -> Result<Instance, EdgeError> {
         let Some(mem) = &snap.memory else { return Err(EdgeError::Internal(format!("snapshot {} holds no memory", snap.name))) };
-        if mem.layer_files != launch.layers || mem.memory_mb != launch.memory_mb || super::cmdline::vcpus_for(mem.cpu_cores) != launch.vcpus
+        if mem.layer_files != launch.layers
+            || mem.memory_mb != launch.memory_mb
+            || crate::backends::qemu::cmdline::vcpus_for(mem.cpu_cores) != launch.vcpus
         {
             return Err(EdgeError::Invalid(format!(
                 "snapshot {:?} holds the memory of a microVM of {} MiB and {} vCPUs on other image layers: start its sandboxes with the same image and limits",
                 snap.name,
                 mem.memory_mb,
-                super::cmdline::vcpus_for(mem.cpu_cores)
+                crate::backends::qemu::cmdline::vcpus_for(mem.cpu_cores)
             )));
         }
         let (ram, vmstate, memory_mb) = (self.snapshots.ram(&snap.id), self.snapshots.vmstate(&snap.id), mem.memory_mb);
@@ -267,12 +273,7 @@ impl MicroVmBackend {
             let _ = pidfd_kill(&pidfd, libc::SIGKILL);
             reap(&pidfd);
             return Err(Miss::Failed(match e {
-                EdgeError::Timeout(_) => EdgeError::Timeout(format!(
-                    "the microVM did not boot to its agent within {:?} ({} acceleration){}",
-                    self.boot_timeout,
-                    l.accel.as_str(),
-                    console_tail(files)
-                )),
+                EdgeError::Timeout(_) => self.boot_wait(l.accel).timed_out(files),
                 e => EdgeError::SetupFailed(format!("{e}{}", console_tail(files))),
             }));
         }
@@ -331,36 +332,31 @@ impl MicroVmBackend {
             None,
         )?;
         drop(state);
+        let mut undo = Undo::qemu_only();
+        let pidfd = undo.spawned(pid, pidfd);
         let started = async {
-            let times = super::load_incoming(files, &pidfd, true).await?;
+            let times = suspend::load_incoming(files, pidfd, true).await?;
             tracing::debug!(%id, qmp_ready_ms = times.qmp_ready_ms, load_ms = times.load_ms, "restored a memory image");
             let agent = match setup {
-                Some(setup) => boot_agent(&files.agent_socket(), &pidfd, setup.clone()).await?,
-                None => attach_saved(&files.agent_socket(), &pidfd).await?,
+                Some(setup) => boot_agent(&files.agent_socket(), pidfd, setup.clone()).await?,
+                None => attach_saved(&files.agent_socket(), pidfd).await?,
             };
             reidentify(&agent, id, crate::ids::short_id(id)).await?;
             Ok::<_, EdgeError>(agent)
         };
-        match tokio::time::timeout(self.boot_timeout, started).await {
-            Ok(Ok(agent)) => Ok(Instance::new(pid, pidfd, agent)),
-            Ok(Err(e)) => {
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                reap(&pidfd);
-                Err(EdgeError::SetupFailed(format!("{e}{}", console_tail(files))))
-            }
-            Err(_) => {
-                let _ = pidfd_kill(&pidfd, libc::SIGKILL);
-                reap(&pidfd);
-                Err(EdgeError::Timeout(format!("restoring {id} from its template")))
-            }
-        }
+        let agent = match tokio::time::timeout(self.boot_timeout, started).await {
+            Ok(Ok(agent)) => agent,
+            Ok(Err(e)) => return Err(EdgeError::SetupFailed(format!("{e}{}", console_tail(files)))),
+            Err(_) => return Err(EdgeError::Timeout(format!("restoring {id} from its template"))),
+        };
+        undo.ready(agent)
     }
 }
 
 /// Connects to the agent of a guest restored from a sandbox's memory: it
 /// greets as that sandbox's, set up.
 async fn attach_saved(socket: &Path, qemu: &OwnedFd) -> Result<AgentClient, EdgeError> {
-    let stream = super::connect_agent(socket, qemu).await?;
+    let stream = connect_agent(socket, qemu).await?;
     let (agent, hello) = AgentClient::connect(stream).await?;
     match hello.state {
         dsec_agent_proto::AgentState::Ready { .. } => Ok(agent),
@@ -400,7 +396,7 @@ async fn wait_booted(console: &Path, qemu: &OwnedFd, timeout: Duration) -> Resul
             }
             seen = all.len();
         }
-        if super::process_exited(qemu) {
+        if process_exited(qemu) {
             return Err(EdgeError::SetupFailed("QEMU exited during boot".into()));
         }
         if t0.elapsed() > timeout {
@@ -413,7 +409,7 @@ async fn wait_booted(console: &Path, qemu: &OwnedFd, timeout: Duration) -> Resul
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::backends::microvm::cmdline::{Accel, VmFiles};
+    use crate::backends::qemu::cmdline::{Accel, VmFiles};
 
     #[test]
     fn a_sealed_ram_file_refuses_writes_and_hole_punching_but_maps_privately() {

@@ -1,4 +1,6 @@
-//! Suspend to disk and restore of one microVM, with QEMU's migration.
+//! Suspend to disk and restore of one VM, with QEMU's migration (both VM
+//! backends; a microVM's guest RAM may be a file of its own, a full VM's
+//! never is).
 //!
 //! Suspend: QMP `stop`, then `migrate` to a file the edge opens and hands
 //! over with `getfd` (QEMU may not open files or spawn under its seccomp
@@ -17,13 +19,20 @@
 //! The image becomes visible under its final name only once complete
 //! (temp + fsync + rename), so a restarted edge can trust its presence.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::OpenOptionsExt;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use super::cmdline::VmFiles;
+use super::process::{console_tail, spawn_qemu, wait_exit};
 use super::qmp::Session;
+use super::undo::Undo;
+use super::{agent, net};
+use crate::backends::container::spawn::pidfd_kill;
+use crate::backends::instance::Instance;
 use crate::backends::SuspendOutcome;
+use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
 
 /// Longest a migration to disk (or back) may take.
@@ -57,7 +66,7 @@ pub fn save(qmp: &Path, image: &Path, ram: Option<&Path>, ignore_shared: bool, p
     let _ = s.call("quit", serde_json::Value::Null);
     drop(s);
     if !wait_exit(pidfd, QUIT_TIMEOUT) {
-        let _ = crate::backends::container::spawn::pidfd_kill(pidfd, libc::SIGKILL);
+        let _ = pidfd_kill(pidfd, libc::SIGKILL);
         wait_exit(pidfd, QUIT_TIMEOUT);
     }
     let t1 = Instant::now();
@@ -155,20 +164,86 @@ pub fn load_and_continue(s: &mut Session, uri: &str, ignore_shared: bool) -> Res
     s.call("cont", serde_json::Value::Null).map(drop)
 }
 
+/// Suspends VM `id` (QEMU `pidfd`, QMP at `qmp`) to `image` and ends its
+/// QEMU (shared by both VM backends; `save` says what
+/// `ram` and `ignore_shared` mean).
+pub(crate) async fn suspend_qemu(
+    cgroups: &Cgroups,
+    id: &str,
+    qmp: PathBuf,
+    image: PathBuf,
+    ram: Option<PathBuf>,
+    ignore_shared: bool,
+    pidfd: &std::os::fd::OwnedFd,
+) -> Result<crate::backends::SuspendOutcome, EdgeError> {
+    let before = cgroups.memory_usage(id).unwrap_or(0);
+    let pidfd = pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let mut out = tokio::task::spawn_blocking(move || save(&qmp, &image, ram.as_deref(), ignore_shared, &pidfd))
+        .await
+        .map_err(|e| EdgeError::Internal(format!("suspend task failed: {e}")))??;
+    out.memory_before_bytes = before;
+    out.memory_after_bytes = cgroups.memory_usage(id).unwrap_or(0);
+    Ok(out)
+}
+
+/// Starts VM `id` anew from its suspend `image`: QEMU with `args` (its
+/// usual command line plus `-incoming defer`) loads the image, continues,
+/// and its agent greets as ready (shared by both VM backends). The image
+/// is deleted once the VM runs; on failure it is kept and no QEMU is left.
+/// With `net`, QEMU is placed in a networked sandbox's namespace and
+/// cgroup2 directory.
+#[allow(clippy::too_many_arguments)]
+pub(crate) async fn restore_qemu(
+    cgroups: &Cgroups,
+    qemu: &Path,
+    id: &str,
+    args: Vec<String>,
+    files: &VmFiles,
+    image: &Path,
+    ignore_shared: bool,
+    net: Option<&net::QemuNet>,
+) -> Result<Instance, EdgeError> {
+    let state =
+        std::fs::File::open(image).map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
+    // Sockets of the previous QEMU: the new one makes its own.
+    for stale in [files.agent_socket(), files.qmp_socket()] {
+        let _ = std::fs::remove_file(stale);
+    }
+    let state = std::os::fd::OwnedFd::from(state);
+    let t0 = Instant::now();
+    let (pid, pidfd) = spawn_qemu(cgroups, qemu, id, args, &files.run_dir, Some(&state), net)?;
+    drop(state);
+    let mut undo = Undo::qemu_only();
+    let pidfd = undo.spawned(pid, pidfd);
+    let spawn_ms = ms(t0);
+    let restored = async {
+        let times = load_incoming(files, pidfd, ignore_shared).await?;
+        let t1 = Instant::now();
+        let agent = agent::attach_ready(id, pidfd, &files.agent_socket()).await?;
+        tracing::info!(%id, spawn_ms, qmp_ready_ms = times.qmp_ready_ms, load_ms = times.load_ms, agent_ms = ms(t1), "restored a VM");
+        Ok::<_, EdgeError>(agent)
+    };
+    let agent = restored.await.map_err(|e| EdgeError::SetupFailed(format!("restoring {id}: {e}{}", console_tail(files))))?;
+    // The image is spent (with a RAM file, that is live memory again).
+    let _ = std::fs::remove_file(image);
+    undo.ready(agent)
+}
+
+/// Has a QEMU started with `-incoming defer` (`pidfd`) load its state
+/// and continue (`finish_restore`, on a blocking thread).
+pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd, ignore_shared: bool) -> Result<RestoreTimes, EdgeError> {
+    let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
+    tokio::task::spawn_blocking(move || finish_restore(&qmp, &fd, ignore_shared))
+        .await
+        .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))?
+}
+
 /// Writes the RAM file's dirty pages to disk and drops its pages from the
 /// page cache: the memory is then on disk only.
 fn flush_and_drop(ram: &Path) -> Result<(), EdgeError> {
     let f = std::fs::File::open(ram).map_err(|e| io_err("opening", ram, e))?;
     f.sync_data().map_err(|e| io_err("flushing", ram, e))?;
     rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).map_err(|e| io_err("dropping the cache of", ram, e.into()))
-}
-
-/// True once the process behind `pidfd` has exited (waits up to `wait`).
-pub fn wait_exit(pidfd: &OwnedFd, wait: Duration) -> bool {
-    let mut p = libc::pollfd { fd: pidfd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-    let ms = wait.as_millis().min(i32::MAX as u128) as i32;
-    // SAFETY: poll on one valid pollfd.
-    unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
 
 /// Bytes a file occupies on disk (its allocated blocks; holes are free).
