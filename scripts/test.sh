@@ -19,6 +19,10 @@ export DSEC_BIN="$PWD/target/release/dsec"
 export DSEC_AGENT="$PWD/target/release/dsec-agent"
 export DSEC_TEST_IMAGES_DIR="$IMAGES"
 
+echo "==> rustfmt and clippy (warnings are errors)"
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
+
 echo "==> Rust tests"
 cargo test --release --workspace
 

@@ -68,10 +68,13 @@ impl<'a> MonitorRequest<'a> {
     }
 }
 
+// serde's `skip_serializing_if` passes the field itself, a `&Cow`.
+#[allow(clippy::ptr_arg)]
 fn empty_str(s: &Cow<'_, str>) -> bool {
     s.is_empty()
 }
 
+#[allow(clippy::ptr_arg)]
 fn empty_list(l: &Cow<'_, [String]>) -> bool {
     l.is_empty()
 }

@@ -70,6 +70,9 @@ pub const INITIAL_WINDOW: u32 = 256 << 10;
 pub type ReqId = u64;
 
 /// Messages from the edge to the agent.
+// A request's op is large beside the other variants; a box per request would
+// cost an allocation on the hot path for nothing (frames are short-lived).
+#[allow(clippy::large_enum_variant)]
 #[derive(Serialize, Deserialize, Debug, Clone, PartialEq)]
 pub enum ToAgent {
     Hello(EdgeHello),

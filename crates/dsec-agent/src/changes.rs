@@ -48,6 +48,8 @@ struct Walk<'a> {
 
 impl Walk<'_> {
     fn is_new(&mut self, path: &str, st: &rustix::fs::Stat) -> bool {
+        // `as`: the field types differ between architectures.
+        #[allow(clippy::unnecessary_cast)]
         let ctime = (st.st_ctime as i64, st.st_ctime_nsec as u32);
         if ctime < self.since {
             return false;

@@ -168,7 +168,7 @@ fn child(
     envp: &[*const libc::c_char],
     groups: &[libc::gid_t],
 ) -> (Step, i32) {
-    // SAFETY (whole function): system calls on fds and pointers that the
+    // SAFETY: (the whole block) system calls on fds and pointers that the
     // parent prepared before the clone and keeps alive (it is suspended)
     // until we exec or exit.
     unsafe {

@@ -146,7 +146,7 @@ fn apply_page_reporting_order() {
 /// The value of the last `name=value` word of a kernel command line (the
 /// kernel, too, lets a later word win).
 fn cmdline_value<'a>(cmdline: &'a str, name: &str) -> Option<&'a str> {
-    cmdline.split_whitespace().filter_map(|w| w.strip_prefix(name)?.strip_prefix('=')).last()
+    cmdline.split_whitespace().rev().find_map(|w| w.strip_prefix(name)?.strip_prefix('='))
 }
 
 /// Waits for the port named [`PORT_NAME`] and opens it.

@@ -247,42 +247,6 @@ pub fn file_info(dir: Option<&str>, s: FileStat) -> api::FileInfo {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn rfc3339_formats_known_instants() {
-        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
-        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
-        assert_eq!(rfc3339(1_795_000_000_000), "2026-11-18T11:06:40.000Z");
-    }
-
-    #[test]
-    fn exec_needs_exactly_one_command_form() {
-        let mut r = api::ExecRequest::default();
-        assert!(exec_spec(&r, false).is_err());
-        r.cmd = Some("true".into());
-        assert!(exec_spec(&r, false).is_ok());
-        r.argv = Some(vec!["true".into()]);
-        assert!(exec_spec(&r, false).is_err());
-    }
-
-    #[test]
-    fn signals_become_128_plus_n() {
-        let r = ExecResult { signal: Some(9), ..Default::default() };
-        assert_eq!(exec_response(r, api::OutputEncoding::Utf8).exit_code, 137);
-    }
-
-    #[test]
-    fn bad_timeouts_and_base64_are_invalid() {
-        let r = api::ExecRequest { cmd: Some("x".into()), timeout: Some(-1.0), ..Default::default() };
-        assert!(exec_spec(&r, false).is_err());
-        let r = api::ExecRequest { cmd: Some("x".into()), stdin_b64: Some("!!".into()), ..Default::default() };
-        assert!(exec_spec(&r, false).is_err());
-    }
-}
-
 /// A logged step as the API shows it: the result as its endpoint answered.
 pub fn trajectory_step_out(s: dsec_edge::TrajectoryStep) -> api::TrajectoryStep {
     let path_of = |op: &dsec_edge::StepOp| match op {
@@ -319,5 +283,41 @@ pub fn trajectory_step_out(s: dsec_edge::TrajectoryStep) -> api::TrajectoryStep 
         changed_truncated: s.changed_truncated,
         started_at: rfc3339(s.started_ms),
         finished_at: s.finished_ms.map(rfc3339),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rfc3339_formats_known_instants() {
+        assert_eq!(rfc3339(0), "1970-01-01T00:00:00.000Z");
+        assert_eq!(rfc3339(951_782_400_123), "2000-02-29T00:00:00.123Z");
+        assert_eq!(rfc3339(1_795_000_000_000), "2026-11-18T11:06:40.000Z");
+    }
+
+    #[test]
+    fn exec_needs_exactly_one_command_form() {
+        let mut r = api::ExecRequest::default();
+        assert!(exec_spec(&r, false).is_err());
+        r.cmd = Some("true".into());
+        assert!(exec_spec(&r, false).is_ok());
+        r.argv = Some(vec!["true".into()]);
+        assert!(exec_spec(&r, false).is_err());
+    }
+
+    #[test]
+    fn signals_become_128_plus_n() {
+        let r = ExecResult { signal: Some(9), ..Default::default() };
+        assert_eq!(exec_response(r, api::OutputEncoding::Utf8).exit_code, 137);
+    }
+
+    #[test]
+    fn bad_timeouts_and_base64_are_invalid() {
+        let r = api::ExecRequest { cmd: Some("x".into()), timeout: Some(-1.0), ..Default::default() };
+        assert!(exec_spec(&r, false).is_err());
+        let r = api::ExecRequest { cmd: Some("x".into()), stdin_b64: Some("!!".into()), ..Default::default() };
+        assert!(exec_spec(&r, false).is_err());
     }
 }

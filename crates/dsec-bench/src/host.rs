@@ -59,6 +59,7 @@ pub fn self_and_children_cpu_ms() -> (f64, f64) {
     let get = |who| {
         // SAFETY: getrusage fills a plain struct.
         let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+        // SAFETY: a valid pointer to that local struct.
         unsafe { libc::getrusage(who, &mut ru) };
         let tv = |t: libc::timeval| t.tv_sec as f64 * 1000.0 + t.tv_usec as f64 / 1000.0;
         tv(ru.ru_utime) + tv(ru.ru_stime)

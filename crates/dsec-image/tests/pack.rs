@@ -61,7 +61,7 @@ fn packs_stacked_on_the_base_show_what_the_sandbox_saw() {
     fs::create_dir_all(&upper).unwrap();
     fs::create_dir_all(&work).unwrap();
     let sb = env.path().join("sandbox");
-    let sandbox = overlay(&sb, &[base_dir.clone()], Some((&upper, &work)));
+    let sandbox = overlay(&sb, std::slice::from_ref(&base_dir), Some((&upper, &work)));
 
     fs::write(sb.join("etc/conf"), "v2").unwrap();
     fs::remove_file(sb.join("etc/remove-me")).unwrap();

@@ -60,7 +60,7 @@ impl Placement {
         recent.values_mut().for_each(|v| v.retain(|(t, _)| now.duration_since(*t) < RECENT_WINDOW));
         let adjusted: Vec<(f64, &NodeView)> = nodes
             .iter()
-            .filter(|n| n.healthy && n.backends.iter().any(|b| *b == demand.backend) && !exclude.contains(&n.name))
+            .filter(|n| n.healthy && n.backends.contains(&demand.backend) && !exclude.contains(&n.name))
             .filter_map(|n| {
                 let pending = recent.get(&n.name).map(|v| v.as_slice()).unwrap_or(&[]);
                 let cpu = n.free_cpu - pending.iter().map(|(_, d)| d.cpu).sum::<f64>();

@@ -177,7 +177,7 @@ mod tests {
     #[test]
     fn a_missing_binary_is_an_error_not_a_zombie() {
         let (_ours, theirs) = UnixStream::pair().unwrap();
-        let err = spawn(c"/nonexistent/agent", "agent", &[], 0, theirs.as_fd()).err().expect("spawn must fail");
+        let err = spawn(c"/nonexistent/agent", "agent", &[], 0, theirs.as_fd()).expect_err("spawn must fail");
         assert_eq!(err.raw_os_error(), Some(libc::ENOENT));
     }
 }

@@ -236,7 +236,10 @@ mod tests {
         // High bits of an ioctl request are ignored by the kernel, so by us.
         args[1] = 0xffff_ffff_c0c0_586d;
         assert_eq!(lookup(libc::SYS_ioctl as i32, &args).map(|r| r.name), Some("XFS_IOC_SWAPEXT"));
-        args[1] = libc::TCGETS as u64;
+        #[allow(clippy::unnecessary_cast)] // `c_ulong` elsewhere
+        {
+            args[1] = libc::TCGETS as u64;
+        }
         assert!(lookup(libc::SYS_ioctl as i32, &args).is_none());
         args[0] = libc::CLONE_NEWUSER as u64;
         assert_eq!(lookup(libc::SYS_unshare as i32, &args).map(|r| r.name), Some("unshare"));

@@ -55,5 +55,5 @@ pub async fn delete(State(st): State<AppState>, Auth(caller): Auth, Path(name): 
             Err(e) => return Err(e.into()),
         }
     }
-    Err(last.unwrap_or_else(|| dsec_edge::EdgeError::SnapshotNotFound(name)).into())
+    Err(last.unwrap_or(dsec_edge::EdgeError::SnapshotNotFound(name)).into())
 }

@@ -123,10 +123,8 @@ impl Edge {
                             }
                         }
                     }
-                    s if s.is_terminal() => {
-                        if now.saturating_sub(r.stopped_at_ms.unwrap_or(r.created_at_ms)) > retention_ms {
-                            forget.push(id.clone());
-                        }
+                    s if s.is_terminal() && now.saturating_sub(r.stopped_at_ms.unwrap_or(r.created_at_ms)) > retention_ms => {
+                        forget.push(id.clone());
                     }
                     _ => {}
                 }

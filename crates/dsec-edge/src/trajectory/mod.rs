@@ -195,6 +195,10 @@ pub enum StreamOp {
     Pty(PtySpec),
 }
 
+/// A finished step's result as the log keeps it: the reply, or the error
+/// code and message it failed with.
+type RecordedResult = Result<Reply, (ErrorCode, String)>;
+
 /// How a streamed exec or a terminal begins.
 pub enum StreamStart {
     /// The step id is in the log: its recorded answer (an exec's output is
@@ -503,7 +507,7 @@ impl Edge {
         }
     }
 
-    fn outcome(&self, row: &StepRow) -> Result<Option<Result<Reply, (ErrorCode, String)>>, EdgeError> {
+    fn outcome(&self, row: &StepRow) -> Result<Option<RecordedResult>, EdgeError> {
         let Some(json) = &row.outcome else { return Ok(None) };
         let stored: StoredOutcome =
             serde_json::from_str(json).map_err(|e| EdgeError::Internal(format!("stored outcome of step {}: {e}", row.seq)))?;

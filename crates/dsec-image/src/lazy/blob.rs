@@ -11,6 +11,10 @@
 //! apply. A cache file that never completes is deleted with the blob (it
 //! is a temp file of the store), so nothing half-fetched outlives it.
 
+// `LazyError` names the blob and the cause of every failure; it is returned
+// once per read that fails, so its size costs nothing worth a box.
+#![allow(clippy::result_large_err)]
+
 use std::collections::HashSet;
 use std::fs::File;
 use std::io;

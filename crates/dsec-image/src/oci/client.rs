@@ -131,7 +131,8 @@ impl Client {
         headers: &[(&str, &str)],
         body: Option<Body<'_>>,
     ) -> Result<ureq::Response, RegistryError> {
-        let payload = || -> Result<Option<(Box<dyn Read + Send + '_>, u64)>, RegistryError> {
+        type Payload<'b> = Option<(Box<dyn Read + Send + 'b>, u64)>;
+        let payload = || -> Result<Payload<'_>, RegistryError> {
             body.map(|make| make()).transpose().map_err(|source| RegistryError::LocalRead { url: url.to_string(), source })
         };
         let attempt = |auth: Option<&str>| -> Result<Result<ureq::Response, ureq::Error>, RegistryError> {

@@ -15,7 +15,10 @@ use crate::error::EdgeError;
 const SYSFS_MAGIC: i64 = 0x6265_6572;
 
 fn is_sysfs(dir: &Path) -> bool {
-    rustix::fs::statfs(dir).map(|s| s.f_type as i64 == SYSFS_MAGIC).unwrap_or(false)
+    // `as`: `f_type`'s type differs between architectures.
+    #[allow(clippy::unnecessary_cast)]
+    let is = rustix::fs::statfs(dir).map(|s| s.f_type as i64 == SYSFS_MAGIC).unwrap_or(false);
+    is
 }
 
 /// The node's sysfs, and the network namespace it shows.
