@@ -3,13 +3,16 @@
 //! sandbox on the node.
 //!
 //! API boundary: [`Edge`] (create / get / list / stop / delete / pause /
-//! resume / pack_diff / exec / call / open / subscribe) in core types ([`model`], [`spec::SandboxRequest`],
-//! `dsec_agent_proto` ops). No HTTP or public wire types in here; the
-//! apiserver and the edge's RPC server convert at their boundaries.
+//! resume / pack_diff / exec / call / open / subscribe) in core types
+//! ([`model`], [`spec::SandboxRequest`], [`AgentRequest`], [`StreamOp`],
+//! [`StepOp`], and the agent's data types as [`agent`]). No HTTP or public
+//! wire types in here, and no agent operation in or out: the apiserver
+//! and the edge's RPC server convert at their boundaries.
 //!
 //! Invariants: every host resource of a sandbox (cgroup, processes,
 //! namespaces, mounts) is released by exactly one path, the exit watcher in
-//! [`lifecycle`]; whatever that path misses (a crash of the edge itself), the
+//! [`lifecycle`]; nothing outside [`backends`] names a concrete backend;
+//! whatever that path misses (a crash of the edge itself), the
 //! reaper in [`lifecycle::background`] finds by listing this node's cgroups.
 
 pub mod backends;

@@ -8,9 +8,11 @@
 //! are made from are dsec-fncall-runner's): it prepares each call, has the *zygote*
 //! (`zygote.py`, a warm Python interpreter) fork a worker that becomes the
 //! call as an unprivileged user and, afterwards, kills every process of that
-//! user and removes every file and IPC object it left. The edge talks to the
-//! monitor over the agent channel (the monitor's stdin and stdout); nothing
-//! inside the runner can reach that channel.
+//! user and removes every file and IPC object it left. The edge starts the
+//! monitor through the runner's agent, then talks to it directly over a Unix
+//! socket in a root-only directory of the runner, reached from the host
+//! beneath the runner's root; the monitor removes it once the edge has
+//! connected, before any call runs, so no call can reach it.
 //!
 //! API boundary: [`FnCallService`] (`call`, `batch`, `status`, `shutdown`)
 //! speaks the public wire types of `dsec-api` (`FnCallRequest`,

@@ -1,5 +1,5 @@
-//! Per-sandbox egress for container and microVM sandboxes (a microVM's
-//! QEMU joins the namespace and cgroup2 directory itself: `prepare`).
+//! Per-sandbox egress for sandboxes of every backend (a VM's QEMU joins the
+//! namespace and cgroup2 directory itself: `prepare`).
 //!
 //! A sandbox created with network rules joins a pre-warmed network
 //! namespace with a veth to the host (`pool`), its processes live in a

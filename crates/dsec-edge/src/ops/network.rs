@@ -4,7 +4,7 @@
 //!
 //! A container, microVM or full VM sandbox created with any network rule
 //! (even all `false`) gets a veth and an allowlist (a VM's QEMU is placed
-//! under it, `microvm::net`, `fullvm::net`); one created without rules keeps the
+//! under it, `backends::qemu::net`); one created without rules keeps the
 //! loopback-only namespace (the fast path), and its rules cannot change.
 //! On a node started without a network configuration every allow rule is
 //! refused (`unsupported_network_policy`), as before.

@@ -1,5 +1,5 @@
-//! A microVM's writable disk: a sparse copy of an empty ext4 template of
-//! the sandbox's `disk_limit_mb`.
+//! The template of a microVM's writable disk: an empty ext4 image of the
+//! sandbox's `disk_limit_mb`, under which each VM's disk is a qcow2 overlay.
 //!
 //! ext4 because the guest kernel has it built in and a filesystem of its
 //! own is how the disk limit is enforced (ENOSPC in the guest). Templates
