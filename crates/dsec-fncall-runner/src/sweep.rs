@@ -2,8 +2,10 @@
 //! and the inotify watch that lets a call that created nothing there (most
 //! calls) skip the sweep.
 
-use std::os::fd::{AsFd, AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::MetadataExt;
+
+use rustix::fs::inotify::{self, CreateFlags, WatchFlags};
 
 use super::{BASE, CALL_GID, CALL_UID};
 
@@ -87,8 +89,12 @@ pub struct SweepWatch {
 /// What makes a watch's directory gain an entry (create, mkdir, link,
 /// mknod, bind a socket: IN_CREATE; rename into it: IN_MOVED_TO) or ends
 /// the watch (the directory deleted or moved).
-const WATCHED: u32 =
-    libc::IN_CREATE | libc::IN_MOVED_TO | libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_ONLYDIR | libc::IN_DONT_FOLLOW;
+const WATCHED: WatchFlags = WatchFlags::CREATE
+    .union(WatchFlags::MOVED_TO)
+    .union(WatchFlags::DELETE_SELF)
+    .union(WatchFlags::MOVE_SELF)
+    .union(WatchFlags::ONLYDIR)
+    .union(WatchFlags::DONT_FOLLOW);
 /// Events after which the queue no longer tells everything.
 const WATCH_LOST: u32 = libc::IN_DELETE_SELF | libc::IN_MOVE_SELF | libc::IN_Q_OVERFLOW | libc::IN_IGNORED;
 /// struct inotify_event without its name.
@@ -96,13 +102,9 @@ const EVENT_HEADER: usize = 16;
 
 impl SweepWatch {
     pub fn new(dirs: &[String]) -> Self {
-        // SAFETY: inotify_init1 takes flags only.
-        let fd = unsafe { libc::inotify_init1(libc::IN_NONBLOCK | libc::IN_CLOEXEC) };
-        let Ok(fd) = super::sys::owned(fd) else { return SweepWatch { fd: None } };
+        let Ok(fd) = inotify::init(CreateFlags::NONBLOCK | CreateFlags::CLOEXEC) else { return SweepWatch { fd: None } };
         for d in dirs {
-            let Ok(path) = std::ffi::CString::new(d.as_bytes()) else { return SweepWatch { fd: None } };
-            // SAFETY: `path` is a C string that outlives the call.
-            if unsafe { libc::inotify_add_watch(fd.as_raw_fd(), path.as_ptr(), WATCHED) } < 0 {
+            if inotify::add_watch(&fd, d.as_str(), WATCHED).is_err() {
                 return SweepWatch { fd: None };
             }
         }
