@@ -12,9 +12,18 @@
 //!
 //! An event names the host pid, and carries an fd of the opened file:
 //! its device (the sandbox's tmpfs) says which sandbox, its path in the
-//! sandbox's mount namespace says which masked path. The kernel merges
-//! repeats of an unread event, and the forwarder summarises bursts, so a
-//! sandbox that loops on a masked path costs the edge little.
+//! sandbox's mount namespace says which masked path.
+//!
+//! The marks ask for permission events (FAN_OPEN_PERM), not plain
+//! notifications: the opener waits in its open(2) until the edge answers,
+//! so it is still alive when its command name is read. A notification
+//! arrives after the fact, and a short-lived `ls` or `cat` has often
+//! exited by then, leaving the audit trail without a name. The edge
+//! always allows (the mask already hides the content); it answers each
+//! event right after reading it, and past a node-wide budget it answers
+//! without describing, so a sandbox that loops on a masked path costs the
+//! edge one read and one write per open. Closing the group (the edge
+//! exits) makes the kernel allow whatever is pending.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
@@ -32,6 +41,10 @@ const AGENT_MASK_DIR_FD: i32 = 7;
 /// Opens waiting for the forwarder; beyond that they are dropped (the
 /// sandbox's ring would drop them anyway).
 const QUEUE: usize = 1024;
+
+/// Opens described per second, node-wide; past that they are allowed
+/// without a record (the forwarder would fold them into a summary anyway).
+const DESCRIBED_PER_SECOND: u32 = 2000;
 
 /// One open of a masked path.
 pub(crate) type MaskedOpen = crate::ops::audit_forward::Refused;
@@ -61,7 +74,7 @@ impl MaskWatch {
         // SAFETY: fanotify_init takes flags only and returns a new fd.
         let fd = unsafe {
             libc::fanotify_init(
-                libc::FAN_CLASS_NOTIF | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK,
+                libc::FAN_CLASS_CONTENT | libc::FAN_CLOEXEC | libc::FAN_NONBLOCK,
                 (libc::O_RDONLY | libc::O_CLOEXEC | libc::O_LARGEFILE) as libc::c_uint,
             )
         };
@@ -91,7 +104,7 @@ impl MaskWatch {
     /// error, only unwatched.
     pub(crate) fn watch(&self, id: &str, pidfd: &OwnedFd) {
         let mut dev = None;
-        for (at, mask) in [(AGENT_MASK_FILE_FD, libc::FAN_OPEN), (AGENT_MASK_DIR_FD, libc::FAN_OPEN | libc::FAN_ONDIR)] {
+        for (at, mask) in [(AGENT_MASK_FILE_FD, libc::FAN_OPEN_PERM), (AGENT_MASK_DIR_FD, libc::FAN_OPEN_PERM | libc::FAN_ONDIR)] {
             let Ok(fd) = spawn::pidfd_getfd(pidfd, at) else { continue };
             let Ok(st) = rustix::fs::fstat(&fd) else { continue };
             // Still the startup placeholder (an eventfd): nothing parked.
@@ -136,6 +149,7 @@ impl MaskWatch {
 
     async fn read_events(self: Arc<Self>, tx: tokio::sync::mpsc::Sender<MaskedOpen>) {
         let mut buf = vec![0u8; 16 << 10];
+        let mut budget = Budget::new(DESCRIBED_PER_SECOND);
         loop {
             let mut guard = match self.group.readable().await {
                 Ok(g) => g,
@@ -153,7 +167,11 @@ impl MaskWatch {
                 Err(_would_block) => continue,
             };
             for ev in parse(&buf[..n]) {
-                if let Some(open) = self.describe(ev) {
+                // Describe first (the opener is parked until the answer),
+                // then answer, then close the event's fd.
+                let open = if budget.take() { self.describe(&ev) } else { None };
+                self.allow(&ev);
+                if let Some(open) = open {
                     // A full queue: the forwarder is behind; drop (the ring
                     // is bounded anyway).
                     let _ = tx.try_send(open);
@@ -162,22 +180,65 @@ impl MaskWatch {
         }
     }
 
-    /// The sandbox, process and path of one event; closes the event's fd.
-    fn describe(&self, ev: RawEvent) -> Option<MaskedOpen> {
-        let time_ms = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64);
-        let Some(fd) = ev.fd else {
+    /// The sandbox, process and path of one event.
+    fn describe(&self, ev: &RawEvent) -> Option<MaskedOpen> {
+        let time_ms = crate::model::now_ms();
+        let Some(fd) = &ev.fd else {
             tracing::warn!("fanotify queue overflowed: some opens of masked paths were not audited");
             return None;
         };
-        let st = rustix::fs::fstat(&fd).ok()?;
+        let st = rustix::fs::fstat(fd).ok()?;
         let sandbox_id = crate::edge::lock(&self.by_dev).sandbox.get(&st.st_dev)?.clone();
         let path = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
             .map(|p| p.display().to_string())
             .unwrap_or_else(|_| "a masked path".into());
-        drop(fd);
         let (pid, comm) = inner_pid_and_comm(ev.pid);
         let what = if rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::Directory { "directory" } else { "file" };
         Some(MaskedOpen { sandbox_id, time_ms, pid, detail: format!("opened {path}, a masked {what} (by {comm}); it reads as empty") })
+    }
+}
+
+impl MaskWatch {
+    /// Lets the opener of a permission event go on. Every permission event
+    /// must be answered, or its opener waits until the group is closed.
+    fn allow(&self, ev: &RawEvent) {
+        let Some(fd) = &ev.fd else { return };
+        if ev.mask & libc::FAN_OPEN_PERM == 0 {
+            return;
+        }
+        let answer = libc::fanotify_response { fd: fd.as_raw_fd(), response: libc::FAN_ALLOW };
+        // SAFETY: viewing a plain C struct as its bytes, for as long as it lives.
+        let bytes =
+            unsafe { std::slice::from_raw_parts((&answer as *const libc::fanotify_response).cast::<u8>(), std::mem::size_of_val(&answer)) };
+        if let Err(e) = rustix::io::write(self.group.get_ref(), bytes) {
+            tracing::warn!(error = %e, "cannot answer a fanotify permission event");
+        }
+    }
+}
+
+/// A per-second allowance of described events.
+struct Budget {
+    per_second: u32,
+    left: u32,
+    window: std::time::Instant,
+}
+
+impl Budget {
+    fn new(per_second: u32) -> Self {
+        Budget { per_second, left: per_second, window: std::time::Instant::now() }
+    }
+
+    /// Whether one more event may be described in this second.
+    fn take(&mut self) -> bool {
+        if self.window.elapsed() >= std::time::Duration::from_secs(1) {
+            self.window = std::time::Instant::now();
+            self.left = self.per_second;
+        }
+        if self.left == 0 {
+            return false;
+        }
+        self.left -= 1;
+        true
     }
 }
 
@@ -186,6 +247,7 @@ struct RawEvent {
     /// None: the queue overflowed.
     fd: Option<OwnedFd>,
     pid: i32,
+    mask: u64,
 }
 
 /// Splits a read of the group into its events, taking ownership of their
@@ -210,7 +272,7 @@ fn parse(buf: &[u8]) -> Vec<RawEvent> {
             None
         };
         if fd.is_some() || m.mask & libc::FAN_Q_OVERFLOW != 0 {
-            out.push(RawEvent { fd, pid: m.pid });
+            out.push(RawEvent { fd, pid: m.pid, mask: m.mask });
         }
         at += len;
     }
@@ -260,6 +322,15 @@ mod tests {
         let evs = parse(bytes);
         assert_eq!(evs.len(), 1);
         assert!(evs[0].fd.is_none());
+    }
+
+    #[test]
+    fn the_budget_refills_each_second() {
+        let mut b = Budget::new(2);
+        assert!(b.take() && b.take());
+        assert!(!b.take(), "a third event in the same second is not described");
+        b.window -= std::time::Duration::from_secs(1);
+        assert!(b.take(), "a new second brings a new allowance");
     }
 
     #[test]
