@@ -24,7 +24,7 @@ pub mod erofs;
 mod fsutil;
 pub mod lazy;
 mod manifest;
-mod mountinfo;
+pub mod mountinfo;
 mod mounts;
 pub mod oci;
 pub mod pack;

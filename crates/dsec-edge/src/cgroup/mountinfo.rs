@@ -1,7 +1,10 @@
-//! Finding cgroup hierarchies from /proc/self/mountinfo.
+//! Finding cgroup hierarchies from /proc/self/mountinfo (parsed by
+//! dsec-image's mountinfo reader, the workspace's one parser of it).
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use dsec_image::mountinfo::MountEntry;
 
 use super::{io_err, CgroupError};
 
@@ -14,50 +17,25 @@ pub struct CgroupMounts {
 }
 
 pub fn find_cgroup_mounts(mountinfo: &Path) -> Result<CgroupMounts, CgroupError> {
-    let text = std::fs::read_to_string(mountinfo).map_err(|e| io_err(mountinfo, e))?;
-    Ok(parse(&text))
+    let entries = dsec_image::mountinfo::read_from(mountinfo).map_err(|e| io_err(mountinfo, e))?;
+    Ok(from_entries(&entries))
 }
 
-fn unescape(field: &str) -> String {
-    // mountinfo escapes space, tab, newline and backslash as \ooo.
-    let mut out = String::with_capacity(field.len());
-    let b = field.as_bytes();
-    let mut i = 0;
-    while i < b.len() {
-        if b[i] == b'\\' && i + 3 < b.len() && b[i + 1..i + 4].iter().all(|c| (b'0'..=b'7').contains(c)) {
-            let v = (b[i + 1] - b'0') * 64 + (b[i + 2] - b'0') * 8 + (b[i + 3] - b'0');
-            out.push(v as char);
-            i += 4;
-        } else {
-            out.push(b[i] as char);
-            i += 1;
-        }
-    }
-    out
-}
-
-pub(crate) fn parse(text: &str) -> CgroupMounts {
+fn from_entries(entries: &[MountEntry]) -> CgroupMounts {
     let mut m = CgroupMounts::default();
-    for line in text.lines() {
-        let Some((left, right)) = line.split_once(" - ") else { continue };
-        let left: Vec<&str> = left.split(' ').collect();
-        let right: Vec<&str> = right.split(' ').collect();
-        if left.len() < 5 || right.len() < 3 {
-            continue;
-        }
+    for e in entries {
         // Only whole hierarchies (root "/") are usable for our own subtree.
-        if left[3] != "/" {
+        if e.root != Path::new("/") {
             continue;
         }
-        let mount_point = PathBuf::from(unescape(left[4]));
-        match right[0] {
+        match e.fs_type.as_str() {
             "cgroup2" => {
-                m.v2.get_or_insert(mount_point);
+                m.v2.get_or_insert_with(|| e.mount_point.clone());
             }
             "cgroup" => {
-                for opt in right[2].split(',') {
+                for opt in e.super_options.split(',') {
                     if matches!(opt, "cpu" | "cpuacct" | "memory" | "pids" | "freezer" | "cpuset" | "devices" | "blkio") {
-                        m.v1.entry(opt.to_string()).or_insert_with(|| mount_point.clone());
+                        m.v1.entry(opt.to_string()).or_insert_with(|| e.mount_point.clone());
                     }
                 }
             }
@@ -70,6 +48,10 @@ pub(crate) fn parse(text: &str) -> CgroupMounts {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn parse(text: &str) -> CgroupMounts {
+        from_entries(&dsec_image::mountinfo::parse(text))
+    }
 
     #[test]
     fn parses_hybrid_layout() {

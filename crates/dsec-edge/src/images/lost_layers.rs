@@ -57,15 +57,10 @@ impl LostLayers {
 /// Whether an overlay mount in `mountinfo` names one of `mounts` in its
 /// options (lowerdir=a:b or lowerdir+=a, as the kernel shows them).
 fn overlay_uses_any(mountinfo: &str, mounts: &[PathBuf]) -> bool {
-    mountinfo.lines().any(|line| {
-        let Some((_, after)) = line.split_once(" - ") else { return false };
-        let mut fields = after.split(' ');
-        if fields.next() != Some("overlay") {
-            return false;
-        }
-        let options = fields.nth(1).unwrap_or("");
-        options.split([',', ':', '=']).any(|part| mounts.iter().any(|m| m.as_os_str() == part))
-    })
+    dsec_image::mountinfo::parse(mountinfo)
+        .iter()
+        .filter(|m| m.fs_type == "overlay")
+        .any(|m| m.super_options.split([',', ':', '=']).any(|part| mounts.iter().any(|layer| layer.as_os_str() == part)))
 }
 
 #[cfg(test)]
