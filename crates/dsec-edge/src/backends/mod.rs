@@ -357,27 +357,20 @@ impl Backends {
     }
 
     pub fn get(&self, kind: BackendKind) -> Result<&dyn Backend, EdgeError> {
-        match kind {
-            BackendKind::Container | BackendKind::Fncall => Ok(self.container.as_ref()),
-            BackendKind::Microvm => match &self.microvm {
-                Ok(vm) => Ok(vm.as_ref()),
-                Err(why) => Err(EdgeError::UnsupportedBackend(format!("microVMs are not available on this node: {why}"))),
-            },
-            BackendKind::Vm => match &self.fullvm {
-                Ok(vm) => Ok(vm.as_ref()),
-                Err(why) => Err(EdgeError::UnsupportedBackend(format!("full VMs are not available on this node: {why}"))),
-            },
-        }
+        Ok(match kind {
+            BackendKind::Container | BackendKind::Fncall => self.container.as_ref(),
+            BackendKind::Microvm => available(&self.microvm, "microVMs")?.as_ref(),
+            BackendKind::Vm => available(&self.fullvm, "full VMs")?.as_ref(),
+        })
     }
 
     /// [`Backends::get`], as a handle that outlives the borrow (for a
     /// blocking thread).
     pub fn handle(&self, kind: BackendKind) -> Result<Arc<dyn Backend>, EdgeError> {
-        self.get(kind)?;
         Ok(match kind {
             BackendKind::Container | BackendKind::Fncall => self.container.clone(),
-            BackendKind::Microvm => self.microvm.clone().map_err(EdgeError::UnsupportedBackend)?,
-            BackendKind::Vm => self.fullvm.clone().map_err(EdgeError::UnsupportedBackend)?,
+            BackendKind::Microvm => available(&self.microvm, "microVMs")?.clone(),
+            BackendKind::Vm => available(&self.fullvm, "full VMs")?.clone(),
         })
     }
 
@@ -437,4 +430,9 @@ impl Backends {
             }
         }
     }
+}
+
+/// A VM backend, or why this node has none (`what`: "microVMs", "full VMs").
+fn available<'a, T>(backend: &'a Result<Arc<T>, String>, what: &str) -> Result<&'a Arc<T>, EdgeError> {
+    backend.as_ref().map_err(|why| EdgeError::UnsupportedBackend(format!("{what} are not available on this node: {why}")))
 }
