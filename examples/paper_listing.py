@@ -12,7 +12,7 @@ async def main() -> None:
     await client.open()
     args = DSecContainerRunArgs(container_image="python", memory_limit_mb=1024,
                                 cpu_cores_limit=1, ttl_running_stop=300,
-                                network_rules={}, init_user="root")
+                                network_rules={"npm": False, "pypi": True}, init_user="root")
     sandbox = await client.run_container(args, timeout=120)
     result = await sandbox.run_shell("echo hello world")
     assert result.exit_code == 0 and result.stdout == "hello world\n"

@@ -9,6 +9,7 @@ PACKAGES=(
   busybox-static  # the busybox default image
   util-linux      # unshare/nsenter, used by tests
   iproute2        # ip, used by tests to inspect sandboxes' network
+  iptables        # the node's masquerading rule for sandbox egress ("nat": true)
   crun            # the peer runtime the benchmarks compare against
   wrk             # compiled HTTP load generator for server-capacity benchmarks
   hyperfine       # command timing in benchmarks

@@ -2,8 +2,10 @@
 # The first command of the README. On a fresh Debian 12 machine (as root):
 # installs the Debian packages dsec needs, builds it, installs the `dsec`
 # command and the Python SDK, prepares the default images (busybox, python),
-# starts the platform (`dsec up`) in the background and runs the paper's
-# listing against it.
+# writes the node's default network configuration (the host's package
+# indexes as the services `pypi`, `npm`, `debian`), starts the platform
+# (`dsec up`) in the background and runs the paper's listing, with its
+# network rules, against it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -27,6 +29,9 @@ python3 -m pip install --quiet --disable-pip-version-check -e sdk/python
 echo "==> preparing the default images in $DATA_DIR/images (cached after the first run)"
 mkdir -p "$DATA_DIR"
 "$PREFIX/bin/dsec" image setup --images-dir "$DATA_DIR/images"
+
+echo "==> the node's network configuration: the host's own package indexes as services (kept if present)"
+"$PREFIX/bin/dsec" network-config init --data-dir "$DATA_DIR"
 
 if curl -fsS "http://$LISTEN/healthz" >/dev/null 2>&1; then
   echo "==> dsec is already running at http://$LISTEN"

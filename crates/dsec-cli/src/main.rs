@@ -7,6 +7,7 @@ mod fncall_cmd;
 mod image_cmd;
 mod layer_cmd;
 mod network_cmd;
+mod network_config_cmd;
 mod pack_cmd;
 mod sandbox_cmd;
 mod shell;
@@ -51,6 +52,10 @@ enum Cmd {
     Audit(sandbox_cmd::IdsArgs),
     /// Replace a running sandbox's network rules (KEY=true|false ...).
     Network(network_cmd::NetworkArgs),
+    /// Write the node's network configuration (the services rules may
+    /// allow: the host's own package indexes).
+    #[command(subcommand)]
+    NetworkConfig(network_config_cmd::NetworkConfigCmd),
     /// Stop sandboxes (their records stay for inspection).
     Stop(sandbox_cmd::IdsArgs),
     /// Stop and remove sandboxes.
@@ -120,6 +125,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Shell(a) => shell::run(a).await,
             Cmd::Audit(a) => sandbox_cmd::audit(a).await,
             Cmd::Network(a) => network_cmd::run(a).await,
+            Cmd::NetworkConfig(c) => network_config_cmd::run(c),
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,

@@ -166,8 +166,10 @@ pub struct EdgeArgs {
     #[arg(long, default_value_t = 60)]
     pub vm_boot_timeout_s: u64,
     /// The node's network configuration (JSON: sandbox subnet, warm pool,
-    /// DNS upstream, named services; docs/security.md, "Egress"). Without
-    /// it every sandbox has loopback only and allow rules are refused.
+    /// DNS upstream, named services; docs/security.md, "Egress"). Default:
+    /// `<data-dir>/network.json` if it exists (`dsec network-config init`
+    /// writes it). Without one every sandbox has loopback only and allow
+    /// rules are refused.
     #[arg(long)]
     pub network_config: Option<PathBuf>,
     /// Where full VM (backend "vm") base images are, as `<name>.qcow2`
@@ -301,7 +303,9 @@ impl EdgeArgs {
         config.fullvm = Some(fullvm);
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
-        if let Some(path) = &self.network_config {
+        let default_network = dsec_net::defaults::path_in(&self.data_dir);
+        let network_config = self.network_config.clone().or_else(|| default_network.exists().then_some(default_network));
+        if let Some(path) = &network_config {
             config.network = Some(dsec_edge::NetConfig::load(path)?);
         }
         let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;

@@ -1,15 +1,21 @@
 //! The node's network configuration file: the sandbox address range, the
-//! warm pool's size, the DNS upstream, and the named services (`pypi`,
-//! `npm`, ...) that rules may allow, each mapped to mirror endpoints.
+//! warm pool's size, the DNS upstream, whether traffic leaving the node is
+//! masqueraded, and the named services (`pypi`, `npm`, ...) that rules may
+//! allow, each mapped to endpoints: IPv4 prefixes, or domains that the
+//! node's resolver opens when a sandbox asks for them (as a domain rule
+//! does). `dsec network-config init` writes one from the host's own
+//! package indexes (`defaults`).
 //!
 //! ```json
 //! {
 //!   "subnet": "10.213.0.0/16",
 //!   "pool_size": 8,
 //!   "forward": true,
+//!   "nat": true,
 //!   "dns_upstream": ["127.0.0.1:53"],
 //!   "services": {
-//!     "pypi": [{"cidr": "198.18.0.10/32", "ports": "80,443", "protocols": ["tcp"]}],
+//!     "pypi": [{"domain": "pypi.org", "ports": "443", "protocols": ["tcp"]},
+//!              {"domain": "files.pythonhosted.org", "ports": "443", "protocols": ["tcp"]}],
 //!     "npm":  [{"cidr": "198.18.0.11/32", "ports": "443"}]
 //!   }
 //! }
@@ -21,7 +27,7 @@ use std::path::Path;
 
 use serde::Deserialize;
 
-use crate::rules::{parse_ports, Cidr, PortRange, RuleError, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
+use crate::rules::{parse_domain, parse_ports, Cidr, DomainRule, PortRange, RuleError, PROTO_ICMP, PROTO_TCP, PROTO_UDP};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -41,6 +47,8 @@ struct RawConfig {
     #[serde(default = "default_true")]
     forward: bool,
     #[serde(default)]
+    nat: bool,
+    #[serde(default)]
     dns_upstream: Vec<SocketAddr>,
     #[serde(default)]
     services: BTreeMap<String, Vec<RawEndpoint>>,
@@ -49,7 +57,10 @@ struct RawConfig {
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawEndpoint {
-    cidr: String,
+    #[serde(default)]
+    cidr: Option<String>,
+    #[serde(default)]
+    domain: Option<String>,
     #[serde(default)]
     ports: Option<String>,
     #[serde(default)]
@@ -66,11 +77,14 @@ fn default_true() -> bool {
     true
 }
 
-/// One endpoint of a named service: an IPv4 prefix and what is open on it.
+/// One endpoint of a named service and what is open on it.
 #[derive(Debug, Clone, PartialEq)]
-pub struct Endpoint {
-    pub cidr: Cidr,
-    pub ranges: Vec<PortRange>,
+pub enum Endpoint {
+    /// An IPv4 prefix, open from the start.
+    Prefix { cidr: Cidr, ranges: Vec<PortRange> },
+    /// A domain (or `*.` its subdomains): the addresses the node's
+    /// resolver answers for it to the sandbox are opened.
+    Domain(DomainRule),
 }
 
 #[derive(Debug, Clone)]
@@ -83,6 +97,10 @@ pub struct NetConfig {
     /// Let allowed traffic leave the node (forwarding on the host side of
     /// each sandbox's veth). Off: only addresses of the node itself.
     pub forward: bool,
+    /// Masquerade what leaves the node from the sandbox subnet (one
+    /// POSTROUTING rule while the edge runs): mirrors beyond the node then
+    /// need no route back to the subnet.
+    pub nat: bool,
     /// Where the resolver asks; empty: the nameservers of /etc/resolv.conf.
     pub dns_upstream: Vec<SocketAddr>,
     pub services: BTreeMap<String, Vec<Endpoint>>,
@@ -107,10 +125,6 @@ impl NetConfig {
             }
             let mut out = Vec::new();
             for ep in eps {
-                let cidr: Cidr = ep.cidr.parse().map_err(|e: RuleError| format!("service {name}: {e}"))?;
-                if subnet.covers(&cidr) {
-                    return Err(format!("service {name}: {cidr} lies in the sandbox subnet {subnet}"));
-                }
                 let protos = match ep.protocols {
                     None => PROTO_TCP | PROTO_UDP,
                     Some(list) => {
@@ -127,12 +141,27 @@ impl NetConfig {
                     }
                 };
                 let ranges = parse_ports(ep.ports.as_deref().unwrap_or("1-65535"), protos).map_err(|e| format!("service {name}: {e}"))?;
-                out.push(Endpoint { cidr, ranges });
+                out.push(match (ep.cidr, ep.domain) {
+                    (Some(cidr), None) => {
+                        let cidr: Cidr = cidr.parse().map_err(|e: RuleError| format!("service {name}: {e}"))?;
+                        if subnet.covers(&cidr) {
+                            return Err(format!("service {name}: {cidr} lies in the sandbox subnet {subnet}"));
+                        }
+                        Endpoint::Prefix { cidr, ranges }
+                    }
+                    (None, Some(domain)) => {
+                        if protos & PROTO_ICMP != 0 {
+                            return Err(format!("service {name}: a domain endpoint takes tcp and udp, not icmp"));
+                        }
+                        Endpoint::Domain(parse_domain(&domain, ranges).map_err(|e| format!("service {name}: {domain:?}: {e}"))?)
+                    }
+                    _ => return Err(format!("service {name}: each endpoint has either \"cidr\" or \"domain\"")),
+                });
             }
             services.insert(name, out);
         }
         let dns_upstream = if raw.dns_upstream.is_empty() { system_nameservers() } else { raw.dns_upstream };
-        Ok(NetConfig { subnet, pool_size: raw.pool_size, forward: raw.forward, dns_upstream, services })
+        Ok(NetConfig { subnet, pool_size: raw.pool_size, forward: raw.forward, nat: raw.nat, dns_upstream, services })
     }
 
     /// The resolver's address (the second address of the subnet).
@@ -173,12 +202,35 @@ mod tests {
                 "services": {"pypi": [{"cidr": "198.18.0.10/32", "ports": "80,443", "protocols": ["tcp"]}]}}"#,
         )
         .unwrap();
-        let ep = &c.services["pypi"][0];
-        assert_eq!(ep.cidr.to_string(), "198.18.0.10/32");
-        assert_eq!(ep.ranges, vec![PortRange { lo: 80, hi: 80, protos: PROTO_TCP }, PortRange { lo: 443, hi: 443, protos: PROTO_TCP }]);
+        let Endpoint::Prefix { cidr, ranges } = &c.services["pypi"][0] else { panic!("a prefix endpoint") };
+        assert_eq!(cidr.to_string(), "198.18.0.10/32");
+        assert_eq!(ranges, &vec![PortRange { lo: 80, hi: 80, protos: PROTO_TCP }, PortRange { lo: 443, hi: 443, protos: PROTO_TCP }]);
+        assert!(!c.nat, "no masquerading unless asked");
         assert_eq!(c.resolver_ip(), Ipv4Addr::new(10, 9, 0, 1));
         assert_eq!(c.slot_addrs(1), (Ipv4Addr::new(10, 9, 0, 2), Ipv4Addr::new(10, 9, 0, 3)));
         assert_eq!(c.max_slots(), 32767);
+    }
+
+    #[test]
+    fn services_may_name_domains() {
+        let c = NetConfig::parse(
+            r#"{"nat": true, "services": {"debian": [{"domain": "deb.debian.org", "ports": "80,443", "protocols": ["tcp"]},
+                                                     {"domain": "*.debian.org"}]}}"#,
+        )
+        .unwrap();
+        assert!(c.nat);
+        let [Endpoint::Domain(exact), Endpoint::Domain(wild)] = &c.services["debian"][..] else { panic!("two domain endpoints") };
+        assert!(exact.matches("deb.debian.org") && !exact.subdomains);
+        assert_eq!(exact.ranges.len(), 2);
+        assert!(wild.matches("security.debian.org") && !wild.matches("debian.org"));
+        for bad in [
+            r#"{"services": {"x": [{"cidr": "1.2.3.0/24", "domain": "a.example.org"}]}}"#,
+            r#"{"services": {"x": [{"ports": "443"}]}}"#,
+            r#"{"services": {"x": [{"domain": "not a name"}]}}"#,
+            r#"{"services": {"x": [{"domain": "a.example.org", "protocols": ["icmp"]}]}}"#,
+        ] {
+            assert!(NetConfig::parse(bad).unwrap_err().contains("service x"), "{bad}");
+        }
     }
 
     #[test]

@@ -13,7 +13,9 @@
 
 pub mod bpf;
 pub mod config;
+pub mod defaults;
 pub mod dns;
+mod nat;
 pub mod netlink;
 pub mod pool;
 mod resolver;
@@ -145,6 +147,9 @@ impl Egress {
         let v2_parent = layout.v2_root.join(&layout.parent);
         let setup = (|| {
             std::fs::create_dir_all(&v2_parent).map_err(io(v2_parent.display().to_string()))?;
+            if cfg.nat {
+                nat::masquerade(cfg.subnet, &tag).map_err(io("masquerading the sandbox subnet"))?;
+            }
             resolver::add_address(cfg.resolver_ip()).map_err(io("adding the resolver's address"))?;
             pool::Pool::start(cfg.clone(), tag.clone()).map_err(io("starting the network namespace pool"))
         })();
@@ -155,6 +160,9 @@ impl Egress {
                 // left sandboxes (then their pins stay).
                 if std::fs::read_dir(&state_dir).map(|mut d| d.next().is_none()).unwrap_or(true) {
                     progs.unpin();
+                    if cfg.nat {
+                        nat::unmasquerade(cfg.subnet, &tag);
+                    }
                 }
                 return Err(e);
             }
@@ -378,12 +386,16 @@ impl Egress {
     }
 
     /// Edge shutdown: the pool's namespaces go, the resolver's address
-    /// goes, and the pinned maps too if no networked sandbox is left.
+    /// goes, and the pinned maps and the masquerading rule too if no
+    /// networked sandbox is left (those left keep reaching their mirrors).
     pub fn shutdown(&self) {
         self.inner.pool.shutdown();
         resolver::remove_address(self.inner.cfg.resolver_ip());
         let empty = self.inner.sandboxes.lock().unwrap_or_else(|p| p.into_inner()).is_empty();
         if empty {
+            if self.inner.cfg.nat {
+                nat::unmasquerade(self.inner.cfg.subnet, &self.inner.tag);
+            }
             self.inner.progs.lock().unwrap_or_else(|p| p.into_inner()).unpin();
             if self.inner.own_v2_dirs {
                 // Our parent and, if nobody else uses it, the level above.

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::fmt;
 use std::net::Ipv4Addr;
 
-use crate::config::NetConfig;
+use crate::config::{Endpoint, NetConfig};
 
 pub const PROTO_TCP: u8 = 1;
 pub const PROTO_UDP: u8 = 2;
@@ -169,24 +169,33 @@ pub fn parse(map: &BTreeMap<String, bool>, cfg: &NetConfig) -> Result<RuleSet, R
         match parsed {
             Parsed::Allow(entries) => set.static_allow.extend(entries),
             Parsed::Domain(d) => set.domains.push(d),
+            Parsed::Service(endpoints) => {
+                for ep in endpoints {
+                    match ep {
+                        Endpoint::Prefix { cidr, ranges } => set.static_allow.push((*cidr, ranges.clone())),
+                        Endpoint::Domain(d) => set.domains.push(d.clone()),
+                    }
+                }
+            }
         }
     }
     Ok(set)
 }
 
-enum Parsed {
+enum Parsed<'c> {
     Allow(Vec<(Cidr, Vec<PortRange>)>),
     Domain(DomainRule),
+    Service(&'c [Endpoint]),
 }
 
-fn parse_key(key: &str, cfg: &NetConfig) -> Result<Parsed, RuleError> {
+fn parse_key<'c>(key: &str, cfg: &'c NetConfig) -> Result<Parsed<'c>, RuleError> {
     let bad = |why: String| RuleError::Bad(key.to_string(), why);
     if key.is_empty() || key.len() > 253 {
         return Err(bad("empty or longer than 253 characters".into()));
     }
     if is_service_name(key) {
         return match cfg.services.get(key) {
-            Some(eps) => Ok(Parsed::Allow(eps.iter().map(|e| (e.cidr, e.ranges.clone())).collect())),
+            Some(eps) => Ok(Parsed::Service(eps)),
             None => {
                 let known: Vec<&str> = cfg.services.keys().map(String::as_str).collect();
                 Err(RuleError::UnknownService(key.to_string(), if known.is_empty() { "none".into() } else { known.join(", ") }))
@@ -225,16 +234,22 @@ fn parse_key(key: &str, cfg: &NetConfig) -> Result<Parsed, RuleError> {
     if explicit_proto && protos == PROTO_ICMP {
         return Err(bad("ICMP rules take an address or prefix, not a domain".into()));
     }
+    parse_domain(target, ranges).map(Parsed::Domain).map_err(|_| bad("not a service name, an IPv4 prefix or a domain".into()))
+}
+
+/// A domain (`files.example.org`) or its subdomains (`*.example.org`) with
+/// the ports it opens; Err says why it is not a domain.
+pub(crate) fn parse_domain(target: &str, ranges: Vec<PortRange>) -> Result<DomainRule, String> {
     let (subdomains, name) = match target.strip_prefix("*.") {
         Some(n) => (true, n),
         None => (false, target),
     };
     let valid_label =
         |l: &str| !l.is_empty() && l.len() <= 63 && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-') && !l.starts_with('-');
-    if !name.contains('.') || !name.split('.').all(valid_label) {
-        return Err(bad("not a service name, an IPv4 prefix or a domain".into()));
+    if name.len() > 253 || !name.contains('.') || !name.split('.').all(valid_label) {
+        return Err("not a domain (labels of letters, digits and '-', at least two)".into());
     }
-    Ok(Parsed::Domain(DomainRule { pattern: name.to_ascii_lowercase(), subdomains, ranges }))
+    Ok(DomainRule { pattern: name.to_ascii_lowercase(), subdomains, ranges })
 }
 
 /// One entry of the eBPF allowlist of a sandbox.
@@ -317,6 +332,20 @@ mod tests {
         let entries = compile(&set, &[], cfg().subnet).unwrap();
         assert_eq!(entries.len(), 2, "pypi plus the subnet's deny entry");
         assert!(entries[1].ranges.is_empty());
+    }
+
+    #[test]
+    fn a_service_of_domains_allows_them_through_the_resolver() {
+        let cfg = NetConfig::parse(
+            r#"{"services": {"pypi": [{"domain": "pypi.org", "ports": "443", "protocols": ["tcp"]},
+                                      {"cidr": "198.18.0.10/32", "ports": "443", "protocols": ["tcp"]}]}}"#,
+        )
+        .unwrap();
+        let set = parse(&rules(&[("pypi", true)]), &cfg).unwrap();
+        assert_eq!(set.static_allow.len(), 1, "the prefix is open from the start");
+        assert!(set.domain("PyPI.org.").is_some(), "the domain is opened as it resolves");
+        assert!(set.domain("files.pythonhosted.org").is_none());
+        assert_eq!(parse(&rules(&[("pypi", false)]), &cfg).unwrap(), RuleSet::default());
     }
 
     #[test]

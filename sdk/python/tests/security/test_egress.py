@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from dsec import DSecClient, DSecRunArgs
+from dsec import DSecClient, DSecContainerRunArgs, DSecRunArgs
 from dsec import errors as E
 from dsec.sandbox import Sandbox
 
@@ -39,6 +39,9 @@ from ..e2e.conftest import IMAGE, Server, _create_tenant, _mounts_under, run_arg
 
 PYPI, NPM, MIRROR_DOMAIN_IP, OTHER_DOMAIN_IP = "198.18.7.1", "198.18.7.2", "198.18.7.3", "198.18.7.4"
 MIRROR_PORT = 8080
+#: A second mirror port that answers with the address the connection came
+#: from: the sandbox's own without masquerading, the host's with it.
+MIRROR_PEER_PORT = 8081
 NAMES = {"mirror.dsec.test": MIRROR_DOMAIN_IP, "other.dsec.test": OTHER_DOMAIN_IP}
 POOL = 2
 
@@ -190,13 +193,18 @@ def dns_upstream() -> Iterator[socketserver.UDPServer]:
 
 
 MIRROR_SERVER = r'''
-import socket, socketserver
+import socket, socketserver, threading
 class H(socketserver.BaseRequestHandler):
     def handle(self):
         self.request.sendall(("mirror " + self.request.getsockname()[0]).encode())
+class Peer(socketserver.BaseRequestHandler):
+    def handle(self):
+        self.request.sendall(("from " + self.request.getpeername()[0]).encode())
 socketserver.ThreadingTCPServer.allow_reuse_address = True
+peer = socketserver.ThreadingTCPServer(("0.0.0.0", %d), Peer)
+threading.Thread(target=peer.serve_forever, daemon=True).start()
 socketserver.ThreadingTCPServer(("0.0.0.0", %d), H).serve_forever()
-''' % MIRROR_PORT
+''' % (MIRROR_PEER_PORT, MIRROR_PORT)
 
 
 @pytest.fixture(scope="module")
@@ -245,9 +253,11 @@ def mirrors() -> Iterator[str]:
 def write_config(cfg_dir: Path, subnet: str, dns_upstream: socketserver.UDPServer) -> Path:
     cfg = cfg_dir / "network.json"
     cfg.write_text(json.dumps({
-        "subnet": subnet, "pool_size": POOL, "forward": True,
+        "subnet": subnet, "pool_size": POOL, "forward": True, "nat": True,
         "dns_upstream": [f"127.0.0.1:{dns_upstream.server_address[1]}"],
         "services": {
+            # A service by name, as `dsec network-config init` writes them.
+            "byname": [{"domain": "mirror.dsec.test", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
             "pypi": [{"cidr": f"{PYPI}/32", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
             "npm": [{"cidr": f"{NPM}/32", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
             "debian": [{"cidr": "198.18.8.0/24", "ports": "80,443"}],
@@ -288,6 +298,12 @@ def net_server(mirrors: str, dns_upstream: socketserver.UDPServer) -> Iterator[t
     if shutil.which("bpftool"):
         progs = json.loads(sh("bpftool", "-j", "cgroup", "tree"))
         assert not any(p.get("name", "").startswith("dsec_") for c in progs for p in c.get("programs", [])), progs
+    assert nat_rules(node) == [], "the masquerading rule outlived the edge"
+
+
+def nat_rules(node: str) -> list[str]:
+    """The edge's masquerading rules (dsec_net's nat module)."""
+    return [l for l in sh("iptables", "-w", "-t", "nat", "-S", "POSTROUTING").splitlines() if f"dsec node {node_tag(node)}" in l]
 
 
 @pytest.fixture
@@ -347,6 +363,34 @@ async def test_the_papers_rules_reach_pypi_and_refuse_npm(nclient: DSecClient) -
         evs = await wait_event(sb, f"connect to {NPM}:{MIRROR_PORT}/tcp refused")
         assert any(f"connect to {NPM}:{MIRROR_PORT}/tcp refused" in e for e in evs), evs
         assert "nameserver" in (await sb.run_shell("cat /etc/resolv.conf")).stdout
+    finally:
+        await sb.delete()
+
+
+async def test_a_service_of_domains_opens_what_they_resolve_to(nclient: DSecClient) -> None:
+    """A service given by domain (the shape of the default configuration)
+    opens the addresses the node's resolver answers for it, and nothing
+    else."""
+    sb = await networked(nclient, {"byname": True})
+    try:
+        assert await probe(sb, "tcp", MIRROR_DOMAIN_IP, MIRROR_PORT) == "err EPERM", "not before the name is asked"
+        assert await probe(sb, "dns", "mirror.dsec.test") == f"ok {MIRROR_DOMAIN_IP}"
+        assert await probe(sb, "tcp", MIRROR_DOMAIN_IP, MIRROR_PORT) == f"ok mirror {MIRROR_DOMAIN_IP}"
+        assert await probe(sb, "tcp", MIRROR_DOMAIN_IP, MIRROR_PEER_PORT) == "err EPERM", "only the service's ports"
+        assert await probe(sb, "dns", "other.dsec.test") == "err gaierror"
+    finally:
+        await sb.delete()
+
+
+async def test_traffic_leaving_the_node_is_masqueraded(nclient: DSecClient, net_server: tuple[Server, str, str]) -> None:
+    """With "nat": true a mirror sees the node's address, never the
+    sandbox's, so it needs no route back to the sandbox subnet."""
+    _, node, subnet = net_server
+    assert len(nat_rules(node)) == 1, "one rule while the edge runs"
+    sb = await networked(nclient, {f"tcp:{PYPI}:{MIRROR_PEER_PORT}": True})
+    try:
+        mine = await own_address(sb, subnet)
+        assert await probe(sb, "tcp", PYPI, MIRROR_PEER_PORT) == "ok from 198.18.9.1", f"the sandbox is {mine}"
     finally:
         await sb.delete()
 
@@ -578,6 +622,48 @@ async def test_allowlists_hold_across_an_edge_restart(mirrors: str, dns_upstream
         shutil.rmtree(cfg_dir, ignore_errors=True)
         # Never rm -rf through a mount (an earlier run left the directory
         # behind when it tried); a leftover mount fails the test above.
+        if not _mounts_under(data_dir):
+            shutil.rmtree(data_dir)
+
+
+async def test_the_default_configuration_runs_the_papers_listing() -> None:
+    """`dsec network-config init` writes the host's own package indexes as
+    the services; `dsec up` finds the file in its data dir without a flag,
+    and the paper's listing runs with its original rules. Nothing is sent:
+    the listing only echoes."""
+    binary = os.environ.get("DSEC_BIN") or "dsec"
+    data_dir = Path(tempfile.mkdtemp(prefix="dsec-egress-default-"))
+    node = f"egress-d{uuid.uuid4().hex[:7]}"
+    try:
+        out = subprocess.run([binary, "network-config", "init", "--data-dir", str(data_dir)],
+                             check=True, capture_output=True, text=True).stdout
+        assert "pypi:" in out and "npm:" in out, out
+        cfg_path = data_dir / "network.json"
+        cfg = json.loads(cfg_path.read_text())
+        assert cfg["nat"] is True
+        assert {"pypi", "npm"} <= set(cfg["services"]), cfg
+        # A subnet of its own, apart from any node already on this host.
+        cfg["subnet"], cfg["pool_size"] = "10.198.0.0/16", 1
+        cfg_path.write_text(json.dumps(cfg))
+        gen = serve_dsec(["--no-fncall"], data_dir=data_dir, node=node)
+        try:
+            srv = next(gen)
+            tenant = _create_tenant(srv, "egress-d")
+            async with DSecClient(srv.url, tenant.token) as client:
+                args = DSecContainerRunArgs(container_image=IMAGE, memory_limit_mb=1024,
+                                            cpu_cores_limit=1, ttl_running_stop=300,
+                                            network_rules={"npm": False, "pypi": True}, init_user="root")
+                sandbox = await client.run_container(args, timeout=120)
+                result = await sandbox.run_shell("echo hello world")
+                assert result.exit_code == 0 and result.stdout == "hello world\n"
+                assert "nameserver 10.198.0.1" in (await sandbox.run_shell("cat /etc/resolv.conf")).stdout
+                await sandbox.stop()
+                await sandbox.delete()
+            assert len(nat_rules(node)) == 1
+        finally:
+            gen.close()
+        assert nat_rules(node) == [], "the masquerading rule outlived the edge"
+    finally:
         if not _mounts_under(data_dir):
             shutil.rmtree(data_dir)
 
