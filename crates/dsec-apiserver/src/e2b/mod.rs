@@ -1,0 +1,54 @@
+//! E2B compatibility: the control-plane REST API of E2B's cloud and the
+//! in-sandbox API of its `envd`, as the unmodified `e2b` Python SDK calls
+//! them, translated onto the same edge operations as the native API.
+//!
+//! A user points the SDK at this listener (`E2B_API_URL` and
+//! `E2B_SANDBOX_URL`) with a dsec token as `E2B_API_KEY`. Control-plane
+//! calls carry the token in `X-API-Key`; envd calls name their sandbox in
+//! `E2b-Sandbox-Id` and prove access with the sandbox's `X-Access-Token`
+//! (`envd`). Which parts of E2B are covered: docs/e2b.md.
+
+mod connect;
+mod envd;
+mod error;
+mod files;
+mod filesystem;
+mod process;
+mod processes;
+mod sandboxes;
+mod view;
+
+use std::sync::Arc;
+
+use axum::routing::{get, post};
+use axum::Router;
+
+use crate::state::AppState;
+
+/// What the E2B routes share: the API's state and the table of processes
+/// started through envd's process service.
+#[derive(Clone)]
+pub struct E2bState {
+    pub app: AppState,
+    pub processes: Arc<processes::ProcessTable>,
+}
+
+/// The E2B routes, with their own state, to merge into the API's router.
+pub fn router(app: AppState) -> Router {
+    let st = E2bState { app, processes: Arc::new(processes::ProcessTable::default()) };
+    Router::new()
+        .route("/sandboxes", post(sandboxes::create_v1).get(sandboxes::list_v1))
+        .route("/v2/sandboxes", post(sandboxes::create_v2).get(sandboxes::list_v2))
+        .route("/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::kill))
+        .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
+        .route("/sandboxes/{id}/pause", post(sandboxes::pause))
+        .route("/sandboxes/{id}/resume", post(sandboxes::resume))
+        .route("/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
+        .route("/health", get(envd::health))
+        .route("/files", get(files::download).post(files::upload))
+        .route("/process.Process/{method}", post(process::dispatch))
+        .route("/filesystem.Filesystem/{method}", post(filesystem::dispatch))
+        .layer(axum::extract::DefaultBodyLimit::disable())
+        .with_state(st)
+}
