@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from e2b import CommandExitException, Sandbox
-from e2b.exceptions import SandboxException
+from e2b import CommandExitException, PtySize, Sandbox
+from e2b.exceptions import InvalidArgumentException, SandboxException
 
 from ..conftest import Server
 
@@ -75,3 +75,23 @@ def test_access_token_is_required(server: Server, sbx: Sandbox) -> None:
         url, headers={**base, "X-Access-Token": sbx._envd_access_token or ""}, content=b"{}"
     )
     assert r.status_code == 200 and r.json() == {"processes": []}
+
+
+def test_pty(sbx: Sandbox) -> None:
+    term = sbx.pty.create(PtySize(rows=24, cols=80), cwd="/tmp", envs={"PS1": "$ "})
+    sbx.pty.resize(term.pid, PtySize(rows=30, cols=100))
+    sbx.pty.send_stdin(term.pid, b"stty size; echo marker-$((6*7)); exit 5\n")
+    seen = bytearray()
+    with pytest.raises(CommandExitException) as e:
+        term.wait(on_pty=seen.extend)
+    assert e.value.exit_code == 5
+    out = seen.decode(errors="replace")
+    assert "30 100" in out, "Update resized the terminal"
+    assert "marker-42" in out
+    # A process without a PTY cannot be resized.
+    h = sbx.commands.run("sleep 30", background=True)
+    try:
+        with pytest.raises(InvalidArgumentException):
+            sbx.pty.resize(h.pid, PtySize(rows=1, cols=1))
+    finally:
+        h.kill()
