@@ -9,7 +9,7 @@ use dsec_edge::{Caller, Edge};
 
 use super::error::{Code, RpcError, RpcResult};
 use super::view;
-use super::E2bState;
+use super::{E2bState, Owner};
 use crate::convert;
 
 pub const SANDBOX_HEADER: &str = "e2b-sandbox-id";
@@ -48,15 +48,10 @@ pub fn target<'a>(st: &'a E2bState, headers: &HeaderMap) -> Result<Target<'a>, R
         .ok_or_else(|| Refusal::Denied(RpcError::invalid("missing header E2b-Sandbox-Id")))?
         .to_string();
     let gone = || Refusal::Gone(format!("sandbox {id} not found"));
-    let edge = match st.app.nodes.node_of(&id) {
-        Ok(crate::nodes::Node::Local(e)) => e,
-        Ok(crate::nodes::Node::Remote(r)) => {
-            return Err(Refusal::Denied(RpcError::new(
-                Code::Unimplemented,
-                format!("sandbox {id} lives on node {}: envd's routes serve the sandboxes of this process's edge", r.name),
-            )))
-        }
-        Err(_) => return Err(gone()),
+    let edge = match st.owner(&id) {
+        Owner::Local(e) => e,
+        Owner::Remote(node) => return Err(Refusal::Denied(RpcError::new(Code::Unimplemented, super::remote_message(&id, &node)))),
+        Owner::Unknown => return Err(gone()),
     };
     // Looked up as the node itself: the token, not a tenant's key, is the
     // credential here.

@@ -33,6 +33,30 @@ pub struct E2bState {
     pub processes: Arc<processes::ProcessTable>,
 }
 
+/// Where a sandbox named by an E2B call lives.
+pub enum Owner<'a> {
+    Local(&'a dsec_edge::Edge),
+    /// On another node: the E2B routes serve the edges of their own process.
+    Remote(String),
+    /// No node of this name.
+    Unknown,
+}
+
+impl E2bState {
+    pub fn owner(&self, id: &str) -> Owner<'_> {
+        match self.app.nodes.node_of(id) {
+            Ok(crate::nodes::Node::Local(e)) => Owner::Local(e),
+            Ok(crate::nodes::Node::Remote(r)) => Owner::Remote(r.name.clone()),
+            Err(_) => Owner::Unknown,
+        }
+    }
+}
+
+/// Why a sandbox of a remote node is not served.
+pub fn remote_message(id: &str, node: &str) -> String {
+    format!("sandbox {id} lives on node {node}: the E2B routes serve the sandboxes of the edges in their own process")
+}
+
 /// The E2B routes, with their own state, to merge into the API's router.
 pub fn router(app: AppState) -> Router {
     let st = E2bState { app, processes: Arc::new(processes::ProcessTable::default()) };

@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use axum::extract::{Path, State};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::Json;
@@ -14,10 +14,9 @@ use rand::RngCore;
 
 use super::error::{RestError, RestResult};
 use super::view::{self, NewSandbox, Reconnect, Timeout};
-use super::E2bState;
+use super::{E2bState, Owner};
 use crate::auth::Authenticator;
 use crate::convert;
-use crate::error::ApiError;
 use crate::extract::{ApiJson, QueryPairs};
 
 /// The caller of a control-plane call: a dsec token in `X-API-Key` (what
@@ -91,7 +90,12 @@ pub async fn create_v2(State(st): State<E2bState>, headers: HeaderMap, ApiJson(r
 /// failed one is gone (404), as a killed one is in E2B.
 fn live(st: &E2bState, caller: &Caller, id: &str) -> RestResult<api::Sandbox> {
     let not_found = || RestError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found"));
-    let rec = st.app.nodes.owner(id).and_then(|e| e.get(caller, id).map_err(ApiError::from)).map_err(|e| match e.code {
+    let edge = match st.owner(id) {
+        Owner::Local(e) => e,
+        Owner::Remote(node) => return Err(RestError::new(StatusCode::NOT_IMPLEMENTED, super::remote_message(id, &node))),
+        Owner::Unknown => return Err(not_found()),
+    };
+    let rec = edge.get(caller, id).map_err(|e| match e.code() {
         ErrorCode::SandboxNotFound => not_found(),
         _ => e.into(),
     })?;
@@ -145,16 +149,44 @@ pub async fn pause(State(st): State<E2bState>, headers: HeaderMap, Path(id): Pat
     Ok(StatusCode::NO_CONTENT)
 }
 
+/// The start of resume and connect: the caller, the (optional) body and
+/// the live sandbox.
+pub struct Reconnecting {
+    caller: Caller,
+    id: String,
+    req: Reconnect,
+    sandbox: api::Sandbox,
+}
+
+/// The most a resume or connect body holds.
+const MAX_RECONNECT_BODY: usize = 64 << 10;
+
+impl FromRequest<E2bState> for Reconnecting {
+    type Rejection = RestError;
+
+    async fn from_request(req: Request, st: &E2bState) -> Result<Self, RestError> {
+        let (mut parts, body) = req.into_parts();
+        let caller = caller(&st.app.auth, &parts.headers)?;
+        let Path(id) =
+            Path::<String>::from_request_parts(&mut parts, st).await.map_err(|e| RestError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
+        let body = axum::body::to_bytes(body, MAX_RECONNECT_BODY)
+            .await
+            .map_err(|e| RestError::new(StatusCode::PAYLOAD_TOO_LARGE, format!("reading the body: {e}")))?;
+        let req = if body.iter().all(u8::is_ascii_whitespace) {
+            Reconnect::default()
+        } else {
+            serde_json::from_slice(&body).map_err(|e| RestError::new(StatusCode::BAD_REQUEST, format!("invalid body: {e}")))?
+        };
+        let sandbox = live(st, &caller, &id)?;
+        Ok(Reconnecting { caller, id, req, sandbox })
+    }
+}
+
 /// `POST /sandboxes/{id}/resume`: a paused sandbox only (409 otherwise),
 /// with a new timeout from now.
-pub async fn resume(
-    State(st): State<E2bState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> RestResult<Response> {
-    let (caller, req, s) = reconnecting(&st, &headers, &id, &body)?;
-    if view::state(s.state) != Some("paused") {
+pub async fn resume(State(st): State<E2bState>, r: Reconnecting) -> RestResult<Response> {
+    let Reconnecting { caller, id, req, sandbox } = r;
+    if view::state(sandbox.state) != Some("paused") {
         return Err(RestError::new(StatusCode::CONFLICT, format!("sandbox {id} is already running")));
     }
     st.app.nodes.owner(&id)?.resume(&caller, &id).await?;
@@ -166,39 +198,21 @@ pub async fn resume(
 /// `POST /sandboxes/{id}/connect` (and `/v2/...`): resumes a paused
 /// sandbox (201) or takes a running one as it is (200); the timeout is
 /// raised to `timeout` from now, never shortened.
-pub async fn connect(
-    State(st): State<E2bState>,
-    headers: HeaderMap,
-    Path(id): Path<String>,
-    body: axum::body::Bytes,
-) -> RestResult<Response> {
-    let (caller, req, s) = reconnecting(&st, &headers, &id, &body)?;
-    let resumed = view::state(s.state) == Some("paused");
+pub async fn connect(State(st): State<E2bState>, r: Reconnecting) -> RestResult<Response> {
+    let Reconnecting { caller, id, req, sandbox } = r;
+    let resumed = view::state(sandbox.state) == Some("paused");
     if resumed {
         st.app.nodes.owner(&id)?.resume(&caller, &id).await?;
     }
     if let Some(timeout) = req.timeout {
         let want_ms = dsec_edge::model::now_ms() + timeout * 1000;
-        if want_ms > view::end_ms(&s) {
+        if want_ms > view::end_ms(&sandbox) {
             set_lifetime(&st, &caller, &id, timeout)?;
         }
     }
     let s = live(&st, &caller, &id)?;
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
     Ok((status, Json(view::created(&s, &caller.tenant))).into_response())
-}
-
-/// What resume and connect start from: the caller, the (optional) body
-/// and the live sandbox.
-fn reconnecting(st: &E2bState, headers: &HeaderMap, id: &str, body: &[u8]) -> RestResult<(Caller, Reconnect, api::Sandbox)> {
-    let caller = caller(&st.app.auth, headers)?;
-    let req = if body.iter().all(u8::is_ascii_whitespace) {
-        Reconnect::default()
-    } else {
-        serde_json::from_slice(body).map_err(|e| RestError::new(StatusCode::BAD_REQUEST, format!("invalid body: {e}")))?
-    };
-    let s = live(st, &caller, id)?;
-    Ok((caller, req, s))
 }
 
 /// `GET /sandboxes`: every live sandbox of the caller, unpaged.
