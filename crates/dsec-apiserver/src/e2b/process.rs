@@ -20,7 +20,7 @@ use tokio::sync::mpsc;
 use super::connect::{self, de_bytes, StreamItem};
 use super::envd::{self, Target};
 use super::error::{Code, RpcError, RpcResult};
-use super::processes::{Config, Event, Process, Selector};
+use super::processes::{Config, Event, Process, Selector, Spawn};
 use super::E2bState;
 use crate::convert;
 
@@ -205,7 +205,8 @@ async fn start(st: &E2bState, t: &Target<'_>, headers: &HeaderMap, req: StartReq
     };
     let edge = t.edge.clone();
     let config = Config { cmd: cfg.cmd, args: cfg.args, envs: cfg.envs, cwd };
-    let (p, events) = st.processes.start(&t.id, req.tag, config, req.pty.is_some(), call, move |end| async move {
+    let spawn = Spawn { tag: req.tag, config, pty: req.pty.is_some(), deadline: deadline(headers) };
+    let (p, events) = st.processes.start(&t.id, spawn, call, move |end| async move {
         let end = end.map_err(EdgeError::AgentUnavailable);
         edge.finish_stream(ticket, &end).await;
         drop(activity);
@@ -216,6 +217,12 @@ async fn start(st: &E2bState, t: &Target<'_>, headers: &HeaderMap, req: StartReq
 fn attach(st: &E2bState, t: &Target<'_>, headers: &HeaderMap, req: Selected) -> RpcResult<Response> {
     let p = find(st, t, req.process.as_ref())?;
     Ok(event_stream(p.pid, p.attach(), keepalive(headers)))
+}
+
+/// The `Start` call's deadline (`Connect-Timeout-Ms`; none or 0: none).
+fn deadline(headers: &HeaderMap) -> Option<Duration> {
+    let ms = headers.get("connect-timeout-ms").and_then(|v| v.to_str().ok()).and_then(|v| v.parse::<u64>().ok())?;
+    (ms > 0).then(|| Duration::from_millis(ms))
 }
 
 /// How often an idle stream carries a keepalive event (the SDK's

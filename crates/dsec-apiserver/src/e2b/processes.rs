@@ -22,6 +22,17 @@ pub struct Config {
     pub cwd: Option<String>,
 }
 
+/// How a process is started, besides its call.
+pub struct Spawn {
+    pub tag: Option<String>,
+    pub config: Config,
+    pub pty: bool,
+    /// Killed (SIGKILL) this long after its start: envd ends a process at
+    /// its `Start` call's deadline (`Connect-Timeout-Ms`), though not when
+    /// the call's stream merely goes away.
+    pub deadline: Option<std::time::Duration>,
+}
+
 /// One event of a process, as streams see it.
 #[derive(Debug, Clone)]
 pub enum Event {
@@ -87,15 +98,7 @@ impl ProcessTable {
     /// Registers a started call and runs it to its end in a task of its
     /// own; `on_end` gets how it ended (for the trajectory log). The first
     /// stream is attached before any output can arrive.
-    pub fn start<F, Fut>(
-        self: &Arc<Self>,
-        sandbox: &str,
-        tag: Option<String>,
-        config: Config,
-        pty: bool,
-        call: Call,
-        on_end: F,
-    ) -> (Arc<Process>, mpsc::Receiver<Event>)
+    pub fn start<F, Fut>(self: &Arc<Self>, sandbox: &str, spawn: Spawn, call: Call, on_end: F) -> (Arc<Process>, mpsc::Receiver<Event>)
     where
         F: FnOnce(Result<Reply, String>) -> Fut + Send + 'static,
         Fut: std::future::Future<Output = ()> + Send + 'static,
@@ -104,13 +107,31 @@ impl ProcessTable {
         // processes are likely to show.
         let (input, mut output) = call.into_split();
         let pid = 1000 + self.next_pid.fetch_add(1, Ordering::Relaxed);
+        let Spawn { tag, config, pty, deadline } = spawn;
         let p = Arc::new(Process { pid, tag, config, pty, input, watchers: Mutex::new(Vec::new()) });
         let first = p.attach();
         lock(&self.by_sandbox).entry(sandbox.to_string()).or_default().insert(pid, p.clone());
         let (table, sandbox, proc_) = (self.clone(), sandbox.to_string(), p.clone());
         tokio::spawn(async move {
+            let deadline = async {
+                match deadline {
+                    Some(d) => tokio::time::sleep(d).await,
+                    None => std::future::pending().await,
+                }
+            };
+            tokio::pin!(deadline);
+            let mut killed = false;
             let end = loop {
-                match output.recv().await {
+                let event = tokio::select! {
+                    ev = output.recv() => ev,
+                    _ = &mut deadline, if !killed => {
+                        killed = true;
+                        // Its end (killed by a signal) follows as usual.
+                        let _ = proc_.input.signal(9);
+                        continue;
+                    }
+                };
+                match event {
                     Ok(Some(CallEvent::Data { stream, data })) => proc_.publish(Event::Output { stream, data }).await,
                     Ok(Some(CallEvent::Reply(Ok(Reply::Exited(r))))) => {
                         proc_.publish(Event::End(r.clone())).await;

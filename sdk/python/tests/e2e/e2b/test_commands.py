@@ -3,10 +3,12 @@ background commands, stdin, signals, reconnecting, the access token."""
 
 from __future__ import annotations
 
+import time
+
 import httpx
 import pytest
 from e2b import CommandExitException, PtySize, Sandbox
-from e2b.exceptions import InvalidArgumentException, SandboxException
+from e2b.exceptions import InvalidArgumentException, SandboxException, TimeoutException
 
 from ..conftest import Server
 
@@ -95,3 +97,19 @@ def test_pty(sbx: Sandbox) -> None:
             sbx.pty.resize(h.pid, PtySize(rows=1, cols=1))
     finally:
         h.kill()
+
+
+def test_a_start_deadline_ends_the_process(sbx: Sandbox) -> None:
+    # envd kills a process at its Start call's deadline (the command's
+    # `timeout`), not when the stream merely goes away.
+    with pytest.raises(TimeoutException):
+        sbx.commands.run("sleep 30", timeout=2)
+    deadline = time.monotonic() + 10
+    while any(p.args[-1] == "sleep 30" for p in sbx.commands.list()):
+        assert time.monotonic() < deadline, "the process outlived its deadline"
+        time.sleep(0.2)
+    h = sbx.commands.run("sleep 2; echo done", background=True, timeout=0)
+    h.disconnect()
+    time.sleep(0.5)
+    assert h.pid in [p.pid for p in sbx.commands.list()], "a closed stream leaves it running"
+    assert sbx.commands.connect(h.pid).wait().stdout == "done\n"
