@@ -20,6 +20,7 @@ mod view;
 
 use std::sync::Arc;
 
+use axum::extract::DefaultBodyLimit;
 use axum::routing::{get, post};
 use axum::Router;
 
@@ -57,6 +58,9 @@ pub fn remote_message(id: &str, node: &str) -> String {
     format!("sandbox {id} lives on node {node}: the E2B routes serve the sandboxes of the edges in their own process")
 }
 
+/// The largest envd call message (stdin sent in one `SendInput` included).
+const MAX_RPC_BODY: usize = 16 << 20;
+
 /// The E2B routes, with their own state, to merge into the API's router.
 pub fn router(app: AppState) -> Router {
     let st = E2bState { app, processes: Arc::new(processes::ProcessTable::default()) };
@@ -71,8 +75,9 @@ pub fn router(app: AppState) -> Router {
         .route("/v2/sandboxes/{id}/connect", post(sandboxes::connect))
         .route("/health", get(envd::health))
         .route("/files", get(files::download).post(files::upload))
-        .route("/process.Process/{method}", post(process::dispatch))
-        .route("/filesystem.Filesystem/{method}", post(filesystem::dispatch))
-        .layer(axum::extract::DefaultBodyLimit::disable())
+        .route("/process.Process/{method}", post(process::dispatch).layer(DefaultBodyLimit::max(MAX_RPC_BODY)))
+        .route("/filesystem.Filesystem/{method}", post(filesystem::dispatch).layer(DefaultBodyLimit::max(MAX_RPC_BODY)))
+        // Uploads (`/files`) are streamed and bounded by ApiLimits.
+        .layer(DefaultBodyLimit::disable())
         .with_state(st)
 }

@@ -113,40 +113,37 @@ impl ProcessTable {
         lock(&self.by_sandbox).entry(sandbox.to_string()).or_default().insert(pid, p.clone());
         let (table, sandbox, proc_) = (self.clone(), sandbox.to_string(), p.clone());
         tokio::spawn(async move {
-            let deadline = async {
-                match deadline {
-                    Some(d) => tokio::time::sleep(d).await,
-                    None => std::future::pending().await,
-                }
-            };
-            tokio::pin!(deadline);
-            let mut killed = false;
+            // The deadline runs beside the pump, so a stream that holds
+            // the pump back cannot hold the kill back too.
+            let killer = deadline.map(|d| {
+                let p = proc_.clone();
+                tokio::spawn(async move {
+                    tokio::time::sleep(d).await;
+                    // Its end (killed by a signal) follows as usual.
+                    let _ = p.input.signal(9);
+                })
+            });
             let end = loop {
-                let event = tokio::select! {
-                    ev = output.recv() => ev,
-                    _ = &mut deadline, if !killed => {
-                        killed = true;
-                        // Its end (killed by a signal) follows as usual.
-                        let _ = proc_.input.signal(9);
-                        continue;
-                    }
-                };
-                match event {
+                match output.recv().await {
                     Ok(Some(CallEvent::Data { stream, data })) => proc_.publish(Event::Output { stream, data }).await,
-                    Ok(Some(CallEvent::Reply(Ok(Reply::Exited(r))))) => {
-                        proc_.publish(Event::End(r.clone())).await;
-                        break Ok(Reply::Exited(r));
-                    }
+                    Ok(Some(CallEvent::Reply(Ok(Reply::Exited(r))))) => break Ok(Reply::Exited(r)),
                     Ok(Some(CallEvent::Reply(Ok(other)))) => break Err(format!("unexpected agent reply {other:?}")),
                     Ok(Some(CallEvent::Reply(Err(e)))) => break Err(e.message),
                     Ok(None) => break Err("the sandbox ended before the process did".into()),
                     Err(e) => break Err(e.to_string()),
                 }
             };
-            if let Err(m) = &end {
-                proc_.publish(Event::Failed(m.clone())).await;
+            if let Some(k) = killer {
+                k.abort();
             }
+            // Out of the table before anyone hears of its end, so a `List`
+            // after the end event never shows it.
             table.remove(&sandbox, proc_.pid);
+            match &end {
+                Ok(Reply::Exited(r)) => proc_.publish(Event::End(r.clone())).await,
+                Ok(_) => {}
+                Err(m) => proc_.publish(Event::Failed(m.clone())).await,
+            }
             on_end(end).await;
         });
         (p, first)

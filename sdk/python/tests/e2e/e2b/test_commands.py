@@ -77,6 +77,9 @@ def test_access_token_is_required(server: Server, sbx: Sandbox) -> None:
         url, headers={**base, "X-Access-Token": sbx._envd_access_token or ""}, content=b"{}"
     )
     assert r.status_code == 200 and r.json() == {"processes": []}
+    r = httpx.post(url, headers={**base, "X-Access-Token": sbx._envd_access_token or ""},
+                   content=b" " * (17 << 20))
+    assert r.status_code == 413, "an envd call's body is bounded"
 
 
 def test_pty(sbx: Sandbox) -> None:
