@@ -65,8 +65,8 @@ const MAX_RPC_BODY: usize = 16 << 20;
 pub fn router(app: AppState) -> Router {
     let st = E2bState { app, processes: Arc::new(processes::ProcessTable::default()) };
     Router::new()
-        .route("/sandboxes", post(sandboxes::create_v1).get(sandboxes::list_v1))
-        .route("/v2/sandboxes", post(sandboxes::create_v2).get(sandboxes::list_v2))
+        .route("/sandboxes", post(sandboxes::create).get(sandboxes::list_v1))
+        .route("/v2/sandboxes", post(sandboxes::create).get(sandboxes::list_v2))
         .route("/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::kill))
         .route("/sandboxes/{id}/timeout", post(sandboxes::set_timeout))
         .route("/sandboxes/{id}/pause", post(sandboxes::pause))

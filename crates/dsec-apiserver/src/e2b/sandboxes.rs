@@ -39,8 +39,13 @@ fn new_access_token() -> String {
     base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(b)
 }
 
-async fn create(st: &E2bState, headers: &HeaderMap, req: NewSandbox) -> RestResult<(StatusCode, Json<view::Created>)> {
-    let caller = caller(&st.app.auth, headers)?;
+/// `POST /sandboxes` and `POST /v2/sandboxes` (the same body in both).
+pub async fn create(
+    State(st): State<E2bState>,
+    headers: HeaderMap,
+    ApiJson(req): ApiJson<NewSandbox>,
+) -> RestResult<(StatusCode, Json<view::Created>)> {
+    let caller = caller(&st.app.auth, &headers)?;
     let mut labels = req.metadata.unwrap_or_default();
     if let Some(k) = labels.keys().find(|k| k.starts_with(view::RESERVED_PREFIX)) {
         return Err(RestError::new(
@@ -76,14 +81,6 @@ async fn create(st: &E2bState, headers: &HeaderMap, req: NewSandbox) -> RestResu
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let sandbox = st.app.nodes.create(&caller, create, key.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(view::created(&sandbox, &caller.tenant))))
-}
-
-pub async fn create_v1(State(st): State<E2bState>, headers: HeaderMap, ApiJson(req): ApiJson<NewSandbox>) -> RestResult<impl IntoResponse> {
-    create(&st, &headers, req).await
-}
-
-pub async fn create_v2(State(st): State<E2bState>, headers: HeaderMap, ApiJson(req): ApiJson<NewSandbox>) -> RestResult<impl IntoResponse> {
-    create(&st, &headers, req).await
 }
 
 /// A live sandbox of the caller as the native API shows it; a stopped or
