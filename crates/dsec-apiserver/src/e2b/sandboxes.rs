@@ -242,12 +242,17 @@ pub async fn list_v2(State(st): State<E2bState>, headers: HeaderMap, q: QueryPai
     let page: Vec<view::Detail> = all.iter().filter_map(|s| view::detail(s, &caller.tenant, false)).collect();
     let mut resp = Json(page).into_response();
     if let (true, Some(last)) = (more, all.last()) {
-        let token = base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{}\n{}", last.created_at, last.id));
+        let token = encode_token(&last.created_at, &last.id);
         if let Ok(v) = HeaderValue::from_str(&token) {
             resp.headers_mut().insert("x-next-token", v);
         }
     }
     Ok(resp)
+}
+
+/// A page's `nextToken`: the start time and id of its last sandbox.
+fn encode_token(created_at: &str, id: &str) -> String {
+    base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(format!("{created_at}\n{id}"))
 }
 
 fn decode_token(token: &str) -> RestResult<(String, String)> {
@@ -308,5 +313,38 @@ impl ListQuery {
             })
             .filter(|s| self.metadata.iter().all(|(k, v)| s.labels.get(k) == Some(v)))
             .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(q: &str) -> RestResult<ListQuery> {
+        ListQuery::parse(&QueryPairs(form_urlencoded::parse(q.as_bytes()).into_owned().collect()))
+    }
+
+    #[test]
+    fn list_queries_read_as_the_sdk_writes_them() {
+        // The SDK quotes each key and value, then encodes the pairs as the
+        // value of `metadata`: two layers of percent-encoding.
+        let q = query("metadata=a%3D1%26b%3Dx%2520y&state=running,paused&order=desc&limit=500").unwrap();
+        assert_eq!(q.metadata, vec![("a".to_string(), "1".to_string()), ("b".to_string(), "x y".to_string())]);
+        assert_eq!(q.states, vec!["running", "paused"]);
+        assert!(q.descending);
+        assert_eq!(q.limit, MAX_PAGE, "a page holds at most {MAX_PAGE}");
+        let plain = query("").unwrap();
+        assert!(plain.metadata.is_empty() && plain.states.is_empty() && !plain.descending);
+        for bad in ["state=stopped", "order=up", "limit=0", "limit=x"] {
+            assert_eq!(query(bad).err().map(|e| e.status), Some(StatusCode::BAD_REQUEST), "{bad}");
+        }
+    }
+
+    #[test]
+    fn page_tokens_round_trip_and_refuse_garbage() {
+        let t = encode_token("2026-12-02T01:00:00.000Z", "n1.abcdefghijkl");
+        assert_eq!(decode_token(&t).unwrap(), ("2026-12-02T01:00:00.000Z".to_string(), "n1.abcdefghijkl".to_string()));
+        assert!(decode_token("!!").is_err());
+        assert!(decode_token(&base64::engine::general_purpose::URL_SAFE_NO_PAD.encode("no newline")).is_err());
     }
 }
