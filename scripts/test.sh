@@ -32,3 +32,6 @@ scripts/build-agent.sh
 
 echo "==> Python SDK tests (unit and end-to-end against a real dsec up)"
 python3 -m pytest sdk/python/tests -q -p no:cacheprovider
+
+echo "==> E2B compatibility with the older SDK line"
+scripts/test-e2b-older.sh

@@ -7,6 +7,7 @@
 
 pub mod auth;
 mod convert;
+mod e2b;
 pub mod error;
 mod extract;
 pub mod lingering;
@@ -82,5 +83,6 @@ pub fn router(state: AppState) -> Router {
         // Uploads are streamed and bounded by ApiLimits, not by axum's
         // default 2 MB body limit.
         .layer(axum::extract::DefaultBodyLimit::disable())
-        .with_state(state)
+        .with_state(state.clone())
+        .merge(e2b::router(state))
 }

@@ -27,7 +27,7 @@ fn unexpected(reply: Reply) -> ApiError {
 
 /// Streams a read-type call (file or tar) as the response body. Waits for
 /// the first event so a missing file is a clean 404, not a broken stream.
-async fn stream_out(mut call: Call, guard: ActivityGuard, content_type: &'static str) -> ApiResult<Response> {
+pub(crate) async fn stream_out(mut call: Call, guard: ActivityGuard, content_type: &'static str) -> ApiResult<Response> {
     let first = match call.recv().await.map_err(EdgeError::from)? {
         Some(CallEvent::Reply(Err(e))) => return Err(EdgeError::Agent(e).into()),
         Some(CallEvent::Reply(Ok(_))) | None => None,
@@ -117,7 +117,14 @@ async fn stream_in(call: Call, body: Body, content: &mut Content) -> Result<Repl
 /// Runs an upload through the trajectory log: a re-issued step id gets its
 /// recorded answer (the body is read only to compare its digest), a new one
 /// streams to the agent while the content is hashed.
-async fn upload(st: &AppState, caller: &dsec_edge::Caller, id: &str, step: Option<&str>, op: StepOp, body: Body) -> ApiResult<Reply> {
+pub(crate) async fn upload(
+    st: &AppState,
+    caller: &dsec_edge::Caller,
+    id: &str,
+    step: Option<&str>,
+    op: StepOp,
+    body: Body,
+) -> ApiResult<Reply> {
     let edge = st.nodes.owner(id)?;
     let with_content = |op: &StepOp, c: &Content| match op.clone() {
         StepOp::WriteFile { spec, .. } => StepOp::WriteFile { spec, digest: c.digest(), bytes: c.bytes },
