@@ -143,11 +143,11 @@ fn keep_diagnostics(
 impl Runner {
     /// Creates the runner's sandbox and starts the monitor in it. On any
     /// failure after the sandbox exists, the sandbox is removed.
-    pub async fn start(edge: &Edge, cfg: &FnCallConfig, language: &str) -> Result<Runner, FnCallError> {
+    pub async fn start(edge: &Edge, cfg: &FnCallConfig, language: &str, memory_mb: u64) -> Result<Runner, FnCallError> {
         let caller = runner_caller();
         let req = SandboxRequest {
             image: cfg.image.clone(),
-            memory_mb: Some(cfg.runner_memory_mb),
+            memory_mb: Some(memory_mb),
             cpu_cores: Some(cfg.runner_cpu_cores),
             cpu_quota_cores: Some(cfg.runner_cpu_quota_cores.max(cfg.runner_cpu_cores)),
             disk_mb: Some(cfg.runner_disk_mb),
