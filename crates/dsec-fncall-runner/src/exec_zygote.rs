@@ -85,7 +85,7 @@ const FORK_RETRY: Duration = Duration::from_secs(30);
 /// next worker is forked as soon as the last one ends, while that call's
 /// other processes (a fork bomb's) may fill the pids limit until the
 /// monitor has killed and reaped them, moments later. Giving up at once
-/// ended the zygote, and with it the runner, under the next call.
+/// would end the zygote, and with it the runner, under the next call.
 fn fork_once_pids_free() -> Result<i32, String> {
     let deadline = Instant::now() + FORK_RETRY;
     let mut delay = Duration::from_millis(1);

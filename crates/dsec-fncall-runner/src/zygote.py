@@ -285,8 +285,8 @@ def fork_once_pids_free(fork, error):
     limit) and ENOMEM are transient here: the zygote forks the next worker
     as soon as the last one ends, while that call's other processes (a fork
     bomb's) may still fill the pids limit until the monitor has killed and
-    reaped them, moments later. Giving up at once killed the zygote, and
-    with it the runner, under the next call. Only this error path imports
+    reaped them, moments later. Giving up at once would end the zygote,
+    and with it the runner, under the next call. Only this error path imports
     what it needs, so that no page of the zygote's heap changes for it."""
     import errno
     import time

@@ -252,7 +252,7 @@ impl FnCallService {
                     lease.finish();
                     return Ok(resp);
                 }
-                Err(FnCallError::RunnerFailed(why)) => {
+                Err(FnCallError::RunnerLost(why)) => {
                     drop(lease);
                     tracing::warn!(%runner, language = %req.language, attempt, error = %why, "a runner failed serving a call; it is replaced");
                     if attempt == CALL_ATTEMPTS {
