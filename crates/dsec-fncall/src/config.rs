@@ -135,10 +135,4 @@ impl FnCallConfig {
             max_batch: 1000,
         }
     }
-
-    /// The most memory one call may ask for on an ordinary runner; a call
-    /// asking for more gets a bigger runner (sizing.rs).
-    pub fn max_memory_mb(&self) -> u64 {
-        crate::sizing::call_memory_mb(self.runner_memory_mb)
-    }
 }
