@@ -222,6 +222,10 @@ pub struct FnCallPools {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct FnCallPoolStatus {
     pub language: String,
+    /// The memory of each runner: the ordinary runners', or a bigger size
+    /// made for calls asking for more (0 from servers that predate it).
+    #[serde(default)]
+    pub runner_memory_mb: u64,
     pub min_runners: u32,
     pub max_runners: u32,
     pub runners: u32,

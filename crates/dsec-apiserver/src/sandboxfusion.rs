@@ -27,6 +27,9 @@ const LANGUAGES: &[(&str, &str)] = &[
     ("lua", "lua"),
 ];
 
+/// SandboxFusion's `run_timeout` and `compile_timeout` when absent.
+const SANDBOXFUSION_DEFAULT_TIMEOUT_S: f64 = 10.0;
+
 pub fn to_fncall(req: api::RunCodeRequest) -> ApiResult<api::FnCallRequest> {
     let language = LANGUAGES.iter().find(|(sf, _)| *sf == req.language).map(|(_, ours)| ours.to_string()).ok_or_else(|| {
         ApiError::new(
@@ -38,15 +41,10 @@ pub fn to_fncall(req: api::RunCodeRequest) -> ApiResult<api::FnCallRequest> {
             ),
         )
     })?;
-    let positive = |v: f64, what: &str| {
-        if v.is_finite() && v > 0.0 {
-            Ok(v)
-        } else {
-            Err(ApiError::new(dsec_api::ErrorCode::InvalidLimits, format!("{what} must be a positive number of seconds (got {v})")))
-        }
-    };
     let memory_mb = match req.memory_limit_mb {
         Some(m) if m > 0 => Some(m as u64),
+        // SandboxFusion's -1 (its default): no limit of its own; FnCall's
+        // default limit then.
         _ => None,
     };
     Ok(api::FnCallRequest {
@@ -56,13 +54,25 @@ pub fn to_fncall(req: api::RunCodeRequest) -> ApiResult<api::FnCallRequest> {
         files: req.files.into_iter().map(|(k, v)| (k, v.unwrap_or_default())).collect(),
         fetch_files: req.fetch_files,
         limits: api::FnCallLimits {
-            time: Some(positive(req.run_timeout, "run_timeout")?),
-            compile_time: Some(positive(req.compile_timeout, "compile_timeout")?),
+            time: Some(timeout(req.run_timeout)),
+            compile_time: Some(timeout(req.compile_timeout)),
             memory_mb,
             output_bytes: None,
         },
         ..Default::default()
     })
+}
+
+/// SandboxFusion takes any number of seconds: zero or less (its -1) is its
+/// default, 10 s; more than a FnCall call may run is that longest time (a
+/// program still running then is `TimeLimitExceeded`, as it would be
+/// later there).
+fn timeout(seconds: f64) -> f64 {
+    if seconds.is_nan() || seconds <= 0.0 {
+        SANDBOXFUSION_DEFAULT_TIMEOUT_S
+    } else {
+        seconds.min(dsec_fncall::MAX_TIME_S)
+    }
 }
 
 fn command_result(s: &StepResult) -> api::CommandRunResult {
@@ -155,6 +165,38 @@ mod tests {
         assert!(ce.run_result.is_none());
         let killed = from_fncall(resp(None, Some(step(RunStatus::MemoryLimit, None))));
         assert_eq!(killed.run_result.unwrap().status, "Error");
+    }
+
+    fn mapped(body: serde_json::Value) -> api::FnCallLimits {
+        let mut body = body;
+        body["code"] = "print(1)".into();
+        body["language"] = "python".into();
+        to_fncall(serde_json::from_value(body).unwrap()).unwrap().limits
+    }
+
+    #[test]
+    fn every_memory_limit_sandboxfusion_takes_maps() {
+        // Absent, -1 (its default) and 0: no limit of its own, FnCall's default.
+        for v in [serde_json::json!({}), serde_json::json!({"memory_limit_MB": -1}), serde_json::json!({"memory_limit_MB": 0})] {
+            assert_eq!(mapped(v.clone()).memory_mb, None, "{v}");
+        }
+        // Any positive size passes as is (the service picks a runner big
+        // enough, or says what the node can give).
+        for mb in [1u64, 256, 1024, 4096, 1 << 40] {
+            assert_eq!(mapped(serde_json::json!({"memory_limit_MB": mb})).memory_mb, Some(mb));
+        }
+    }
+
+    #[test]
+    fn every_timeout_sandboxfusion_takes_maps() {
+        let l = mapped(serde_json::json!({}));
+        assert_eq!((l.time, l.compile_time), (Some(10.0), Some(10.0)), "its defaults");
+        for (given, want) in [(-1.0, 10.0), (0.0, 10.0), (0.5, 0.5), (30.0, 30.0), (1e9, dsec_fncall::MAX_TIME_S)] {
+            let l = mapped(serde_json::json!({"run_timeout": given, "compile_timeout": given}));
+            assert_eq!((l.time, l.compile_time), (Some(want), Some(want)), "{given}");
+        }
+        // Integers, as verl sends them, are seconds too.
+        assert_eq!(mapped(serde_json::json!({"run_timeout": 3})).time, Some(3.0));
     }
 
     #[test]

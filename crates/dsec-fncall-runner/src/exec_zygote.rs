@@ -22,6 +22,7 @@ use std::ffi::CString;
 use std::io;
 use std::mem::MaybeUninit;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::{Duration, Instant};
 
 use rustix::net::{recvmsg, RecvAncillaryBuffer, RecvAncillaryMessage, RecvFlags};
 
@@ -55,12 +56,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     // Ready: no modules preloaded.
     write_all(rep.as_fd(), b"\n").map_err(|e| format!("the monitor is gone: {e}"))?;
     loop {
-        // SAFETY: this process is single-threaded; the child only makes
-        // system calls and ends in execve or _exit.
-        let pid = unsafe { libc::fork() };
-        if pid < 0 {
-            return Err(format!("fork: {}", io::Error::last_os_error()));
-        }
+        let pid = fork_once_pids_free()?;
         if pid == 0 {
             drop((ctl, rep, children));
             worker(cmd.as_fd());
@@ -79,6 +75,34 @@ pub fn run(args: &[String]) -> Result<(), String> {
             }
             reap_strays();
         }
+    }
+}
+
+/// How long a fork may keep failing for want of pids or memory.
+const FORK_RETRY: Duration = Duration::from_secs(30);
+
+/// fork(), waiting out EAGAIN (the runner's pids limit) and ENOMEM: the
+/// next worker is forked as soon as the last one ends, while that call's
+/// other processes (a fork bomb's) may fill the pids limit until the
+/// monitor has killed and reaped them, moments later. Giving up at once
+/// would end the zygote, and with it the runner, under the next call.
+fn fork_once_pids_free() -> Result<i32, String> {
+    let deadline = Instant::now() + FORK_RETRY;
+    let mut delay = Duration::from_millis(1);
+    loop {
+        // SAFETY: this process is single-threaded; the child only makes
+        // system calls and ends in execve or _exit.
+        let pid = unsafe { libc::fork() };
+        if pid >= 0 {
+            return Ok(pid);
+        }
+        let e = io::Error::last_os_error();
+        let transient = matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM));
+        if !transient || Instant::now() >= deadline {
+            return Err(format!("fork: {e}"));
+        }
+        std::thread::sleep(delay);
+        delay = (delay * 2).min(Duration::from_millis(50));
     }
 }
 

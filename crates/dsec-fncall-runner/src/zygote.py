@@ -276,6 +276,33 @@ def other_children_left(children_file):
     return os.pread(children_file, 1, 0) != b""
 
 
+# How long the zygote waits for a fork to become possible again.
+FORK_RETRY_S = 30.0
+
+
+def fork_once_pids_free(fork, error):
+    """fork() again after it failed with `error`. EAGAIN (the runner's pids
+    limit) and ENOMEM are transient here: the zygote forks the next worker
+    as soon as the last one ends, while that call's other processes (a fork
+    bomb's) may still fill the pids limit until the monitor has killed and
+    reaped them, moments later. Giving up at once would end the zygote,
+    and with it the runner, under the next call. Only this error path imports
+    what it needs, so that no page of the zygote's heap changes for it."""
+    import errno
+    import time
+
+    deadline = time.monotonic() + FORK_RETRY_S
+    delay = 0.001
+    while error.errno in (errno.EAGAIN, errno.ENOMEM) and time.monotonic() < deadline:
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
+        try:
+            return fork()
+        except OSError as e:
+            error = e
+    raise error
+
+
 def zygote_main(ctl, rep, cmd_fd):
     """The warm interpreter. It forks one worker ahead of each call and
     reports the worker's end, then forks the next one at once: no word from
@@ -312,7 +339,10 @@ def zygote_main(ctl, rep, cmd_fd):
     children = os.open("/proc/self/task/%d/children" % os.getpid(), os.O_RDONLY | os.O_CLOEXEC)
     fork, wait4, write, strays = os.fork, os.wait4, os.write, other_children_left
     while True:
-        pid = fork()
+        try:
+            pid = fork()
+        except OSError as e:
+            pid = fork_once_pids_free(fork, e)
         if pid == 0:
             os.close(ctl)
             os.close(rep)

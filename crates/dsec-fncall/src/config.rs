@@ -2,6 +2,11 @@
 
 use std::time::Duration;
 
+/// The longest a call may run, seconds: SandboxFusion takes any timeout,
+/// and an hour holds the longest RL and judge calls while bounding how long
+/// one call keeps a runner.
+pub const MAX_TIME_S: f64 = 3600.0;
+
 #[derive(Debug, Clone)]
 pub struct PoolConfig {
     pub language: String,
@@ -29,6 +34,8 @@ pub struct FnCallConfig {
     pub start_timeout: Duration,
     /// Modules the Python zygote imports before forking calls.
     pub preload: Vec<String>,
+    /// The memory of an ordinary runner; calls asking for more than it
+    /// holds get runners made big enough for them.
     pub runner_memory_mb: u64,
     pub runner_cpu_cores: f64,
     /// A runner's CPU quota (its cgroup), at least runner_cpu_cores.
@@ -116,7 +123,7 @@ impl FnCallConfig {
             runner_disk_mb: 256,
             runner_pids: 64,
             default_time_s: 10.0,
-            max_time_s: 60.0,
+            max_time_s: MAX_TIME_S,
             default_memory_mb: 256,
             default_output_bytes: 1 << 20,
             max_output_bytes: 16 << 20,
@@ -127,11 +134,5 @@ impl FnCallConfig {
             max_test_cases: 1000,
             max_batch: 1000,
         }
-    }
-
-    /// The most memory one call may ask for: the runner's, less room for
-    /// the zygote and its handler.
-    pub fn max_memory_mb(&self) -> u64 {
-        self.runner_memory_mb.saturating_sub(128).max(16)
     }
 }

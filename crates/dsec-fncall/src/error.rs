@@ -14,6 +14,11 @@ pub enum FnCallError {
     QueueTimeout(String),
     #[error("the runner failed: {0}")]
     RunnerFailed(String),
+    /// The runner broke under a request (its monitor or zygote gone, no
+    /// answer in time, a garbled answer): the call is run again on another
+    /// runner, and callers see `RunnerFailed` only if that fails too.
+    #[error("the runner was lost: {0}")]
+    RunnerLost(String),
     #[error("could not start a runner: {0}")]
     Start(#[from] EdgeError),
     #[error("the FnCall service is shutting down")]

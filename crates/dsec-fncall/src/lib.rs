@@ -34,8 +34,9 @@ mod pool;
 mod protocol;
 mod runner;
 mod service;
+mod sizing;
 
-pub use config::{FnCallConfig, PoolConfig};
+pub use config::{FnCallConfig, PoolConfig, MAX_TIME_S};
 pub use error::FnCallError;
 pub use service::FnCallService;
 

@@ -43,6 +43,8 @@ pub struct Pool {
     pub language: String,
     pub min: u32,
     pub max: u32,
+    /// The memory of each of its runners.
+    pub runner_memory_mb: u64,
     edge: Edge,
     cfg: Arc<FnCallConfig>,
     state: Mutex<State>,
@@ -77,11 +79,12 @@ impl Drop for Lease {
 }
 
 impl Pool {
-    pub fn new(language: &str, min: u32, max: u32, edge: Edge, cfg: Arc<FnCallConfig>) -> Arc<Pool> {
+    pub fn new(language: &str, min: u32, max: u32, runner_memory_mb: u64, edge: Edge, cfg: Arc<FnCallConfig>) -> Arc<Pool> {
         Arc::new(Pool {
             language: language.to_string(),
             min,
             max: max.max(1),
+            runner_memory_mb,
             edge,
             cfg,
             state: Mutex::new(State::default()),
@@ -144,7 +147,7 @@ impl Pool {
             s.starting += 1;
             let pool = self.clone();
             tokio::spawn(async move {
-                let r = Runner::start(&pool.edge, &pool.cfg, &pool.language).await;
+                let r = Runner::start(&pool.edge, &pool.cfg, &pool.language, pool.runner_memory_mb).await;
                 pool.started(r).await;
             });
         }
@@ -240,6 +243,7 @@ impl Pool {
         let s = self.lock();
         FnCallPoolStatus {
             language: self.language.clone(),
+            runner_memory_mb: self.runner_memory_mb,
             min_runners: self.min,
             max_runners: self.max,
             runners: s.total,

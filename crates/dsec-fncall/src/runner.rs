@@ -143,11 +143,11 @@ fn keep_diagnostics(
 impl Runner {
     /// Creates the runner's sandbox and starts the monitor in it. On any
     /// failure after the sandbox exists, the sandbox is removed.
-    pub async fn start(edge: &Edge, cfg: &FnCallConfig, language: &str) -> Result<Runner, FnCallError> {
+    pub async fn start(edge: &Edge, cfg: &FnCallConfig, language: &str, memory_mb: u64) -> Result<Runner, FnCallError> {
         let caller = runner_caller();
         let req = SandboxRequest {
             image: cfg.image.clone(),
-            memory_mb: Some(cfg.runner_memory_mb),
+            memory_mb: Some(memory_mb),
             cpu_cores: Some(cfg.runner_cpu_cores),
             cpu_quota_cores: Some(cfg.runner_cpu_quota_cores.max(cfg.runner_cpu_cores)),
             disk_mb: Some(cfg.runner_disk_mb),
@@ -231,7 +231,8 @@ impl Runner {
     }
 
     /// Sends one request and waits for its answer, at most `deadline`.
-    /// Any error leaves the runner unusable (the caller retires it).
+    /// Any error leaves the runner unusable (the caller retires it); a
+    /// runner gone or broken under the request is `RunnerLost`.
     pub async fn request(&mut self, mut req: ZRequest<'_>, deadline: Duration) -> Result<ZResponse, FnCallError> {
         req.id = self.next_id;
         self.next_id += 1;
@@ -244,7 +245,7 @@ impl Runner {
             }
             let line = self.read_line().await?;
             let mut resp: ZResponse =
-                serde_json::from_slice(&line).map_err(|e| FnCallError::RunnerFailed(format!("bad answer from the monitor: {e}")))?;
+                serde_json::from_slice(&line).map_err(|e| FnCallError::RunnerLost(format!("bad answer from the monitor: {e}")))?;
             if resp.raw.is_empty() {
                 resp.out = crate::judge::unb64(&resp.stdout);
                 resp.err = crate::judge::unb64(&resp.stderr);
@@ -253,7 +254,7 @@ impl Runner {
                 resp.take_raw(data);
             }
             if resp.fatal || resp.id != Some(id) {
-                return Err(FnCallError::RunnerFailed(format!(
+                return Err(FnCallError::RunnerLost(format!(
                     "the monitor answered out of turn: {}",
                     resp.error.as_deref().unwrap_or("no id")
                 )));
@@ -262,7 +263,7 @@ impl Runner {
         };
         match tokio::time::timeout(deadline, exchange).await {
             Ok(r) => r,
-            Err(_) => Err(FnCallError::RunnerFailed(format!("runner {} did not answer within {deadline:?}", self.id))),
+            Err(_) => Err(FnCallError::RunnerLost(format!("runner {} did not answer within {deadline:?}", self.id))),
         }
     }
 
@@ -275,7 +276,7 @@ impl Runner {
                 return Ok(line);
             }
             if self.buf.len() > MAX_LINE {
-                return Err(FnCallError::RunnerFailed("the monitor sent an over-long line".into()));
+                return Err(FnCallError::RunnerLost("the monitor sent an over-long line".into()));
             }
             self.fill().await?;
         }
@@ -283,7 +284,7 @@ impl Runner {
 
     async fn read_exact(&mut self, n: usize) -> Result<Vec<u8>, FnCallError> {
         if n > MAX_LINE {
-            return Err(FnCallError::RunnerFailed(format!("the monitor announced {n} bytes")));
+            return Err(FnCallError::RunnerLost(format!("the monitor announced {n} bytes")));
         }
         while self.buf.len() < n {
             self.fill().await?;
@@ -325,7 +326,7 @@ impl Runner {
             }
         })
         .await;
-        FnCallError::RunnerFailed(format!(
+        FnCallError::RunnerLost(format!(
             "{what} ({}); its stderr: {}",
             self.exited.as_deref().unwrap_or("still running"),
             String::from_utf8_lossy(&self.stderr).trim()

@@ -2,7 +2,7 @@
 //! language's pool, compiles (or reuses a cached program), runs, judges.
 
 use std::collections::BTreeMap;
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use dsec_api::{CaseResult, FnCallPools, FnCallRequest, FnCallResponse, RunStatus, StepResult, Verdict};
@@ -16,6 +16,7 @@ use crate::judge::{b64, failure_verdict, status_name, step_result, unb64};
 use crate::pool::{Lease, Pool};
 use crate::protocol::{ZLimits, ZRequest, ZResponse};
 use crate::runner::runner_caller;
+use crate::sizing;
 
 /// Languages a custom checker may be written in.
 const CHECKER_LANGUAGES: &[&str] = &["python", "bash"];
@@ -27,10 +28,21 @@ const COMPILE_OUTPUT_BYTES: u64 = 1 << 20;
 const COMPILE_FILE_BYTES: u64 = 256 << 20;
 const DEFAULT_TOLERANCE: f64 = 1e-6;
 const MAINTAIN_EVERY: Duration = Duration::from_secs(1);
+/// Runners a call is tried on: one whose runner fails (its zygote killed,
+/// its monitor gone) runs again on another, so that callers get the
+/// program's result rather than the runner's fault.
+const CALL_ATTEMPTS: u32 = 2;
 
 pub struct FnCallService {
     cfg: Arc<FnCallConfig>,
+    edge: Edge,
+    /// The ordinary runners of each language.
     pools: BTreeMap<String, Arc<Pool>>,
+    /// Pools of bigger runners, by language and runner memory, made when a
+    /// call first asks for more memory than an ordinary runner holds.
+    sized: Mutex<BTreeMap<(String, u64), Arc<Pool>>>,
+    /// The largest sandbox this node makes, MiB: what bounds a call's memory.
+    node_max_memory_mb: u64,
     cache: CompileCache,
 }
 
@@ -56,14 +68,25 @@ impl FnCallService {
             }
         }
         let cfg = Arc::new(cfg);
-        let pools =
-            cfg.pools.iter().map(|p| (p.language.clone(), Pool::new(&p.language, p.min, p.max, edge.clone(), cfg.clone()))).collect();
-        let svc = Arc::new(FnCallService { cache: CompileCache::new(cfg.compile_cache_bytes), cfg, pools });
+        let pools = cfg
+            .pools
+            .iter()
+            .map(|p| (p.language.clone(), Pool::new(&p.language, p.min, p.max, cfg.runner_memory_mb, edge.clone(), cfg.clone())))
+            .collect();
+        let node_max_memory_mb = edge.config().policy.max_memory_mb.min(edge.stats().capacity.memory_mb);
+        let svc = Arc::new(FnCallService {
+            cache: CompileCache::new(cfg.compile_cache_bytes),
+            cfg,
+            edge,
+            pools,
+            sized: Mutex::new(BTreeMap::new()),
+            node_max_memory_mb,
+        });
         let weak: Weak<FnCallService> = Arc::downgrade(&svc);
         tokio::spawn(async move {
             loop {
                 let Some(svc) = weak.upgrade() else { return };
-                for pool in svc.pools.values() {
+                for pool in svc.all_pools() {
                     pool.maintain().await;
                 }
                 drop(svc);
@@ -78,7 +101,23 @@ impl FnCallService {
     }
 
     pub fn status(&self) -> FnCallPools {
-        FnCallPools { pools: self.pools.values().map(|p| p.status()).collect() }
+        FnCallPools { pools: self.all_pools().iter().map(|p| p.status()).collect() }
+    }
+
+    /// The ordinary pools, then the bigger runners' (by language, size).
+    fn all_pools(&self) -> Vec<Arc<Pool>> {
+        let sized = self.sized.lock().unwrap_or_else(|p| p.into_inner());
+        self.pools.values().chain(sized.values()).cloned().collect()
+    }
+
+    /// The pool of `language`'s runners of `runner_mb`, made on first use:
+    /// none kept warm, as many at most as the language's ordinary pool.
+    fn sized_pool(&self, language: &Arc<Pool>, runner_mb: u64) -> Arc<Pool> {
+        let mut sized = self.sized.lock().unwrap_or_else(|p| p.into_inner());
+        sized
+            .entry((language.language.clone(), runner_mb))
+            .or_insert_with(|| Pool::new(&language.language, 0, language.max, runner_mb, self.edge.clone(), self.cfg.clone()))
+            .clone()
     }
 
     /// (entries, bytes, hits, misses) of the compile cache.
@@ -106,17 +145,16 @@ impl FnCallService {
     }
 
     pub async fn shutdown(&self) {
-        for pool in self.pools.values() {
+        for pool in self.all_pools() {
             pool.shutdown().await;
         }
     }
 
     fn validate(&self, req: &FnCallRequest) -> Result<Plan, FnCallError> {
         let cfg = &self.cfg;
-        let pool = self
+        let ordinary = self
             .pools
             .get(&req.language)
-            .cloned()
             .ok_or_else(|| FnCallError::UnsupportedLanguage(req.language.clone(), self.languages().join(", ")))?;
         let seconds = |name: &str, v: Option<f64>, default: f64| -> Result<u64, FnCallError> {
             let v = v.unwrap_or(default);
@@ -129,9 +167,15 @@ impl FnCallService {
         let time_ms = seconds("limits.time", l.time, cfg.default_time_s)?;
         let compile_time_ms = seconds("limits.compile_time", l.compile_time, cfg.default_compile_time_s)?;
         let memory_mb = l.memory_mb.unwrap_or(cfg.default_memory_mb);
-        if memory_mb == 0 || memory_mb > cfg.max_memory_mb() {
-            return Err(FnCallError::InvalidLimits(format!("limits.memory_mb must be in 1..={} (got {memory_mb})", cfg.max_memory_mb())));
+        if memory_mb == 0 {
+            return Err(FnCallError::InvalidLimits("limits.memory_mb must be at least 1".into()));
         }
+        let runner_mb = sizing::runner_memory_mb(memory_mb, cfg.runner_memory_mb, self.node_max_memory_mb).map_err(|largest| {
+            FnCallError::InvalidLimits(format!(
+                "limits.memory_mb is {memory_mb}, more than this node can give one call (at most {largest}: its largest sandbox less {} MiB for the runner itself)",
+                sizing::RUNNER_OVERHEAD_MB
+            ))
+        })?;
         let output_bytes = l.output_bytes.unwrap_or(cfg.default_output_bytes);
         if output_bytes == 0 || output_bytes > cfg.max_output_bytes {
             return Err(FnCallError::InvalidLimits(format!(
@@ -175,6 +219,10 @@ impl FnCallService {
                 return Err(FnCallError::Invalid(format!("invalid environment variable {k:?}")));
             }
         }
+        let pool = match runner_mb {
+            None => ordinary.clone(),
+            Some(mb) => self.sized_pool(ordinary, mb),
+        };
         Ok(Plan {
             pool,
             // Compiled before it runs: the runner's language table says.
@@ -188,15 +236,37 @@ impl FnCallService {
         })
     }
 
+    /// Serves the call on a runner of its pool; a runner that fails under
+    /// it is retired (the lease dropped unfinished) and the call run again
+    /// on another. Its internals stay in the log, not in the answer.
     async fn run_call(self: Arc<Self>, req: FnCallRequest, plan: Plan) -> Result<FnCallResponse, FnCallError> {
-        let t0 = Instant::now();
-        let mut lease = plan.pool.acquire().await?;
-        let queued_ms = t0.elapsed().as_secs_f64() * 1000.0;
-        let out = self.serve(&mut lease, &req, &plan, queued_ms).await;
-        if out.is_ok() {
-            lease.finish();
+        let mut attempt = 1;
+        loop {
+            let t0 = Instant::now();
+            let mut lease = plan.pool.acquire().await?;
+            let queued_ms = t0.elapsed().as_secs_f64() * 1000.0;
+            let out = self.serve(&mut lease, &req, &plan, queued_ms).await;
+            let runner = lease.runner().id.clone();
+            match out {
+                Ok(resp) => {
+                    lease.finish();
+                    return Ok(resp);
+                }
+                Err(FnCallError::RunnerLost(why)) => {
+                    drop(lease);
+                    tracing::warn!(%runner, language = %req.language, attempt, error = %why, "a runner failed serving a call; it is replaced");
+                    if attempt == CALL_ATTEMPTS {
+                        return Err(FnCallError::RunnerFailed(
+                            "the call's runner failed, and so did the one it was run again on (both were replaced); \
+                             a program that breaks every runner it runs on gets this answer"
+                                .into(),
+                        ));
+                    }
+                    attempt += 1;
+                }
+                Err(e) => return Err(e),
+            }
         }
-        out
     }
 
     async fn serve(&self, lease: &mut Lease, req: &FnCallRequest, plan: &Plan, queued_ms: f64) -> Result<FnCallResponse, FnCallError> {

@@ -42,13 +42,13 @@ impl From<FnCallError> for ApiError {
             FnCallError::UnsupportedLanguage(..) => ErrorCode::UnsupportedLanguage,
             FnCallError::QueueFull { .. } => ErrorCode::QueueFull,
             FnCallError::QueueTimeout(_) => ErrorCode::Timeout,
-            FnCallError::RunnerFailed(_) | FnCallError::Start(_) => ErrorCode::RunnerFailed,
+            FnCallError::RunnerFailed(_) | FnCallError::RunnerLost(_) | FnCallError::Start(_) => ErrorCode::RunnerFailed,
             FnCallError::ShuttingDown => ErrorCode::EdgeUnavailable,
         };
         let mut err = ApiError::new(code, e.to_string());
         match e {
             FnCallError::QueueFull { retry_after_s, .. } => err.retry_after = Some(retry_after_s),
-            FnCallError::RunnerFailed(_) | FnCallError::Start(_) => err.retry_after = Some(1),
+            FnCallError::RunnerFailed(_) | FnCallError::RunnerLost(_) | FnCallError::Start(_) => err.retry_after = Some(1),
             _ => {}
         }
         err
