@@ -407,6 +407,11 @@ impl Edge {
                 });
             }
             while set.join_next().await.is_some() {}
+            // What a stop could not remove (a process that took longer to
+            // die than its cleanup waited, a stop that timed out) would
+            // otherwise wait for the next start's reaper: every sandbox is
+            // settled now, so the reaper removes all of it.
+            self.reap_once().await;
         }
         let _ = self.inner.store.sync().await;
         let rootfs = self.inner.rootfs.clone();

@@ -152,21 +152,21 @@ impl V2Cgroups {
         read_pids(&self.parent.join(name).join("cgroup.procs"))
     }
 
-    pub(super) fn kill_all(&self, name: &str) {
+    pub(super) fn kill_all(&self, name: &str) -> bool {
         let dir = self.parent.join(name);
-        // cgroup.kill (5.14+) kills atomically, forks included.
-        if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
-            for pid in self.procs(name) {
-                // SAFETY: kill(2) has no memory effects.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+        // cgroup.kill (5.14+) kills atomically, forks included; without it,
+        // each round kills what is left.
+        let atomic = std::fs::write(dir.join("cgroup.kill"), "1").is_ok();
+        super::until_empty(|| {
+            let pids = self.procs(name);
+            if !atomic {
+                for &pid in &pids {
+                    // SAFETY: kill(2) has no memory effects.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
             }
-        }
-        for _ in 0..200 {
-            if self.procs(name).is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+            pids.is_empty()
+        })
     }
 
     pub(super) fn remove(&self, name: &str) -> Result<(), CgroupError> {
