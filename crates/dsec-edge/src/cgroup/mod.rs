@@ -192,6 +192,23 @@ impl Cgroups {
         }
     }
 
+    /// CPU time the cgroup's processes used, in nanoseconds (v1
+    /// `cpuacct.usage`, v2 `cpu.stat`'s `usage_usec`).
+    pub fn cpu_usage_ns(&self, name: &str) -> Option<u64> {
+        match self {
+            Cgroups::V1(c) => c.cpu_usage_ns(name),
+            Cgroups::V2(c) => c.cpu_usage_ns(name),
+        }
+    }
+
+    /// Processes and threads in the cgroup now (`pids.current`).
+    pub fn pids_current(&self, name: &str) -> Option<u64> {
+        match self {
+            Cgroups::V1(c) => c.pids_current(name),
+            Cgroups::V2(c) => c.pids_current(name),
+        }
+    }
+
     /// How many times the kernel OOM-killed a process in this cgroup.
     pub fn oom_kills(&self, name: &str) -> u64 {
         match self {

@@ -180,6 +180,14 @@ impl V1Cgroups {
         read_u64(&self.memory_dir(name).join("memory.usage_in_bytes"))
     }
 
+    pub(super) fn cpu_usage_ns(&self, name: &str) -> Option<u64> {
+        read_u64(&self.dir_of("cpuacct", name)?.join("cpuacct.usage"))
+    }
+
+    pub(super) fn pids_current(&self, name: &str) -> Option<u64> {
+        read_u64(&self.dir_of("pids", name)?.join("pids.current"))
+    }
+
     pub(super) fn oom_kills(&self, name: &str) -> u64 {
         let Ok(text) = std::fs::read_to_string(self.memory_dir(name).join("memory.oom_control")) else { return 0 };
         text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)

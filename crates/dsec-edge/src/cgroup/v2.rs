@@ -185,6 +185,16 @@ impl V2Cgroups {
         read_u64(&self.parent.join(name).join("memory.current"))
     }
 
+    pub(super) fn cpu_usage_ns(&self, name: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(self.parent.join(name).join("cpu.stat")).ok()?;
+        let usec: u64 = text.lines().find_map(|l| l.strip_prefix("usage_usec "))?.trim().parse().ok()?;
+        Some(usec.saturating_mul(1000))
+    }
+
+    pub(super) fn pids_current(&self, name: &str) -> Option<u64> {
+        read_u64(&self.parent.join(name).join("pids.current"))
+    }
+
     pub(super) fn oom_kills(&self, name: &str) -> u64 {
         let Ok(text) = std::fs::read_to_string(self.parent.join(name).join("memory.events")) else { return 0 };
         text.lines().find_map(|l| l.strip_prefix("oom_kill ")).and_then(|v| v.trim().parse().ok()).unwrap_or(0)
