@@ -16,6 +16,7 @@ mod sandboxes;
 mod screen;
 mod tenants;
 mod trajectory;
+mod usage;
 
 pub use audit::*;
 pub use errors::*;
@@ -28,6 +29,7 @@ pub use sandboxes::*;
 pub use screen::*;
 pub use tenants::*;
 pub use trajectory::*;
+pub use usage::*;
 
 /// The API version prefix of every route.
 pub const API_PREFIX: &str = "/v1";

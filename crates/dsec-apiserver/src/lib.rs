@@ -27,7 +27,9 @@ pub use routes::fncall::FnCallBackend;
 pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
-use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory};
+use crate::routes::{
+    admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory, usage,
+};
 
 pub fn router(state: AppState) -> Router {
     let doc = openapi_json();
@@ -36,6 +38,7 @@ pub fn router(state: AppState) -> Router {
         .route("/openapi.json", get(move || async move { ([("content-type", "application/json")], doc) }))
         .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(admin::nodes))
+        .route("/v1/nodes/{node}/metrics", get(usage::node))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
         .route("/v1/images", get(admin::list_images))
         .route("/v1/images/{*name}", axum::routing::delete(admin::delete_image))
@@ -51,6 +54,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/snapshots/{name}", axum::routing::delete(snapshots::delete))
         .route("/v1/sandboxes/{id}/events", get(events::sandbox))
         .route("/v1/sandboxes/{id}/audit", get(audit::list))
+        .route("/v1/sandboxes/{id}/metrics", get(usage::sandbox))
         .route("/v1/sandboxes/{id}/network", put(audit::set_network))
         .route("/v1/sandboxes/{id}/screenshot", get(screen::screenshot))
         .route("/v1/sandboxes/{id}/screen/keys", post(screen::keys))

@@ -93,6 +93,11 @@ impl Nodes {
             .ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("sandbox {id} not found")))
     }
 
+    /// The node named `name`, if this API has it.
+    pub fn by_name(&self, name: &str) -> Option<&Node> {
+        self.nodes.get(name)
+    }
+
     /// The local edge that owns sandbox `id`. Requests for sandboxes of
     /// remote nodes never reach handlers (the proxy layer forwards them).
     pub fn owner(&self, id: &str) -> Result<&Edge, ApiError> {

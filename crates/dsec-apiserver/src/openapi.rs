@@ -10,15 +10,17 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityRequirement
 use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
-use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory};
+use crate::routes::{
+    admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory, usage,
+};
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dsec API", description = "Sandboxes for agentic RL: create, exec, files, streaming. Errors use the codes in components.schemas.ErrorCode."),
     paths(
-        admin::healthz, metrics::metrics, admin::nodes, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
+        admin::healthz, metrics::metrics, admin::nodes, usage::node, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::stop, sandboxes::delete,
-        pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, events::sandbox, audit::list, audit::set_network,
+        pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, events::sandbox, audit::list, usage::sandbox, audit::set_network,
         jobs::pause, jobs::resume, events::job,
         sandboxes::exec, sandboxes::create_session, sandboxes::delete_session,
         stream::exec_stream, stream::pty,
@@ -29,7 +31,7 @@ use crate::routes::{admin, audit, events, files, fncall, jobs, metrics, pack, pa
         fncall::call, fncall::batch, fncall::pools, fncall::sandboxfusion_run_code, fncall::open_run_code,
     ),
     components(schemas(dsec_api::ErrorCode, dsec_api::StreamMessage)),
-    modifiers(&BearerAuth, &Unauthorized),
+    modifiers(&BearerAuth, &Unauthorized, &ServerErrors),
     security(("bearer" = [])),
 )]
 pub struct ApiDoc;
@@ -84,6 +86,26 @@ impl Modify for Unauthorized {
     }
 }
 
+/// Any operation may answer a server-side failure (5xx: `internal`,
+/// `edge_unavailable`, `no_capacity`, ...) with the usual error body: said
+/// here once, as the `5XX` range, instead of on each handler.
+struct ServerErrors;
+
+impl Modify for ServerErrors {
+    fn modify(&self, doc: &mut utoipa::openapi::OpenApi) {
+        for item in doc.paths.paths.values_mut() {
+            let ops = [&mut item.get, &mut item.put, &mut item.post, &mut item.delete, &mut item.patch];
+            for op in ops.into_iter().flatten() {
+                let body = Content::new(Some(Ref::from_schema_name("ErrorBody")));
+                let answer = ResponseBuilder::new()
+                    .description("A failure on the server's side; the code says which (see ErrorCode).")
+                    .content("application/json", body);
+                op.responses.responses.entry("5XX".into()).or_insert_with(|| RefOr::T(answer.build()));
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -118,6 +140,21 @@ mod tests {
         // Public: no token.
         assert!(answers("/healthz", "get")["401"].is_null());
         assert!(answers("/run_code", "post")["401"].is_null());
+    }
+
+    #[test]
+    fn server_errors_are_documented_on_every_operation() {
+        let doc: Value = serde_json::from_str(&openapi_json()).expect("the document is JSON");
+        let paths = doc["paths"].as_object().expect("paths");
+        assert!(paths.len() > 40);
+        for (path, item) in paths {
+            for (method, op) in item.as_object().expect("a path item") {
+                assert_eq!(
+                    op["responses"]["5XX"]["content"]["application/json"]["schema"]["$ref"], "#/components/schemas/ErrorBody",
+                    "{method} {path}"
+                );
+            }
+        }
     }
 
     /// The SDK's copy of the document must equal this one.

@@ -1,9 +1,10 @@
 //! Forwarding of sandbox requests to edges in other processes.
 //!
 //! Sits in front of the routes: a request under `/v1/sandboxes/{id}/...`
-//! whose id names a remote node is authenticated here and forwarded whole
-//! (method, path, query, streaming body, WebSocket upgrade) to that node.
-//! Everything else falls through to the local handlers.
+//! whose id names a remote node, or under `/v1/nodes/{node}/...` for a
+//! remote node, is authenticated here and forwarded whole (method, path,
+//! query, streaming body, WebSocket upgrade) to that node. Everything else
+//! falls through to the local handlers.
 
 use axum::body::Body;
 use axum::extract::{Request, State};
@@ -14,12 +15,13 @@ use crate::nodes::Node;
 use crate::state::AppState;
 
 pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next: Next) -> Response {
-    let id = req.uri().path().strip_prefix("/v1/sandboxes/").and_then(|rest| rest.split('/').next()).filter(|s| !s.is_empty());
-    let Some(id) = id else { return next.run(req).await };
-    let remote = match st.nodes.node_of(id) {
-        Ok(Node::Remote(r)) => r.clone(),
-        _ => return next.run(req).await,
+    let path = req.uri().path();
+    let target = match first_segment(path, "/v1/sandboxes/") {
+        Some(id) => st.nodes.node_of(id).ok().map(|n| (n, id)),
+        None => first_segment(path, "/v1/nodes/").and_then(|name| st.nodes.by_name(name).map(|n| (n, name))),
     };
+    let Some((Node::Remote(remote), id)) = target else { return next.run(req).await };
+    let (remote, id) = (remote.clone(), id.to_string());
     let caller = match st.auth.authenticate(req.headers()) {
         Ok(c) => c,
         Err(e) => return e.into_response(),
@@ -27,7 +29,6 @@ pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next
     // `GET /v1/sandboxes/{id}` of a node that cannot be reached answers
     // what is known: the sandbox is in state `unknown`.
     let is_get = req.method() == axum::http::Method::GET && req.uri().path().trim_end_matches('/') == format!("/v1/sandboxes/{id}");
-    let id = id.to_string();
     match remote.forward(&caller, req).await {
         Ok(resp) => resp,
         Err(e) if is_get && e.code == dsec_api::ErrorCode::EdgeUnavailable => {
@@ -35,6 +36,11 @@ pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// The path segment right after `prefix`, if any.
+fn first_segment<'p>(path: &'p str, prefix: &str) -> Option<&'p str> {
+    path.strip_prefix(prefix).and_then(|rest| rest.split('/').next()).filter(|s| !s.is_empty())
 }
 
 /// A sandbox whose node cannot be reached: only its id, node and state are

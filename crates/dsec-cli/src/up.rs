@@ -98,6 +98,11 @@ pub struct EdgeArgs {
     /// next `dsec up` on this data dir re-adopts them).
     #[arg(long)]
     pub stop_sandboxes_on_exit: bool,
+    /// Seconds of resource use kept per sandbox and for the node, one
+    /// sample a second (`GET /v1/sandboxes/{id}/metrics`); 0 turns the
+    /// sampler off. Each running sandbox's series takes 32 bytes a second.
+    #[arg(long, default_value_t = dsec_edge::usage::DEFAULT_WINDOW_S)]
+    pub metrics_window_s: usize,
     /// Start sandboxes without the system-call filter (seccomp and
     /// no_new_privs; docs/security.md). For measuring its cost only: refused
     /// calls then fall back to the capability checks and are not audited.
@@ -279,6 +284,7 @@ impl EdgeArgs {
         config.memory_overcommit = self.memory_overcommit;
         config.max_sandboxes = self.max_sandboxes;
         config.stop_sandboxes_on_shutdown = self.stop_sandboxes_on_exit;
+        config.usage_window_s = self.metrics_window_s;
         config.syscall_filter = !self.no_syscall_filter;
         config.prewarm = self.prewarm;
         config.agent_exec = self.agent_exec;

@@ -58,6 +58,9 @@ pub struct EdgeConfig {
     /// Stop every sandbox when the edge shuts down (otherwise they keep
     /// running and a restarted edge re-adopts them).
     pub stop_sandboxes_on_shutdown: bool,
+    /// Seconds of resource use kept per sandbox and for the node, one
+    /// sample a second (0: no sampling).
+    pub usage_window_s: usize,
     /// Give every sandbox the system-call filter (seccomp with audited
     /// refusals, no_new_privs). Off only to measure its cost
     /// (`dsec up --no-syscall-filter`).
@@ -109,6 +112,7 @@ impl EdgeConfig {
             reap_interval: Duration::from_secs(60),
             sweep_interval: Duration::from_millis(500),
             stop_sandboxes_on_shutdown: false,
+            usage_window_s: crate::usage::DEFAULT_WINDOW_S,
             syscall_filter: true,
             prewarm: 16,
             agent_exec: false,
@@ -171,6 +175,8 @@ pub(crate) struct Entry {
     /// Held while the trajectory log lists the files a finished step
     /// changed (after its answer went out); the next step waits for it.
     pub(crate) step_gate: Arc<tokio::sync::Mutex<()>>,
+    /// Its resource use, second by second (`usage`).
+    pub(crate) usage: Mutex<crate::usage::Series>,
 }
 
 impl Entry {
@@ -186,6 +192,7 @@ impl Entry {
             reserved: AtomicBool::new(reserved),
             pack: Mutex::new(None),
             step_gate: Arc::new(tokio::sync::Mutex::new(())),
+            usage: Mutex::new(crate::usage::Series::default()),
         })
     }
 
@@ -240,6 +247,8 @@ pub(crate) struct EdgeInner {
     /// Trajectory logs and idempotency keys (`journal.db`).
     pub(crate) journal: crate::trajectory::journal::Journal,
     pub(crate) counters: crate::metrics::Counters,
+    /// The node's resource use, second by second.
+    pub(crate) node_usage: crate::usage::NodeSeries,
     /// Per-sandbox egress, when the node has a network configuration.
     pub(crate) egress: Option<dsec_net::Egress>,
 }
@@ -341,6 +350,7 @@ impl Edge {
             events: crate::events::channel(),
             journal,
             counters: Default::default(),
+            node_usage: crate::usage::NodeSeries::new(config.usage_window_s),
             egress,
             config,
             node_lock,
@@ -407,6 +417,11 @@ impl Edge {
                 });
             }
             while set.join_next().await.is_some() {}
+            // What a stop could not remove (a process that took longer to
+            // die than its cleanup waited, a stop that timed out) would
+            // otherwise wait for the next start's reaper: every sandbox is
+            // settled now, so the reaper removes all of it.
+            self.reap_once().await;
         }
         let _ = self.inner.store.sync().await;
         let rootfs = self.inner.rootfs.clone();
@@ -478,6 +493,7 @@ impl Assembled {
         edge.recover(records).await;
         edge.reap_once().await;
         edge.spawn_background_loops();
+        edge.spawn_usage_sampler();
         tracing::info!(node = %edge.inner.config.node, cgroup = edge.inner.cgroups.version(), "edge ready");
         edge
     }

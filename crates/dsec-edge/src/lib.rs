@@ -30,6 +30,7 @@ pub mod pause;
 pub mod spec;
 mod store;
 pub mod trajectory;
+pub mod usage;
 
 pub use backends::{ScreenInput, SnapshotMeta};
 pub use edge::{host_resources, ActivityGuard, Edge, EdgeConfig, NodeStats};
@@ -49,6 +50,7 @@ pub use pause::{PauseOutcome, ResumeOutcome};
 pub use spec::{SandboxRequest, SpecPolicy};
 pub use trajectory::replay::{Divergence, ReplayReport};
 pub use trajectory::{StepOp, StepTicket, StreamOp, StreamStart, TrajectoryStep, UploadStart};
+pub use usage::{NodeUsage, NodeUsageSample, SandboxUsage, UsageSample};
 
 pub use dsec_net::NetConfig;
 

@@ -15,8 +15,8 @@ from ._http import Transport, resolve_endpoint, resolve_token
 from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
-from .results import (Health, ImageInfo, JobActionResult, SandboxEvent, SandboxInfo, SnapshotInfo,
-                      TenantInfo)
+from .results import (Health, ImageInfo, JobActionResult, NodeMetrics, SandboxEvent, SandboxInfo,
+                      SnapshotInfo, TenantInfo)
 from .sandbox import Sandbox
 
 __all__ = ["DSecClient"]
@@ -363,6 +363,15 @@ class DSecClient:
         """All tenants (admin token only)."""
         d = await self._transport.request("GET", self._transport.url("/v1/tenants"))
         return [TenantInfo.from_json(t) for t in d.get("tenants", ())]
+
+    async def node_metrics(self, node: str, seconds: int | None = None) -> NodeMetrics:
+        """Node ``node``'s CPU, memory and swap use and running sandboxes, one
+        sample a second, oldest first (admin token only); node names are in
+        :meth:`health`."""
+        params = {"seconds": str(seconds)} if seconds is not None else None
+        d = await self._transport.request(
+            "GET", self._transport.url(f"/v1/nodes/{Transport.quote(node)}/metrics"), params=params)
+        return NodeMetrics.from_json(d)
 
 
 async def _event_lines(transport: Transport, url: object) -> AsyncIterator[SandboxEvent]:

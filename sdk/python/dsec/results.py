@@ -603,6 +603,100 @@ class AuditEvents:
 
 
 @dataclass(slots=True)
+class MetricsSample:
+    """One second of a sandbox's resource use."""
+
+    time_ms: int
+    #: CPU time used over that second, in cores (1.0: one core busy).
+    cpu_cores: float
+    memory_bytes: int
+    #: Processes and threads.
+    pids: int
+    #: What its writable layer holds (None where the backend cannot say).
+    disk_bytes: int | None = None
+    #: Bytes per second over its network interfaces, loopback left out
+    #: (None where it has no network namespace of its own: VMs).
+    net_rx_bytes_per_s: int | None = None
+    net_tx_bytes_per_s: int | None = None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> MetricsSample:
+        """Parse one sample of ``GET /v1/sandboxes/{id}/metrics``."""
+        return cls(time_ms=d["time_ms"], cpu_cores=float(d["cpu_cores"]), memory_bytes=d["memory_bytes"],
+                   pids=d["pids"], disk_bytes=d.get("disk_bytes"),
+                   net_rx_bytes_per_s=d.get("net_rx_bytes_per_s"),
+                   net_tx_bytes_per_s=d.get("net_tx_bytes_per_s"))
+
+
+@dataclass(slots=True)
+class SandboxMetrics:
+    """A sandbox's recent resource use, one sample a second, oldest first.
+
+    A paused sandbox is not sampled (its series has a gap); a new one has
+    its first sample after two seconds."""
+
+    sandbox_id: str
+    state: str
+    limits: Limits
+    interval_ms: int
+    samples: list[MetricsSample]
+    #: Bytes received and sent since its network namespace was made.
+    net_rx_bytes: int | None = None
+    net_tx_bytes: int | None = None
+
+    @property
+    def latest(self) -> MetricsSample | None:
+        """The newest sample, if there is one."""
+        return self.samples[-1] if self.samples else None
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> SandboxMetrics:
+        """Parse ``GET /v1/sandboxes/{id}/metrics``."""
+        return cls(sandbox_id=d["sandbox_id"], state=d["state"], limits=Limits.from_json(d.get("limits")),
+                   interval_ms=d["interval_ms"],
+                   samples=[MetricsSample.from_json(s) for s in d.get("samples") or ()],
+                   net_rx_bytes=d.get("net_rx_bytes"), net_tx_bytes=d.get("net_tx_bytes"))
+
+
+@dataclass(slots=True)
+class NodeMetricsSample:
+    """One second of a node's resource use."""
+
+    time_ms: int
+    #: CPU busy over that second on the whole host, in cores.
+    cpu_cores: float
+    #: Memory in use on the host (total less available).
+    memory_bytes: int
+    swap_bytes: int
+    #: Sandboxes running on the node at that moment.
+    sandboxes: int
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeMetricsSample:
+        """Parse one sample of ``GET /v1/nodes/{node}/metrics``."""
+        return cls(time_ms=d["time_ms"], cpu_cores=float(d["cpu_cores"]), memory_bytes=d["memory_bytes"],
+                   swap_bytes=d["swap_bytes"], sandboxes=d["sandboxes"])
+
+
+@dataclass(slots=True)
+class NodeMetrics:
+    """A node's recent resource use, one sample a second, oldest first."""
+
+    node: str
+    interval_ms: int
+    cpus: int
+    memory_total_bytes: int
+    samples: list[NodeMetricsSample]
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeMetrics:
+        """Parse ``GET /v1/nodes/{node}/metrics``."""
+        return cls(node=d["node"], interval_ms=d["interval_ms"], cpus=d["cpus"],
+                   memory_total_bytes=d["memory_total_bytes"],
+                   samples=[NodeMetricsSample.from_json(s) for s in d.get("samples") or ()])
+
+
+@dataclass(slots=True)
 class SandboxEvent:
     """One state change from :meth:`Sandbox.events` or :meth:`DSecClient.job_events`."""
 

@@ -24,6 +24,7 @@ from .errors import (
 )
 from .results import (
     AuditEvents,
+    SandboxMetrics,
     ExecResult,
     FileInfo,
     PackResult,
@@ -149,6 +150,15 @@ class Sandbox:
         d = await self._t.request("GET", self._t.url(self._base + "/audit"),
                                   params={"after": str(after)})
         return AuditEvents.from_json(d)
+
+    async def metrics(self, seconds: int | None = None) -> SandboxMetrics:
+        """The sandbox's CPU, memory, pids, disk and network use, one sample a
+        second, oldest first: the last ``seconds`` (default: all the node
+        keeps, five minutes unless configured otherwise). Reading them does
+        not resume a paused sandbox nor count as activity."""
+        params = {"seconds": str(seconds)} if seconds is not None else None
+        d = await self._t.request("GET", self._t.url(self._base + "/metrics"), params=params)
+        return SandboxMetrics.from_json(d)
 
     async def set_network_rules(self, network_rules: dict[str, bool]) -> dict[str, bool]:
         """Replace the sandbox's network rules while it runs (same keys as

@@ -41,6 +41,7 @@ from .results import (
     Health,
     ImageInfo,
     JobActionResult,
+    NodeMetrics,
     OutputChunk,
     PackResult,
     SnapshotInfo,
@@ -48,6 +49,7 @@ from .results import (
     ReplayReport,
     ResumeResult,
     SandboxEvent,
+    SandboxMetrics,
     SandboxInfo,
     TenantInfo,
     TrajectoryStep,
@@ -263,6 +265,11 @@ class DSecClient:
         """All tenants (admin only)."""
         return self._run(self.aio.tenants())
 
+    def node_metrics(self, node: str, seconds: int | None = None) -> NodeMetrics:
+        """A node's resource use, second by second (admin only; see
+        :meth:`dsec.DSecClient.node_metrics`)."""
+        return self._run(self.aio.node_metrics(node, seconds))
+
 
 class Sandbox:
     """Blocking twin of :class:`dsec.Sandbox`. Deleted on exit of ``with``."""
@@ -307,6 +314,10 @@ class Sandbox:
     def audit_events(self, after: int = 0) -> AuditEvents:
         """Refused attempts of the sandbox's processes (see the async method)."""
         return self._run(self.aio.audit_events(after))
+
+    def metrics(self, seconds: int | None = None) -> SandboxMetrics:
+        """Resource use, second by second (see :meth:`dsec.Sandbox.metrics`)."""
+        return self._run(self.aio.metrics(seconds))
 
     def set_network_rules(self, network_rules: dict[str, bool]) -> dict[str, bool]:
         """See :meth:`dsec.Sandbox.set_network_rules`."""

@@ -17,7 +17,7 @@ pub async fn healthz(State(st): State<AppState>) -> Json<api::Health> {
 }
 
 /// The nodes behind this API, as the watcher last saw them.
-#[utoipa::path(get, path = "/v1/nodes", tag = "admin", responses((status = 200, body = Vec<api::NodeStatus>)))]
+#[utoipa::path(get, path = "/v1/nodes", tag = "admin", responses((status = 200, body = Vec<api::NodeStatus>), (status = 403, body = api::ErrorBody)))]
 pub async fn nodes(State(st): State<AppState>, Admin(_admin): Admin) -> Json<Vec<api::NodeStatus>> {
     Json(st.nodes.status())
 }
@@ -42,7 +42,7 @@ pub async fn create_tenant(
     }
 }
 
-#[utoipa::path(get, path = "/v1/tenants", tag = "admin", responses((status = 200, body = api::TenantList)))]
+#[utoipa::path(get, path = "/v1/tenants", tag = "admin", responses((status = 200, body = api::TenantList), (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
 pub async fn list_tenants(State(st): State<AppState>, Admin(_admin): Admin) -> ApiResult<Json<api::TenantList>> {
     let Some(tokens) = st.auth.tokens() else { return Err(not_here()) };
     let tenants = tokens
@@ -72,7 +72,7 @@ pub async fn list_images(State(st): State<AppState>, Auth(caller): Auth) -> ApiR
 }
 
 #[utoipa::path(delete, path = "/v1/images/{name}", tag = "images", params(("name" = String, Path)),
-    responses((status = 204), (status = 404, body = api::ErrorBody)))]
+    responses((status = 204), (status = 403, body = api::ErrorBody), (status = 404, body = api::ErrorBody)))]
 pub async fn delete_image(State(st): State<AppState>, Admin(_admin): Admin, Path(name): Path<String>) -> ApiResult<StatusCode> {
     let Some(images) = &st.images else { return Err(ApiError::new(ErrorCode::ImageNotFound, format!("image {name} not found"))) };
     match images.remove(&name) {

@@ -12,3 +12,4 @@ pub mod screen;
 pub mod snapshots;
 pub mod stream;
 pub mod trajectory;
+pub mod usage;

@@ -91,7 +91,7 @@ pub async fn exec(
 /// Open a persistent shell session (cwd and exported variables carry over).
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/sessions", tag = "exec",
     params(("id" = String, Path)), request_body = api::CreateSessionRequest,
-    responses((status = 201, body = api::SessionInfo)))]
+    responses((status = 201, body = api::SessionInfo), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
 pub async fn create_session(
     State(st): State<AppState>,
     Auth(caller): Auth,

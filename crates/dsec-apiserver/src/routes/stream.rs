@@ -10,6 +10,7 @@
 //! `max_output_bytes`), so a re-issued step id answers from the log, the
 //! recorded output sent as frames; a terminal with its exit status.
 
+use axum::extract::ws::rejection::WebSocketUpgradeRejection;
 use axum::extract::ws::{Message, WebSocket, WebSocketUpgrade};
 use axum::extract::{Path, State};
 use axum::response::Response;
@@ -28,28 +29,28 @@ use crate::state::AppState;
 /// Stream a command's output (WebSocket).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/exec/stream", tag = "exec",
     params(("id" = String, Path)),
-    responses((status = 101, description = "WebSocket: first client frame is an ExecRequest; see docs/api.md"), (status = 404, body = api::ErrorBody)))]
+    responses((status = 101, description = "WebSocket: first client frame is an ExecRequest; see docs/api.md"), (status = 400, body = api::ErrorBody, description = "Not a WebSocket upgrade"), (status = 404, body = api::ErrorBody)))]
 pub async fn exec_stream(
     State(st): State<AppState>,
     Auth(caller): Auth,
     Path(id): Path<String>,
     StepId(step_id): StepId,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
     st.nodes.owner(&id)?.get(&caller, &id)?;
-    Ok(ws.on_upgrade(move |socket| exec_session(st, caller, id, step_id, socket)))
+    Ok(upgrade(ws)?.on_upgrade(move |socket| exec_session(st, caller, id, step_id, socket)))
 }
 
 /// Open an interactive terminal (WebSocket).
 #[utoipa::path(get, path = "/v1/sandboxes/{id}/pty", tag = "exec",
     params(("id" = String, Path), ("rows" = Option<u16>, Query), ("cols" = Option<u16>, Query), ("cmd" = Option<String>, Query), ("user" = Option<String>, Query), ("cwd" = Option<String>, Query)),
-    responses((status = 101, description = "WebSocket: binary frames are terminal bytes"), (status = 404, body = api::ErrorBody)))]
+    responses((status = 101, description = "WebSocket: binary frames are terminal bytes"), (status = 400, body = api::ErrorBody, description = "Not a WebSocket upgrade, or a bad size"), (status = 404, body = api::ErrorBody)))]
 pub async fn pty(
     State(st): State<AppState>,
     Auth(caller): Auth,
     Path(id): Path<String>,
     q: QueryPairs,
-    ws: WebSocketUpgrade,
+    ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>,
 ) -> ApiResult<Response> {
     st.nodes.owner(&id)?.get(&caller, &id)?;
     let spec = PtySpec {
@@ -60,7 +61,13 @@ pub async fn pty(
         rows: q.number("rows")?.unwrap_or(24),
         cols: q.number("cols")?.unwrap_or(80),
     };
-    Ok(ws.on_upgrade(move |socket| pty_session(st, caller, id, spec, socket)))
+    Ok(upgrade(ws)?.on_upgrade(move |socket| pty_session(st, caller, id, spec, socket)))
+}
+
+/// A request that is not a WebSocket upgrade gets the API's error body
+/// (axum's own rejection is plain text).
+fn upgrade(ws: Result<WebSocketUpgrade, WebSocketUpgradeRejection>) -> ApiResult<WebSocketUpgrade> {
+    ws.map_err(|e| ApiError::invalid(format!("this route answers WebSocket upgrades only: {e}")))
 }
 
 fn text(msg: &StreamMessage) -> Message {

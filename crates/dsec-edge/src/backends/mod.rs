@@ -144,6 +144,14 @@ pub trait Backend: Send + Sync + 'static {
     /// Releases node-wide resources at edge shutdown.
     fn release(&self) {}
 
+    /// Bytes the running sandbox `id` (first process `pid`) holds in its
+    /// writable layer; `None` where the backend cannot tell. Read every
+    /// second of every sandbox by the usage sampler: cheap (a stat),
+    /// blocking.
+    fn disk_used_bytes(&self, _id: &str, _pid: i32) -> Option<u64> {
+        None
+    }
+
     /// Something about a running sandbox its owner should know, for its
     /// `state_reason` (a full VM at its disk write limit). Checked by the
     /// sweeper: cheap (a stat), blocking.

@@ -109,17 +109,18 @@ impl V1Cgroups {
         read_pids(&self.memory_dir(name).join("cgroup.procs"))
     }
 
-    pub(super) fn kill_all(&self, name: &str) {
+    pub(super) fn kill_all(&self, name: &str) -> bool {
         let freezer = self.dir_of("freezer", name);
         if let Some(f) = &freezer {
             let _ = std::fs::write(f.join("freezer.state"), "FROZEN");
         }
         // A frozen process still receives SIGKILL once thawed; killing all
-        // first and then thawing leaves no window to fork.
-        for _ in 0..10 {
+        // first and then thawing leaves no window to fork. Each round kills
+        // what is left (a fork that raced the freeze included) and thaws.
+        let emptied = super::until_empty(|| {
             let pids = self.procs(name);
             if pids.is_empty() {
-                break;
+                return true;
             }
             for pid in pids {
                 // SAFETY: kill(2) has no memory effects; a stale pid at worst
@@ -129,20 +130,26 @@ impl V1Cgroups {
             if let Some(f) = &freezer {
                 let _ = std::fs::write(f.join("freezer.state"), "THAWED");
             }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
-        // Never leave it frozen (it was empty at once, or the loop gave up):
+            false
+        });
+        // Never leave it frozen (it was empty at once, or the wait gave up):
         // whatever is attached to it later must run.
         if let Some(f) = &freezer {
             let _ = std::fs::write(f.join("freezer.state"), "THAWED");
         }
+        emptied
     }
 
+    /// Tries every hierarchy even when one refuses, so that a failure
+    /// leaves as little as it can; the first error is returned.
     pub(super) fn remove(&self, name: &str) -> Result<(), CgroupError> {
+        let mut first_error = None;
         for (parent, _) in &self.parents {
-            rmdir_retry(&parent.join(name))?;
+            if let Err(e) = rmdir_retry(&parent.join(name)) {
+                first_error.get_or_insert(e);
+            }
         }
-        Ok(())
+        first_error.map_or(Ok(()), Err)
     }
 
     pub(super) fn remove_parent(&self) {
@@ -171,6 +178,14 @@ impl V1Cgroups {
 
     pub(super) fn memory_usage(&self, name: &str) -> Option<u64> {
         read_u64(&self.memory_dir(name).join("memory.usage_in_bytes"))
+    }
+
+    pub(super) fn cpu_usage_ns(&self, name: &str) -> Option<u64> {
+        read_u64(&self.dir_of("cpuacct", name)?.join("cpuacct.usage"))
+    }
+
+    pub(super) fn pids_current(&self, name: &str) -> Option<u64> {
+        read_u64(&self.dir_of("pids", name)?.join("pids.current"))
     }
 
     pub(super) fn oom_kills(&self, name: &str) -> u64 {

@@ -152,21 +152,21 @@ impl V2Cgroups {
         read_pids(&self.parent.join(name).join("cgroup.procs"))
     }
 
-    pub(super) fn kill_all(&self, name: &str) {
+    pub(super) fn kill_all(&self, name: &str) -> bool {
         let dir = self.parent.join(name);
-        // cgroup.kill (5.14+) kills atomically, forks included.
-        if std::fs::write(dir.join("cgroup.kill"), "1").is_err() {
-            for pid in self.procs(name) {
-                // SAFETY: kill(2) has no memory effects.
-                unsafe { libc::kill(pid, libc::SIGKILL) };
+        // cgroup.kill (5.14+) kills atomically, forks included; without it,
+        // each round kills what is left.
+        let atomic = std::fs::write(dir.join("cgroup.kill"), "1").is_ok();
+        super::until_empty(|| {
+            let pids = self.procs(name);
+            if !atomic {
+                for &pid in &pids {
+                    // SAFETY: kill(2) has no memory effects.
+                    unsafe { libc::kill(pid, libc::SIGKILL) };
+                }
             }
-        }
-        for _ in 0..200 {
-            if self.procs(name).is_empty() {
-                break;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(1));
-        }
+            pids.is_empty()
+        })
     }
 
     pub(super) fn remove(&self, name: &str) -> Result<(), CgroupError> {
@@ -183,6 +183,16 @@ impl V2Cgroups {
 
     pub(super) fn memory_usage(&self, name: &str) -> Option<u64> {
         read_u64(&self.parent.join(name).join("memory.current"))
+    }
+
+    pub(super) fn cpu_usage_ns(&self, name: &str) -> Option<u64> {
+        let text = std::fs::read_to_string(self.parent.join(name).join("cpu.stat")).ok()?;
+        let usec: u64 = text.lines().find_map(|l| l.strip_prefix("usage_usec "))?.trim().parse().ok()?;
+        Some(usec.saturating_mul(1000))
+    }
+
+    pub(super) fn pids_current(&self, name: &str) -> Option<u64> {
+        read_u64(&self.parent.join(name).join("pids.current"))
     }
 
     pub(super) fn oom_kills(&self, name: &str) -> u64 {

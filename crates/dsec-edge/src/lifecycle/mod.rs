@@ -327,13 +327,18 @@ impl Edge {
                 }
             }
             None => {
-                // No agent is known (creation failed half-way, or adoption
-                // found none): remove whatever its cgroup still holds, then
-                // settle directly.
+                // No agent is known (creation failed half-way, adoption
+                // found none, or it was paused when the edge restarted and
+                // is adopted only on resume): kill whatever its cgroup
+                // still holds, wait for it to be gone, remove the cgroup,
+                // then settle directly.
                 let edge = self.clone();
                 let cg_id = id.to_string();
                 let kind = lock(&entry.record).spec.backend;
-                let _ = tokio::task::spawn_blocking(move || edge.inner.backends.for_cleanup(kind).cleanup(&cg_id)).await;
+                let cleaned = tokio::task::spawn_blocking(move || edge.inner.backends.for_cleanup(kind).cleanup(&cg_id)).await;
+                if let Ok(Err(e)) = cleaned {
+                    tracing::warn!(%id, error = %e, "cleanup after stop incomplete; the reaper will retry");
+                }
                 let r = {
                     let mut r = lock(&entry.record);
                     r.state = State::Stopped;

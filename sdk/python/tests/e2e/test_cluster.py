@@ -174,6 +174,30 @@ async def test_requests_route_to_the_owning_edge(cluster: Cluster) -> None:
         assert await c.list(labels={"suite": "cluster"}) == []
 
 
+async def test_metrics_come_from_the_owning_edge(cluster: Cluster) -> None:
+    """A sandbox's series and a node's, through the apiserver's proxy."""
+    tenant = _create_tenant(cluster.api, "cl-metrics")
+    async with DSecClient(cluster.api.url, tenant.token) as c:
+        sb = await c.run_container(_args(), timeout=120)
+        try:
+            deadline = time.monotonic() + 15
+            while not (m := await sb.metrics()).samples:
+                assert time.monotonic() < deadline, "no sample within 15 s"
+                await asyncio.sleep(0.5)
+            assert m.sandbox_id == sb.id and m.latest is not None and m.latest.memory_bytes > 0
+        finally:
+            await sb.delete()
+    async with DSecClient(cluster.api.url, cluster.api.admin_token) as admin:
+        for node in cluster.edges:
+            deadline = time.monotonic() + 15
+            while not (n := await admin.node_metrics(node)).samples:
+                assert time.monotonic() < deadline, f"no sample of {node} within 15 s"
+                await asyncio.sleep(0.5)
+            assert n.node == node and n.cpus >= 1
+        with pytest.raises(dsec.NotFound):
+            await admin.node_metrics("no-such-node")
+
+
 async def test_an_upload_over_the_limit_through_the_apiserver(cluster: Cluster, tmp_path: Path) -> None:
     """Refused by the edge behind the apiserver (its limit): at once for a
     known length, midway for a tar stream the apiserver forwards as it comes.

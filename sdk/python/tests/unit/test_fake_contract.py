@@ -114,6 +114,7 @@ async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, f
         client.pause_job("j", idempotent=True), client.resume_job("j"),
         client.delete_image("python:latest"), client.tenants(),
         sb.audit_events(after=3), sb.set_network_rules({"pypi": True}),
+        sb.metrics(seconds=10), sb.metrics(), client.node_metrics("n", seconds=5),
         sb.pause(mode="freeze"), sb.resume(), sb.set_timeout(lifetime_s=60, ttl_running_stop=30),
         sb.snapshot("s", memory=True, idempotency_key="k"),
         sb.pack_diff("img:v1", scrub=["/tmp/*"], idempotency_key="k"),

@@ -349,6 +349,12 @@ impl crate::backends::Backend for ContainerBackend {
         self.egress.as_ref().map_or(0, |eg| eg.reap(live))
     }
 
+    /// What the upper tmpfs holds, through the agent's fd of it.
+    fn disk_used_bytes(&self, _id: &str, pid: i32) -> Option<u64> {
+        let st = rustix::fs::statvfs(format!("/proc/{pid}/fd/{AGENT_UPPER_FD}")).ok()?;
+        Some(st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(st.f_frsize))
+    }
+
     /// Unmounts the node's shared filesystems (edge shutdown).
     fn release(&self) {
         sysfs::release(&self.sysfs.dir);

@@ -47,6 +47,11 @@ pub fn limit_reached(overlay: &Path) -> Option<(u64, u64)> {
     (held + FULL_MARGIN >= m.len()).then_some((held, m.len()))
 }
 
+/// Bytes the overlay holds on the host (its allocated blocks).
+pub fn held(overlay: &Path) -> Option<u64> {
+    std::fs::metadata(overlay).ok().map(|m| m.blocks() * 512)
+}
+
 /// The `state_reason` of a VM at its write limit.
 pub fn reason(held: u64, limit: u64) -> String {
     format!(

@@ -486,6 +486,11 @@ impl Backend for FullVmBackend {
         Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
     }
 
+    /// What the VM's overlay holds on the host.
+    fn disk_used_bytes(&self, id: &str, _pid: i32) -> Option<u64> {
+        disk_cap::held(&self.files(id).disk)
+    }
+
     fn condition(&self, id: &str) -> Option<String> {
         disk_cap::limit_reached(&self.files(id).disk).map(|(held, limit)| disk_cap::reason(held, limit))
     }
