@@ -20,7 +20,7 @@ pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next
         Ok(Node::Remote(r)) => r.clone(),
         _ => return next.run(req).await,
     };
-    let caller = match st.auth.authenticate(req.headers()) {
+    let caller = match st.auth.authenticate(req.headers()).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };
