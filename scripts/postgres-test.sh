@@ -7,7 +7,8 @@
 #   postgres-test.sh stop DIR     stop it, keeping DIR (start again later)
 #   postgres-test.sh destroy DIR  stop it if running and remove DIR
 #
-# The server runs as the `postgres` user (initdb refuses root), trusts
+# DIR must lie under directories the `postgres` user may enter (not a
+# mode-0700 temp dir). The server runs as that user (initdb refuses root), trusts
 # local connections and skips fsync: test data only.
 set -euo pipefail
 

@@ -177,6 +177,10 @@ impl Store for PgStore {
         match r {
             Ok(_) => {}
             Err(e) if is_unique_violation(&e) => return Err(StoreError::Exists(format!("principal {:?}", p.name))),
+            // The parent went away since the check above.
+            Err(e) if e.code() == Some(&SqlState::FOREIGN_KEY_VIOLATION) => {
+                return Err(StoreError::NoSuchPrincipal(p.parent.clone().unwrap_or_default()))
+            }
             Err(e) => return Err(e.into()),
         }
         if let Some(t) = &token {
