@@ -23,8 +23,14 @@ echo "==> rustfmt and clippy (warnings are errors)"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "==> Rust tests"
+echo "==> Rust tests (the shared store's on SQLite and on a throwaway PostgreSQL)"
+PG_DIR=$(mktemp -d -t dsec-test-pg.XXXXXX)
+trap 'scripts/postgres-test.sh destroy "$PG_DIR"' EXIT
+DSEC_TEST_POSTGRES=$(scripts/postgres-test.sh start "$PG_DIR")
+export DSEC_TEST_POSTGRES
 cargo test --release --workspace
+scripts/postgres-test.sh destroy "$PG_DIR"
+trap - EXIT
 
 # `cargo test` may have relinked target/release/dsec-agent dynamically; the
 # end-to-end tests run the statically linked agent that users get.

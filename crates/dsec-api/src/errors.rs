@@ -77,6 +77,7 @@ error_codes! {
     AgentUnavailable = ("agent_unavailable", 502, "The sandbox's guest agent stopped answering; the sandbox is being marked failed."),
     NoCapacity = ("no_capacity", 503, "No node has room for this sandbox now (admission refused)."),
     EdgeUnavailable = ("edge_unavailable", 503, "The node that owns this sandbox cannot be reached."),
+    StoreUnavailable = ("store_unavailable", 503, "The apiserver's database cannot be reached now; retry after the time in the Retry-After header."),
     RunnerFailed = ("runner_failed", 503, "The FnCall runner serving the call failed (not the call's program); it is being replaced, retry."),
     Timeout = ("timeout", 504, "The operation did not finish within its deadline."),
     NoSpace = ("no_space", 507, "The sandbox's disk is full."),

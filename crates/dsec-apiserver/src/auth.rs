@@ -1,19 +1,20 @@
-//! Tenants and their bearer tokens.
+//! Tenants and their bearer tokens, kept in the shared store (`dsec-store`).
 //!
-//! Tokens are random 256-bit values shown once, at creation; the database
-//! keeps only their SHA-256. Lookups hit an in-memory map, so checking a token
-//! costs one hash per request.
+//! Tokens are random 256-bit values shown once, at creation; the store
+//! keeps only their SHA-256. Every request asks the store what its token
+//! grants: with SQLite (one apiserver) that is an in-memory lookup; with
+//! PostgreSQL (replicas) one indexed query, so a token created or revoked
+//! through any replica holds, or stops holding, on every replica at once.
 
-use std::collections::HashMap;
 use std::path::Path;
-use std::sync::{Mutex, RwLock};
 
 use axum::extract::FromRequestParts;
 use axum::http::request::Parts;
 use dsec_api::ErrorCode;
+use dsec_edge::model::now_ms;
 use dsec_edge::Caller;
+use dsec_store::{AnyStore, Database, NewToken, Principal, Store, StoreError};
 use rand::RngCore;
-use rusqlite::{params, Connection};
 use sha2::{Digest, Sha256};
 
 use crate::error::ApiError;
@@ -23,8 +24,8 @@ pub const ADMIN_TENANT: &str = "admin";
 
 #[derive(Debug, thiserror::Error)]
 pub enum AuthError {
-    #[error("apiserver database: {0}")]
-    Sqlite(#[from] rusqlite::Error),
+    #[error(transparent)]
+    Store(#[from] StoreError),
     #[error("admin token file {path}: {source}")]
     TokenFile { path: String, source: std::io::Error },
     #[error("tenant {0:?} already exists")]
@@ -40,9 +41,14 @@ pub struct Tenant {
     pub created_at_ms: u64,
 }
 
+impl From<Principal> for Tenant {
+    fn from(p: Principal) -> Self {
+        Tenant { name: p.name, admin: p.admin, created_at_ms: p.created_at_ms }
+    }
+}
+
 pub struct TokenStore {
-    conn: Mutex<Connection>,
-    by_hash: RwLock<HashMap<[u8; 32], Tenant>>,
+    store: AnyStore,
 }
 
 fn hash(token: &str) -> [u8; 32] {
@@ -55,29 +61,19 @@ fn new_token() -> String {
     format!("dsec_{}", hex::encode(b))
 }
 
-use dsec_edge::model::now_ms;
-
 impl TokenStore {
-    /// Opens the tenant database; on first start creates the admin tenant and
-    /// writes its token to `admin_token_file` (mode 0600).
-    pub fn open(db: &Path, admin_token_file: &Path) -> Result<TokenStore, AuthError> {
-        let conn = Connection::open(db)?;
-        conn.pragma_update(None, "journal_mode", "WAL")?;
-        conn.execute_batch(
-            "CREATE TABLE IF NOT EXISTS tenants (
-                 name TEXT PRIMARY KEY,
-                 token_sha256 BLOB NOT NULL UNIQUE,
-                 admin INTEGER NOT NULL,
-                 created_at_ms INTEGER NOT NULL
-             );",
-        )?;
-        let store = TokenStore { conn: Mutex::new(conn), by_hash: RwLock::new(HashMap::new()) };
-        store.ensure_admin(admin_token_file)?;
-        store.reload()?;
+    /// Opens the store and makes the token in `admin_token_file` an admin
+    /// token, writing a new one there (mode 0600) if the file is missing.
+    /// With SQLite the file's token is the only admin token; with
+    /// PostgreSQL each replica's file adds its own (give them the same file
+    /// to share one).
+    pub async fn open(db: &Database, admin_token_file: &Path) -> Result<TokenStore, AuthError> {
+        let store = TokenStore { store: AnyStore::open(db).await? };
+        store.ensure_admin(admin_token_file).await?;
         Ok(store)
     }
 
-    fn ensure_admin(&self, file: &Path) -> Result<(), AuthError> {
+    async fn ensure_admin(&self, file: &Path) -> Result<(), AuthError> {
         let file_err = |source| AuthError::TokenFile { path: file.display().to_string(), source };
         let token = match std::fs::read_to_string(file) {
             Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
@@ -87,68 +83,45 @@ impl TokenStore {
                 t
             }
         };
-        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        conn.execute(
-            "INSERT INTO tenants (name, token_sha256, admin, created_at_ms) VALUES (?1, ?2, 1, ?3)
-             ON CONFLICT(name) DO UPDATE SET token_sha256 = excluded.token_sha256, admin = 1",
-            params![ADMIN_TENANT, hash(&token).to_vec(), now_ms() as i64],
-        )?;
+        let token = NewToken { hash: hash(&token), created_at_ms: now_ms(), expires_at_ms: None };
+        self.store.set_admin_token(ADMIN_TENANT, token, self.store.is_exclusive()).await?;
         Ok(())
     }
 
-    fn reload(&self) -> Result<(), AuthError> {
-        let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-        let mut stmt = conn.prepare("SELECT name, token_sha256, admin, created_at_ms FROM tenants")?;
-        let rows = stmt.query_map([], |r| {
-            let h: Vec<u8> = r.get(1)?;
-            Ok((h, Tenant { name: r.get(0)?, admin: r.get::<_, i64>(2)? != 0, created_at_ms: r.get::<_, i64>(3)? as u64 }))
-        })?;
-        let mut map = HashMap::new();
-        for row in rows {
-            let (h, t) = row?;
-            if let Ok(h) = <[u8; 32]>::try_from(h.as_slice()) {
-                map.insert(h, t);
-            }
-        }
-        *self.by_hash.write().unwrap_or_else(|p| p.into_inner()) = map;
-        Ok(())
-    }
-
-    pub fn verify(&self, token: &str) -> Option<Tenant> {
-        self.by_hash.read().unwrap_or_else(|p| p.into_inner()).get(&hash(token)).cloned()
+    /// The tenant `token` stands for; `None` if unknown, revoked or expired.
+    pub async fn verify(&self, token: &str) -> Result<Option<Tenant>, StoreError> {
+        Ok(self.store.grant(&hash(token), now_ms()).await?.map(|g| g.principal.into()))
     }
 
     /// Creates a tenant and returns its token (shown only this once).
-    pub fn create(&self, name: &str) -> Result<(Tenant, String), AuthError> {
+    pub async fn create(&self, name: &str) -> Result<(Tenant, String), AuthError> {
         let ok =
             (1..=64).contains(&name.len()) && name.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_');
         if !ok {
             return Err(AuthError::BadName(name.to_string()));
         }
         let token = new_token();
-        let tenant = Tenant { name: name.to_string(), admin: false, created_at_ms: now_ms() };
-        {
-            let conn = self.conn.lock().unwrap_or_else(|p| p.into_inner());
-            let r = conn.execute(
-                "INSERT INTO tenants (name, token_sha256, admin, created_at_ms) VALUES (?1, ?2, 0, ?3)",
-                params![name, hash(&token).to_vec(), tenant.created_at_ms as i64],
-            );
-            match r {
-                Ok(_) => {}
-                Err(rusqlite::Error::SqliteFailure(e, _)) if e.code == rusqlite::ErrorCode::ConstraintViolation => {
-                    return Err(AuthError::Exists(name.to_string()))
-                }
-                Err(e) => return Err(e.into()),
-            }
+        let principal = Principal::tenant(name, false, now_ms());
+        let first = NewToken { hash: hash(&token), created_at_ms: principal.created_at_ms, expires_at_ms: None };
+        match self.store.create_principal(&principal, Some(first)).await {
+            Ok(()) => Ok((principal.into(), token)),
+            Err(StoreError::Exists(_)) => Err(AuthError::Exists(name.to_string())),
+            Err(e) => Err(e.into()),
         }
-        self.by_hash.write().unwrap_or_else(|p| p.into_inner()).insert(hash(&token), tenant.clone());
-        Ok((tenant, token))
     }
 
-    pub fn list(&self) -> Vec<Tenant> {
-        let mut v: Vec<Tenant> = self.by_hash.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect();
-        v.sort_by(|a, b| a.name.cmp(&b.name));
-        v
+    /// Revokes a token; `false` if it was not live.
+    pub async fn revoke(&self, token: &str) -> Result<bool, StoreError> {
+        self.store.revoke_token(&hash(token), now_ms()).await
+    }
+
+    pub async fn list(&self) -> Result<Vec<Tenant>, StoreError> {
+        Ok(self.store.principals().await?.into_iter().map(Tenant::from).collect())
+    }
+
+    /// The store itself, for what else the control plane keeps there.
+    pub fn store(&self) -> &AnyStore {
+        &self.store
     }
 }
 
@@ -191,14 +164,14 @@ impl Authenticator {
         }
     }
 
-    pub fn authenticate(&self, headers: &axum::http::HeaderMap) -> Result<Caller, ApiError> {
+    pub async fn authenticate(&self, headers: &axum::http::HeaderMap) -> Result<Caller, ApiError> {
         let header = headers.get(axum::http::header::AUTHORIZATION).and_then(|v| v.to_str().ok());
         let token = header.and_then(|h| h.strip_prefix("Bearer ").or_else(|| h.strip_prefix("bearer ")));
         let Some(token) = token.map(str::trim) else {
             return Err(ApiError::new(ErrorCode::Unauthorized, "missing 'Authorization: Bearer TOKEN' header"));
         };
         match self {
-            Authenticator::Tokens(store) => match store.verify(token) {
+            Authenticator::Tokens(store) => match store.verify(token).await? {
                 Some(t) => Ok(Caller { tenant: t.name, admin: t.admin }),
                 None => Err(ApiError::new(ErrorCode::Unauthorized, "invalid token")),
             },
@@ -226,7 +199,7 @@ impl FromRequestParts<AppState> for Auth {
     type Rejection = ApiError;
 
     async fn from_request_parts(parts: &mut Parts, state: &AppState) -> Result<Self, Self::Rejection> {
-        state.auth.authenticate(&parts.headers).map(Auth)
+        state.auth.authenticate(&parts.headers).await.map(Auth)
     }
 }
 
@@ -250,45 +223,57 @@ mod tests {
     use super::*;
     use std::os::unix::fs::PermissionsExt;
 
-    #[test]
-    fn admin_token_is_written_once_private_and_verifies() {
-        let d = tempfile::tempdir().unwrap();
-        let file = d.path().join("admin-token");
-        let s = TokenStore::open(&d.path().join("api.db"), &file).unwrap();
-        let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
-        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
-        assert!(s.verify(&token).unwrap().admin);
-        assert!(s.verify("nope").is_none());
-        drop(s);
-        let s = TokenStore::open(&d.path().join("api.db"), &file).unwrap();
-        assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token, "the token is kept across restarts");
-        assert!(s.verify(&token).is_some());
+    fn sqlite(dir: &Path) -> Database {
+        Database::Sqlite(dir.join("api.db"))
     }
 
-    #[test]
-    fn cluster_mode_takes_the_caller_from_headers_only_with_the_secret() {
+    #[tokio::test]
+    async fn admin_token_is_written_once_private_and_verifies() {
+        let d = tempfile::tempdir().unwrap();
+        let file = d.path().join("admin-token");
+        let s = TokenStore::open(&sqlite(d.path()), &file).await.unwrap();
+        let token = std::fs::read_to_string(&file).unwrap().trim().to_string();
+        assert_eq!(std::fs::metadata(&file).unwrap().permissions().mode() & 0o777, 0o600);
+        assert!(s.verify(&token).await.unwrap().unwrap().admin);
+        assert!(s.verify("nope").await.unwrap().is_none());
+        drop(s);
+        let s = TokenStore::open(&sqlite(d.path()), &file).await.unwrap();
+        assert_eq!(std::fs::read_to_string(&file).unwrap().trim(), token, "the token is kept across restarts");
+        assert!(s.verify(&token).await.unwrap().is_some());
+        drop(s);
+        // A new token file (the old one deleted): the old token stops working.
+        std::fs::remove_file(&file).unwrap();
+        let s = TokenStore::open(&sqlite(d.path()), &file).await.unwrap();
+        assert!(s.verify(&token).await.unwrap().is_none());
+        assert!(s.verify(std::fs::read_to_string(&file).unwrap().trim()).await.unwrap().unwrap().admin);
+    }
+
+    #[tokio::test]
+    async fn cluster_mode_takes_the_caller_from_headers_only_with_the_secret() {
         use axum::http::HeaderMap;
         let auth = Authenticator::cluster("s3cret");
         let mut h = HeaderMap::new();
         h.insert("authorization", "Bearer s3cret".parse().unwrap());
-        assert!(auth.authenticate(&h).is_err(), "the tenant header is required");
+        assert!(auth.authenticate(&h).await.is_err(), "the tenant header is required");
         h.insert(TENANT_HEADER, "team-a".parse().unwrap());
-        assert_eq!(auth.authenticate(&h).unwrap(), Caller { tenant: "team-a".into(), admin: false });
+        assert_eq!(auth.authenticate(&h).await.unwrap(), Caller { tenant: "team-a".into(), admin: false });
         h.insert(ADMIN_HEADER, "true".parse().unwrap());
-        assert!(auth.authenticate(&h).unwrap().admin);
+        assert!(auth.authenticate(&h).await.unwrap().admin);
         h.insert("authorization", "Bearer wrong".parse().unwrap());
-        assert_eq!(auth.authenticate(&h).unwrap_err().code, ErrorCode::Unauthorized);
+        assert_eq!(auth.authenticate(&h).await.unwrap_err().code, ErrorCode::Unauthorized);
     }
 
-    #[test]
-    fn tenants_get_their_own_tokens() {
+    #[tokio::test]
+    async fn tenants_get_their_own_tokens_and_revoked_ones_stop_working() {
         let d = tempfile::tempdir().unwrap();
-        let s = TokenStore::open(&d.path().join("api.db"), &d.path().join("t")).unwrap();
-        let (t, token) = s.create("team-a").unwrap();
+        let s = TokenStore::open(&sqlite(d.path()), &d.path().join("t")).await.unwrap();
+        let (t, token) = s.create("team-a").await.unwrap();
         assert!(!t.admin);
-        assert_eq!(s.verify(&token).unwrap().name, "team-a");
-        assert!(matches!(s.create("team-a"), Err(AuthError::Exists(_))));
-        assert!(matches!(s.create("Bad Name"), Err(AuthError::BadName(_))));
-        assert_eq!(s.list().len(), 2);
+        assert_eq!(s.verify(&token).await.unwrap().unwrap().name, "team-a");
+        assert!(matches!(s.create("team-a").await, Err(AuthError::Exists(_))));
+        assert!(matches!(s.create("Bad Name").await, Err(AuthError::BadName(_))));
+        assert_eq!(s.list().await.unwrap().len(), 2);
+        assert!(s.revoke(&token).await.unwrap());
+        assert!(s.verify(&token).await.unwrap().is_none());
     }
 }

@@ -46,6 +46,19 @@ impl From<EdgeError> for ApiError {
     }
 }
 
+impl From<dsec_store::StoreError> for ApiError {
+    fn from(e: dsec_store::StoreError) -> Self {
+        if e.is_unavailable() {
+            tracing::warn!(error = %e, "the database is unavailable");
+            let mut err = ApiError::new(ErrorCode::StoreUnavailable, e.to_string());
+            err.retry_after = Some(1);
+            return err;
+        }
+        tracing::error!(error = %e, "database error");
+        ApiError::new(ErrorCode::Internal, e.to_string())
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         let mut resp = (self.status(), axum::Json(self.body())).into_response();

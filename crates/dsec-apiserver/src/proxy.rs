@@ -22,7 +22,7 @@ pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next
     };
     let Some((Node::Remote(remote), id)) = target else { return next.run(req).await };
     let (remote, id) = (remote.clone(), id.to_string());
-    let caller = match st.auth.authenticate(req.headers()) {
+    let caller = match st.auth.authenticate(req.headers()).await {
         Ok(c) => c,
         Err(e) => return e.into_response(),
     };

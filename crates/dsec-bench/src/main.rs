@@ -9,6 +9,7 @@
 //!   churn       M create/destroy cycles, then counts of what is left behind
 //!   policy      creation and exec with vs without the system-call filter
 //!   counts      the leak counts alone (processes, mounts, cgroups, ...)
+//!   store-grant the token check per request on a shared-store engine
 //!   fncall-baseline  a subprocess-per-call code runner (the FnCall
 //!                    benchmark's baseline), serving until killed
 //!
@@ -52,6 +53,8 @@ enum Cmd {
     FncallBaseline(cmds::fncall_baseline::BaselineArgs),
     /// Creation and exec latency with vs without the system-call filter.
     Policy(cmds::policy::PolicyArgs),
+    /// The token check per request (`Store::grant`) on one engine.
+    StoreGrant(cmds::store_grant::StoreGrantArgs),
 }
 
 /// Where the platform is and what the sandboxes look like.
@@ -142,6 +145,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Churn(a) => cmds::churn::run(a).await,
             Cmd::FncallBaseline(a) => cmds::fncall_baseline::run(a).await,
             Cmd::Policy(a) => cmds::policy::run(a).await,
+            Cmd::StoreGrant(a) => cmds::store_grant::run(a).await,
             Cmd::Counts(a) => {
                 let c = host::counts(a.dsec_pid, a.data_dir.as_deref(), a.node.as_deref());
                 println!("{}", serde_json::to_string_pretty(&c)?);

@@ -12,6 +12,7 @@ use dsec_apiserver::auth::{Authenticator, TokenStore};
 use dsec_apiserver::nodes::{Node, Nodes};
 use dsec_apiserver::remote::RemoteNode;
 use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
+use dsec_store::Database;
 
 use crate::image_cmd::Catalog;
 use crate::up::{serve, EdgeArgs};
@@ -33,9 +34,15 @@ pub struct EdgeCmdArgs {
 
 #[derive(Args, Debug)]
 pub struct ApiserverArgs {
-    /// Where the apiserver keeps its tenant database and admin token.
+    /// Where the apiserver keeps its admin token (and, without --database,
+    /// its SQLite database).
     #[arg(long, env = "DSEC_DATA_DIR", default_value = crate::DEFAULT_DATA_DIR)]
     pub data_dir: PathBuf,
+    /// The shared state: `postgres://USER@HOST/DB` for any number of
+    /// apiservers on one PostgreSQL database; default `sqlite:DATA_DIR/apiserver.db`
+    /// (one apiserver).
+    #[arg(long, env = "DSEC_DATABASE", value_parser = parse_database)]
+    pub database: Option<Database>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
     /// An edge as NAME=URL (repeatable), e.g. node1=http://10.0.0.5:8081.
@@ -53,6 +60,10 @@ fn parse_edge(s: &str) -> Result<(String, String), String> {
     let (name, url) = s.split_once('=').ok_or_else(|| format!("expected NAME=URL, got {s:?}"))?;
     dsec_edge::ids::validate_node_name(name)?;
     Ok((name.to_string(), url.to_string()))
+}
+
+fn parse_database(s: &str) -> Result<Database, String> {
+    Database::parse(s).map_err(|e| e.to_string())
 }
 
 fn read_secret(path: &Path, create: bool) -> anyhow::Result<String> {
@@ -96,7 +107,8 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
 pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
     let secret = read_secret(&a.cluster_secret_file, false)?;
     std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
-    let tokens = TokenStore::open(&a.data_dir.join("apiserver.db"), &a.data_dir.join("admin-token"))?;
+    let database = a.database.clone().unwrap_or_else(|| Database::Sqlite(a.data_dir.join("apiserver.db")));
+    let tokens = TokenStore::open(&database, &a.data_dir.join("admin-token")).await.with_context(|| format!("opening {database}"))?;
     let mut nodes = Vec::new();
     for (name, url) in &a.edges {
         nodes.push(Node::Remote(Arc::new(RemoteNode::new(name, url, &secret).map_err(anyhow::Error::msg)?)));
@@ -114,7 +126,8 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         fncall: Some(Arc::new(FnCallBackend::Remote(Default::default()))),
         sandboxfusion_open: a.sandboxfusion_open,
     };
-    let what = format!("apiserver for {} edge(s); admin token in {}", a.edges.len(), a.data_dir.join("admin-token").display());
+    let what =
+        format!("apiserver for {} edge(s) on {database}; admin token in {}", a.edges.len(), a.data_dir.join("admin-token").display());
     serve(a.listen, state, &what, None).await?;
     Ok(0)
 }

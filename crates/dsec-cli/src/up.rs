@@ -16,6 +16,7 @@ use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
 use dsec_edge::cgroup::CgroupMode;
 use dsec_edge::{Edge, EdgeConfig, ImageLayers};
 use dsec_fncall::{FnCallConfig, FnCallService, PoolConfig};
+use dsec_store::Database;
 
 use crate::image_cmd::Catalog;
 
@@ -338,7 +339,7 @@ impl EdgeArgs {
 pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
     let started = a.edge.start().await?;
     let data_dir = &a.edge.data_dir;
-    let tokens = TokenStore::open(&data_dir.join("apiserver.db"), &data_dir.join("admin-token"))?;
+    let tokens = TokenStore::open(&Database::Sqlite(data_dir.join("apiserver.db")), &data_dir.join("admin-token")).await?;
     let state = AppState {
         auth: Arc::new(Authenticator::Tokens(tokens)),
         nodes: Arc::new(Nodes::new(vec![Node::Local(started.edge.clone())])),

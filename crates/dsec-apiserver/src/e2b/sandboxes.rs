@@ -17,20 +17,25 @@ use super::view::{self, NewSandbox, Reconnect, Timeout};
 use super::{E2bState, Owner};
 use crate::auth::Authenticator;
 use crate::convert;
+use crate::error::ApiError;
 use crate::extract::{ApiJson, QueryPairs};
 
 /// The caller of a control-plane call: a dsec token in `X-API-Key` (what
 /// the SDK sends), or the native API's own credentials (a bearer token, or
 /// an apiserver forwarding to this edge).
-pub fn caller(auth: &Authenticator, headers: &HeaderMap) -> RestResult<Caller> {
+pub async fn caller(auth: &Authenticator, headers: &HeaderMap) -> RestResult<Caller> {
     if let (Authenticator::Tokens(store), Some(key)) = (auth, headers.get("x-api-key")) {
         let key = key.to_str().map_err(|_| RestError::new(StatusCode::UNAUTHORIZED, "X-API-Key must be visible ASCII"))?;
-        return match store.verify(key.trim()) {
+        // A database that is away is a 503 with Retry-After, not a 401.
+        return match store.verify(key.trim()).await.map_err(ApiError::from)? {
             Some(t) => Ok(Caller { tenant: t.name, admin: t.admin }),
             None => Err(RestError::new(StatusCode::UNAUTHORIZED, "invalid API key: use a dsec token")),
         };
     }
-    auth.authenticate(headers).map_err(|e| RestError::new(StatusCode::UNAUTHORIZED, e.message))
+    auth.authenticate(headers).await.map_err(|e| match e.code {
+        ErrorCode::Unauthorized => RestError::new(StatusCode::UNAUTHORIZED, e.message),
+        _ => RestError::from(e),
+    })
 }
 
 fn new_access_token() -> String {
@@ -45,7 +50,7 @@ pub async fn create(
     headers: HeaderMap,
     ApiJson(req): ApiJson<NewSandbox>,
 ) -> RestResult<(StatusCode, Json<view::Created>)> {
-    let caller = caller(&st.app.auth, &headers)?;
+    let caller = caller(&st.app.auth, &headers).await?;
     let mut labels = req.metadata.unwrap_or_default();
     if let Some(k) = labels.keys().find(|k| k.starts_with(view::RESERVED_PREFIX)) {
         return Err(RestError::new(
@@ -102,13 +107,13 @@ fn live(st: &E2bState, caller: &Caller, id: &str) -> RestResult<api::Sandbox> {
 }
 
 pub async fn get(State(st): State<E2bState>, headers: HeaderMap, Path(id): Path<String>) -> RestResult<Json<view::Detail>> {
-    let caller = caller(&st.app.auth, &headers)?;
+    let caller = caller(&st.app.auth, &headers).await?;
     let s = live(&st, &caller, &id)?;
     view::detail(&s, &caller.tenant, true).map(Json).ok_or_else(|| RestError::new(StatusCode::NOT_FOUND, format!("sandbox {id} not found")))
 }
 
 pub async fn kill(State(st): State<E2bState>, headers: HeaderMap, Path(id): Path<String>) -> RestResult<StatusCode> {
-    let caller = caller(&st.app.auth, &headers)?;
+    let caller = caller(&st.app.auth, &headers).await?;
     live(&st, &caller, &id)?;
     st.app.nodes.owner(&id)?.delete(&caller, &id).await?;
     st.processes.forget_sandbox(&id);
@@ -121,7 +126,7 @@ pub async fn set_timeout(
     Path(id): Path<String>,
     ApiJson(req): ApiJson<Timeout>,
 ) -> RestResult<StatusCode> {
-    let caller = caller(&st.app.auth, &headers)?;
+    let caller = caller(&st.app.auth, &headers).await?;
     live(&st, &caller, &id)?;
     set_lifetime(&st, &caller, &id, req.timeout)?;
     Ok(StatusCode::NO_CONTENT)
@@ -137,7 +142,7 @@ fn set_lifetime(st: &E2bState, caller: &Caller, id: &str, timeout: u64) -> RestR
 }
 
 pub async fn pause(State(st): State<E2bState>, headers: HeaderMap, Path(id): Path<String>) -> RestResult<StatusCode> {
-    let caller = caller(&st.app.auth, &headers)?;
+    let caller = caller(&st.app.auth, &headers).await?;
     live(&st, &caller, &id)?;
     let outcome = st.app.nodes.owner(&id)?.pause_with(&caller, &id, PauseMode::Auto).await?;
     if !outcome.changed {
@@ -163,7 +168,7 @@ impl FromRequest<E2bState> for Reconnecting {
 
     async fn from_request(req: Request, st: &E2bState) -> Result<Self, RestError> {
         let (mut parts, body) = req.into_parts();
-        let caller = caller(&st.app.auth, &parts.headers)?;
+        let caller = caller(&st.app.auth, &parts.headers).await?;
         let Path(id) =
             Path::<String>::from_request_parts(&mut parts, st).await.map_err(|e| RestError::new(StatusCode::BAD_REQUEST, e.body_text()))?;
         let body = axum::body::to_bytes(body, MAX_RECONNECT_BODY)
@@ -214,7 +219,7 @@ pub async fn connect(State(st): State<E2bState>, r: Reconnecting) -> RestResult<
 
 /// `GET /sandboxes`: every live sandbox of the caller, unpaged.
 pub async fn list_v1(State(st): State<E2bState>, headers: HeaderMap, q: QueryPairs) -> RestResult<Json<Vec<view::Detail>>> {
-    let caller = caller(&st.app.auth, &headers)?;
+    let caller = caller(&st.app.auth, &headers).await?;
     let query = ListQuery::parse(&q)?;
     let all = query.matching(&st, &caller).await;
     Ok(Json(all.iter().filter_map(|s| view::detail(s, &caller.tenant, false)).collect()))
@@ -224,7 +229,7 @@ pub async fn list_v1(State(st): State<E2bState>, headers: HeaderMap, q: QueryPai
 /// time, paged by `limit` and `nextToken` (the next page's token in the
 /// `x-next-token` header).
 pub async fn list_v2(State(st): State<E2bState>, headers: HeaderMap, q: QueryPairs) -> RestResult<Response> {
-    let caller = caller(&st.app.auth, &headers)?;
+    let caller = caller(&st.app.auth, &headers).await?;
     let query = ListQuery::parse(&q)?;
     let mut all = query.matching(&st, &caller).await;
     if query.descending {

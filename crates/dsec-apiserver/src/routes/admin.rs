@@ -31,13 +31,14 @@ pub async fn create_tenant(
     ApiJson(req): ApiJson<api::CreateTenantRequest>,
 ) -> ApiResult<(StatusCode, Json<api::TenantInfo>)> {
     let Some(tokens) = st.auth.tokens() else { return Err(not_here()) };
-    match tokens.create(&req.name) {
+    match tokens.create(&req.name).await {
         Ok((t, token)) => Ok((
             StatusCode::CREATED,
             Json(api::TenantInfo { name: t.name, admin: t.admin, token: Some(token), created_at: rfc3339(t.created_at_ms) }),
         )),
         Err(e @ AuthError::Exists(_)) => Err(ApiError::new(ErrorCode::AlreadyExists, e.to_string())),
         Err(e @ AuthError::BadName(_)) => Err(ApiError::invalid(e.to_string())),
+        Err(AuthError::Store(e)) => Err(e.into()),
         Err(e) => Err(ApiError::new(ErrorCode::Internal, e.to_string())),
     }
 }
@@ -47,6 +48,7 @@ pub async fn list_tenants(State(st): State<AppState>, Admin(_admin): Admin) -> A
     let Some(tokens) = st.auth.tokens() else { return Err(not_here()) };
     let tenants = tokens
         .list()
+        .await?
         .into_iter()
         .map(|t| api::TenantInfo { name: t.name, admin: t.admin, token: None, created_at: rfc3339(t.created_at_ms) })
         .collect();

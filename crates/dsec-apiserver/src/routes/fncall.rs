@@ -143,7 +143,7 @@ pub async fn sandboxfusion_run_code(
     let mut headers = HeaderMap::new();
     let value = HeaderValue::from_str(&format!("Bearer {token}")).map_err(|_| ApiError::new(ErrorCode::Unauthorized, "malformed token"))?;
     headers.insert(axum::http::header::AUTHORIZATION, value);
-    let caller = st.auth.authenticate(&headers)?;
+    let caller = st.auth.authenticate(&headers).await?;
     run_code(&st, &caller, req.into_body()).await
 }
 

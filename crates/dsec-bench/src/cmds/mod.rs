@@ -6,6 +6,7 @@ pub mod exec;
 pub mod fncall_baseline;
 pub mod latency;
 pub mod policy;
+pub mod store_grant;
 pub mod throughput;
 
 use std::collections::BTreeMap;

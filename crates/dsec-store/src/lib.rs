@@ -1,0 +1,225 @@
+//! The control plane's shared state: principals and their tokens, and the
+//! node registry, behind one interface (`Store`) with two engines: SQLite
+//! (`dsec up`, one apiserver) and PostgreSQL (a cluster: any number of
+//! apiservers on one database). Per-sandbox state is not here: it stays on
+//! its edge, and a sandbox id names its node.
+//!
+//! Both engines run the same versioned migrations (`migrations`) and pass
+//! the same test suite (`tests/suite.rs`).
+
+use std::future::Future;
+use std::path::PathBuf;
+
+mod error;
+pub mod migrations;
+mod model;
+mod postgres;
+mod sqlite;
+#[cfg(feature = "testing")]
+pub mod testing;
+
+pub use error::StoreError;
+pub use model::{Grant, NewToken, NodeRecord, NodeState, Principal, PrincipalKind, TokenHash};
+pub use postgres::PgStore;
+pub use sqlite::SqliteStore;
+
+pub type Result<T> = std::result::Result<T, StoreError>;
+
+/// The shared state, as every engine serves it.
+///
+/// Writes are atomic: each call is one transaction. A call that fails with
+/// `StoreError::Unavailable` changed nothing and may be retried.
+pub trait Store: Send + Sync {
+    /// The version of the schema the database is at.
+    fn schema_version(&self) -> impl Future<Output = Result<i64>> + Send;
+
+    /// Adds a principal, with its first token if given; `Exists` if the
+    /// name (or the token) is taken, `NoSuchPrincipal` if its parent is
+    /// missing.
+    fn create_principal(&self, principal: &Principal, token: Option<NewToken>) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every principal, by name.
+    fn principals(&self) -> impl Future<Output = Result<Vec<Principal>>> + Send;
+
+    fn principal(&self, name: &str) -> impl Future<Output = Result<Option<Principal>>> + Send;
+
+    /// Makes `name` an admin principal (created if missing) holding
+    /// `token`. With `exclusive`, every other token of `name` is revoked:
+    /// one apiserver whose token file is the only admin token; without it,
+    /// replicas that each bring a token file add theirs.
+    fn set_admin_token(&self, name: &str, token: NewToken, exclusive: bool) -> impl Future<Output = Result<()>> + Send;
+
+    /// Gives `principal` one more token.
+    fn add_token(&self, principal: &str, token: NewToken) -> impl Future<Output = Result<()>> + Send;
+
+    /// Revokes a token at `now_ms`; `false` if it was unknown or already
+    /// revoked. Every later `grant` of it, by any process, is `None`.
+    fn revoke_token(&self, hash: &TokenHash, now_ms: u64) -> impl Future<Output = Result<bool>> + Send;
+
+    /// What the token grants at `now_ms`: `None` if it is unknown, revoked
+    /// or expired.
+    fn grant(&self, hash: &TokenHash, now_ms: u64) -> impl Future<Output = Result<Option<Grant>>> + Send;
+
+    /// Registers a node or replaces its record.
+    fn put_node(&self, node: &NodeRecord) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every registered node, by name.
+    fn nodes(&self) -> impl Future<Output = Result<Vec<NodeRecord>>> + Send;
+
+    fn node(&self, name: &str) -> impl Future<Output = Result<Option<NodeRecord>>> + Send;
+
+    /// `false` if no such node.
+    fn set_node_state(&self, name: &str, state: NodeState) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Records that the node answered at `at_ms`; `false` if no such node.
+    fn node_seen(&self, name: &str, at_ms: u64) -> impl Future<Output = Result<bool>> + Send;
+
+    /// `false` if no such node.
+    fn remove_node(&self, name: &str) -> impl Future<Output = Result<bool>> + Send;
+}
+
+/// Where the shared state lives, as `--database` names it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Database {
+    /// `sqlite:PATH`: a file owned by one process.
+    Sqlite(PathBuf),
+    /// `postgres://...` or `postgresql://...` (libpq's URL form).
+    Postgres(String),
+}
+
+impl Database {
+    pub fn parse(s: &str) -> Result<Database> {
+        if s.starts_with("postgres://") || s.starts_with("postgresql://") {
+            return Ok(Database::Postgres(s.to_string()));
+        }
+        match s.strip_prefix("sqlite:") {
+            Some(path) if !path.is_empty() => Ok(Database::Sqlite(PathBuf::from(path))),
+            _ => Err(StoreError::Engine(format!("unknown database {s:?}: expected postgres://... or sqlite:PATH"))),
+        }
+    }
+}
+
+impl std::fmt::Display for Database {
+    /// Without a password, for logs.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Database::Sqlite(p) => write!(f, "sqlite:{}", p.display()),
+            Database::Postgres(url) => f.write_str(&postgres::redact(url)),
+        }
+    }
+}
+
+/// Either engine, chosen at run time (closed dispatch: the two engines are
+/// the whole set).
+pub enum AnyStore {
+    Sqlite(SqliteStore),
+    Postgres(PgStore),
+}
+
+impl AnyStore {
+    /// Opens the database and brings its schema to this build's version.
+    pub async fn open(db: &Database) -> Result<AnyStore> {
+        match db {
+            Database::Sqlite(path) => Ok(AnyStore::Sqlite(SqliteStore::open(path).await?)),
+            Database::Postgres(url) => Ok(AnyStore::Postgres(PgStore::open(url).await?)),
+        }
+    }
+
+    /// Whether this process is the only one writing (SQLite): then a
+    /// single apiserver's token file may be the only admin token.
+    pub fn is_exclusive(&self) -> bool {
+        matches!(self, AnyStore::Sqlite(_))
+    }
+}
+
+macro_rules! dispatch {
+    ($self:ident, $s:ident => $e:expr) => {
+        match $self {
+            AnyStore::Sqlite($s) => $e.await,
+            AnyStore::Postgres($s) => $e.await,
+        }
+    };
+}
+
+impl Store for AnyStore {
+    async fn schema_version(&self) -> Result<i64> {
+        dispatch!(self, s => s.schema_version())
+    }
+    async fn create_principal(&self, principal: &Principal, token: Option<NewToken>) -> Result<()> {
+        dispatch!(self, s => s.create_principal(principal, token))
+    }
+    async fn principals(&self) -> Result<Vec<Principal>> {
+        dispatch!(self, s => s.principals())
+    }
+    async fn principal(&self, name: &str) -> Result<Option<Principal>> {
+        dispatch!(self, s => s.principal(name))
+    }
+    async fn set_admin_token(&self, name: &str, token: NewToken, exclusive: bool) -> Result<()> {
+        dispatch!(self, s => s.set_admin_token(name, token, exclusive))
+    }
+    async fn add_token(&self, principal: &str, token: NewToken) -> Result<()> {
+        dispatch!(self, s => s.add_token(principal, token))
+    }
+    async fn revoke_token(&self, hash: &TokenHash, now_ms: u64) -> Result<bool> {
+        dispatch!(self, s => s.revoke_token(hash, now_ms))
+    }
+    async fn grant(&self, hash: &TokenHash, now_ms: u64) -> Result<Option<Grant>> {
+        dispatch!(self, s => s.grant(hash, now_ms))
+    }
+    async fn put_node(&self, node: &NodeRecord) -> Result<()> {
+        dispatch!(self, s => s.put_node(node))
+    }
+    async fn nodes(&self) -> Result<Vec<NodeRecord>> {
+        dispatch!(self, s => s.nodes())
+    }
+    async fn node(&self, name: &str) -> Result<Option<NodeRecord>> {
+        dispatch!(self, s => s.node(name))
+    }
+    async fn set_node_state(&self, name: &str, state: NodeState) -> Result<bool> {
+        dispatch!(self, s => s.set_node_state(name, state))
+    }
+    async fn node_seen(&self, name: &str, at_ms: u64) -> Result<bool> {
+        dispatch!(self, s => s.node_seen(name, at_ms))
+    }
+    async fn remove_node(&self, name: &str) -> Result<bool> {
+        dispatch!(self, s => s.remove_node(name))
+    }
+}
+
+/// Encodes labels and backends for their text columns (JSON, the same in
+/// both engines).
+pub(crate) mod columns {
+    use std::collections::BTreeMap;
+
+    use crate::{NodeState, Principal, PrincipalKind, StoreError};
+
+    pub fn labels_json(v: &BTreeMap<String, String>) -> String {
+        serde_json::Value::from_iter(v.iter().map(|(k, v)| (k.clone(), serde_json::Value::from(v.as_str())))).to_string()
+    }
+
+    pub fn backends_json(v: &[String]) -> String {
+        serde_json::Value::from(v).to_string()
+    }
+
+    pub fn labels(s: &str) -> Result<BTreeMap<String, String>, StoreError> {
+        serde_json::from_str(s).map_err(|e| StoreError::Corrupt { table: "nodes", detail: format!("labels: {e}") })
+    }
+
+    pub fn backends(s: &str) -> Result<Vec<String>, StoreError> {
+        serde_json::from_str(s).map_err(|e| StoreError::Corrupt { table: "nodes", detail: format!("backends: {e}") })
+    }
+
+    pub fn node_state(s: &str) -> Result<NodeState, StoreError> {
+        NodeState::parse(s).ok_or_else(|| StoreError::Corrupt { table: "nodes", detail: format!("state {s:?}") })
+    }
+
+    pub fn principal(name: String, kind: &str, parent: Option<String>, admin: bool, created_at_ms: i64) -> Result<Principal, StoreError> {
+        let kind =
+            PrincipalKind::parse(kind).ok_or_else(|| StoreError::Corrupt { table: "principals", detail: format!("kind {kind:?}") })?;
+        Ok(Principal { name, kind, parent, admin, created_at_ms: created_at_ms.max(0) as u64 })
+    }
+
+    pub fn hash(bytes: &[u8]) -> Result<crate::TokenHash, StoreError> {
+        bytes.try_into().map_err(|_| StoreError::Corrupt { table: "tokens", detail: format!("a token hash of {} bytes", bytes.len()) })
+    }
+}
