@@ -16,7 +16,7 @@ source "$(dirname "$0")/lib.sh"
 CREATE_N=${1:-200}
 EXEC_N=${2:-4000}
 FANOUT=${3:-1000}
-ROUNDS=${DSEC_BENCH_ROUNDS:-2}
+ROUNDS=${DSEC_BENCH_ROUNDS:-4}
 FANOUT_C=${DSEC_BENCH_FANOUT_C:-256}
 FANOUT_S=${DSEC_BENCH_FANOUT_S:-10}
 bench_init sdk_cost
@@ -43,13 +43,12 @@ phase() { # SIDE PHASE ARGS...: one driver run, its JSON tagged with the side
         "$PY" -c 'import json,sys; d=json.load(sys.stdin); d["side"]=sys.argv[1]; print(json.dumps(d))' "$side" >>"$OUT"
 }
 
-bench_log "crun run -d + exec, compiled client ($CREATE_N)"
-"$BENCH" latency --dsec-pid "$DSEC_PID" --iterations "$CREATE_N" --warmup 10 \
-    --crun-work "$WORK/crun" --images-dir "$IMAGES_DIR" --out "$WORK/latency.json"
-
 per_round=$(( CREATE_N / ROUNDS ))
 exec_round=$(( EXEC_N / ROUNDS ))
 for round in $(seq 1 "$ROUNDS"); do
+    bench_log "round $round: crun run -d + exec, compiled client ($per_round)"
+    "$BENCH" latency --dsec-pid "$DSEC_PID" --iterations "$per_round" --warmup 5 \
+        --crun-work "$WORK/crun" --images-dir "$IMAGES_DIR" --out "$WORK/latency.$round.json" >/dev/null
     for side in old new; do
         bench_log "round $round, $side SDK: create ($per_round), exec ($exec_round)"
         phase "$side" create "$per_round"
@@ -77,5 +76,5 @@ for side in old new; do
     phase "$side" profile 2000
 done
 
-"$PY" "$BENCH_DIR/sdk_cost_report.py" "$OUT" "$WORK/latency.json" "$WORK/wrk.json" \
-    "$FANOUT_C" >"$RESULTS/sdk_cost.json"
+"$PY" "$BENCH_DIR/sdk_cost_report.py" "$OUT" "$WORK/wrk.json" "$FANOUT_C" \
+    "$WORK"/latency.*.json >"$RESULTS/sdk_cost.json"

@@ -5,7 +5,7 @@ and prints the table of docs/benchmarks.md's SDK section (stderr).
 Samples of a phase's rounds are pooled per side before percentiles; CPU
 figures are the median over rounds.
 
-Usage: sdk_cost_report.py PHASES.jsonl LATENCY.json WRK.json FANOUT_C
+Usage: sdk_cost_report.py PHASES.jsonl WRK.json FANOUT_C LATENCY.json...
 """
 
 import json
@@ -30,18 +30,26 @@ def med(rows, key):
 
 def main():
     phases = [json.loads(line) for line in open(sys.argv[1]) if line.strip()]
-    latency = json.load(open(sys.argv[2]))
-    wrk = json.load(open(sys.argv[3]))
-    fanout_c = int(sys.argv[4])
-    out = {"benchmark": "sdk_cost", "environment": latency.get("environment"),
-           "crun_create_to_first_exec_ms": latency["crun"]["create_to_first_exec_ms"],
-           "compiled_create_to_first_exec_ms": latency["dsec"]["create_to_first_exec_ms"],
-           "server_create_ms": latency["dsec"]["server_create_ms"],
+    wrk = json.load(open(sys.argv[2]))
+    fanout_c = int(sys.argv[3])
+    blocks = [json.load(open(p)) for p in sys.argv[4:]]
+
+    def latency(side, key):
+        v = [x for b in blocks for x in b[side]["samples"][key]]
+        return {"n": len(v), "p50_ms": pct(v, 50), "p90_ms": pct(v, 90), "p99_ms": pct(v, 99)}
+
+    out = {"benchmark": "sdk_cost", "environment": blocks[0].get("environment"),
+           "crun_create_to_first_exec_ms": latency("crun", "create_to_first_exec_ms"),
+           "compiled_create_to_first_exec_ms": latency("dsec", "create_to_first_exec_ms"),
+           "server_create_ms": latency("dsec", "server_create_ms"),
+           "compiled_first_exec_ms": latency("dsec", "first_exec_ms"),
            "wrk_exec": {"connections": fanout_c, "requests": wrk["requests"],
                         "req_per_s": wrk["requests"] / (wrk["duration_us"] / 1e6),
                         "p50_ms": wrk["p50_ms"],
                         "errors": wrk["errors_status"] + wrk["errors_socket"]},
            "loadavg_per_phase": [(p["side"], p["phase"], p["loadavg_end"]) for p in phases],
+           "crun_blocks_loadavg": [(b.get("environment") or {}).get("loadavg_at_start")
+                                   for b in blocks],
            "sides": {}}
     for side in ("old", "new"):
         mine = [p for p in phases if p["side"] == side]
