@@ -26,24 +26,23 @@ pub async fn create(
     State(st): State<AppState>,
     Auth(caller): Auth,
     IdempotencyKey(key): IdempotencyKey,
-    ApiJson(mut req): ApiJson<api::CreateSandboxRequest>,
+    ApiJson(req): ApiJson<api::CreateSandboxRequest>,
 ) -> ApiResult<(StatusCode, Json<api::CreatedSandbox>)> {
-    // The first command is checked before anything is created, and taken
-    // out of the request: the node creates as always, the command then
-    // runs like any exec (on whichever node owns the sandbox).
-    let first = match req.first_exec.take() {
+    // The first command is checked before anything is created. A remote
+    // node runs it in its own create route; a sandbox of this process's
+    // edge gets it here, like any exec.
+    let first = match &req.first_exec {
         Some(_) if key.is_some() => {
             return Err(ApiError::invalid("first_exec cannot be combined with an Idempotency-Key: a retry would run the command again"))
         }
-        Some(exec) => Some((convert::exec_spec(&exec, false)?, exec.encoding.unwrap_or_default())),
+        Some(exec) => Some((convert::exec_spec(exec, false)?, exec.encoding.unwrap_or_default())),
         None => None,
     };
-    let sandbox = st.nodes.create(&caller, req, key.as_deref()).await?;
-    let first_exec = match first {
-        None => None,
-        Some((spec, encoding)) => Some(run_first_exec(&st, &caller, &sandbox.id, spec, encoding).await?),
-    };
-    Ok((StatusCode::CREATED, Json(api::CreatedSandbox { sandbox, first_exec })))
+    let mut created = st.nodes.create(&caller, req, key.as_deref()).await?;
+    if let (Some((spec, encoding)), None) = (first, &created.first_exec) {
+        created.first_exec = Some(run_first_exec(&st, &caller, &created.sandbox.id, spec, encoding).await?);
+    }
+    Ok((StatusCode::CREATED, Json(created)))
 }
 
 /// Runs a creation's first command. If it cannot run, the sandbox is
