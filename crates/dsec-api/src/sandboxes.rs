@@ -84,6 +84,24 @@ pub struct CreateSandboxRequest {
     /// snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// A first command, run as soon as the sandbox runs and answered in the
+    /// same response (`first_exec` of [`CreatedSandbox`]): creation and
+    /// first command in one round trip. A command that cannot be run (an
+    /// error, not a non-zero exit) deletes the sandbox and the creation
+    /// answers that error. Not allowed with an `Idempotency-Key` (a retry
+    /// would run the command again).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_exec: Option<crate::ExecRequest>,
+}
+
+/// The answer of `POST /v1/sandboxes`: the sandbox, and the result of the
+/// request's `first_exec` when it had one.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, ToSchema)]
+pub struct CreatedSandbox {
+    #[serde(flatten)]
+    pub sandbox: Sandbox,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub first_exec: Option<crate::ExecResponse>,
 }
 
 /// `POST /v1/sandboxes/{id}/snapshot`.

@@ -144,7 +144,7 @@ impl Nodes {
         caller: &Caller,
         req: &api::CreateSandboxRequest,
         key: Option<&str>,
-    ) -> Result<api::Sandbox, ApiError> {
+    ) -> Result<api::CreatedSandbox, ApiError> {
         match &self.nodes[node] {
             Node::Local(edge) => {
                 let rec = match key {
@@ -153,8 +153,10 @@ impl Nodes {
                     }
                     None => edge.create(caller, convert::create_request(req.clone())).await?,
                 };
-                Ok(convert::sandbox_out(rec))
+                // A first command is the caller's to run (see routes::sandboxes::create).
+                Ok(api::CreatedSandbox { sandbox: convert::sandbox_out(rec), first_exec: None })
             }
+            // The remote node's own create route runs the request's first command.
             Node::Remote(r) => r.create(caller, req, key).await,
         }
     }
@@ -171,7 +173,12 @@ impl Nodes {
 
     /// Places and creates a sandbox; a node that refuses (no room, or
     /// unreachable) is skipped and the next choice tried.
-    pub async fn create(&self, caller: &Caller, req: api::CreateSandboxRequest, key: Option<&str>) -> Result<api::Sandbox, ApiError> {
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        req: api::CreateSandboxRequest,
+        key: Option<&str>,
+    ) -> Result<api::CreatedSandbox, ApiError> {
         let demand = Demand {
             backend: req.backend.as_str().to_string(),
             cpu: req.cpu_cores_limit.unwrap_or(1.0),

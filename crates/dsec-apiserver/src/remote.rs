@@ -124,7 +124,12 @@ impl RemoteNode {
             .map_err(|e| ApiError::new(ErrorCode::Internal, format!("node {} sent an unreadable answer: {e}", self.name)))
     }
 
-    pub async fn create(&self, caller: &Caller, req: &api::CreateSandboxRequest, key: Option<&str>) -> Result<api::Sandbox, ApiError> {
+    pub async fn create(
+        &self,
+        caller: &Caller,
+        req: &api::CreateSandboxRequest,
+        key: Option<&str>,
+    ) -> Result<api::CreatedSandbox, ApiError> {
         let body = serde_json::to_vec(req).map_err(|e| ApiError::invalid(e.to_string()))?;
         let extra: Vec<(&str, &str)> = key.map(|k| (api::IDEMPOTENCY_KEY_HEADER, k)).into_iter().collect();
         self.json_with(caller, axum::http::Method::POST, "/v1/sandboxes", Some(body), &extra).await

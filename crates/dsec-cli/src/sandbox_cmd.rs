@@ -88,6 +88,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         labels: a.labels.into_iter().collect(),
         job: a.job,
         snapshot: a.snapshot,
+        first_exec: None,
     };
     let sb = client.create(&req).await?;
     if a.cmd.is_empty() {

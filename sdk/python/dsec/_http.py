@@ -1,27 +1,33 @@
-"""The transport: one aiohttp session, and requests that raise typed errors.
+"""The transport: a keep-alive pool for calls, an aiohttp session for streams,
+and requests that raise typed errors.
 
 Everything that talks HTTP goes through :class:`Transport`, so the error
 mapping (HTTP answer -> exception class, connection failure ->
 :class:`DSecConnectionError`, deadline -> :class:`DSecTimeoutError`) lives in
 one place. The per-call path is kept short on purpose: exec of ``true`` must
 cost well under a millisecond of client time, so headers, URLs and timeout
-objects are built once and reused.
+objects are built once and reused. Request/answer calls go through
+:mod:`._pool` (one pre-built write, the answer parsed in the protocol);
+streams, WebSockets, uploads of unknown length and downloads use aiohttp.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 import os
+import ssl
 import sys
 from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import asynccontextmanager
 from typing import Any, Union
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import aiohttp
+from multidict import CIMultiDict
 from yarl import URL
 
+from . import _json
+from ._pool import Pool, ProtocolError
 from .errors import (
     DSecConnectionError,
     DSecError,
@@ -39,6 +45,15 @@ _USER_AGENT = "dsec-python/0.1"
 _JSON_HEADERS = {"Content-Type": "application/json"}
 _OCTET_HEADERS = {"Content-Type": "application/octet-stream"}
 _TAR_HEADERS = {"Content-Type": "application/x-tar"}
+
+#: Methods sent with ``Content-Length: 0`` when they have no body.
+_BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
+#: Methods a pooled call may send again on a fresh connection when the
+#: reused one turns out closed (RFC 9110 9.2.2).
+_IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+
+#: Request heads kept at most (see `request`).
+_HEAD_CACHE = 8192
 
 #: Query parameters: a mapping, or pairs (pairs allow repeated keys).
 Params = Union[Mapping[str, str], Sequence[tuple[str, str]], None]
@@ -124,6 +139,17 @@ class Transport:
         self.headers: dict[str, str] = {"User-Agent": _USER_AGENT}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
+        self._pool: Pool | None = None
+        self._heads: dict[tuple[str, URL, bool], bytes] = {}
+        # The headers every pooled request carries, encoded once.
+        host = self.base.host or "127.0.0.1"
+        port = self.base.port or (443 if self.base.scheme == "https" else 80)
+        authority = host if self.base.is_default_port() else f"{host}:{port}"
+        if ":" in host and not host.startswith("["):
+            authority = f"[{host}]" if self.base.is_default_port() else f"[{host}]:{port}"
+        self._host, self._port = host, port
+        self._fixed_head = "".join(
+            f"{k}: {v}\r\n" for k, v in {"Host": authority, **self.headers}.items())
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -146,6 +172,10 @@ class Transport:
             ttl_dns_cache=300,
         )
         self._session = self._new_session(connector)
+        self._pool = Pool(self._host, self._port,
+                          ssl=ssl.create_default_context() if self.base.scheme == "https"
+                          else None,
+                          limit=self.max_connections, connect_timeout=self.connect_timeout)
 
     def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
         return aiohttp.ClientSession(
@@ -177,6 +207,9 @@ class Transport:
 
     async def close(self) -> None:
         """Close the sessions and every pooled connection."""
+        if self._pool is not None:
+            self._pool.close()
+            self._pool = None
         for session in (self._session, self._streamed_session):
             if session is not None and not session.closed:
                 await session.close()
@@ -245,14 +278,71 @@ class Transport:
         :meth:`streamed_session`). Raises the exception class of the answer's
         error code for any status of 400 and above.
         """
+        if json_body is not None:
+            data = _json.dumps(json_body)
+            headers = _JSON_HEADERS if headers is None else {**headers, **_JSON_HEADERS}
+        if streamed or not (data is None or isinstance(data, (bytes, bytearray))):
+            return await self._request_aiohttp(method, url, data, params, headers, timeout,
+                                               streamed)
+        pool = self._pool
+        if pool is None:
+            await self.ensure_open()
+            pool = self._pool
+            assert pool is not None
+        if params is None and (headers is None or headers is _JSON_HEADERS):
+            # The request line and headers of a URL are the same every call:
+            # built once (one entry per sandbox and call kind).
+            key = (method, url, headers is not None)
+            prefix = self._heads.get(key)
+            if prefix is None:
+                if len(self._heads) >= _HEAD_CACHE:
+                    self._heads.clear()
+                prefix = self._heads[key] = self._head(method, url.raw_path_qs, headers)
+        else:
+            target = url.raw_path_qs
+            if params:
+                target += (("&" if url.raw_query_string else "?") +
+                           urlencode(params, quote_via=quote))
+            prefix = self._head(method, target, headers)
+        if data:
+            wire = b"%sContent-Length: %d\r\n\r\n%s" % (prefix, len(data), data)
+        else:
+            wire = prefix + (b"Content-Length: 0\r\n\r\n" if method in _BODY_METHODS
+                             else b"\r\n")
+        total = (timeout or self._default_timeout).total
+        try:
+            status, raw_headers, body = await pool.request(
+                wire, total, head_request=method == "HEAD", idempotent=method in _IDEMPOTENT)
+        except asyncio.TimeoutError as e:
+            raise DSecTimeoutError("timeout", f"{method} {url.path}: no answer in time") from e
+        except (OSError, ProtocolError) as e:
+            raise self.connection_error(e) from e
+        if status >= 400:
+            raise error_from_body(status, body, CIMultiDict(
+                (k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers))
+        if not body:
+            return None
+        return _json.loads(body)
+
+    def _head(self, method: str, target: str, headers: Mapping[str, str] | None) -> bytes:
+        """The request line and headers, up to the body's length."""
+        head = f"{method} {target} HTTP/1.1\r\n{self._fixed_head}"
+        if headers:
+            for k, v in headers.items():
+                if any(c in k or c in v for c in "\r\n"):
+                    raise ValueError(f"header {k!r} has a line break in its name or value")
+                head += f"{k}: {v}\r\n"
+        return head.encode()
+
+    async def _request_aiohttp(self, method: str, url: URL, data: Any, params: Params,
+                               headers: Mapping[str, str] | None,
+                               timeout: aiohttp.ClientTimeout | None, streamed: bool) -> Any:
+        """A request whose body is a stream or a file: through aiohttp."""
         session = self._session
         if streamed:
             session = await self.streamed_session()
         elif session is None or session.closed:
             session = await self.ensure_open()
-        if json_body is not None:
-            data = json.dumps(json_body, separators=(",", ":")).encode()
-            headers = _JSON_HEADERS if headers is None else {**headers, **_JSON_HEADERS}
         try:
             async with session.request(
                 method, url, data=data, params=params, headers=headers,
@@ -269,7 +359,7 @@ class Transport:
             raise self.connection_error(e) from e
         if not body:
             return None
-        return json.loads(body)
+        return _json.loads(body)
 
     @asynccontextmanager
     async def stream(
@@ -310,7 +400,7 @@ class Transport:
     @staticmethod
     def dumps(obj: Any) -> str:
         """Compact JSON, as every request body is sent."""
-        return json.dumps(obj, separators=(",", ":"))
+        return _json.dumps(obj).decode()
 
     # Content types, shared so callers need not build dicts per call.
     JSON_HEADERS = _JSON_HEADERS

@@ -15,9 +15,9 @@ from ._http import Transport, resolve_endpoint, resolve_token
 from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
-from .results import (Health, ImageInfo, JobActionResult, NodeMetrics, SandboxEvent, SandboxInfo,
+from .results import (ExecResult, Health, ImageInfo, JobActionResult, NodeMetrics, SandboxEvent, SandboxInfo,
                       SnapshotInfo, TenantInfo)
-from .sandbox import Sandbox
+from .sandbox import Sandbox, first_exec_body
 
 __all__ = ["DSecClient"]
 
@@ -101,7 +101,8 @@ class DSecClient:
     # --- sandboxes -------------------------------------------------------------
 
     async def run(self, args: BaseRunArgs, timeout: float | None = 120,
-                  *, idempotency_key: str | None = None) -> Sandbox:
+                  *, idempotency_key: str | None = None,
+                  first_command: str | Sequence[str] | None = None) -> Sandbox:
         """Create a sandbox and wait until it runs.
 
         Args:
@@ -114,23 +115,43 @@ class DSecClient:
                 arguments) returns the sandbox the first call made instead of
                 making a second one; the same key with other arguments raises
                 :class:`IdempotencyConflict`.
+            first_command: a command run as soon as the sandbox runs, in the
+                same request (one round trip instead of two): a command line
+                (as :meth:`Sandbox.run_shell`) or a list of arguments (as
+                :meth:`Sandbox.exec`). Its result is the sandbox's
+                :attr:`Sandbox.first_result`. ``timeout`` covers both; if
+                the command cannot run (an error, not a non-zero exit), the
+                server deletes the sandbox and the error is raised. Not
+                allowed with ``idempotency_key`` (a retry would run it again).
         """
         if not isinstance(args, BaseRunArgs):
             raise TypeError(f"run() takes DSecRunArgs or DSecContainerRunArgs, not "
                             f"{type(args).__name__}")
         headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}
-        d = await self._transport.request("POST", self._sandboxes_url, json_body=args.to_json(),
+        body = args.to_json()
+        if first_command is not None:
+            if idempotency_key is not None:
+                raise ValueError("first_command cannot be combined with idempotency_key: "
+                                 "a retry would run the command again")
+            body["first_exec"] = first_exec_body(first_command)
+        d = await self._transport.request("POST", self._sandboxes_url, json_body=body,
                                           headers=headers,
                                           timeout=self._transport.timeout_for(timeout))
-        return Sandbox(self, SandboxInfo.from_json(d))
+        sandbox = Sandbox(self, SandboxInfo.from_json(d))
+        first = d.get("first_exec")
+        if first is not None:
+            sandbox.first_result = ExecResult.from_json(first)
+        return sandbox
 
     async def run_container(self, args: DSecContainerRunArgs | DSecRunArgs,
                             timeout: float | None = 120,
-                            *, idempotency_key: str | None = None) -> Sandbox:
+                            *, idempotency_key: str | None = None,
+                            first_command: str | Sequence[str] | None = None) -> Sandbox:
         """Create a container sandbox and wait until it runs (see :meth:`run`)."""
         if isinstance(args, DSecRunArgs) and args.backend != "container":
             raise ValueError(f"run_container() got backend={args.backend!r}; use run()")
-        return await self.run(args, timeout=timeout, idempotency_key=idempotency_key)
+        return await self.run(args, timeout=timeout, idempotency_key=idempotency_key,
+                              first_command=first_command)
 
     async def get(self, sandbox_id: str) -> SandboxInfo:
         """The record of one sandbox (raises :class:`SandboxNotFound`)."""

@@ -82,6 +82,18 @@ def _exec_body(cmd: str | None, argv: Sequence[str] | None, timeout: float | Non
     return body
 
 
+def first_exec_body(command: str | Sequence[str]) -> dict[str, Any]:
+    """The ``first_exec`` of a creation: a command line or a list of arguments."""
+    if isinstance(command, str):
+        return {"cmd": command}
+    if isinstance(command, bytes):
+        raise TypeError("first_command takes a command line (str) or a list of arguments")
+    argv = list(command)
+    if not argv:
+        raise ValueError("first_command must not be an empty list")
+    return {"argv": argv}
+
+
 def _step_headers(step_id: str | None,
                   base: Mapping[str, str] | None = None) -> Mapping[str, str] | None:
     """The request headers that name a trajectory step (``None``: no step id)."""
@@ -108,13 +120,17 @@ class Sandbox:
         id: the sandbox id.
         info: the last record seen from the server (creation, :meth:`refresh`,
             :meth:`stop`).
+        first_result: the result of the ``first_command`` given at creation
+            (:meth:`DSecClient.run`), else ``None``.
     """
 
-    __slots__ = ("id", "info", "_client", "_t", "_base", "_exec_url", "_files_url")
+    __slots__ = ("id", "info", "first_result", "_client", "_t", "_base", "_exec_url",
+                 "_files_url")
 
     def __init__(self, client: DSecClient, info: SandboxInfo) -> None:
         self.id: str = info.id
         self.info: SandboxInfo = info
+        self.first_result: ExecResult | None = None
         self._client = client
         self._t: Transport = client._transport
         # URLs are built once per sandbox, not per call.

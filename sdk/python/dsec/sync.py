@@ -82,14 +82,27 @@ class _LoopThread:
         if self.loop.is_closed():
             coro.close()
             raise RuntimeError("this dsec.sync client is closed")
-        fut = asyncio.run_coroutine_threadsafe(coro, self.loop)
+        # A plain lock as the waiter and one callback into the loop: cheaper
+        # than run_coroutine_threadsafe's two chained futures and condition
+        # variable, and this hand-over is paid on every blocking call.
+        done = threading.Lock()
+        done.acquire()
+        box: list[asyncio.Task[T]] = []
+
+        def start() -> None:
+            task = self.loop.create_task(coro)
+            box.append(task)
+            task.add_done_callback(lambda _: done.release())
+
+        self.loop.call_soon_threadsafe(start)
         try:
-            return fut.result()
+            done.acquire()
         except BaseException:
             # Ctrl-C (or any interruption of the waiting thread): do not leave
             # the call running behind the caller's back.
-            fut.cancel()
+            self.loop.call_soon_threadsafe(lambda: box and box[0].cancel())
             raise
+        return box[0].result()
 
     def stop(self) -> None:
         if self.loop.is_closed():
@@ -171,17 +184,22 @@ class DSecClient:
         return Sandbox(self, sb)
 
     def run(self, args: BaseRunArgs, timeout: float | None = 120,
-            *, idempotency_key: str | None = None) -> Sandbox:
-        """Create a sandbox and wait until it runs."""
+            *, idempotency_key: str | None = None,
+            first_command: str | Sequence[str] | None = None) -> Sandbox:
+        """Create a sandbox and wait until it runs (``first_command``: see
+        :meth:`dsec.DSecClient.run`)."""
         return self._wrap(self._run(self.aio.run(args, timeout=timeout,
-                                                 idempotency_key=idempotency_key)))
+                                                 idempotency_key=idempotency_key,
+                                                 first_command=first_command)))
 
     def run_container(self, args: DSecContainerRunArgs | DSecRunArgs,
                       timeout: float | None = 120,
-                      *, idempotency_key: str | None = None) -> Sandbox:
+                      *, idempotency_key: str | None = None,
+                      first_command: str | Sequence[str] | None = None) -> Sandbox:
         """Create a container sandbox and wait until it runs."""
         return self._wrap(self._run(self.aio.run_container(args, timeout=timeout,
-                                                           idempotency_key=idempotency_key)))
+                                                           idempotency_key=idempotency_key,
+                                                           first_command=first_command)))
 
     def fork(self, source: Sandbox | SnapshotInfo | str, count: int,
              args: DSecContainerRunArgs | DSecRunArgs | None = None, *,
@@ -301,6 +319,11 @@ class Sandbox:
     def info(self) -> SandboxInfo:
         """The last record seen from the server."""
         return self.aio.info
+
+    @property
+    def first_result(self) -> ExecResult | None:
+        """The result of the creation's ``first_command``, else ``None``."""
+        return self.aio.first_result
 
     @property
     def state(self) -> str:

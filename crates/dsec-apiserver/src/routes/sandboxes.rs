@@ -17,18 +17,58 @@ use dsec_edge::StepOp;
 
 /// Create a sandbox and wait until it runs. With an `Idempotency-Key`
 /// header, a retry (same tenant, key and body) returns the same sandbox.
+/// With `first_exec`, the command's result comes in the same answer.
 #[utoipa::path(post, path = "/v1/sandboxes", tag = "sandboxes",
     params(("idempotency-key" = Option<String>, Header)),
     request_body = api::CreateSandboxRequest,
-    responses((status = 201, body = api::Sandbox), (status = "4XX", body = api::ErrorBody), (status = "5XX", body = api::ErrorBody)))]
+    responses((status = 201, body = api::CreatedSandbox), (status = "4XX", body = api::ErrorBody), (status = "5XX", body = api::ErrorBody)))]
 pub async fn create(
     State(st): State<AppState>,
     Auth(caller): Auth,
     IdempotencyKey(key): IdempotencyKey,
     ApiJson(req): ApiJson<api::CreateSandboxRequest>,
-) -> ApiResult<(StatusCode, Json<api::Sandbox>)> {
-    let sandbox = st.nodes.create(&caller, req, key.as_deref()).await?;
-    Ok((StatusCode::CREATED, Json(sandbox)))
+) -> ApiResult<(StatusCode, Json<api::CreatedSandbox>)> {
+    // The first command is checked before anything is created. A remote
+    // node runs it in its own create route; a sandbox of this process's
+    // edge gets it here, like any exec.
+    let first = match &req.first_exec {
+        Some(_) if key.is_some() => {
+            return Err(ApiError::invalid("first_exec cannot be combined with an Idempotency-Key: a retry would run the command again"))
+        }
+        Some(exec) => Some((convert::exec_spec(exec, false)?, exec.encoding.unwrap_or_default())),
+        None => None,
+    };
+    let mut created = st.nodes.create(&caller, req, key.as_deref()).await?;
+    if let (Some((spec, encoding)), None) = (first, &created.first_exec) {
+        created.first_exec = Some(run_first_exec(&st, &caller, &created.sandbox.id, spec, encoding).await?);
+    }
+    Ok((StatusCode::CREATED, Json(created)))
+}
+
+/// Runs a creation's first command. If it cannot run, the sandbox is
+/// deleted: the caller gets the error and no sandbox id to clean up.
+async fn run_first_exec(
+    st: &AppState,
+    caller: &dsec_edge::model::Caller,
+    id: &str,
+    spec: dsec_edge::agent::ExecSpec,
+    encoding: api::OutputEncoding,
+) -> ApiResult<api::ExecResponse> {
+    let reply = match st.nodes.owner(id) {
+        Ok(node) => node.run_step(caller, id, None, StepOp::Exec { spec }).await.map_err(ApiError::from),
+        Err(e) => Err(e),
+    };
+    let error = match reply {
+        Ok(Reply::Exited(result)) => return Ok(convert::exec_response(result, encoding)),
+        Ok(other) => ApiError::new(api::ErrorCode::Internal, format!("unexpected agent reply {other:?}")),
+        Err(e) => e,
+    };
+    if let Ok(node) = st.nodes.owner(id) {
+        if let Err(e) = node.delete(caller, id).await {
+            tracing::warn!(sandbox = %id, error = %e, "could not delete a sandbox whose first command failed");
+        }
+    }
+    Err(error)
 }
 
 /// List sandboxes, filtered by `state`, `job` and repeatable `label=k=v`.

@@ -46,6 +46,7 @@ pub fn create_request(c: &Common) -> api::CreateSandboxRequest {
         labels: BTreeMap::from([("bench".to_string(), "dsec-bench".to_string())]),
         job: Some("dsec-bench".into()),
         snapshot: None,
+        first_exec: None,
     }
 }
 

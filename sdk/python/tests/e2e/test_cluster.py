@@ -267,6 +267,22 @@ async def _on_every_node(c: DSecClient, cluster: Cluster, at_least: int, **kw: o
     return sandboxes
 
 
+async def test_first_command_runs_on_the_owning_node(cluster: Cluster) -> None:
+    tenant = _create_tenant(cluster.api, "cl-first")
+    async with DSecClient(cluster.api.url, tenant.token) as c:
+        await _settled(c)
+        sandboxes = list(await asyncio.gather(
+            *(c.run_container(_args(), first_command="hostname") for _ in range(6))))
+        while {sb.id.split(".")[0] for sb in sandboxes} != set(cluster.edges):
+            assert len(sandboxes) < 40, f"placement never chose some node: {[s.id for s in sandboxes]}"
+            sandboxes.append(await c.run_container(_args(), first_command="hostname"))
+        for sb in sandboxes:
+            r = sb.first_result
+            assert r is not None and r.exit_code == 0, r
+            assert r.stdout.strip() == sb.id.split(".")[1]
+        await asyncio.gather(*(s.delete() for s in sandboxes))
+
+
 async def test_a_job_pauses_and_resumes_on_every_node(cluster: Cluster) -> None:
     tenant = _create_tenant(cluster.api, "cl-job")
     job = f"cl-job-{uuid.uuid4().hex[:6]}"

@@ -223,10 +223,25 @@ class FakeDSec:
             return err(503, "no_capacity", "full", headers={"Retry-After": "3"})
         if body.get("image") == "future":
             return err(418, "teapot_overflow", "a code from the future")
+        first = body.get("first_exec")
+        if first is not None:
+            if request.headers.get("idempotency-key"):
+                return err(400, "invalid_request", "first_exec with an Idempotency-Key")
+            if ("cmd" in first) == ("argv" in first):
+                return err(400, "invalid_request", "exactly one of cmd and argv")
         self.next_id += 1
-        sb = FakeSandbox(f"sb-{self.next_id}", body)
+        sb = FakeSandbox(f"sb-{self.next_id}",
+                         {k: v for k, v in body.items() if k != "first_exec"})
         self.sandboxes[sb.id] = sb
-        return web.json_response(sb.record(), status=201)
+        if first is None:
+            return web.json_response(sb.record(), status=201)
+        answer = self._run(first)
+        if answer.status != 200:
+            # The real server deletes the sandbox and answers the error.
+            del self.sandboxes[sb.id]
+            return answer
+        return web.json_response({**sb.record(), "first_exec": json.loads(answer.body)},
+                                 status=201)
 
     async def list(self, request: web.Request) -> web.Response:
         self.requests.append(("GET", request.path_qs, None))
@@ -273,6 +288,11 @@ class FakeDSec:
             return body
         if sb.state != "running":
             return err(409, "sandbox_not_running", "stopped")
+        return self._run(body)
+
+    @staticmethod
+    def _run(body: dict[str, Any]) -> web.Response:
+        """The answer to an ExecRequest, from the script table."""
         if ("cmd" in body) == ("argv" in body):
             return err(400, "invalid_request", "exactly one of cmd and argv")
         cmd = body.get("cmd") or " ".join(body["argv"])
