@@ -82,10 +82,11 @@ pub async fn create(
         labels,
         job: None,
         snapshot: None,
+        first_exec: None,
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let sandbox = st.app.nodes.create(&caller, create, key.as_deref()).await?;
-    Ok((StatusCode::CREATED, Json(view::created(&sandbox, &caller.tenant))))
+    let created = st.app.nodes.create(&caller, create, key.as_deref()).await?;
+    Ok((StatusCode::CREATED, Json(view::created(&created.sandbox, &caller.tenant))))
 }
 
 /// A live sandbox of the caller as the native API shows it; a stopped or
