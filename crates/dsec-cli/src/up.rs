@@ -267,6 +267,12 @@ impl EdgeArgs {
             Some(p) => p.clone(),
             None => default_agent()?,
         };
+        // Whatever a bad flag or file can refuse is read before the layers
+        // open: opening mounts them, and a refused start must leave nothing.
+        let default_network = dsec_net::defaults::path_in(&self.data_dir);
+        let network_config = self.network_config.clone().or_else(|| default_network.exists().then_some(default_network));
+        let network = network_config.as_deref().map(dsec_edge::NetConfig::load).transpose()?;
+        let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;
         let mut layers = ImageLayers::open(&images_dir, &self.data_dir.join("layers").join(&node))?;
         if let Some(shared) = &self.shared_store {
             layers = layers.with_shared_store(shared, &self.s3.options(), self.image_cache_mb, self.layer_fetch)?;
@@ -310,12 +316,7 @@ impl EdgeArgs {
         config.fullvm = Some(fullvm);
         config.vm = Some(vm);
         config.vm_boot_timeout = Duration::from_secs(self.vm_boot_timeout_s);
-        let default_network = dsec_net::defaults::path_in(&self.data_dir);
-        let network_config = self.network_config.clone().or_else(|| default_network.exists().then_some(default_network));
-        if let Some(path) = &network_config {
-            config.network = Some(dsec_edge::NetConfig::load(path)?);
-        }
-        let pools = self.fncall_pools.as_deref().map(parse_pools).transpose()?;
+        config.network = network;
         let edge = Edge::start(config, layers).await?;
         let fncall = if self.no_fncall {
             None

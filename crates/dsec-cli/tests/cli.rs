@@ -338,32 +338,44 @@ fn shell_refuses_a_stopped_sandbox_with_the_usual_message() {
     p.finish();
 }
 
-/// A `dsec up` that fails half-way through starting (here: no guest agent
-/// binary) says why and leaves none of the node's mounts or cgroups behind
+/// A `dsec up` that fails half-way through starting (no guest agent
+/// binary; a bad `--fncall-pools`; a network configuration that does not
+/// parse) says why and leaves none of the node's mounts or cgroups behind
 /// (the layer mount point and the node's cgroup levels are made before the
 /// failure).
 #[test]
 fn a_failed_start_leaves_no_mount() {
+    let bad_network = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(bad_network.path(), r#"{"services": {"pypi": [{"domain": "not a name"}]}}"#).unwrap();
+    let bad_network = bad_network.path().display().to_string();
     let dir = tempfile::Builder::new().prefix("dsec-cli-test-").tempdir().unwrap();
-    let node = format!("cli{}", hex_id());
-    let mut cmd = std::process::Command::new(DSEC);
-    cmd.arg("up")
-        .arg("--data-dir")
-        .arg(dir.path().join("data"))
-        .arg("--images-dir")
-        .arg(dir.path().join("images"))
-        .args(["--listen", "127.0.0.1:0", "--node", &node, "--no-fncall"])
-        .arg("--agent")
-        .arg(dir.path().join("no-such-agent"));
-    run_bounded(cmd, Duration::from_secs(30)).fails_with("guest agent binary not found");
-    let root = dir.path().to_string_lossy().into_owned();
-    let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
-    let left: Vec<&str> = mounts.lines().filter(|l| l.contains(root.as_str())).collect();
-    assert!(left.is_empty(), "a failed start left mounts: {left:#?}");
-    let cgroups = std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten().map(|h| h.path().join("dsec").join(&node));
-    let left: Vec<_> =
-        cgroups.chain([std::path::PathBuf::from("/sys/fs/cgroup/unified/dsec").join(&node)]).filter(|p| p.exists()).collect();
-    assert!(left.is_empty(), "a failed start left cgroups: {left:#?}");
+    let no_agent = dir.path().join("no-such-agent").display().to_string();
+    let cases: [(&[&str], &str); 3] = [
+        (&["--no-fncall", "--agent", &no_agent], "guest agent binary not found"),
+        (&["--fncall-pools", "python=nine"], "python=nine"),
+        (&["--no-fncall", "--network-config", &bad_network], "service pypi"),
+    ];
+    for (args, why) in cases {
+        let dir = tempfile::Builder::new().prefix("dsec-cli-test-").tempdir().unwrap();
+        let node = format!("cli{}", hex_id());
+        let mut cmd = std::process::Command::new(DSEC);
+        cmd.arg("up")
+            .arg("--data-dir")
+            .arg(dir.path().join("data"))
+            .arg("--images-dir")
+            .arg(dir.path().join("images"))
+            .args(["--listen", "127.0.0.1:0", "--node", &node])
+            .args(args);
+        run_bounded(cmd, Duration::from_secs(30)).fails_with(why);
+        let root = dir.path().to_string_lossy().into_owned();
+        let mounts = std::fs::read_to_string("/proc/self/mountinfo").unwrap();
+        let left: Vec<&str> = mounts.lines().filter(|l| l.contains(root.as_str())).collect();
+        assert!(left.is_empty(), "a failed start ({args:?}) left mounts: {left:#?}");
+        let cgroups = std::fs::read_dir("/sys/fs/cgroup").unwrap().flatten().map(|h| h.path().join("dsec").join(&node));
+        let left: Vec<_> =
+            cgroups.chain([std::path::PathBuf::from("/sys/fs/cgroup/unified/dsec").join(&node)]).filter(|p| p.exists()).collect();
+        assert!(left.is_empty(), "a failed start ({args:?}) left cgroups: {left:#?}");
+    }
 }
 
 /// Agents are forks of the spawn helper by default, and exec'd afresh with
