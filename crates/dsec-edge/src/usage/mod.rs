@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use crate::edge::{lock, Edge, Entry};
 use crate::error::EdgeError;
-use crate::model::{now_ms, Caller, Limits, State};
+use crate::model::{now_ms, BackendKind, Caller, Limits, State};
 use ring::Ring;
 
 /// How often the sampler reads every sandbox.
@@ -268,9 +268,9 @@ impl Edge {
         let window = self.inner.config.usage_window_s;
         let mut running = 0;
         for entry in entries {
-            let (id, state, pid, kind) = {
+            let (id, state, pid, kind, networked) = {
                 let r = lock(&entry.record);
-                (r.id.clone(), r.state, r.pid, r.spec.backend)
+                (r.id.clone(), r.state, r.pid, r.spec.backend, !r.spec.network_rules.is_empty())
             };
             if state.is_terminal() {
                 lock(&entry.usage).clear();
@@ -282,7 +282,11 @@ impl Edge {
             running += 1;
             let Some(pid) = pid else { continue };
             let disk = self.inner.backends.for_cleanup(kind).disk_used_bytes(&id, pid);
-            let reading = read::sandbox(&self.inner.cgroups, &id, pid, host_netns, disk);
+            // A container made without rules has a namespace with loopback
+            // only, which the counters leave out: nothing to read.
+            let loopback_only = !networked && matches!(kind, BackendKind::Container | BackendKind::Fncall);
+            let net = if loopback_only { read::Net::LoopbackOnly } else { read::Net::Read { host_netns } };
+            let reading = read::sandbox(&self.inner.cgroups, &id, pid, net, disk);
             lock(&entry.usage).record(now_ms(), Instant::now(), reading, window);
         }
         self.inner.node_usage.record(now_ms(), Instant::now(), read::node(), running);

@@ -29,13 +29,26 @@ pub(crate) struct NetCounters {
 /// namespace its first process `pid` is in, unless that is `host_netns`
 /// (a VM's QEMU runs in the host's: its counters are the node's, not the
 /// sandbox's).
-pub(crate) fn sandbox(cgroups: &Cgroups, id: &str, pid: i32, host_netns: Option<u64>, disk_bytes: Option<u64>) -> Reading {
+/// How a sandbox's network counters are found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Net {
+    /// A namespace with loopback only: zero, without reading.
+    LoopbackOnly,
+    /// Read from the namespace of its process, unless that is the host's
+    /// (a VM's QEMU without a network of its own: no counters).
+    Read { host_netns: Option<u64> },
+}
+
+pub(crate) fn sandbox(cgroups: &Cgroups, id: &str, pid: i32, net: Net, disk_bytes: Option<u64>) -> Reading {
     Reading {
         cpu_ns: cgroups.cpu_usage_ns(id),
         memory_bytes: cgroups.memory_usage(id),
         pids: cgroups.pids_current(id),
         disk_bytes,
-        net: net_counters(pid, host_netns),
+        net: match net {
+            Net::LoopbackOnly => Some(NetCounters::default()),
+            Net::Read { host_netns } => net_counters(pid, host_netns),
+        },
     }
 }
 
