@@ -11,31 +11,12 @@
 //! at a host path).
 
 use std::ffi::{CStr, CString};
-use std::fmt;
 
 use dsec_agent_proto::ContainerSetup;
 use rustix::io::Errno;
 
-#[derive(Debug)]
-pub struct SetupError {
-    pub step: String,
-    pub errno: Errno,
-}
-
-impl fmt::Display for SetupError {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}: {}", self.step, self.errno)
-    }
-}
-
-impl std::error::Error for SetupError {}
-
-pub(crate) type Result<T> = std::result::Result<T, SetupError>;
-
-pub(crate) fn fail(step: impl Into<String>) -> impl FnOnce(Errno) -> SetupError {
-    let step = step.into();
-    move |errno| SetupError { step, errno }
-}
+pub use crate::setup_error::SetupError;
+pub(crate) use crate::setup_error::{fail, Result};
 
 fn errno() -> Errno {
     Errno::from_raw_os_error(std::io::Error::last_os_error().raw_os_error().unwrap_or(libc::EIO))
@@ -155,10 +136,7 @@ fn write_resolv_conf(conf: &str) -> Result<()> {
     use std::os::unix::fs::OpenOptionsExt as _;
     let step = |what: &str| {
         let what = what.to_string();
-        move |e: std::io::Error| SetupError {
-            step: format!("{what} /etc/resolv.conf"),
-            errno: Errno::from_io_error(&e).unwrap_or(Errno::IO),
-        }
+        move |e: std::io::Error| SetupError::io(format!("{what} /etc/resolv.conf"), &e)
     };
     std::fs::create_dir_all("/etc").map_err(step("mkdir for"))?;
     match std::fs::remove_file("/etc/resolv.conf") {
@@ -283,7 +261,7 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     rustix::system::sethostname(plan.hostname.as_bytes()).map_err(fail("sethostname"))?;
     // A namespace from the edge's pool has lo up already; one made by the
     // clone does not.
-    dsec_spawn::set_loopback_up().map_err(|e| Errno::from_io_error(&e).unwrap_or(Errno::IO)).map_err(fail("bring up lo"))?;
+    dsec_spawn::set_loopback_up().map_err(|e| SetupError::io("bring up lo", &e))?;
     // The memcg OOM killer must never pick the agent: the sandbox would lose
     // its init and its channel. Children reset this to 0 before exec.
     // Lowering it needs CAP_SYS_RESOURCE; a host that withholds it from the
@@ -293,7 +271,7 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     match std::fs::write("/proc/self/oom_score_adj", b"-1000") {
         Ok(()) => {}
         Err(e) if matches!(e.raw_os_error(), Some(libc::EACCES | libc::EPERM)) => {}
-        Err(e) => return Err(SetupError { step: "set oom_score_adj".into(), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) }),
+        Err(e) => return Err(SetupError::io("set oom_score_adj", &e)),
     }
     // Not dumpable: /proc/1/{fd,mem,exe,environ} need ptrace access, which
     // the sandbox's root (no CAP_SYS_PTRACE) does not have. The edge has it,

@@ -28,18 +28,19 @@ use crate::container_setup::{cstr, fail, mount, SetupError};
 pub const LAYERS_DIR: &str = "/opt/dsec/layers";
 
 /// Finds the port and puts it on fd 3 (before `prepare_process`).
-pub fn attach() -> Result<(), String> {
+pub fn attach() -> Result<(), SetupError> {
     crate::vm_init::port_to_channel()
 }
 
 /// The setup of a full VM: no disks, only the guest's clock, hostname and
 /// NIC.
-pub fn setup(cfg: &VmSetup) -> Result<(), String> {
+pub fn setup(cfg: &VmSetup) -> Result<(), SetupError> {
     if !cfg.writable_disk.is_empty() {
-        return Err("a full VM's agent serves the guest's own root: the setup must name no writable disk".into());
+        // A full VM's agent serves the guest's own root.
+        return Err(SetupError::new("a full VM's setup naming a writable disk", Errno::INVAL));
     }
     for (i, name) in cfg.layer_disks.iter().enumerate() {
-        mount_layer(i, name).map_err(|e| e.to_string())?;
+        mount_layer(i, name)?;
     }
     crate::vm_init::set_clock(cfg.now_ms);
     if let Some(nic) = &cfg.nic {
@@ -48,18 +49,17 @@ pub fn setup(cfg: &VmSetup) -> Result<(), String> {
         // To the guest's journal: where a networked VM's boot waited.
         eprintln!("dsec-agent: {name} set to {}/{} via {} in {} ms", nic.address, nic.prefix, nic.gateway, t0.elapsed().as_millis());
     }
-    rustix::system::sethostname(cfg.hostname.as_bytes()).map_err(|e| format!("sethostname: {e}"))?;
+    rustix::system::sethostname(cfg.hostname.as_bytes()).map_err(fail("sethostname"))?;
     // SAFETY: prctl with integer arguments.
     if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) } != 0 {
-        return Err(format!("becoming a child subreaper: {}", std::io::Error::last_os_error()));
+        return Err(SetupError::last_os("become a child subreaper"));
     }
     Ok(())
 }
 
 fn mount_layer(i: usize, name: &str) -> Result<(), SetupError> {
     let dir = format!("{LAYERS_DIR}/{i}");
-    std::fs::create_dir_all(&dir)
-        .map_err(|e| SetupError { step: format!("mkdir {dir}"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) })?;
+    std::fs::create_dir_all(&dir).map_err(|e| SetupError::io(format!("mkdir {dir}"), &e))?;
     let flags = libc::MS_RDONLY | libc::MS_NODEV | libc::MS_NOSUID;
     if name.strip_prefix("pmem").is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())) {
         let dev = format!("/dev/{name}");

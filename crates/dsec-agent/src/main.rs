@@ -34,9 +34,11 @@ mod seccomp;
 mod server;
 mod session;
 mod session_state;
+mod setup_error;
 mod signals;
 mod spawn;
 mod spawner;
+mod start_error;
 mod startup;
 mod tamper;
 mod tar;
@@ -55,7 +57,9 @@ use dsec_agent_proto::{AgentError, AgentState, ErrorKind, FromAgent, Op, Reply, 
 
 use agent::{Agent, Identity, Mode};
 use paths::Root;
+use setup_error::SetupError;
 use spawn::ChildPolicy;
+use start_error::StartError;
 
 const USAGE: &str = "usage: dsec-agent container\n       dsec-agent plain --root DIR [--sandbox-id ID]\n       dsec-agent guest\n       dsec-agent spawner [--exec]\n       dsec-agent fncall-monitor ZYGOTE_PY [--exec-zygote]";
 
@@ -74,7 +78,8 @@ enum Cli {
     },
 }
 
-fn parse_args(args: &[String]) -> Result<Cli, String> {
+fn parse_args(args: &[String]) -> Result<Cli, StartError> {
+    let usage = |m: &str| StartError::Usage(m.into());
     match args.first().map(String::as_str) {
         Some("container") if args.len() == 1 => Ok(Cli::Container),
         Some("spawner") if args.len() == 1 => Ok(Cli::Spawner { exec: false }),
@@ -87,13 +92,13 @@ fn parse_args(args: &[String]) -> Result<Cli, String> {
             while let Some(a) = it.next() {
                 match a.as_str() {
                     "--root" => root = it.next().cloned(),
-                    "--sandbox-id" => sandbox_id = it.next().cloned().ok_or("--sandbox-id needs a value")?,
-                    other => return Err(format!("unknown argument {other:?}")),
+                    "--sandbox-id" => sandbox_id = it.next().cloned().ok_or_else(|| usage("--sandbox-id needs a value"))?,
+                    other => return Err(StartError::Usage(format!("unknown argument {other:?}"))),
                 }
             }
-            Ok(Cli::Plain { root: root.ok_or("plain mode needs --root DIR")?, sandbox_id })
+            Ok(Cli::Plain { root: root.ok_or_else(|| usage("plain mode needs --root DIR"))?, sandbox_id })
         }
-        _ => Err("expected a mode".into()),
+        _ => Err(usage("expected a mode")),
     }
 }
 
@@ -101,7 +106,10 @@ fn main() -> ExitCode {
     if std::env::args().next().is_some_and(|a| vm_init::is_vm_init(&a)) {
         // The init of a microVM. Returning would panic the guest kernel
         // (and so end the VM): say why on the console first.
-        let r = vm_init::boot().and_then(|()| startup::prepare_process().map_err(|e| e.to_string())).and_then(vm);
+        let r = vm_init::boot()
+            .map_err(StartError::from)
+            .and_then(|()| startup::prepare_process().map_err(StartError::os("prepare the process")))
+            .and_then(vm);
         if let Err(e) = r {
             eprintln!("dsec-agent (vm init): {e}");
         }
@@ -128,7 +136,7 @@ fn main() -> ExitCode {
     };
     if let Cli::Spawner { exec } = cli {
         // Not an agent: no channel protocol, no reaper, no fd 4.
-        return match startup::prepare_spawner().and_then(|()| spawner::run(exec).map_err(std::io::Error::other)) {
+        return match startup::prepare_spawner().map_err(StartError::os("prepare the process")).and_then(|()| spawner::run(exec)) {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
                 eprintln!("dsec-agent spawner: {e}");
@@ -169,7 +177,7 @@ fn main() -> ExitCode {
 /// same start as `dsec-agent container` after its execve. Returns the
 /// process's exit status.
 fn forked_container_agent() -> i32 {
-    match startup::prepare_process().map_err(|e| e.to_string()).and_then(container) {
+    match startup::prepare_process().map_err(StartError::os("prepare the process")).and_then(container) {
         Ok(()) => 0,
         Err(e) => {
             eprintln!("dsec-agent: {e}");
@@ -180,12 +188,12 @@ fn forked_container_agent() -> i32 {
 
 /// Blocking handshake: our Hello, then the edge's, with a version both
 /// speak.
-fn handshake(chan: &mut File, state: AgentState) -> Result<(), String> {
-    write_frame(chan, &server::hello(state)).map_err(|e| format!("send Hello: {e}"))?;
+fn handshake(chan: &mut File, state: AgentState) -> Result<(), StartError> {
+    write_frame(chan, &server::hello(state)).map_err(StartError::channel("send Hello"))?;
     match read_frame::<_, ToAgent>(chan) {
         Ok(ToAgent::Hello(h)) => server::accept(&h).map(drop),
-        Ok(other) => Err(format!("expected Hello, got {other:?}")),
-        Err(e) => Err(format!("read Hello: {e}")),
+        Ok(other) => Err(StartError::NoHello(format!("{other:?}"))),
+        Err(e) => Err(StartError::Channel { step: "read Hello", source: e }),
     }
 }
 
@@ -193,13 +201,13 @@ fn policy() -> ChildPolicy {
     ChildPolicy { reset_oom: startup::oom_score_adj() != 0, restrict_caps: caps::can_restrict(), ignored_signals: signals::ignored_mask() }
 }
 
-fn devnull() -> Result<OwnedFd, String> {
+fn devnull() -> Result<OwnedFd, SetupError> {
     rustix::fs::open("/dev/null", rustix::fs::OFlags::RDWR | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| format!("open /dev/null: {e}"))
+        .map_err(setup_error::fail("open /dev/null"))
 }
 
-fn plain(chan: OwnedFd, root_dir: &str, sandbox_id: String) -> Result<(), String> {
-    let root = Root::open(root_dir).map_err(|e| format!("--root {root_dir}: {e}"))?;
+fn plain(chan: OwnedFd, root_dir: &str, sandbox_id: String) -> Result<(), StartError> {
+    let root = Root::open(root_dir).map_err(setup_error::fail(format!("open --root {root_dir}")))?;
     // Not PID 1 here, but orphans of our commands should still come to us
     // (and be reaped by us) rather than to the host's init.
     // SAFETY: prctl with integer arguments.
@@ -225,7 +233,7 @@ fn plain(chan: OwnedFd, root_dir: &str, sandbox_id: String) -> Result<(), String
     Ok(())
 }
 
-fn container(chan: OwnedFd) -> Result<(), String> {
+fn container(chan: OwnedFd) -> Result<(), StartError> {
     serve_sandbox(chan, Mode::Container, |op| match op {
         Op::SetupContainer(cfg) => {
             let ident = Identity {
@@ -235,15 +243,13 @@ fn container(chan: OwnedFd) -> Result<(), String> {
                 default_user: cfg.default_user.clone(),
             };
             let syscall_filter = cfg.syscall_filter;
-            Some(Box::new(move || {
-                container_setup::setup(&cfg).map_err(|e| e.to_string()).map(|upper| SetupDone { ident, upper: Some(upper), syscall_filter })
-            }))
+            Some(Box::new(move || container_setup::setup(&cfg).map(|upper| SetupDone { ident, upper: Some(upper), syscall_filter })))
         }
         _ => None,
     })
 }
 
-fn vm(chan: OwnedFd) -> Result<(), String> {
+fn vm(chan: OwnedFd) -> Result<(), StartError> {
     // After the process hygiene (which closes stray descriptors), before
     // the root is the sandbox's.
     vm_identity::open_random_device();
@@ -251,9 +257,7 @@ fn vm(chan: OwnedFd) -> Result<(), String> {
         Op::SetupVm(cfg) => {
             let ident = vm_identity(&cfg);
             // The guest kernel is the boundary of a VM: no filter inside it.
-            Some(Box::new(move || {
-                vm_init::setup(&cfg).map_err(|e| e.to_string()).map(|()| SetupDone { ident, upper: None, syscall_filter: false })
-            }))
+            Some(Box::new(move || vm_init::setup(&cfg).map(|()| SetupDone { ident, upper: None, syscall_filter: false })))
         }
         _ => None,
     })
@@ -268,7 +272,7 @@ fn vm_identity(cfg: &dsec_agent_proto::VmSetup) -> Identity {
     }
 }
 
-fn full_vm(chan: OwnedFd) -> Result<(), String> {
+fn full_vm(chan: OwnedFd) -> Result<(), StartError> {
     serve_sandbox(chan, Mode::Guest, |op| match op {
         Op::SetupVm(cfg) => {
             let ident = vm_identity(&cfg);
@@ -279,7 +283,7 @@ fn full_vm(chan: OwnedFd) -> Result<(), String> {
 }
 
 /// A sandbox's setup, run once its request arrived.
-type SetupFn = Box<dyn FnOnce() -> Result<SetupDone, String>>;
+type SetupFn = Box<dyn FnOnce() -> Result<SetupDone, SetupError>>;
 
 /// What a setup leaves for the event loop.
 struct SetupDone {
@@ -293,7 +297,7 @@ struct SetupDone {
 /// Handshake, the one setup request `accept` recognises (anything else
 /// first is refused), the image's default user checked, then the event
 /// loop.
-fn serve_sandbox(chan: OwnedFd, mode: Mode, accept: impl Fn(Op) -> Option<SetupFn>) -> Result<(), String> {
+fn serve_sandbox(chan: OwnedFd, mode: Mode, accept: impl Fn(Op) -> Option<SetupFn>) -> Result<(), StartError> {
     let mut chan = File::from(chan);
     handshake(&mut chan, AgentState::Fresh)?;
     let (id, setup) = loop {
@@ -302,47 +306,38 @@ fn serve_sandbox(chan: OwnedFd, mode: Mode, accept: impl Fn(Op) -> Option<SetupF
                 Some(setup) => break (id, setup),
                 None => {
                     let err = AgentError::new(ErrorKind::Protocol, "the first request must set the sandbox up");
-                    write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) }).map_err(|e| e.to_string())?;
+                    write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) }).map_err(StartError::channel("refuse a request"))?;
                 }
             },
             Ok(other) => eprintln!("dsec-agent: ignoring {other:?} before setup"),
             Err(CodecError::Decode(e)) => eprintln!("dsec-agent: dropped a malformed frame: {e}"),
-            Err(e) => return Err(format!("channel closed before setup: {e}")),
+            Err(e) => return Err(StartError::Channel { step: "wait for the setup request", source: e }),
         }
     };
     let setup = setup().and_then(|done| {
-        let root = Root::open("/").map_err(|e| format!("open /: {e}"))?;
+        let root = Root::open("/").map_err(setup_error::fail("open /"))?;
         Ok((done, root, devnull()?))
     });
     let (SetupDone { ident, upper, syscall_filter }, root, null) = match setup {
         Ok(v) => v,
-        Err(msg) => {
-            let err = AgentError::new(ErrorKind::SetupFailed, msg.clone());
-            let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) });
-            return Err(format!("setup failed: {msg}"));
-        }
+        Err(e) => return Err(refuse_setup(&mut chan, id, AgentError::new(ErrorKind::SetupFailed, e.to_string()))),
     };
     // The default user must exist in the image: say so now, as a clear
     // error of the creation, rather than at the first command.
     if let Err(e) = users::lookup(&root, &ident.default_user) {
-        let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(e.clone()) });
-        return Err(format!("setup failed: {}", e.message));
+        return Err(refuse_setup(&mut chan, id, e));
     }
     // Last: everything above (mounts, /proc writes) is what the filter
     // refuses to the sandbox.
     let listener = if syscall_filter {
         match seccomp::install() {
             Ok(fd) => Some(fd),
-            Err(e) => {
-                let err = AgentError::new(ErrorKind::SetupFailed, format!("system call filter: {e}"));
-                let _ = write_frame(&mut chan, &FromAgent::Reply { id, result: Err(err) });
-                return Err(format!("setup failed: {e}"));
-            }
+            Err(e) => return Err(refuse_setup(&mut chan, id, AgentError::new(ErrorKind::SetupFailed, format!("system call filter: {e}")))),
         }
     } else {
         None
     };
-    write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(|e| e.to_string())?;
+    write_frame(&mut chan, &FromAgent::Reply { id, result: Ok(Reply::Ready) }).map_err(StartError::channel("answer the setup"))?;
     let agent = Agent::new(mode, ident, root, None, null, policy());
     if let Some(upper) = upper {
         // Serves the tamper check and the changed-files walk of the
@@ -352,9 +347,18 @@ fn serve_sandbox(chan: OwnedFd, mode: Mode, accept: impl Fn(Op) -> Option<SetupF
     run(agent, chan.into(), listener)
 }
 
+/// Answers the setup request with `err` (the edge's creation fails with
+/// it), and returns it as this process's reason to end.
+fn refuse_setup(chan: &mut File, id: u64, err: AgentError) -> StartError {
+    // The process ends either way; a channel that cannot carry the answer
+    // is the edge's to notice.
+    let _ = write_frame(chan, &FromAgent::Reply { id, result: Err(err.clone()) });
+    StartError::Refused(err)
+}
+
 /// The event loop: one thread, no blocking pool.
 /// `listener`: the seccomp filter's, whose notifications the agent answers.
-fn run(agent: Rc<Agent>, chan: OwnedFd, listener: Option<OwnedFd>) -> Result<(), String> {
+fn run(agent: Rc<Agent>, chan: OwnedFd, listener: Option<OwnedFd>) -> Result<(), StartError> {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_io()
         .enable_time()
@@ -363,7 +367,7 @@ fn run(agent: Rc<Agent>, chan: OwnedFd, listener: Option<OwnedFd>) -> Result<(),
         // pages than this one does (smaps), i.e. 8 KiB per sandbox.
         .max_io_events_per_tick(64)
         .build()
-        .map_err(|e| format!("event loop: {e}"))?;
+        .map_err(StartError::os("start the event loop"))?;
     let local = tokio::task::LocalSet::new();
     if let Some(fd) = listener {
         local.spawn_local(audit::supervise(agent.audit.clone(), fd));

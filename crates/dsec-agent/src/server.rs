@@ -13,6 +13,7 @@ use crate::errors::protocol;
 use crate::ops;
 use crate::reattach;
 use crate::request::ReqCtx;
+use crate::start_error::StartError;
 
 pub fn hello(state: AgentState) -> FromAgent {
     FromAgent::Hello(AgentHello::ours(env!("CARGO_PKG_VERSION"), state))
@@ -20,8 +21,8 @@ pub fn hello(state: AgentState) -> FromAgent {
 
 /// The version both speak, given the edge's Hello (ours, which always
 /// comes first, announced our own); why not, naming both ranges.
-pub fn accept(h: &EdgeHello) -> Result<Negotiated, String> {
-    Speaks::ours().agree(&h.speaks(), Some(PROTOCOL_VERSION)).map_err(|m| m.describe_as("the edge", "this agent"))
+pub fn accept(h: &EdgeHello) -> Result<Negotiated, StartError> {
+    Speaks::ours().agree(&h.speaks(), Some(PROTOCOL_VERSION)).map_err(|m| StartError::Versions(m.describe_as("the edge", "this agent")))
 }
 
 /// Serves `fd` (whose handshake is done) and every later channel, until

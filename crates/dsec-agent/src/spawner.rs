@@ -18,24 +18,28 @@ use std::os::fd::{AsFd, FromRawFd, OwnedFd};
 
 use dsec_spawn::protocol;
 
-pub fn run(exec_each: bool) -> Result<(), String> {
+use crate::setup_error::SetupError;
+use crate::start_error::StartError;
+
+pub fn run(exec_each: bool) -> Result<(), StartError> {
     // Forking is sound only while this process has one thread; it never
     // starts another, so checking once is enough.
-    let fork = !exec_each && dsec_spawn::single_threaded().map_err(|e| format!("counting our threads: {e}"))?;
+    let fork = !exec_each && dsec_spawn::single_threaded().map_err(StartError::os("count our threads"))?;
     // Our own binary, by its real path: exec'ing /proc/self/exe would name
     // every agent `exe` in ps and /proc/PID/comm.
-    let exe = std::fs::read_link("/proc/self/exe").map_err(|e| format!("readlink /proc/self/exe: {e}"))?;
-    let exe = std::ffi::CString::new(exe.into_os_string().into_encoded_bytes()).map_err(|_| "our own path contains NUL".to_string())?;
+    let exe = std::fs::read_link("/proc/self/exe").map_err(StartError::os("readlink /proc/self/exe"))?;
+    let exe = std::ffi::CString::new(exe.into_os_string().into_encoded_bytes())
+        .map_err(|_| SetupError::new("our own path, which contains NUL", rustix::io::Errno::INVAL))?;
     // SAFETY: fd 3 is the socket the edge gave us (checked by fcntl in
     // main before calling here); we own it from now on.
     let sock = unsafe { OwnedFd::from_raw_fd(dsec_spawn::AGENT_CHANNEL_FD) };
-    rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).map_err(|e| format!("fd 3: {e}"))?;
+    rustix::io::fcntl_setfd(&sock, rustix::io::FdFlags::CLOEXEC).map_err(|e| SetupError::new("fcntl fd 3", e))?;
     let mut buf = [0u8; 64];
     loop {
         let (n, mut fds) = match protocol::recv_fds(sock.as_fd(), &mut buf) {
             Ok((0, _)) => return Ok(()), // the edge is gone
             Ok(v) => v,
-            Err(e) => return Err(format!("spawner socket: {e}")),
+            Err(e) => return Err(StartError::Os { step: "receive from the spawner socket", source: e }),
         };
         // The channel, then optionally a network namespace to join.
         let netns = if fds.len() == 2 { fds.pop() } else { None };
@@ -55,7 +59,7 @@ pub fn run(exec_each: bool) -> Result<(), String> {
             }
             _ => protocol::send(sock.as_fd(), &protocol::encode_answer(-1, libc::EINVAL), None),
         };
-        answer.map_err(|e| format!("spawner socket: {e}"))?;
+        answer.map_err(StartError::os("answer on the spawner socket"))?;
     }
 }
 

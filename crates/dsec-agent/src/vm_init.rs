@@ -46,10 +46,10 @@ pub fn is_vm_init(argv0: &str) -> bool {
 
 /// Boot to a channel: mounts, modules, the port (opened on fd 3, where the
 /// rest of the agent expects its channel). Errors go to the console.
-pub fn boot() -> std::result::Result<(), String> {
+pub fn boot() -> Result<()> {
     for (src, dir, fstype) in [(c"proc", c"/proc", c"proc"), (c"sysfs", c"/sys", c"sysfs"), (c"devtmpfs", c"/dev", c"devtmpfs")] {
         let _ = mkdir(dir, 0o755);
-        mount(Some(src), dir, Some(fstype), libc::MS_NOSUID, None).map_err(|e| format!("mount {}: {e}", dir.to_string_lossy()))?;
+        mount(Some(src), dir, Some(fstype), libc::MS_NOSUID, None).map_err(fail(format!("mount {}", dir.to_string_lossy())))?;
     }
     load_modules()?;
     crate::vm_net::boot()?;
@@ -67,7 +67,7 @@ pub fn boot() -> std::result::Result<(), String> {
 
 /// Finds the agent's port, puts it on fd 3 (where the rest of the agent
 /// expects its channel) and waits until the host side has a client.
-pub fn port_to_channel() -> std::result::Result<(), String> {
+pub fn port_to_channel() -> Result<()> {
     let port = find_port()?;
     if port.as_raw_fd() == crate::reattach::CHANNEL_FD {
         // Already where the channel belongs: keep it open.
@@ -76,7 +76,7 @@ pub fn port_to_channel() -> std::result::Result<(), String> {
         // SAFETY: dup2 onto fd 3, the channel's number; the original is
         // closed when `port` drops.
         if unsafe { libc::dup2(port.as_raw_fd(), crate::reattach::CHANNEL_FD) } < 0 {
-            return Err(format!("dup2 the port: {}", std::io::Error::last_os_error()));
+            return Err(SetupError::last_os("dup2 the port"));
         }
     }
     // SAFETY: fd 3 now refers to the port; borrowed only for the wait.
@@ -97,24 +97,24 @@ fn probe_requested() -> bool {
 
 /// finit_module on every `*.ko` in [`MODULES_DIR`], in name order; then
 /// the files go (their memory is the guest's).
-fn load_modules() -> std::result::Result<(), String> {
+fn load_modules() -> Result<()> {
     load_modules_from(MODULES_DIR)
 }
 
 /// finit_module on every `*.ko` in `dir`, in name order; then the files go.
-pub(crate) fn load_modules_from(dir: &str) -> std::result::Result<(), String> {
+pub(crate) fn load_modules_from(dir: &str) -> Result<()> {
     let Ok(dir) = std::fs::read_dir(dir) else { return Ok(()) };
     let mut files: Vec<_> = dir.filter_map(|e| e.ok().map(|e| e.path())).filter(|p| p.extension().is_some_and(|x| x == "ko")).collect();
     files.sort();
     for path in &files {
-        let file = std::fs::File::open(path).map_err(|e| format!("open {}: {e}", path.display()))?;
+        let file = std::fs::File::open(path).map_err(|e| SetupError::io(format!("open {}", path.display()), &e))?;
         // SAFETY: finit_module with an open fd and an empty, NUL-terminated
         // parameter string.
         let r = unsafe { libc::syscall(libc::SYS_finit_module, file.as_raw_fd(), c"".as_ptr(), 0) };
         if r != 0 {
             let e = std::io::Error::last_os_error();
             if e.raw_os_error() != Some(libc::EEXIST) {
-                return Err(format!("loading {}: {e}", path.display()));
+                return Err(SetupError::io(format!("load {}", path.display()), &e));
             }
         }
         let _ = std::fs::remove_file(path);
@@ -150,7 +150,7 @@ fn cmdline_value<'a>(cmdline: &'a str, name: &str) -> Option<&'a str> {
 }
 
 /// Waits for the port named [`PORT_NAME`] and opens it.
-fn find_port() -> std::result::Result<OwnedFd, String> {
+fn find_port() -> Result<OwnedFd> {
     let deadline = Instant::now() + DEVICE_WAIT;
     loop {
         if let Some(dev) = port_device() {
@@ -164,11 +164,11 @@ fn find_port() -> std::result::Result<OwnedFd, String> {
             ) {
                 Ok(fd) => return Ok(fd),
                 Err(Errno::NOENT) => {}
-                Err(e) => return Err(format!("open {path}: {e}")),
+                Err(e) => return Err(SetupError::new(format!("open {path}"), e)),
             }
         }
         if Instant::now() >= deadline {
-            return Err(format!("no virtio-serial port named {PORT_NAME} appeared within {DEVICE_WAIT:?}"));
+            return Err(SetupError::new(format!("wait {DEVICE_WAIT:?} for the virtio-serial port {PORT_NAME}"), Errno::NODEV));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -211,7 +211,7 @@ pub(crate) fn disk_by_serial(serial: &str) -> Result<String> {
             }
         }
         if Instant::now() >= deadline {
-            return Err(SetupError { step: format!("find the disk with serial {serial:?}"), errno: Errno::NODEV });
+            return Err(SetupError::new(format!("find the disk with serial {serial:?}"), Errno::NODEV));
         }
         std::thread::sleep(Duration::from_millis(2));
     }
@@ -220,7 +220,7 @@ pub(crate) fn disk_by_serial(serial: &str) -> Result<String> {
 /// Builds the sandbox's root from the disks and enters it.
 pub fn setup(cfg: &VmSetup) -> Result<()> {
     if cfg.layer_disks.is_empty() {
-        return Err(SetupError { step: "layer_disks is empty".into(), errno: Errno::INVAL });
+        return Err(SetupError::new("layer_disks is empty", Errno::INVAL));
     }
     for p in cfg.masked_paths.iter().chain(&cfg.readonly_paths) {
         check_abs("path", p)?;
@@ -230,8 +230,7 @@ pub fn setup(cfg: &VmSetup) -> Result<()> {
     for (i, serial) in cfg.layer_disks.iter().enumerate() {
         let dev = disk_by_serial(serial)?;
         let dir = format!("/layers/{i}");
-        std::fs::create_dir_all(&dir)
-            .map_err(|e| SetupError { step: format!("mkdir {dir}"), errno: Errno::from_io_error(&e).unwrap_or(Errno::IO) })?;
+        std::fs::create_dir_all(&dir).map_err(|e| SetupError::io(format!("mkdir {dir}"), &e))?;
         mount(Some(&cstr(&dev)?), &cstr(&dir)?, Some(c"erofs"), libc::MS_RDONLY | libc::MS_NODEV, None)
             .map_err(fail(format!("mount layer {serial} ({dev})")))?;
         lower.push(dir);

@@ -18,6 +18,10 @@
 
 use std::net::Ipv4Addr;
 
+use rustix::io::Errno;
+
+use crate::setup_error::SetupError;
+
 /// Where the initramfs keeps the NIC's modules.
 const NET_MODULES_DIR: &str = "/lib/modules/dsec/net";
 /// The interface the kernel names the first NIC (no udev renames it).
@@ -34,9 +38,9 @@ pub struct NetPlan {
 }
 
 /// The plan on a kernel command line, if any.
-pub fn plan_from_cmdline(cmdline: &str) -> Result<Option<NetPlan>, String> {
+pub fn plan_from_cmdline(cmdline: &str) -> Result<Option<NetPlan>, SetupError> {
     let Some(v) = cmdline.split_whitespace().find_map(|w| w.strip_prefix("dsec.net=")) else { return Ok(None) };
-    let bad = || format!("bad dsec.net={v:?} (want ADDR/LEN,GATEWAY)");
+    let bad = || SetupError::new(format!("read dsec.net={v:?} (want ADDR/LEN,GATEWAY)"), Errno::INVAL);
     let (cidr, gw) = v.split_once(',').ok_or_else(bad)?;
     let (addr, len) = cidr.split_once('/').ok_or_else(bad)?;
     let prefix: u8 = len.parse().map_err(|_| bad())?;
@@ -47,8 +51,8 @@ pub fn plan_from_cmdline(cmdline: &str) -> Result<Option<NetPlan>, String> {
 }
 
 /// Loads the NIC's driver and configures it, if the command line asks.
-pub fn boot() -> Result<(), String> {
-    let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(|e| format!("reading /proc/cmdline: {e}"))?;
+pub fn boot() -> Result<(), SetupError> {
+    let cmdline = std::fs::read_to_string("/proc/cmdline").map_err(|e| SetupError::io("read /proc/cmdline", &e))?;
     let Some(plan) = plan_from_cmdline(&cmdline)? else { return Ok(()) };
     crate::vm_init::load_modules_from(NET_MODULES_DIR)?;
     let t0 = std::time::Instant::now();
@@ -61,7 +65,7 @@ pub fn boot() -> Result<(), String> {
             Err(e) if e.raw_os_error() == Some(libc::ENODEV) && t0.elapsed() < NIC_WAIT => {
                 std::thread::sleep(std::time::Duration::from_millis(10));
             }
-            Err(e) => return Err(format!("configuring eth0 ({}/{} via {}): {e}", plan.addr, plan.prefix, plan.gateway)),
+            Err(e) => return Err(SetupError::io(format!("configure eth0 ({}/{} via {})", plan.addr, plan.prefix, plan.gateway), &e)),
         }
     }
 }
@@ -73,10 +77,10 @@ pub fn boot() -> Result<(), String> {
 /// is renamed or udev is done with it (or after [`UDEV_WAIT`] without
 /// either), so that the rename, which the kernel refuses for an interface
 /// that is up, comes first.
-pub fn configure_nic(nic: &dsec_agent_proto::VmNic) -> Result<String, String> {
+pub fn configure_nic(nic: &dsec_agent_proto::VmNic) -> Result<String, SetupError> {
     let plan = NetPlan { addr: nic.address, prefix: nic.prefix, gateway: nic.gateway };
     if plan.prefix > 32 {
-        return Err(format!("bad prefix length /{}", plan.prefix));
+        return Err(SetupError::new(format!("read the prefix length /{}", plan.prefix), Errno::INVAL));
     }
     let deadline = std::time::Instant::now() + FULL_VM_NIC_WAIT;
     let mut first_seen = None;
@@ -91,11 +95,14 @@ pub fn configure_nic(nic: &dsec_agent_proto::VmNic) -> Result<String, String> {
                 Ok(()) => return Ok(name),
                 // Renamed between the lookup and here: look again.
                 Err(e) if e.raw_os_error() == Some(libc::ENODEV) => {}
-                Err(e) => return Err(format!("configuring {name} ({}/{} via {}): {e}", plan.addr, plan.prefix, plan.gateway)),
+                Err(e) => return Err(SetupError::io(format!("configure {name} ({}/{} via {})", plan.addr, plan.prefix, plan.gateway), &e)),
             }
         }
         if std::time::Instant::now() >= deadline {
-            return Err(format!("no network interface with MAC address {} appeared in {FULL_VM_NIC_WAIT:?}", nic.mac));
+            return Err(SetupError::new(
+                format!("wait {FULL_VM_NIC_WAIT:?} for a network interface with MAC address {}", nic.mac),
+                Errno::NODEV,
+            ));
         }
         std::thread::sleep(std::time::Duration::from_millis(10));
     }
@@ -174,12 +181,12 @@ fn netmask(prefix: u8) -> Ipv4Addr {
 }
 
 impl Sock {
-    fn open() -> Result<Sock, String> {
+    fn open() -> Result<Sock, SetupError> {
         use std::os::fd::FromRawFd;
         // SAFETY: socket(2); the result is checked and owned.
         let fd = unsafe { libc::socket(libc::AF_INET, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
         if fd < 0 {
-            return Err(format!("socket: {}", std::io::Error::last_os_error()));
+            return Err(SetupError::last_os("socket"));
         }
         // SAFETY: a fresh descriptor of ours.
         Ok(Sock(unsafe { std::os::fd::OwnedFd::from_raw_fd(fd) }))
@@ -261,6 +268,7 @@ mod tests {
             prefix: 33,
             gateway: Ipv4Addr::new(10, 0, 2, 2),
         };
-        assert!(configure_nic(&nic).unwrap_err().contains("prefix"));
+        let e = configure_nic(&nic).unwrap_err();
+        assert!(e.errno == Errno::INVAL && e.step.contains("prefix"), "{e}");
     }
 }
