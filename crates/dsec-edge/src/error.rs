@@ -42,6 +42,21 @@ pub enum EdgeError {
     SetupFailed(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A task the edge spawned (blocking work, or work that must finish
+    /// when its caller goes away) panicked or was cancelled.
+    #[error("{what} task failed: {source}")]
+    Task {
+        what: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
+    /// Boxed (as `Layers`): an error object of QEMU's is a JSON value.
+    #[error(transparent)]
+    Qmp(Box<crate::backends::qemu::qmp::QmpError>),
+    /// Boxed: the image store's errors are large, and every edge call
+    /// returns an `EdgeError`.
+    #[error(transparent)]
+    Layers(Box<crate::images::error::LayerError>),
     #[error("step {step_id:?} (#{seq}) was recorded as a different operation ({recorded}): {detail}; a step id names one operation, use a new one")]
     StepConflict { step_id: String, seq: u64, recorded: String, detail: String },
     #[error("step {step_id:?} (#{seq}) was running when the edge lost it (a restart or a lost agent): whether it took effect is unknown; check the sandbox and continue with a new step id")]
@@ -69,7 +84,18 @@ pub enum EdgeError {
     NoScreen(String),
 }
 
+impl From<crate::images::error::LayerError> for EdgeError {
+    fn from(e: crate::images::error::LayerError) -> Self {
+        EdgeError::Layers(Box::new(e))
+    }
+}
+
 impl EdgeError {
+    /// For `map_err` on the join of a spawned task.
+    pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> EdgeError {
+        move |source| EdgeError::Task { what, source }
+    }
+
     pub fn code(&self) -> ErrorCode {
         match self {
             EdgeError::Invalid(_) => ErrorCode::InvalidRequest,
@@ -89,7 +115,9 @@ impl EdgeError {
             EdgeError::Timeout(_) => ErrorCode::Timeout,
             EdgeError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             EdgeError::Agent(e) => agent_code(e.kind),
-            EdgeError::SetupFailed(_) | EdgeError::Internal(_) => ErrorCode::Internal,
+            EdgeError::SetupFailed(_) | EdgeError::Internal(_) | EdgeError::Task { .. } | EdgeError::Layers(_) | EdgeError::Qmp(_) => {
+                ErrorCode::Internal
+            }
             EdgeError::StepConflict { .. } => ErrorCode::StepConflict,
             EdgeError::StepInterrupted { .. } => ErrorCode::StepInterrupted,
             EdgeError::Recorded { code, .. } => *code,

@@ -16,6 +16,7 @@ use dsec_image::shared::{S3Options, SharedStore};
 use dsec_image::{Digest, ImageError, ImageStore, LayerMounts, NoProgress, Reference, ResolvedImage};
 
 use crate::error::EdgeError;
+use crate::images::error::LayerError;
 use crate::images::lost_layers::LostLayers;
 use crate::images::{PackInput, PackOutput, RootfsPlan, RootfsProvider};
 
@@ -80,8 +81,8 @@ struct Shared {
 impl ImageLayers {
     /// `images_dir` holds the store; `layers_dir` the layer mount points.
     pub fn open(images_dir: &Path, layers_dir: &Path) -> Result<Self, EdgeError> {
-        let store = ImageStore::open(images_dir).map_err(|e| EdgeError::Internal(format!("image store: {e}")))?;
-        let mounts = LayerMounts::open(layers_dir).map_err(|e| EdgeError::Internal(format!("layer mounts: {e}")))?;
+        let store = ImageStore::open(images_dir).map_err(LayerError::Store)?;
+        let mounts = LayerMounts::open(layers_dir).map_err(LayerError::Mounts)?;
         let lost = forget_dead_on_demand(&store, &mounts);
         Ok(Self { store, mounts, shared: None, lost })
     }
@@ -98,15 +99,13 @@ impl ImageLayers {
         cache_limit_mb: Option<u64>,
         fetch: LayerFetch,
     ) -> Result<Self, EdgeError> {
-        let store = SharedStore::open(location, s3).map_err(|e| EdgeError::Internal(format!("shared image store: {e}")))?;
+        let store = SharedStore::open(location, s3).map_err(LayerError::SharedStore)?;
         let on_demand = match fetch {
             LayerFetch::Eager => None,
             LayerFetch::Lazy => {
                 let mountpoint = self.mounts.dir().join(ON_DEMAND_DIR);
-                let layers = LazyLayers::mount(&mountpoint).map_err(|e| {
-                    EdgeError::Internal(format!("mounting the on-demand layer filesystem at {}: {e}", mountpoint.display()))
-                })?;
-                let local = ImageStore::open(self.store.root()).map_err(|e| EdgeError::Internal(format!("image store: {e}")))?;
+                let layers = LazyLayers::mount(&mountpoint).map_err(|source| LayerError::OnDemandMount { path: mountpoint, source })?;
+                let local = ImageStore::open(self.store.root()).map_err(LayerError::Store)?;
                 Some(OnDemand { layers, local: Arc::new(local), images: Mutex::new(HashMap::new()) })
             }
         };
@@ -148,7 +147,7 @@ impl ImageLayers {
         result.map_err(|e| match e {
             ImageError::ImageNotFound(_) => EdgeError::ImageNotFound(format!("{what} image {reference:?} not found")),
             ImageError::InvalidReference(r) => EdgeError::Invalid(format!("{what} image {reference:?}: {r}")),
-            other => EdgeError::Internal(format!("{what} image {reference:?}: {other}")),
+            source => LayerError::Resolve { what: what.into(), reference: reference.into(), source }.into(),
         })
     }
 
@@ -190,7 +189,7 @@ impl ImageLayers {
         let stats = match dsec_image::shared::fetch_image(&shared.store, &self.store, &parsed, &NoProgress) {
             Ok(s) => s,
             Err(ImageError::ImageNotFound(_)) => return Ok(()), // the caller reports it
-            Err(e) => return Err(EdgeError::Internal(format!("fetching image {reference:?} from the shared store: {e}"))),
+            Err(source) => return Err(LayerError::Fetch { reference: reference.into(), source }.into()),
         };
         tracing::info!(image = reference, layers = stats.layers_copied, bytes = stats.bytes_copied, "fetched from the shared store");
         if let Ok(img) = self.store.resolve_ref(&parsed) {
@@ -319,7 +318,7 @@ impl RootfsProvider for ImageLayers {
         let mut layers = Vec::new();
         let mut files = Vec::new();
         for img in &stack {
-            let mounted = self.mounts.mount_image(img).map_err(|e| EdgeError::Internal(e.to_string()))?;
+            let mounted = self.mounts.mount_image(img).map_err(LayerError::Mount)?;
             dirs.extend(mounted);
             layers.extend(img.layers.iter().map(|l| l.digest.to_string()));
             files.extend(img.layers.iter().map(|l| l.path.clone()));

@@ -1,5 +1,6 @@
 //! How the edge turns image names into mounted read-only layers.
 
+pub mod error;
 pub mod layers;
 pub mod lost_layers;
 pub(crate) mod pack;

@@ -16,6 +16,7 @@ use dsec_image::{BuildOptions, LayerDescriptor, LayerKind, Manifest, NoProgress,
 
 use crate::edge::Edge;
 use crate::error::EdgeError;
+use crate::images::error::LayerError;
 use crate::images::layers::ImageLayers;
 use crate::images::{PackInput, PackOutput, PackState};
 use crate::model::{Caller, State};
@@ -85,17 +86,17 @@ impl Edge {
             let fingerprint = format!("{id}\n{}\n{:?}", req.name, req.scrub);
             let work = async {
                 let out = PackSummary::from(&edge.pack_diff(&caller, &id, req).await?);
-                let json = serde_json::to_string(&out).map_err(|e| EdgeError::Internal(format!("pack report: {e}")))?;
+                let json = serde_json::to_string(&out).map_err(LayerError::PackReport)?;
                 Ok((out, format!("{id}\n{json}")))
             };
             let replay = |target: &str| {
                 let json = target.split_once('\n').map_or("", |(_, j)| j);
-                serde_json::from_str::<PackSummary>(json).map_err(|e| EdgeError::Internal(format!("kept pack report: {e}")))
+                serde_json::from_str::<PackSummary>(json).map_err(|e| LayerError::PackReport(e).into())
             };
             edge.once(&caller.tenant, crate::lifecycle::idempotency::SCOPE_PACK, &key, &fingerprint, work, replay).await
         })
         .await
-        .map_err(|e| EdgeError::Internal(format!("pack task failed: {e}")))?
+        .map_err(EdgeError::task("pack"))?
     }
 
     /// Packs the sandbox's changes into the image `req.name`.
@@ -142,7 +143,7 @@ impl Edge {
             result
         })
         .await
-        .map_err(|e| EdgeError::Internal(format!("pack task failed: {e}")))?;
+        .map_err(EdgeError::task("pack"))?;
         let out = match out {
             Ok(o) => o,
             Err(e) => {
@@ -177,19 +178,18 @@ pub(crate) fn pack_into_store(layers: &ImageLayers, input: PackInput<'_>, copied
             stack
         }
     };
-    let internal = |e: dsec_image::BuildError| EdgeError::Internal(format!("pack: {e}"));
     let t0 = Instant::now();
     let collected = PackScratch::collect(store, input.upper, input.previous.map(|p| &p.index), &scrub);
     copied();
-    let scratch = collected.map_err(internal)?;
+    let scratch = collected.map_err(LayerError::Pack)?;
     let copy_ms = t0.elapsed().as_secs_f64() * 1e3;
     let (stats, index) = (scratch.stats, scratch.index.clone());
 
     let t1 = Instant::now();
     // Held from the layer's commit to the manifest's: a gc in between would
     // collect the fresh blob.
-    let _lock = store.write_lock().map_err(|e| EdgeError::Internal(e.to_string()))?;
-    let layer = scratch.build(store, &BuildOptions::default(), &NoProgress).map_err(internal)?;
+    let _lock = store.write_lock().map_err(LayerError::PackStore)?;
+    let layer = scratch.build(store, &BuildOptions::default(), &NoProgress).map_err(LayerError::Pack)?;
     let mut stack = under;
     stack.push(LayerDescriptor { digest: layer.digest, kind: LayerKind::Workspace, size: layer.size });
     let mut manifest = Manifest::new(stack.clone(), base.manifest.config.clone());
@@ -200,7 +200,7 @@ pub(crate) fn pack_into_store(layers: &ImageLayers, input: PackInput<'_>, copied
         previous: input.previous.map(|p| p.image.clone()),
         scrubbed: input.scrub.to_vec(),
     });
-    store.put_image(&reference, &manifest).map_err(|e| EdgeError::Internal(format!("pack: {e}")))?;
+    store.put_image(&reference, &manifest).map_err(LayerError::PackStore)?;
     let build_ms = t1.elapsed().as_secs_f64() * 1e3;
     Ok(PackOutput {
         image: reference.to_string(),

@@ -71,7 +71,7 @@ impl Edge {
         // Finish even if the caller goes away (a retry must find it).
         tokio::spawn(async move { edge.snapshot_keyed(&caller, &id, &name, key.as_deref(), memory).await })
             .await
-            .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))?
+            .map_err(EdgeError::task("snapshot"))?
     }
 
     async fn snapshot_keyed(
@@ -192,9 +192,7 @@ impl Edge {
         });
         let (ram, vmstate) = vm.memory_files(&rec.id);
         let (snaps, id) = (self.snapshot_dir()?.clone(), meta.id.clone());
-        tokio::task::spawn_blocking(move || snaps.write_memory(&id, &ram, &vmstate))
-            .await
-            .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))??;
+        tokio::task::spawn_blocking(move || snaps.write_memory(&id, &ram, &vmstate)).await.map_err(EdgeError::task("snapshot"))??;
         Ok(meta)
     }
 

@@ -37,9 +37,7 @@ impl Edge {
         // Finish (and settle the key) even if the caller goes away: a retry
         // must find the sandbox this request made.
         let (edge, caller, key, fingerprint) = (self.clone(), caller.clone(), key.to_string(), fingerprint.to_string());
-        tokio::spawn(async move { edge.create_keyed(&caller, req, &key, &fingerprint).await })
-            .await
-            .map_err(|e| EdgeError::Internal(format!("creation task failed: {e}")))?
+        tokio::spawn(async move { edge.create_keyed(&caller, req, &key, &fingerprint).await }).await.map_err(EdgeError::task("creation"))?
     }
 
     async fn create_keyed(&self, caller: &Caller, req: SandboxRequest, key: &str, fingerprint: &str) -> Result<SandboxRecord, EdgeError> {

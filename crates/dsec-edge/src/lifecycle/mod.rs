@@ -35,9 +35,7 @@ impl Edge {
         // listed, and its idle TTL reclaims it if nobody comes back for it.
         let edge = self.clone();
         let caller = caller.clone();
-        let out = tokio::spawn(async move { edge.create_to_completion(&caller, req).await })
-            .await
-            .map_err(|e| EdgeError::Internal(format!("creation task failed: {e}")))?;
+        let out = tokio::spawn(async move { edge.create_to_completion(&caller, req).await }).await.map_err(EdgeError::task("creation"))?;
         match &out {
             Ok(rec) => self.inner.counters.created(rec.create_ms.unwrap_or(0.0)),
             Err(_) => self.inner.counters.creation_failed(),
@@ -290,9 +288,7 @@ impl Edge {
     pub async fn stop(&self, caller: &Caller, id: &str, reason: &str) -> Result<SandboxRecord, EdgeError> {
         // Like create: finish even if the caller goes away.
         let (edge, caller, id, reason) = (self.clone(), caller.clone(), id.to_string(), reason.to_string());
-        tokio::spawn(async move { edge.stop_to_completion(&caller, &id, &reason).await })
-            .await
-            .map_err(|e| EdgeError::Internal(format!("stop task failed: {e}")))?
+        tokio::spawn(async move { edge.stop_to_completion(&caller, &id, &reason).await }).await.map_err(EdgeError::task("stop"))?
     }
 
     async fn stop_to_completion(&self, caller: &Caller, id: &str, reason: &str) -> Result<SandboxRecord, EdgeError> {
@@ -451,7 +447,7 @@ impl Edge {
             Ok(())
         })
         .await
-        .map_err(|e| EdgeError::Internal(format!("delete task failed: {e}")))?
+        .map_err(EdgeError::task("delete"))?
     }
 }
 
@@ -476,7 +472,7 @@ impl Edge {
         let backend = self.inner.backends.handle(spec.backend)?;
         let spec = spec.clone();
         let plan = move || backend.plan(rootfs.as_ref(), &spec);
-        tokio::task::spawn_blocking(plan).await.map_err(|e| EdgeError::Internal(format!("resolving the image's layers failed: {e}")))?
+        tokio::task::spawn_blocking(plan).await.map_err(EdgeError::task("layer resolution"))?
     }
 }
 

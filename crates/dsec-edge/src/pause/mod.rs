@@ -68,9 +68,8 @@ impl Edge {
     pub async fn pause_with(&self, caller: &Caller, id: &str, mode: PauseMode) -> Result<PauseOutcome, EdgeError> {
         // Like stop: finish even if the caller goes away.
         let (edge, caller, id) = (self.clone(), caller.clone(), id.to_string());
-        let out = tokio::spawn(async move { edge.pause_to_completion(&caller, &id, mode).await })
-            .await
-            .map_err(|e| EdgeError::Internal(format!("pause task failed: {e}")))?;
+        let out =
+            tokio::spawn(async move { edge.pause_to_completion(&caller, &id, mode).await }).await.map_err(EdgeError::task("pause"))?;
         if matches!(&out, Ok(o) if o.changed) {
             self.inner.counters.paused();
         }
@@ -86,7 +85,7 @@ impl Edge {
             edge.resume_locked(&entry).await
         })
         .await
-        .map_err(|e| EdgeError::Internal(format!("resume task failed: {e}")))?;
+        .map_err(EdgeError::task("resume"))?;
         if matches!(&out, Ok(o) if o.changed) {
             self.inner.counters.resumed();
         }
@@ -132,7 +131,7 @@ impl Edge {
             cgroups.push_out(&name, limit, push_budget(timeout))
         })
         .await
-        .map_err(|e| EdgeError::Internal(format!("pause task failed: {e}")))
+        .map_err(EdgeError::task("pause"))
         .and_then(|r| r.map_err(EdgeError::from));
         match done {
             Ok(memory) => {

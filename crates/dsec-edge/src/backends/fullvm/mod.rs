@@ -479,11 +479,11 @@ impl Backend for FullVmBackend {
     }
 
     fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
-        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop) })
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop).map_err(EdgeError::from) })
     }
 
     fn after_thaw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
-        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop).map_err(EdgeError::from) })
     }
 
     /// What the VM's overlay holds on the host.

@@ -10,7 +10,7 @@ use std::path::Path;
 
 use serde_json::json;
 
-use crate::backends::qemu::qmp;
+use crate::backends::qemu::qmp::{self, QmpError};
 use crate::backends::Screenshot;
 use crate::error::EdgeError;
 
@@ -26,11 +26,11 @@ pub async fn capture(socket: &Path, dir: &Path) -> Result<Screenshot, EdgeError>
             Ok(Screenshot { png, width, height })
         }),
         // An older QEMU: no format argument, PPM only.
-        Err(EdgeError::Internal(e)) if e.contains("format") => {
+        Err(QmpError::Failed { error, .. }) if error.to_string().contains("format") => {
             qmp::execute_with(socket, "screendump", json!({"filename": name})).await?;
             read(&file).and_then(|ppm| ppm_to_png(&ppm).map_err(|e| EdgeError::Internal(format!("converting the screen: {e}"))))
         }
-        Err(e) => Err(e),
+        Err(e) => Err(e.into()),
     };
     let _ = std::fs::remove_file(&file);
     result

@@ -413,9 +413,8 @@ impl MicroVmBackend {
     /// (the takeover failed) its RAM file and image are untouched.
     async fn resume_on_standby(&self, sb: standby::Standby, to: &standby::Takeover) -> Result<Instance, EdgeError> {
         let (standbys, to2) = (self.standbys.clone(), to.clone());
-        let (pid, pidfd, times) = tokio::task::spawn_blocking(move || standbys.take_over(sb, &to2))
-            .await
-            .map_err(|e| EdgeError::Internal(format!("standby takeover task failed: {e}")))??;
+        let (pid, pidfd, times) =
+            tokio::task::spawn_blocking(move || standbys.take_over(sb, &to2)).await.map_err(EdgeError::task("standby takeover"))??;
         let mut undo = Undo::qemu_only();
         let pidfd = undo.spawned(pid, pidfd);
         let t1 = Instant::now();
@@ -530,11 +529,11 @@ impl Backend for MicroVmBackend {
     }
 
     fn before_freeze<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
-        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop) })
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "stop").await.map(drop).map_err(EdgeError::from) })
     }
 
     fn after_thaw<'a>(&'a self, id: &'a str) -> BoxFuture<'a, Result<(), EdgeError>> {
-        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop) })
+        Box::pin(async move { qmp::execute(&self.files(id).qmp_socket(), "cont").await.map(drop).map_err(EdgeError::from) })
     }
 
     fn reserved(&self) -> HashSet<String> {

@@ -30,10 +30,8 @@ pub(crate) async fn snapshot_disk(
     }
     let t0 = Instant::now();
     let snaps = snaps.clone();
-    let copied = tokio::task::spawn_blocking(move || snaps.write(&files.disk, meta))
-        .await
-        .map_err(|e| EdgeError::Internal(format!("snapshot task failed: {e}")))
-        .and_then(|r| r);
+    let copied =
+        tokio::task::spawn_blocking(move || snaps.write(&files.disk, meta)).await.map_err(EdgeError::task("snapshot")).and_then(|r| r);
     let frozen_ms = t0.elapsed().as_secs_f64() * 1000.0;
     if running {
         qmp::execute(&qmp, "cont").await?;

@@ -116,7 +116,7 @@ fn wait_migration(s: &mut Session) -> Result<(), EdgeError> {
 /// Leaves shared (file-backed) guest memory out of the stream, or not.
 fn set_capabilities(s: &mut Session, ignore_shared: bool) -> Result<(), EdgeError> {
     let caps = serde_json::json!({ "capabilities": [{ "capability": "x-ignore-shared", "state": ignore_shared }] });
-    s.call("migrate-set-capabilities", caps).map(drop)
+    Ok(s.call("migrate-set-capabilities", caps).map(drop)?)
 }
 
 /// Where a restore's time went, ms (logged with every resume).
@@ -143,7 +143,7 @@ pub fn finish_restore(qmp: &Path, pidfd: &OwnedFd, ignore_shared: bool) -> Resul
                     return Err(EdgeError::SetupFailed("QEMU exited while loading the suspend image".into()));
                 }
                 if Instant::now() > deadline {
-                    return Err(e);
+                    return Err(e.into());
                 }
                 std::thread::sleep(Duration::from_millis(2));
             }
@@ -161,7 +161,7 @@ pub fn load_and_continue(s: &mut Session, uri: &str, ignore_shared: bool) -> Res
     set_capabilities(s, ignore_shared)?;
     s.call("migrate-incoming", serde_json::json!({ "uri": uri }))?;
     wait_migration(s)?;
-    s.call("cont", serde_json::Value::Null).map(drop)
+    Ok(s.call("cont", serde_json::Value::Null).map(drop)?)
 }
 
 /// Suspends VM `id` (QEMU `pidfd`, QMP at `qmp`) to `image` and ends its
@@ -180,7 +180,7 @@ pub(crate) async fn suspend_qemu(
     let pidfd = pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
     let mut out = tokio::task::spawn_blocking(move || save(&qmp, &image, ram.as_deref(), ignore_shared, &pidfd))
         .await
-        .map_err(|e| EdgeError::Internal(format!("suspend task failed: {e}")))??;
+        .map_err(EdgeError::task("suspend"))??;
     out.memory_before_bytes = before;
     out.memory_after_bytes = cgroups.memory_usage(id).unwrap_or(0);
     Ok(out)
@@ -233,9 +233,7 @@ pub(crate) async fn restore_qemu(
 /// and continue (`finish_restore`, on a blocking thread).
 pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd, ignore_shared: bool) -> Result<RestoreTimes, EdgeError> {
     let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
-    tokio::task::spawn_blocking(move || finish_restore(&qmp, &fd, ignore_shared))
-        .await
-        .map_err(|e| EdgeError::Internal(format!("restore task failed: {e}")))?
+    tokio::task::spawn_blocking(move || finish_restore(&qmp, &fd, ignore_shared)).await.map_err(EdgeError::task("restore"))?
 }
 
 /// Writes the RAM file's dirty pages to disk and drops its pages from the
