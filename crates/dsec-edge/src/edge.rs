@@ -299,13 +299,12 @@ impl Edge {
     /// its cgroups, its egress and its backends.
     fn open_host(config: &EdgeConfig, undo: &mut StartUndo) -> Result<Host, EdgeError> {
         crate::ids::validate_node_name(&config.node).map_err(EdgeError::Invalid)?;
-        std::fs::create_dir_all(&config.state_dir)
-            .map_err(|e| EdgeError::Internal(format!("creating {}: {e}", config.state_dir.display())))?;
+        std::fs::create_dir_all(&config.state_dir).map_err(EdgeError::io("creating", &config.state_dir))?;
         raise_fd_limit();
         let lock_dir = std::path::Path::new(crate::lifecycle::node_lock::LOCK_DIR);
         let node_lock = crate::lifecycle::node_lock::lock(lock_dir, &config.node)?;
         crate::lifecycle::node_lock::sweep_stale(lock_dir, &config.node);
-        let cgroups = Arc::new(Cgroups::open(config.cgroup_mode, &config.cgroup_parent).map_err(|e| EdgeError::Internal(e.to_string()))?);
+        let cgroups = Arc::new(Cgroups::open(config.cgroup_mode, &config.cgroup_parent)?);
         undo.cgroups = Some(cgroups.clone());
         if let Err(e) = cgroups.start_pool(config.prewarm) {
             tracing::warn!(error = %e, "no pool of cgroups; sandboxes make their own");
@@ -330,9 +329,8 @@ impl Edge {
     /// recovered by [`Assembled::bring_up`] once nothing can fail any more.
     fn assemble(config: EdgeConfig, rootfs: Arc<dyn RootfsProvider>, host: Host) -> Result<Assembled, EdgeError> {
         let Host { node_lock, cgroups, backends, egress, denials, masked } = host;
-        let (store, records) = Store::open(&config.state_dir.join("edge.db")).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let journal = crate::trajectory::journal::Journal::open(&config.state_dir.join("journal.db"))
-            .map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let (store, records) = Store::open(&config.state_dir.join("edge.db"))?;
+        let journal = crate::trajectory::journal::Journal::open(&config.state_dir.join("journal.db"))?;
         let (cpus, mem_mb) = host_resources();
         let admission = Admission::new(Capacity {
             cpu_cores: cpus * config.cpu_overcommit,

@@ -42,6 +42,24 @@ pub enum EdgeError {
     SetupFailed(String),
     #[error("internal error: {0}")]
     Internal(String),
+    /// A file system call of the edge's own (its state, run and scratch
+    /// directories, logs, images of suspended VMs).
+    #[error("{action} {}: {source}", .path.display())]
+    Io {
+        action: &'static str,
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A cgroup of a sandbox or of the node (created, moved into, removed).
+    #[error(transparent)]
+    Cgroup(crate::cgroup::CgroupError),
+    /// The edge's own database of sandboxes.
+    #[error(transparent)]
+    Store(#[from] crate::store::StoreError),
+    /// The trajectory journal (steps, idempotency keys).
+    #[error(transparent)]
+    Journal(#[from] crate::trajectory::journal::JournalError),
     /// A task the edge spawned (blocking work, or work that must finish
     /// when its caller goes away) panicked or was cancelled.
     #[error("{what} task failed: {source}")]
@@ -91,6 +109,12 @@ impl From<crate::images::error::LayerError> for EdgeError {
 }
 
 impl EdgeError {
+    /// For `map_err` on a file system call: "`action` `path`: why".
+    pub fn io(action: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EdgeError {
+        let path = path.to_path_buf();
+        move |source| EdgeError::Io { action, path, source }
+    }
+
     /// For `map_err` on the join of a spawned task.
     pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> EdgeError {
         move |source| EdgeError::Task { what, source }
@@ -115,9 +139,15 @@ impl EdgeError {
             EdgeError::Timeout(_) => ErrorCode::Timeout,
             EdgeError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             EdgeError::Agent(e) => agent_code(e.kind),
-            EdgeError::SetupFailed(_) | EdgeError::Internal(_) | EdgeError::Task { .. } | EdgeError::Layers(_) | EdgeError::Qmp(_) => {
-                ErrorCode::Internal
-            }
+            EdgeError::SetupFailed(_)
+            | EdgeError::Internal(_)
+            | EdgeError::Io { .. }
+            | EdgeError::Cgroup(_)
+            | EdgeError::Store(_)
+            | EdgeError::Journal(_)
+            | EdgeError::Task { .. }
+            | EdgeError::Layers(_)
+            | EdgeError::Qmp(_) => ErrorCode::Internal,
             EdgeError::StepConflict { .. } => ErrorCode::StepConflict,
             EdgeError::StepInterrupted { .. } => ErrorCode::StepInterrupted,
             EdgeError::Recorded { code, .. } => *code,
@@ -156,7 +186,7 @@ impl From<crate::cgroup::CgroupError> for EdgeError {
     fn from(e: crate::cgroup::CgroupError) -> Self {
         match e {
             crate::cgroup::CgroupError::FreezeTimeout(..) => EdgeError::Timeout(e.to_string()),
-            other => EdgeError::Internal(other.to_string()),
+            other => EdgeError::Cgroup(other),
         }
     }
 }

@@ -148,7 +148,7 @@ impl SnapshotDir {
             match std::fs::remove_file(&path) {
                 Ok(()) => {}
                 Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-                Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", path.display()))),
+                Err(e) => return Err(EdgeError::Io { action: "removing", path, source: e }),
             }
         }
         Ok(())

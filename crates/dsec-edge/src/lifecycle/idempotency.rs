@@ -20,7 +20,7 @@ pub const SCOPE_PACK: &str = "pack";
 const IN_PROGRESS_POLL: Duration = Duration::from_millis(25);
 
 fn journal_err(e: crate::trajectory::journal::JournalError) -> EdgeError {
-    EdgeError::Internal(e.to_string())
+    EdgeError::Journal(e)
 }
 
 impl Edge {

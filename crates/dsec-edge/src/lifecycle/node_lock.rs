@@ -44,14 +44,10 @@ impl NodeLock {
 /// Takes `node`'s lock in `dir`, or says that another edge holds it.
 pub(crate) fn lock(dir: &Path, node: &str) -> Result<NodeLock, EdgeError> {
     let path = path(dir, node);
-    std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(EdgeError::io("creating", dir))?;
     for attempt in 1..=TRIES {
-        let f = std::fs::OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| EdgeError::Internal(format!("opening {}: {e}", path.display())))?;
+        let f =
+            std::fs::OpenOptions::new().create(true).truncate(false).write(true).open(&path).map_err(EdgeError::io("opening", &path))?;
         if !try_flock(&f) {
             if attempt == TRIES {
                 break;

@@ -241,7 +241,7 @@ fn coarse_now() -> (i64, u32) {
 }
 
 fn journal_err(e: crate::trajectory::journal::JournalError) -> EdgeError {
-    EdgeError::Internal(e.to_string())
+    EdgeError::Journal(e)
 }
 
 impl Edge {

@@ -68,7 +68,7 @@ impl ContainerBackend {
         if !agent_path.is_file() {
             return Err(EdgeError::Internal(format!("guest agent binary not found at {}", agent_path.display())));
         }
-        std::fs::create_dir_all(&scratch_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", scratch_dir.display())))?;
+        std::fs::create_dir_all(&scratch_dir).map_err(EdgeError::io("creating", &scratch_dir))?;
         let agent_path =
             CString::new(agent_path.as_os_str().as_encoded_bytes()).map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
         let spawner =
@@ -124,11 +124,11 @@ impl ContainerBackend {
         durable: impl std::future::Future<Output = Result<(), crate::store::StoreError>>,
     ) -> Result<Instance, EdgeError> {
         let t0 = std::time::Instant::now();
-        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, 0)).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        self.cgroups.create(id, &crate::backends::cgroup_limits(spec, 0))?;
         let t_cg = t0.elapsed();
         if let Err(e) = durable.await {
             let _ = self.cgroups.remove(id);
-            return Err(EdgeError::Internal(format!("edge database: {e}")));
+            return Err(EdgeError::Store(e));
         }
         // A sandbox with network rules joins a warm namespace with a veth;
         // the others get a fresh loopback-only one from clone.
@@ -328,7 +328,7 @@ impl crate::backends::Backend for ContainerBackend {
     /// cgroup.
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
         self.cgroups.kill_all(id);
-        let removed = self.cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()));
+        let removed = self.cgroups.remove(id).map_err(EdgeError::from);
         if let Some(eg) = &self.egress {
             eg.release(id);
         }

@@ -32,7 +32,7 @@ pub struct SharedSysfs {
 /// Mounts the node's sysfs at `dir`. One an earlier edge left there is
 /// replaced: its namespace may be gone.
 pub fn ensure(dir: &Path) -> Result<SharedSysfs, EdgeError> {
-    std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(EdgeError::io("creating", dir))?;
     release_mounts(dir);
     let target = dir.to_path_buf();
     // unshare(CLONE_NEWNET) changes only the calling thread's namespace, so

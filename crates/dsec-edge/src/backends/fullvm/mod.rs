@@ -348,7 +348,7 @@ enum Backing {
 /// backing disk's size; capped at `limit` bytes on the host) and, for
 /// OVMF, a private copy of its variables.
 fn prepare_files(files: &VmFiles, backing: Backing, limit: u64, firmware: Firmware) -> Result<(), EdgeError> {
-    std::fs::create_dir_all(&files.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", files.run_dir.display())))?;
+    std::fs::create_dir_all(&files.run_dir).map_err(EdgeError::io("creating", &files.run_dir))?;
     match backing {
         Backing::Base(base, size) => {
             // Larger than the image only if asked: the guest sees a bigger disk.

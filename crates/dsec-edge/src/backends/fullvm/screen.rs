@@ -37,7 +37,7 @@ pub async fn capture(socket: &Path, dir: &Path) -> Result<Screenshot, EdgeError>
 }
 
 fn read(file: &Path) -> Result<Vec<u8>, EdgeError> {
-    std::fs::read(file).map_err(|e| EdgeError::Internal(format!("reading the screendump {}: {e}", file.display())))
+    std::fs::read(file).map_err(EdgeError::io("reading the screendump", file))
 }
 
 /// Width and height from a PNG's IHDR chunk.

@@ -19,7 +19,7 @@ pub fn template(dir: &Path, size_mb: u64) -> Result<PathBuf, EdgeError> {
     if path.is_file() {
         return Ok(path);
     }
-    std::fs::create_dir_all(dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", dir.display())))?;
+    std::fs::create_dir_all(dir).map_err(EdgeError::io("creating", dir))?;
     let tmp = dir.join(format!(".ext4-{size_mb}M.{}.tmp", std::process::id()));
     let made = (|| -> Result<(), String> {
         let f = File::create(&tmp).map_err(|e| e.to_string())?;

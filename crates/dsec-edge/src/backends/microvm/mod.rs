@@ -275,7 +275,7 @@ impl MicroVmBackend {
         // empty template of its size.
         let (snaps, from_snapshot) = (self.snapshots.clone(), spec.snapshot.clone());
         tokio::task::spawn_blocking(move || -> Result<(), EdgeError> {
-            std::fs::create_dir_all(&f2.run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", f2.run_dir.display())))?;
+            std::fs::create_dir_all(&f2.run_dir).map_err(EdgeError::io("creating", &f2.run_dir))?;
             match from_snapshot {
                 Some(snap) => snaps.chain_onto(&snap, &f2.disk),
                 None => snapshot::create_overlay(&disk::template(&tdir, disk_mb)?, &f2.disk),

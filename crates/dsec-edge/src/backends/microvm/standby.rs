@@ -178,8 +178,8 @@ impl Standbys {
         }
         lock(&self.names).insert(name.to_string());
         let started = (|| {
-            self.cgroups.create(name, limits).map_err(|e| EdgeError::Internal(e.to_string()))?;
-            std::fs::create_dir_all(run_dir).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", run_dir.display())))?;
+            self.cgroups.create(name, limits)?;
+            std::fs::create_dir_all(run_dir).map_err(EdgeError::io("creating", run_dir))?;
             let (pid, pidfd) = spawn_qemu_fds(&self.cgroups, &self.qemu, name, args, run_dir, &[], None)?;
             let sb = Standby { name: name.to_string(), pid, pidfd, run_dir: run_dir.to_path_buf() };
             let qmp = run_dir.join("qmp.sock");

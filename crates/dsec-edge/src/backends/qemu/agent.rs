@@ -137,7 +137,7 @@ pub(crate) async fn connect_agent(path: &Path, qemu: &OwnedFd) -> Result<tokio::
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
-            Err(e) => return Err(EdgeError::Internal(format!("connecting to {}: {e}", path.display()))),
+            Err(e) => return Err(EdgeError::io("connecting to", path)(e)),
         }
     }
 }

@@ -35,10 +35,10 @@ fn remove_vm(cgroups: &Cgroups, id: &str, files: &VmFiles, extra: &[PathBuf]) ->
         match std::fs::remove_file(f) {
             Ok(()) => {}
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(EdgeError::Internal(format!("removing {}: {e}", f.display()))),
+            Err(e) => return Err(EdgeError::io("removing", f)(e)),
         }
     }
-    cgroups.remove(id).map_err(|e| EdgeError::Internal(e.to_string()))
+    cgroups.remove(id).map_err(EdgeError::from)
 }
 
 /// `Backend::abort_start` of both VM backends: a boot takes seconds (a

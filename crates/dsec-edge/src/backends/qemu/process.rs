@@ -62,7 +62,7 @@ pub(crate) fn spawn_qemu_fds(
         .filter_map(|p| CString::new(p.as_os_str().as_encoded_bytes()).ok())
         .collect();
     let log_path = run_dir.join("qemu.log");
-    let log = std::fs::File::create(&log_path).map_err(|e| EdgeError::Internal(format!("creating {}: {e}", log_path.display())))?;
+    let log = std::fs::File::create(&log_path).map_err(EdgeError::io("creating", &log_path))?;
     let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
     let mut cmd = std::process::Command::new(qemu);
     cmd.args(args).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
@@ -110,7 +110,7 @@ pub(crate) fn spawn_qemu_fds(
             Ok(())
         });
     }
-    let child = cmd.spawn().map_err(|e| EdgeError::Internal(format!("starting {}: {e}", qemu.display())))?;
+    let child = cmd.spawn().map_err(EdgeError::io("starting", qemu))?;
     let pid = child.id() as i32;
     // Dropping the Child neither kills nor reaps: the exit watcher
     // reaps through the pidfd.

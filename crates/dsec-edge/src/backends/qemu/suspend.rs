@@ -59,7 +59,7 @@ pub fn save(qmp: &Path, image: &Path, ram: Option<&Path>, ignore_shared: bool, p
         let _ = s.call("cont", serde_json::Value::Null);
         return Err(e);
     }
-    std::fs::rename(&tmp, image).map_err(|e| io_err("naming the suspend image", image, e))?;
+    std::fs::rename(&tmp, image).map_err(EdgeError::io("naming the suspend image", image))?;
     let save_ms = ms(t0);
     // The state is safe on disk: QEMU may go. `quit` lets it close its
     // files cleanly; SIGKILL if it lingers.
@@ -84,11 +84,11 @@ fn migrate_out(s: &mut Session, tmp: &Path) -> Result<(), EdgeError> {
         .truncate(true)
         .mode(0o600)
         .open(tmp)
-        .map_err(|e| io_err("creating", tmp, e))?;
+        .map_err(EdgeError::io("creating", tmp))?;
     s.call_with_fd("getfd", serde_json::json!({ "fdname": "suspend" }), file.as_fd())?;
     s.call("migrate", serde_json::json!({ "uri": "fd:suspend" }))?;
     wait_migration(s)?;
-    file.sync_all().map_err(|e| io_err("flushing", tmp, e))?;
+    file.sync_all().map_err(EdgeError::io("flushing", tmp))?;
     // The image is on disk: its page cache (charged to the VM's cgroup,
     // all of RAM when RAM is in the stream) need not stay.
     let _ = rustix::fs::fadvise(&file, 0, None, rustix::fs::Advice::DontNeed);
@@ -239,19 +239,15 @@ pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd,
 /// Writes the RAM file's dirty pages to disk and drops its pages from the
 /// page cache: the memory is then on disk only.
 fn flush_and_drop(ram: &Path) -> Result<(), EdgeError> {
-    let f = std::fs::File::open(ram).map_err(|e| io_err("opening", ram, e))?;
-    f.sync_data().map_err(|e| io_err("flushing", ram, e))?;
-    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).map_err(|e| io_err("dropping the cache of", ram, e.into()))
+    let f = std::fs::File::open(ram).map_err(EdgeError::io("opening", ram))?;
+    f.sync_data().map_err(EdgeError::io("flushing", ram))?;
+    rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed).map_err(|e| EdgeError::io("dropping the cache of", ram)(e.into()))
 }
 
 /// Bytes a file occupies on disk (its allocated blocks; holes are free).
 pub fn allocated(p: &Path) -> u64 {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata(p).map(|m| m.blocks() * 512).unwrap_or(0)
-}
-
-fn io_err(what: &str, p: &Path, e: std::io::Error) -> EdgeError {
-    EdgeError::Internal(format!("{what} {}: {e}", p.display()))
 }
 
 fn ms(t0: Instant) -> f64 {

@@ -33,11 +33,11 @@ impl<'a> Undo<'a> {
     /// exist before). The guard returned removes the cgroup; on error it
     /// is gone already.
     pub async fn begin(cgroups: &'a Cgroups, id: &'a str, limits: &CgroupLimits, durable: Durable) -> Result<Self, EdgeError> {
-        cgroups.create(id, limits).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        cgroups.create(id, limits)?;
         let undo = Self::new(move || {
             let _ = cgroups.remove(id);
         });
-        durable.await.map_err(|e| EdgeError::Internal(format!("edge database: {e}")))?;
+        durable.await?;
         Ok(undo)
     }
 
