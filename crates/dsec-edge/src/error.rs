@@ -51,6 +51,22 @@ pub enum EdgeError {
         #[source]
         source: std::io::Error,
     },
+    /// A system call on a descriptor of the edge's own (a pidfd, a
+    /// channel socket, a log file).
+    #[error("{call}: {source}")]
+    Sys {
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A record the edge wrote itself (a stored spec, step or outcome)
+    /// that does not read back.
+    #[error("{what}: {source}")]
+    Stored {
+        what: String,
+        #[source]
+        source: serde_json::Error,
+    },
     /// A cgroup of a sandbox or of the node (created, moved into, removed).
     #[error(transparent)]
     Cgroup(crate::cgroup::CgroupError),
@@ -115,6 +131,11 @@ impl EdgeError {
         move |source| EdgeError::Io { action, path, source }
     }
 
+    /// For `map_err` on a system call on one of the edge's descriptors.
+    pub fn sys(call: &'static str) -> impl FnOnce(std::io::Error) -> EdgeError {
+        move |source| EdgeError::Sys { call, source }
+    }
+
     /// For `map_err` on the join of a spawned task.
     pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> EdgeError {
         move |source| EdgeError::Task { what, source }
@@ -142,6 +163,8 @@ impl EdgeError {
             EdgeError::SetupFailed(_)
             | EdgeError::Internal(_)
             | EdgeError::Io { .. }
+            | EdgeError::Sys { .. }
+            | EdgeError::Stored { .. }
             | EdgeError::Cgroup(_)
             | EdgeError::Store(_)
             | EdgeError::Journal(_)

@@ -114,7 +114,7 @@ impl Edge {
         // freezer instead of trying to talk to a frozen agent.
         if let Err(e) = self.inner.store.sync().await {
             self.set_state(&entry, State::Running, None);
-            return Err(EdgeError::Internal(e.to_string()));
+            return Err(EdgeError::Store(e));
         }
         let spec = entry.record().spec;
         let limit = self.inner.backends.cgroup_memory_bytes(&spec);

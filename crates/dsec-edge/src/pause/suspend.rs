@@ -81,7 +81,7 @@ impl Edge {
         self.set_state(entry, State::Pausing, None);
         if let Err(e) = self.inner.store.sync().await {
             self.set_state(entry, State::Running, None);
-            return Err(EdgeError::Internal(e.to_string()));
+            return Err(EdgeError::Store(e));
         }
         // From here its process may end on purpose.
         *lock(&entry.instance) = None;

@@ -393,7 +393,7 @@ impl Edge {
         let Some((_, json)) = self.inner.journal.sandbox(id).map_err(journal_err)? else {
             return Ok(None);
         };
-        serde_json::from_str(&json).map(Some).map_err(|e| EdgeError::Internal(format!("stored spec of {id}: {e}")))
+        serde_json::from_str(&json).map(Some).map_err(|source| EdgeError::Stored { what: format!("stored spec of {id}"), source })
     }
 
     pub(crate) fn blob(&self, digest: &str) -> Result<Option<Vec<u8>>, EdgeError> {
@@ -509,8 +509,8 @@ impl Edge {
 
     fn outcome(&self, row: &StepRow) -> Result<Option<RecordedResult>, EdgeError> {
         let Some(json) = &row.outcome else { return Ok(None) };
-        let stored: StoredOutcome =
-            serde_json::from_str(json).map_err(|e| EdgeError::Internal(format!("stored outcome of step {}: {e}", row.seq)))?;
+        let stored: StoredOutcome = serde_json::from_str(json)
+            .map_err(|source| EdgeError::Stored { what: format!("stored outcome of step {}", row.seq), source })?;
         let output = |d: &str| -> Result<Vec<u8>, EdgeError> { Ok(self.blob(d)?.unwrap_or_default()) };
         Ok(Some(match stored {
             StoredOutcome::Exited { exit_code, signal, stdout, stderr, truncated, timed_out, duration_us } => {
@@ -532,7 +532,8 @@ impl Edge {
     }
 
     fn step_view(&self, row: StepRow) -> Result<TrajectoryStep, EdgeError> {
-        let op: StepOp = serde_json::from_str(&row.op).map_err(|e| EdgeError::Internal(format!("stored step {}: {e}", row.seq)))?;
+        let op: StepOp =
+            serde_json::from_str(&row.op).map_err(|source| EdgeError::Stored { what: format!("stored step {}", row.seq), source })?;
         let outcome = self.outcome(&row)?;
         let changes: Option<StoredChanges> = row.changed.as_deref().and_then(|c| serde_json::from_str(c).ok());
         Ok(TrajectoryStep {

@@ -181,7 +181,7 @@ impl ContainerBackend {
         };
         if let Err(e) = self.cgroups.attach(id, pid) {
             undo(&pidfd);
-            return Err(EdgeError::Internal(e.to_string()));
+            return Err(e.into());
         }
         // The allowlist is attached while the agent sets the root up: the
         // agent starts nothing before it answers Ready, and nothing of the
@@ -212,8 +212,8 @@ impl ContainerBackend {
         };
         let channel = spawned.channel;
         let handshake = async move {
-            channel.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
-            let stream = tokio::net::UnixStream::from_std(channel).map_err(|e| EdgeError::Internal(e.to_string()))?;
+            channel.set_nonblocking(true).map_err(EdgeError::sys("set the agent's channel non-blocking"))?;
+            let stream = tokio::net::UnixStream::from_std(channel).map_err(EdgeError::sys("register the agent's channel"))?;
             let (agent, _hello) = AgentClient::answer(stream).await?;
             let t_hello = t0.elapsed();
             match agent.call(Op::SetupContainer(setup)).await? {
@@ -266,7 +266,7 @@ impl ContainerBackend {
         if !self.cgroups.contains(id, pid) {
             return Err(EdgeError::Internal(format!("pid {pid} is no longer the agent of {id}")));
         }
-        let pidfd = spawn::pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+        let pidfd = spawn::pidfd_open(pid).map_err(EdgeError::sys("pidfd_open of the agent"))?;
         // The agent parks a fresh channel at fd 4 only once it has seen its
         // old edge go away; right after a crash (or a thaw) it may not have
         // run yet, and fd 4 is still its placeholder: wait a little for it.
@@ -283,8 +283,8 @@ impl ContainerBackend {
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
         let std_stream = std::os::unix::net::UnixStream::from(fd);
-        std_stream.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        let stream = tokio::net::UnixStream::from_std(std_stream).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        std_stream.set_nonblocking(true).map_err(EdgeError::sys("set the agent's channel non-blocking"))?;
+        let stream = tokio::net::UnixStream::from_std(std_stream).map_err(EdgeError::sys("register the agent's channel"))?;
         let connect = AgentClient::answer(stream);
         let (agent, hello) = tokio::time::timeout(self.setup_timeout, connect)
             .await

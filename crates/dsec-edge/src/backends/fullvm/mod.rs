@@ -281,7 +281,7 @@ impl FullVmBackend {
         let limit = spec.limits.disk_mb << 20;
         tokio::task::spawn_blocking(move || prepare_files(&f2, backing, limit, firmware))
             .await
-            .map_err(|e| EdgeError::Internal(e.to_string()))??;
+            .map_err(EdgeError::task("disk preparation"))??;
         let accel = self.accel().await;
         let launch = self.launch(accel, spec, plan, &files, false);
         let mut args = cmdline::qemu_args(&launch);

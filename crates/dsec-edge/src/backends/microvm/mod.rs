@@ -282,7 +282,7 @@ impl MicroVmBackend {
             }
         })
         .await
-        .map_err(|e| EdgeError::Internal(e.to_string()))??;
+        .map_err(EdgeError::task("disk preparation"))??;
         let accel = self.accel().await;
         let ram = self.ram_path(id);
         let egress = self.egress.as_ref().filter(|_| !spec.network_rules.is_empty());

@@ -239,7 +239,7 @@ impl MicroVmBackend {
         let load = || async move {
             tokio::task::spawn_blocking(move || load_image(&ram, &vmstate, memory_mb))
                 .await
-                .map_err(|e| EdgeError::Internal(e.to_string()))?
+                .map_err(EdgeError::task("snapshot memory load"))?
                 .map(Arc::new)
                 .map_err(|e| EdgeError::Internal(format!("loading the memory of snapshot {}: {e}", snap.name)))
         };
@@ -283,7 +283,7 @@ impl MicroVmBackend {
         let image2 = image.clone();
         let saved = tokio::task::spawn_blocking(move || suspend::save(&qmp, &image2, None, true, &fd))
             .await
-            .map_err(|e| EdgeError::Internal(e.to_string()))
+            .map_err(EdgeError::task("suspend"))
             .and_then(|r| r);
         if let Err(e) = saved {
             tracing::warn!(%id, error = %e, "saving a microVM template failed; this VM goes on booted cold");

@@ -96,7 +96,7 @@ pub(crate) async fn reattach(
     if !cgroups.contains(id, pid) {
         return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
     }
-    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open({pid}): {e}")))?;
+    let pidfd = pidfd_open(pid).map_err(EdgeError::sys("pidfd_open of QEMU"))?;
     let agent = attach_ready(id, &pidfd, socket).await?;
     if let Some(eg) = super::net::egress_of(egress, id) {
         super::net::keep_netns_of(eg, id, pid)?;

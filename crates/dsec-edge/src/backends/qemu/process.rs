@@ -63,7 +63,7 @@ pub(crate) fn spawn_qemu_fds(
         .collect();
     let log_path = run_dir.join("qemu.log");
     let log = std::fs::File::create(&log_path).map_err(EdgeError::io("creating", &log_path))?;
-    let log2 = log.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let log2 = log.try_clone().map_err(EdgeError::sys("dup QEMU's log"))?;
     let mut cmd = std::process::Command::new(qemu);
     cmd.args(args).stdin(std::process::Stdio::null()).stdout(log).stderr(log2);
     // SAFETY: the closure runs between fork and exec and only makes
@@ -115,7 +115,7 @@ pub(crate) fn spawn_qemu_fds(
     // Dropping the Child neither kills nor reaps: the exit watcher
     // reaps through the pidfd.
     drop(child);
-    let pidfd = pidfd_open(pid).map_err(|e| EdgeError::Internal(format!("pidfd_open(QEMU {pid}): {e}")))?;
+    let pidfd = pidfd_open(pid).map_err(EdgeError::sys("pidfd_open of QEMU"))?;
     Ok((pid, pidfd))
 }
 

@@ -177,7 +177,7 @@ pub(crate) async fn suspend_qemu(
     pidfd: &std::os::fd::OwnedFd,
 ) -> Result<crate::backends::SuspendOutcome, EdgeError> {
     let before = cgroups.memory_usage(id).unwrap_or(0);
-    let pidfd = pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?;
+    let pidfd = pidfd.try_clone().map_err(EdgeError::sys("dup QEMU's pidfd"))?;
     let mut out = tokio::task::spawn_blocking(move || save(&qmp, &image, ram.as_deref(), ignore_shared, &pidfd))
         .await
         .map_err(EdgeError::task("suspend"))??;
@@ -232,7 +232,7 @@ pub(crate) async fn restore_qemu(
 /// Has a QEMU started with `-incoming defer` (`pidfd`) load its state
 /// and continue (`finish_restore`, on a blocking thread).
 pub(crate) async fn load_incoming(files: &VmFiles, pidfd: &std::os::fd::OwnedFd, ignore_shared: bool) -> Result<RestoreTimes, EdgeError> {
-    let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(|e| EdgeError::Internal(e.to_string()))?);
+    let (qmp, fd) = (files.qmp_socket(), pidfd.try_clone().map_err(EdgeError::sys("dup QEMU's pidfd"))?);
     tokio::task::spawn_blocking(move || finish_restore(&qmp, &fd, ignore_shared)).await.map_err(EdgeError::task("restore"))?
 }
 
