@@ -9,7 +9,9 @@ pub mod auth;
 mod convert;
 mod e2b;
 pub mod error;
+mod exposition;
 mod extract;
+pub mod http_metrics;
 pub mod lingering;
 pub mod nodes;
 mod openapi;
@@ -88,5 +90,7 @@ pub fn router(state: AppState) -> Router {
         // default 2 MB body limit.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state.clone())
-        .merge(e2b::router(state))
+        .merge(e2b::router(state.clone()))
+        // Outermost, so a forwarded request and a refused one are timed too.
+        .layer(axum::middleware::from_fn_with_state(state, http_metrics::observe))
 }

@@ -39,7 +39,7 @@ impl Edge {
             .await
             .map_err(|e| EdgeError::Internal(format!("creation task failed: {e}")))?;
         match &out {
-            Ok(rec) => self.inner.counters.created(rec.create_ms.unwrap_or(0.0)),
+            Ok(rec) => self.inner.counters.created(rec.spec.backend, rec.create_ms.unwrap_or(0.0)),
             Err(_) => self.inner.counters.creation_failed(),
         }
         out
