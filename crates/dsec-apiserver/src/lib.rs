@@ -20,6 +20,7 @@ pub mod remote;
 mod routes;
 mod sandboxfusion;
 pub mod state;
+mod ui;
 
 use axum::routing::{get, post, put};
 use axum::Router;
@@ -39,6 +40,9 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(admin::healthz))
         .route("/openapi.json", get(move || async move { ([("content-type", "application/json")], doc) }))
         .route("/metrics", get(metrics::metrics))
+        .route("/ui", get(ui::redirect))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{file}", get(ui::file))
         .route("/v1/nodes", get(admin::nodes))
         .route("/v1/nodes/{node}/metrics", get(usage::node))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
