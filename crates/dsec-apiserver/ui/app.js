@@ -270,6 +270,24 @@ function jobActions(job) {
   );
 }
 
+/** The row to show for `id`: its current one with only the cells whose
+ *  text changed swapped for `fresh`'s, so a refresh never replaces an
+ *  element under the pointer (a click whose press and release land on
+ *  different elements is lost). */
+function keepRow(rows, id, fresh) {
+  const old = rows.get(id);
+  if (!old) {
+    rows.set(id, fresh);
+    return fresh;
+  }
+  const cells = Array.from(fresh.children);
+  cells.forEach((cell, i) => {
+    const was = old.children[i];
+    if (was.textContent !== cell.textContent) old.replaceChild(cell, was);
+  });
+  return old;
+}
+
 async function sandboxesPage(params, gen) {
   const body = h("tbody", {});
   const note = h("p", { class: "muted", testid: "list-note" }, "Loading…");
@@ -290,33 +308,41 @@ async function sandboxesPage(params, gen) {
     note,
   );
   const q = listQuery(params);
+  // Rows by sandbox id, kept across refreshes (see keepRow).
+  const rows = new Map();
   const tick = async () => {
     try {
       const list = await api("GET", `/v1/sandboxes${q.toString() ? "?" + q : ""}`);
       const usage = await usageOf(list.sandboxes);
       if (gen !== generation) return;
-      body.replaceChildren(
-        ...list.sandboxes
-          .slice()
-          .reverse()
-          .map((s) => {
-            const u = usage.get(s.id);
-            return h(
-              "tr",
-              { testid: "sandbox-row" },
-              h("td", {}, sandboxLink(s.id)),
-              h("td", {}, stateBadge(s.state)),
-              h("td", {}, s.backend),
-              h("td", {}, s.image),
-              h("td", {}, s.node),
-              h("td", {}, s.job || ""),
-              h("td", { testid: "labels" }, Object.entries(s.labels || {}).map(([k, v]) => h("div", { class: "mono" }, `${k}=${v}`))),
-              h("td", {}, age(s.created_at)),
-              h("td", { class: "num" }, u ? cores(u.cpu_cores) : "–"),
-              h("td", { class: "num" }, u ? `${bytes(u.memory_bytes)} / ${bytes(s.limits.memory_limit_mb * 1048576)}` : "–"),
-            );
-          }),
-      );
+      const fresh = list.sandboxes
+        .slice()
+        .reverse()
+        .map((s) => {
+          const u = usage.get(s.id);
+          return h(
+            "tr",
+            { testid: "sandbox-row" },
+            h("td", {}, sandboxLink(s.id)),
+            h("td", {}, stateBadge(s.state)),
+            h("td", {}, s.backend),
+            h("td", {}, s.image),
+            h("td", {}, s.node),
+            h("td", {}, s.job || ""),
+            h("td", { testid: "labels" }, Object.entries(s.labels || {}).map(([k, v]) => h("div", { class: "mono" }, `${k}=${v}`))),
+            h("td", {}, age(s.created_at)),
+            h("td", { class: "num" }, u ? cores(u.cpu_cores) : "–"),
+            h("td", { class: "num" }, u ? `${bytes(u.memory_bytes)} / ${bytes(s.limits.memory_limit_mb * 1048576)}` : "–"),
+          );
+        });
+      const ids = list.sandboxes
+        .slice()
+        .reverse()
+        .map((s) => s.id);
+      const shown = ids.map((id, i) => keepRow(rows, id, fresh[i]));
+      const same = shown.length === body.children.length && shown.every((tr, i) => body.children[i] === tr);
+      if (!same) body.replaceChildren(...shown);
+      for (const id of rows.keys()) if (!ids.includes(id)) rows.delete(id);
       note.textContent = `${list.sandboxes.length} sandboxes, newest first; refreshed ${new Date().toLocaleTimeString()}`;
     } catch (e) {
       if (gen === generation) note.replaceChildren(errorBox(e));
@@ -374,7 +400,7 @@ function facts(pairs) {
   );
 }
 
-function actionButtons(id, state, onDone) {
+function actionButtons(id, state) {
   const status = h("span", { class: "muted", testid: "action-status" });
   const run = (label, method, path) => async (ev) => {
     ev.target.disabled = true;
@@ -382,7 +408,6 @@ function actionButtons(id, state, onDone) {
     try {
       await api(method, path);
       status.textContent = `${label}: done`;
-      onDone();
     } catch (e) {
       status.replaceChildren(errorBox(e));
     } finally {
@@ -467,9 +492,24 @@ async function sandboxPage(id, gen) {
   const canvas = h("canvas", { class: "chart", testid: "chart" });
   const history = h("div", {});
   const note = h("div", {});
-  show(h("p", {}, h("a", { href: "#/sandboxes" }, "← Sandboxes")), h("h1", { class: "mono", testid: "sandbox-id" }, id), head, h("h2", {}, "Usage"), figures, canvas, history, note);
   let lastState = null;
   let historyAt = 0;
+  // The audit events are asked of the sandbox's agent, and any request to
+  // a paused sandbox's agent resumes it: they are read once when the page
+  // opens on a running sandbox, then only when asked, never on a timer
+  // that could race a pause.
+  const auditBody = h("div", {});
+  const auditButton = h("button", { type: "button", testid: "audit-refresh" }, "Read again");
+  const readAudit = async () => {
+    const a = await api("GET", `/v1/sandboxes/${sid(id)}/audit`).catch((e) => e);
+    if (gen === generation) auditBody.replaceChildren(a instanceof Error ? errorBox(a) : auditTable(a));
+  };
+  auditButton.addEventListener("click", () => {
+    if (lastState === "running") readAudit();
+    else auditBody.replaceChildren(h("p", { class: "muted" }, "Read only while the sandbox runs (reading them would resume it)."));
+  });
+  const audit = h("div", {}, h("h2", {}, "Audit events ", auditButton), auditBody);
+  show(h("p", {}, h("a", { href: "#/sandboxes" }, "← Sandboxes")), h("h1", { class: "mono", testid: "sandbox-id" }, id), head, h("h2", {}, "Usage"), figures, canvas, history, audit, note);
   const tick = async () => {
     try {
       const s = await api("GET", `/v1/sandboxes/${sid(id)}`);
@@ -487,9 +527,10 @@ async function sandboxPage(id, gen) {
             ["Created", `${s.created_at} (${age(s.created_at)} ago)`],
             ["Limits", `${s.limits.cpu_cores_limit} cores, ${s.limits.memory_limit_mb} MiB memory, ${s.limits.disk_limit_mb} MiB disk, ${s.limits.pids_limit} pids`],
           ]),
-          actionButtons(id, s.state, () => {
-            lastState = null;
-          }),
+          // The buttons are made again when the state changes, not when an
+          // action answers: a second re-render could replace a button
+          // between a press and its release.
+          actionButtons(id, s.state),
         );
       }
       // Reading usage never resumes a paused sandbox.
@@ -507,19 +548,13 @@ async function sandboxPage(id, gen) {
         { name: "CPU", color: "#2457c5", max: m.limits.cpu_cores_limit, format: cores, points: m.samples.map((p) => [p.time_ms, p.cpu_cores]) },
         { name: "memory", color: "#1e7b34", max: m.limits.memory_limit_mb * 1048576, format: bytes, points: m.samples.map((p) => [p.time_ms, p.memory_bytes]) },
       ]);
-      // The log and the audit events change less often: every 10 s. The
-      // audit events are asked of the agent, which would resume a paused
-      // sandbox: only while it runs.
+      // The log changes less often: every 10 s.
       if (Date.now() - historyAt > 10000 || historyAt === 0) {
+        const first = historyAt === 0;
         historyAt = Date.now();
-        const parts = [h("h2", {}, "Trajectory (last 50 steps)")];
         const t = await api("GET", `/v1/sandboxes/${sid(id)}/trajectory`).catch((e) => e);
-        parts.push(t instanceof Error ? errorBox(t) : trajectoryTable(t.steps));
-        if (s.state === "running") {
-          const a = await api("GET", `/v1/sandboxes/${sid(id)}/audit`).catch((e) => e);
-          parts.push(h("h2", {}, "Audit events"), a instanceof Error ? errorBox(a) : auditTable(a));
-        }
-        if (gen === generation) history.replaceChildren(...parts);
+        if (gen === generation) history.replaceChildren(h("h2", {}, "Trajectory (last 50 steps)"), t instanceof Error ? errorBox(t) : trajectoryTable(t.steps));
+        if (first && s.state === "running") await readAudit();
       }
       note.replaceChildren(h("p", { class: "muted" }, `refreshed ${new Date().toLocaleTimeString()}`));
     } catch (e) {

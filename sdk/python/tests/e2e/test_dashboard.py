@@ -28,6 +28,7 @@ from .conftest import Server, Tenant, run_args
 
 #: What the page may take to show something on a busy host (ms).
 WAIT_MS = 60_000
+expect.set_options(timeout=WAIT_MS)
 
 #: A label value that would run script if the page inserted it as HTML.
 XSS = '<img src=x onerror="window.__xss=1"><script>window.__xss=2</script>"\'&amp;'
@@ -72,7 +73,8 @@ async def test_a_tenant_signs_in_sees_its_sandbox_and_kills_it(
         sb = await c.run_container(run_args("busybox", memory_limit_mb=64, cpu_cores_limit=0.2, job=job,
                                             labels={"suite": "sdk-e2e", "note": XSS}), timeout=120)
         try:
-            await sb.run_shell("true")
+            # A refused attempt for its audit events: a masked path opened.
+            await sb.run_shell("cat /proc/kpagecgroup; true")
             page, errors = await new_page(browser)
             await page.goto(server.url + "/ui")
             await page.get_by_test_id("token").fill(tenant.token)
@@ -110,6 +112,7 @@ async def test_a_tenant_signs_in_sees_its_sandbox_and_kills_it(
             await expect(page.get_by_test_id("facts")).to_contain_text(f"note={XSS}")
             assert await page.get_by_test_id("facts").locator("img, script").count() == 0
             await expect(page.get_by_test_id("trajectory")).to_contain_text("exec")
+            await expect(page.get_by_test_id("audit")).to_contain_text("masked_path")
             await page.screenshot(path=str(tmp_path / "sandbox.png"), full_page=True)
 
             # Pause and resume from its page.
