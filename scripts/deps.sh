@@ -33,6 +33,7 @@ PACKAGES=(
   sshfs           # bench/lazy_burst.sh: the node mounts the shared store over a shaped link
   socat           # ...that serves it from a network namespace (hands each connection to sftp-server)
   openssh-sftp-server # ...the SFTP server behind that link
+  chromium        # the dashboard's tests drive Debian's headless Chromium with Playwright (no browser download)
   postgresql      # the cluster's shared state (dsec apiserver --database postgres://...); the store's tests run on it
 )
 

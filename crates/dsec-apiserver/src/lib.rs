@@ -9,7 +9,9 @@ pub mod auth;
 mod convert;
 mod e2b;
 pub mod error;
+mod exposition;
 mod extract;
+pub mod http_metrics;
 pub mod lingering;
 pub mod nodes;
 mod openapi;
@@ -18,6 +20,7 @@ pub mod remote;
 mod routes;
 mod sandboxfusion;
 pub mod state;
+mod ui;
 
 use axum::routing::{get, post, put};
 use axum::Router;
@@ -37,6 +40,9 @@ pub fn router(state: AppState) -> Router {
         .route("/healthz", get(admin::healthz))
         .route("/openapi.json", get(move || async move { ([("content-type", "application/json")], doc) }))
         .route("/metrics", get(metrics::metrics))
+        .route("/ui", get(ui::redirect))
+        .route("/ui/", get(ui::index))
+        .route("/ui/{file}", get(ui::file))
         .route("/v1/nodes", get(admin::nodes))
         .route("/v1/nodes/{node}/metrics", get(usage::node))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
@@ -88,5 +94,7 @@ pub fn router(state: AppState) -> Router {
         // default 2 MB body limit.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state.clone())
-        .merge(e2b::router(state))
+        .merge(e2b::router(state.clone()))
+        // Outermost, so a forwarded request and a refused one are timed too.
+        .layer(axum::middleware::from_fn_with_state(state, http_metrics::observe))
 }

@@ -6,9 +6,12 @@
 //! another process (`dsec edge`), reached over HTTP.
 
 use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
+use std::time::Instant;
 
 use dsec_api::{self as api, ErrorCode, NodeStatus};
+use dsec_edge::histogram::{Histogram, HistogramSnapshot, REQUEST_BOUNDS};
 use dsec_edge::{ids, Caller, Edge, JobAction, ListFilter};
 use dsec_placement::{Demand, NodeView, Placement};
 
@@ -24,6 +27,12 @@ pub enum Node {
 pub struct Nodes {
     nodes: BTreeMap<String, Node>,
     placement: Placement,
+    /// How long each placement decision took (the view read and the
+    /// choice; not the creation on the chosen node).
+    placement_latency: Histogram,
+    /// Nodes that refused a placement (no room, unreachable, queue full),
+    /// each a further choice.
+    placement_refusals: AtomicU64,
 }
 
 /// What identifies a creation request for its idempotency key.
@@ -68,7 +77,18 @@ impl Nodes {
                 (name, n)
             })
             .collect();
-        Self { nodes, placement: Placement::new(PLACEMENT_K) }
+        Self {
+            nodes,
+            placement: Placement::new(PLACEMENT_K),
+            placement_latency: Histogram::new(REQUEST_BOUNDS),
+            placement_refusals: AtomicU64::new(0),
+        }
+    }
+
+    /// Placement decisions' latency and the refusals that sent a creation
+    /// to a further choice.
+    pub fn placement_metrics(&self) -> (HistogramSnapshot, u64) {
+        (self.placement_latency.snapshot(), self.placement_refusals.load(Ordering::Relaxed))
     }
 
     /// Local edges (for shutdown, metrics and tests).
@@ -188,10 +208,15 @@ impl Nodes {
         let mut last_error: Option<ApiError> = None;
         let mut keyed_node = key.and_then(|k| self.node_for_key(caller, k));
         loop {
-            let views = self.views();
             let choice = match keyed_node.take() {
                 Some(n) => Some(n),
-                None => self.placement.choose(&views, &demand, &refused),
+                None => {
+                    let t0 = Instant::now();
+                    let views = self.views();
+                    let choice = self.placement.choose(&views, &demand, &refused);
+                    self.placement_latency.observe(t0.elapsed());
+                    choice
+                }
             };
             let node = match choice {
                 Some(node) => node,
@@ -211,6 +236,7 @@ impl Nodes {
                 Err(e) if matches!(e.code, ErrorCode::NoCapacity | ErrorCode::EdgeUnavailable | ErrorCode::CreationQueueFull) => {
                     tracing::debug!(%node, reason = %e.message, "node refused placement");
                     self.placement.forget(&node);
+                    self.placement_refusals.fetch_add(1, Ordering::Relaxed);
                     refused.push(node);
                     last_error = Some(e);
                 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use dsec_api::ImageInfo;
 
 use crate::auth::Authenticator;
+use crate::http_metrics::HttpMetrics;
 use crate::nodes::Nodes;
 use crate::routes::fncall::FnCallBackend;
 
@@ -26,6 +27,24 @@ pub struct AppState {
     pub fncall: Option<Arc<FnCallBackend>>,
     /// Serve SandboxFusion's `/run_code` without credentials.
     pub sandboxfusion_open: bool,
+    /// Request durations for `/metrics` (filled by the router's layer).
+    pub http_metrics: Arc<HttpMetrics>,
+}
+
+impl AppState {
+    /// A state with no image store, no FnCall and default limits (what a
+    /// test of the HTTP layer needs).
+    pub fn new(auth: Arc<Authenticator>, nodes: Arc<Nodes>) -> Self {
+        Self {
+            auth,
+            nodes,
+            images: None,
+            limits: Arc::new(ApiLimits::default()),
+            fncall: None,
+            sandboxfusion_open: false,
+            http_metrics: Default::default(),
+        }
+    }
 }
 
 /// Bounds on what one request may carry.

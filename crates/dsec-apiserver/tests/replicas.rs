@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use dsec_apiserver::auth::{Authenticator, TokenStore};
 use dsec_apiserver::nodes::Nodes;
-use dsec_apiserver::{router, ApiLimits, AppState};
+use dsec_apiserver::{router, AppState};
 use dsec_store::{testing, Database, NewToken, Store};
 use http_body_util::BodyExt;
 use serde_json::json;
@@ -21,14 +21,7 @@ use tower::ServiceExt;
 
 async fn replica(db: &Database, admin_token_file: &Path) -> AppState {
     let tokens = TokenStore::open(db, admin_token_file).await.expect("replica starts");
-    AppState {
-        auth: Arc::new(Authenticator::Tokens(tokens)),
-        nodes: Arc::new(Nodes::new(vec![])),
-        images: None,
-        limits: Arc::new(ApiLimits::default()),
-        fncall: None,
-        sandboxfusion_open: false,
-    }
+    AppState::new(Arc::new(Authenticator::Tokens(tokens)), Arc::new(Nodes::new(vec![])))
 }
 
 struct Answer {

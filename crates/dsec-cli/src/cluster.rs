@@ -98,6 +98,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         limits: Arc::new(ApiLimits { max_upload_bytes: a.max_upload_mb << 20 }),
         fncall: started.fncall_backend(),
         sandboxfusion_open: false,
+        http_metrics: Default::default(),
     };
     serve(a.listen, state, &format!("edge of node {}", started.edge.node()), Some(started.edge.clone())).await?;
     started.shutdown().await;
@@ -125,6 +126,7 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         limits: Arc::new(ApiLimits::default()),
         fncall: Some(Arc::new(FnCallBackend::Remote(Default::default()))),
         sandboxfusion_open: a.sandboxfusion_open,
+        http_metrics: Default::default(),
     };
     let what =
         format!("apiserver for {} edge(s) on {database}; admin token in {}", a.edges.len(), a.data_dir.join("admin-token").display());

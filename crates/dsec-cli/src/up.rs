@@ -348,6 +348,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
         limits: Arc::new(ApiLimits { max_upload_bytes: a.max_upload_mb << 20 }),
         fncall: started.fncall_backend(),
         sandboxfusion_open: a.sandboxfusion_open,
+        http_metrics: Default::default(),
     };
     let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
     serve(a.listen, state, &what, Some(started.edge.clone())).await?;

@@ -20,6 +20,7 @@ pub mod cgroup;
 mod edge;
 pub mod error;
 pub mod events;
+pub mod histogram;
 pub mod ids;
 pub mod images;
 pub mod lifecycle;

@@ -1,6 +1,7 @@
 //! What an edge counts for its metrics endpoint: monotonic counters of the
-//! operations it carried out, a histogram of creation latency, and, read at
-//! scrape time, the sandboxes it holds by state and backend.
+//! operations it carried out, histograms of creation latency (per backend)
+//! and of buffered commands' latency, and, read at scrape time, the
+//! sandboxes it holds by state and backend and the host's swap traffic.
 //!
 //! Counters are relaxed atomics bumped on the paths they count (one add,
 //! no lock); nothing here is on a path that could fail because of it.
@@ -9,13 +10,15 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
+use std::time::Duration;
+
 use crate::edge::{Edge, NodeStats};
+use crate::histogram::{Histogram, HistogramSnapshot, OPERATION_BOUNDS};
+use crate::model::BackendKind;
 
-/// Upper bounds (ms) of the creation-latency buckets; the last bucket is
-/// everything above.
-pub const CREATE_MS_BUCKETS: [u64; 12] = [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000];
+/// Every backend, in the order of [`Counters`]' creation histograms.
+const BACKENDS: [BackendKind; 4] = [BackendKind::Container, BackendKind::Microvm, BackendKind::Vm, BackendKind::Fncall];
 
-#[derive(Default)]
 pub(crate) struct Counters {
     creations: AtomicU64,
     creation_failures: AtomicU64,
@@ -23,8 +26,10 @@ pub(crate) struct Counters {
     steps: AtomicU64,
     pauses: AtomicU64,
     resumes: AtomicU64,
-    create_ms_buckets: [AtomicU64; CREATE_MS_BUCKETS.len() + 1],
-    create_us_sum: AtomicU64,
+    /// Creation latency, one histogram per backend (indexed as BACKENDS).
+    create_latency: [Histogram; BACKENDS.len()],
+    /// Buffered commands, from the request to the agent to its answer.
+    exec_latency: Histogram,
     /// Audit events of every sandbox's agent, by kind (fed by the agents'
     /// tallies through `audit_sink`).
     audit: Arc<Mutex<BTreeMap<String, u64>>>,
@@ -34,16 +39,44 @@ pub(crate) struct Counters {
 /// agent reports is counted as `other` (the label set stays bounded).
 const AUDIT_KINDS: &[&str] = &["syscall", "network", "masked_path", "tamper"];
 
+impl Default for Counters {
+    fn default() -> Self {
+        Self {
+            creations: Default::default(),
+            creation_failures: Default::default(),
+            execs: Default::default(),
+            steps: Default::default(),
+            pauses: Default::default(),
+            resumes: Default::default(),
+            create_latency: BACKENDS.map(|_| Histogram::new(OPERATION_BOUNDS)),
+            exec_latency: Histogram::new(OPERATION_BOUNDS),
+            audit: Default::default(),
+        }
+    }
+}
+
+fn backend_index(kind: BackendKind) -> usize {
+    BACKENDS.iter().position(|&b| b == kind).unwrap_or(0)
+}
+
+/// A backend's name as labels and records spell it.
+pub fn backend_name(kind: BackendKind) -> &'static str {
+    match kind {
+        BackendKind::Container => "container",
+        BackendKind::Microvm => "microvm",
+        BackendKind::Vm => "vm",
+        BackendKind::Fncall => "fncall",
+    }
+}
+
 fn bump(c: &AtomicU64) {
     c.fetch_add(1, Ordering::Relaxed);
 }
 
 impl Counters {
-    pub(crate) fn created(&self, ms: f64) {
+    pub(crate) fn created(&self, backend: BackendKind, ms: f64) {
         bump(&self.creations);
-        let i = CREATE_MS_BUCKETS.iter().position(|&b| ms <= b as f64).unwrap_or(CREATE_MS_BUCKETS.len());
-        bump(&self.create_ms_buckets[i]);
-        self.create_us_sum.fetch_add((ms.max(0.0) * 1000.0) as u64, Ordering::Relaxed);
+        self.create_latency[backend_index(backend)].observe(Duration::from_secs_f64(ms.max(0.0) / 1000.0));
     }
 
     pub(crate) fn creation_failed(&self) {
@@ -52,6 +85,11 @@ impl Counters {
 
     pub(crate) fn exec(&self) {
         bump(&self.execs);
+    }
+
+    /// A buffered command answered (or failed) after `took`.
+    pub(crate) fn exec_done(&self, took: Duration) {
+        self.exec_latency.observe(took);
     }
 
     pub(crate) fn step(&self) {
@@ -84,15 +122,15 @@ impl Counters {
             steps: get(&self.steps),
             pauses: get(&self.pauses),
             resumes: get(&self.resumes),
-            create_ms_buckets: self.create_ms_buckets.iter().map(get).collect(),
-            create_us_sum: get(&self.create_us_sum),
+            create_latency: BACKENDS.iter().zip(&self.create_latency).map(|(&b, h)| (backend_name(b), h.snapshot())).collect(),
+            exec_latency: self.exec_latency.snapshot(),
             audit_events: self.audit.lock().unwrap_or_else(|p| p.into_inner()).clone(),
         }
     }
 }
 
 /// The counters at one moment.
-#[derive(Debug, Clone, Default)]
+#[derive(Debug, Clone)]
 pub struct CounterSnapshot {
     /// Sandboxes created (running at the end of their creation).
     pub creations: u64,
@@ -104,11 +142,11 @@ pub struct CounterSnapshot {
     pub steps: u64,
     pub pauses: u64,
     pub resumes: u64,
-    /// Creations per latency bucket (not cumulative); one more entry than
-    /// [`CREATE_MS_BUCKETS`] (the overflow bucket).
-    pub create_ms_buckets: Vec<u64>,
-    /// Sum of all creation latencies, in microseconds.
-    pub create_us_sum: u64,
+    /// Creation latency (accepted request to running sandbox), by backend
+    /// name; every backend is present, observed or not.
+    pub create_latency: BTreeMap<&'static str, HistogramSnapshot>,
+    /// Buffered commands' latency.
+    pub exec_latency: HistogramSnapshot,
     /// Refused attempts recorded in sandboxes, by kind (`syscall`,
     /// `network`, `masked_path`, `tamper`, `other`).
     pub audit_events: BTreeMap<String, u64>,
@@ -121,6 +159,24 @@ pub struct EdgeMetrics {
     /// Sandboxes held, by (state, backend).
     pub sandboxes: BTreeMap<(String, String), u64>,
     pub stats: NodeStats,
+    /// Pages the host swapped in and out since boot (`/proc/vmstat`), the
+    /// traffic paused sandboxes cause; `None` where it cannot be read.
+    pub swap_pages: Option<SwapPages>,
+}
+
+/// The host's swap counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SwapPages {
+    pub swapped_in: u64,
+    pub swapped_out: u64,
+}
+
+/// `pswpin` and `pswpout` of a `/proc/vmstat` text.
+pub fn parse_vmstat_swap(text: &str) -> Option<SwapPages> {
+    let field = |name: &str| {
+        text.lines().find_map(|l| l.strip_prefix(name).and_then(|rest| rest.strip_prefix(' ')).and_then(|v| v.trim().parse().ok()))
+    };
+    Some(SwapPages { swapped_in: field("pswpin")?, swapped_out: field("pswpout")? })
 }
 
 impl Edge {
@@ -130,10 +186,11 @@ impl Edge {
         let mut sandboxes = BTreeMap::new();
         for entry in self.inner.registry.read().unwrap_or_else(|p| p.into_inner()).values() {
             let rec = entry.record();
-            let key = (entry.state().as_str().to_string(), format!("{:?}", rec.spec.backend).to_lowercase());
+            let key = (entry.state().as_str().to_string(), backend_name(rec.spec.backend).to_string());
             *sandboxes.entry(key).or_insert(0) += 1;
         }
-        EdgeMetrics { counters: self.inner.counters.snapshot(), sandboxes, stats: self.stats() }
+        let swap_pages = std::fs::read_to_string("/proc/vmstat").ok().as_deref().and_then(parse_vmstat_swap);
+        EdgeMetrics { counters: self.inner.counters.snapshot(), sandboxes, stats: self.stats(), swap_pages }
     }
 }
 
@@ -142,22 +199,33 @@ mod tests {
     use super::*;
 
     #[test]
-    fn creation_latencies_land_in_their_buckets() {
+    fn creation_latencies_are_kept_per_backend() {
         let c = Counters::default();
-        for ms in [0.0, 1.0, 2.5, 5000.0, 5000.5, 60_000.0] {
-            c.created(ms);
+        for ms in [0.0, 1.0, 2.5] {
+            c.created(BackendKind::Container, ms);
         }
+        c.created(BackendKind::Microvm, 60_000.5);
         c.creation_failed();
+        c.exec_done(Duration::from_millis(7));
         let s = c.snapshot();
-        assert_eq!(s.creations, 6);
+        assert_eq!(s.creations, 4);
         assert_eq!(s.creation_failures, 1);
-        assert_eq!(s.create_ms_buckets.len(), CREATE_MS_BUCKETS.len() + 1);
-        // 0 and 1 -> "<= 1"; 2.5 -> "<= 5"; 5000 -> "<= 5000"; the rest above.
-        assert_eq!(s.create_ms_buckets[0], 2);
-        assert_eq!(s.create_ms_buckets[2], 1);
-        assert_eq!(s.create_ms_buckets[CREATE_MS_BUCKETS.len() - 1], 1);
-        assert_eq!(s.create_ms_buckets[CREATE_MS_BUCKETS.len()], 2);
-        assert_eq!(s.create_us_sum, 1000 + 2500 + 5_000_000 + 5_000_500 + 60_000_000);
+        assert_eq!(s.create_latency.keys().copied().collect::<Vec<_>>(), vec!["container", "fncall", "microvm", "vm"]);
+        let container = &s.create_latency["container"];
+        // 0 and 1 ms -> "<= 0.001"; 2.5 ms -> "<= 0.005".
+        assert_eq!((container.counts[0], container.counts[2], container.count()), (2, 1, 3));
+        let microvm = &s.create_latency["microvm"];
+        assert_eq!(microvm.counts[OPERATION_BOUNDS.len()], 1, "above the last bound: {microvm:?}");
+        assert!((microvm.sum_seconds - 60.0005).abs() < 1e-6);
+        assert_eq!(s.create_latency["vm"].count(), 0);
+        assert_eq!(s.exec_latency.count(), 1);
+    }
+
+    #[test]
+    fn swap_counters_are_read_from_vmstat() {
+        let text = "nr_free_pages 10\npswpin 12\npswpout 345\npswpout_extra 9\n";
+        assert_eq!(parse_vmstat_swap(text), Some(SwapPages { swapped_in: 12, swapped_out: 345 }));
+        assert_eq!(parse_vmstat_swap("pswpin 1\n"), None);
     }
 
     #[test]

@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::time::{Duration, Instant};
 
 use dsec_api::{CaseResult, FnCallPools, FnCallRequest, FnCallResponse, RunStatus, StepResult, Verdict};
+use dsec_edge::histogram::{Histogram, HistogramSnapshot, OPERATION_BOUNDS};
 use dsec_edge::{Edge, ListFilter};
 
 use crate::cache::{compile_key, CompileCache};
@@ -44,6 +45,9 @@ pub struct FnCallService {
     /// The largest sandbox this node makes, MiB: what bounds a call's memory.
     node_max_memory_mb: u64,
     cache: CompileCache,
+    /// Calls' latency (queueing included) by language; the languages are
+    /// the pools', fixed at start, so no lock is needed to observe.
+    latency: BTreeMap<String, Histogram>,
 }
 
 /// A validated call: limits resolved, inputs checked.
@@ -74,7 +78,9 @@ impl FnCallService {
             .map(|p| (p.language.clone(), Pool::new(&p.language, p.min, p.max, cfg.runner_memory_mb, edge.clone(), cfg.clone())))
             .collect();
         let node_max_memory_mb = edge.config().policy.max_memory_mb.min(edge.stats().capacity.memory_mb);
+        let latency = cfg.pools.iter().map(|p| (p.language.clone(), Histogram::new(OPERATION_BOUNDS))).collect();
         let svc = Arc::new(FnCallService {
+            latency,
             cache: CompileCache::new(cfg.compile_cache_bytes),
             cfg,
             edge,
@@ -129,10 +135,22 @@ impl FnCallService {
     /// caller that goes away does not leave a runner half-way through.
     pub async fn call(self: &Arc<Self>, req: FnCallRequest) -> Result<FnCallResponse, FnCallError> {
         let plan = self.validate(&req)?;
+        let t0 = Instant::now();
+        let language = req.language.clone();
         let svc = self.clone();
-        tokio::spawn(async move { svc.run_call(req, plan).await })
+        let out = tokio::spawn(async move { svc.run_call(req, plan).await })
             .await
-            .map_err(|e| FnCallError::RunnerFailed(format!("call task failed: {e}")))?
+            .map_err(|e| FnCallError::RunnerFailed(format!("call task failed: {e}")))?;
+        if let Some(h) = self.latency.get(&language) {
+            h.observe(t0.elapsed());
+        }
+        out
+    }
+
+    /// Latency of the calls served so far (validated ones, answered or
+    /// failed), by language.
+    pub fn latency(&self) -> BTreeMap<String, HistogramSnapshot> {
+        self.latency.iter().map(|(l, h)| (l.clone(), h.snapshot())).collect()
     }
 
     /// Runs many calls at once (each as [`FnCallService::call`]); one result

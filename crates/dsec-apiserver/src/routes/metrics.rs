@@ -6,13 +6,12 @@
 //! cluster its node, an apiserver of a cluster the nodes as its watcher sees
 //! them. Counters count from the process's start (a scraper handles resets).
 
-use std::fmt::Write as _;
-
 use axum::extract::State;
 use axum::response::IntoResponse;
-use dsec_edge::metrics::{EdgeMetrics, CREATE_MS_BUCKETS};
+use dsec_edge::metrics::EdgeMetrics;
 
 use crate::auth::Admin;
+use crate::exposition::Exposition;
 use crate::routes::fncall::FnCallBackend;
 use crate::state::AppState;
 
@@ -39,19 +38,23 @@ pub async fn metrics(State(st): State<AppState>, Admin(_admin): Admin) -> impl I
         edge_metrics(&mut out, &edge.metrics());
     }
     if let Some(FnCallBackend::Local(svc)) = st.fncall.as_deref() {
-        for p in svc.status().pools {
-            let l = [("language", p.language.as_str())];
-            out.gauge("dsec_fncall_runners", "FnCall runners in the pool.", &l, p.runners as f64);
-            out.gauge("dsec_fncall_runners_idle", "FnCall runners waiting for a call.", &l, p.idle as f64);
-            out.gauge("dsec_fncall_calls_queued", "FnCall calls waiting for a runner.", &l, p.queued as f64);
-            out.counter("dsec_fncall_calls_total", "FnCall calls served.", &l, p.calls as f64);
-            out.counter(
-                "dsec_fncall_runners_replaced_total",
-                "FnCall runners retired after a call that did not end cleanly.",
-                &l,
-                p.runners_replaced as f64,
-            );
-        }
+        fncall_metrics(&mut out, svc);
+    }
+    let (placement, refusals) = st.nodes.placement_metrics();
+    out.histogram("dsec_placement_seconds", "Time to choose a node for a creation (view read and choice).", &[], &placement);
+    out.counter(
+        "dsec_placement_refusals_total",
+        "Chosen nodes that refused a creation (no room, unreachable, queue full), each followed by another choice.",
+        &[],
+        refusals as f64,
+    );
+    for ((route, method, class), h) in st.http_metrics.snapshot() {
+        out.histogram(
+            "dsec_http_request_duration_seconds",
+            "Time from a request's arrival to its answer's head, by route template, method and status class.",
+            &[("route", &route), ("method", method), ("code", class)],
+            &h,
+        );
     }
     ([("content-type", "text/plain; version=0.0.4; charset=utf-8")], out.finish())
 }
@@ -82,99 +85,47 @@ fn edge_metrics(out: &mut Exposition, m: &EdgeMetrics) {
             *count as f64,
         );
     }
-    out.histogram(
-        "dsec_sandbox_create_seconds",
-        "Time from accepted request to running sandbox.",
-        node,
-        &CREATE_MS_BUCKETS.map(|b| b as f64 / 1000.0),
-        &c.create_ms_buckets,
-        c.create_us_sum as f64 / 1e6,
-    );
-}
-
-/// A text exposition being written: each family's HELP and TYPE once,
-/// before its first sample.
-#[derive(Default)]
-struct Exposition {
-    text: String,
-    declared: std::collections::HashSet<&'static str>,
-}
-
-impl Exposition {
-    fn declare(&mut self, name: &'static str, help: &str, kind: &str) {
-        if self.declared.insert(name) {
-            let _ = writeln!(self.text, "# HELP {name} {help}\n# TYPE {name} {kind}");
-        }
+    for (backend, h) in &c.create_latency {
+        out.histogram(
+            "dsec_sandbox_create_seconds",
+            "Time from accepted request to running sandbox, by backend.",
+            &[("node", node), ("backend", backend)],
+            h,
+        );
     }
-
-    fn sample(&mut self, name: &str, labels: &[(&str, &str)], value: f64) {
-        self.text.push_str(name);
-        if !labels.is_empty() {
-            self.text.push('{');
-            for (i, (k, v)) in labels.iter().enumerate() {
-                if i > 0 {
-                    self.text.push(',');
-                }
-                let _ = write!(self.text, "{k}=\"{}\"", escape(v));
-            }
-            self.text.push('}');
-        }
-        let _ = writeln!(self.text, " {value}");
-    }
-
-    fn gauge(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], value: f64) {
-        self.declare(name, help, "gauge");
-        self.sample(name, labels, value);
-    }
-
-    fn counter(&mut self, name: &'static str, help: &str, labels: &[(&str, &str)], value: f64) {
-        self.declare(name, help, "counter");
-        self.sample(name, labels, value);
-    }
-
-    /// `counts` has one more entry than `bounds` (the overflow bucket) and
-    /// is not cumulative; the exposition's buckets are.
-    fn histogram(&mut self, name: &'static str, help: &str, node: &str, bounds: &[f64], counts: &[u64], sum: f64) {
-        self.declare(name, help, "histogram");
-        let mut cumulative = 0u64;
-        let bucket = format!("{name}_bucket");
-        for (i, count) in counts.iter().enumerate() {
-            cumulative += count;
-            let le = bounds.get(i).map(|b| b.to_string()).unwrap_or_else(|| "+Inf".into());
-            self.sample(&bucket, &[("node", node), ("le", &le)], cumulative as f64);
-        }
-        self.sample(&format!("{name}_sum"), &[("node", node)], sum);
-        self.sample(&format!("{name}_count"), &[("node", node)], cumulative as f64);
-    }
-
-    fn finish(self) -> String {
-        self.text
+    out.histogram("dsec_exec_seconds", "Time a buffered command took, from the request to its agent to the answer.", &n, &c.exec_latency);
+    if let Some(swap) = m.swap_pages {
+        out.counter("dsec_node_swap_in_pages_total", "Pages the host swapped in since boot.", &n, swap.swapped_in as f64);
+        out.counter("dsec_node_swap_out_pages_total", "Pages the host swapped out since boot.", &n, swap.swapped_out as f64);
     }
 }
 
-/// A label value as the format wants it: backslash, quote and newline
-/// escaped.
-fn escape(v: &str) -> String {
-    v.replace('\\', "\\\\").replace('"', "\\\"").replace('\n', "\\n")
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn families_are_declared_once_and_histograms_are_cumulative() {
-        let mut e = Exposition::default();
-        e.gauge("g", "A gauge.", &[("node", "a\"b")], 1.0);
-        e.gauge("g", "A gauge.", &[("node", "c")], 2.5);
-        e.histogram("h", "A histogram.", "a", &[0.001, 0.01], &[1, 2, 3], 0.5);
-        let t = e.finish();
-        assert_eq!(t.matches("# TYPE g gauge").count(), 1);
-        assert!(t.contains("g{node=\"a\\\"b\"} 1\n"), "{t}");
-        assert!(t.contains("g{node=\"c\"} 2.5\n"));
-        assert!(t.contains("h_bucket{node=\"a\",le=\"0.001\"} 1\n"));
-        assert!(t.contains("h_bucket{node=\"a\",le=\"0.01\"} 3\n"));
-        assert!(t.contains("h_bucket{node=\"a\",le=\"+Inf\"} 6\n"));
-        assert!(t.contains("h_count{node=\"a\"} 6\n") && t.contains("h_sum{node=\"a\"} 0.5\n"));
+fn fncall_metrics(out: &mut Exposition, svc: &dsec_fncall::FnCallService) {
+    let latency = svc.latency();
+    for p in svc.status().pools {
+        let l = [("language", p.language.as_str())];
+        out.gauge("dsec_fncall_runners", "FnCall runners in the pool.", &l, p.runners as f64);
+        out.gauge("dsec_fncall_runners_idle", "FnCall runners waiting for a call.", &l, p.idle as f64);
+        out.gauge("dsec_fncall_calls_queued", "FnCall calls waiting for a runner.", &l, p.queued as f64);
+        out.counter("dsec_fncall_calls_total", "FnCall calls served.", &l, p.calls as f64);
+        out.counter(
+            "dsec_fncall_runners_replaced_total",
+            "FnCall runners retired after a call that did not end cleanly.",
+            &l,
+            p.runners_replaced as f64,
+        );
     }
+    for (language, h) in &latency {
+        out.histogram(
+            "dsec_fncall_call_seconds",
+            "Time a FnCall call took, waiting for a runner included, by language.",
+            &[("language", language)],
+            h,
+        );
+    }
+    let (entries, bytes, hits, misses) = svc.cache_stats();
+    out.gauge("dsec_fncall_compile_cache_entries", "Compiled programs the compile cache holds.", &[], entries as f64);
+    out.gauge("dsec_fncall_compile_cache_bytes", "Bytes the compile cache holds.", &[], bytes as f64);
+    out.counter("dsec_fncall_compile_cache_hits_total", "Compilations answered from the compile cache.", &[], hits as f64);
+    out.counter("dsec_fncall_compile_cache_misses_total", "Compilations the compile cache did not hold.", &[], misses as f64);
 }

@@ -37,7 +37,7 @@ impl Edge {
         let caller = caller.clone();
         let out = tokio::spawn(async move { edge.create_to_completion(&caller, req).await }).await.map_err(EdgeError::task("creation"))?;
         match &out {
-            Ok(rec) => self.inner.counters.created(rec.create_ms.unwrap_or(0.0)),
+            Ok(rec) => self.inner.counters.created(rec.spec.backend, rec.create_ms.unwrap_or(0.0)),
             Err(_) => self.inner.counters.creation_failed(),
         }
         out

@@ -96,13 +96,17 @@ impl Edge {
     pub(crate) async fn exec_on(&self, inst: &Instance, spec: ExecSpec) -> Result<ExecResult, EdgeError> {
         self.inner.counters.exec();
         let deadline = spec.timeout_ms.map(|t| Duration::from_millis(t + spec.kill_grace_ms) + EXEC_SLACK);
+        let t0 = std::time::Instant::now();
         let call = inst.agent.call(Op::Exec(spec));
         let reply = match deadline {
             Some(d) => tokio::time::timeout(d, call)
                 .await
-                .map_err(|_| EdgeError::AgentUnavailable("the agent did not finish a timed-out command".into()))??,
-            None => call.await?,
+                .map_err(|_| EdgeError::AgentUnavailable("the agent did not finish a timed-out command".into()))
+                .and_then(|r| r.map_err(EdgeError::from)),
+            None => call.await.map_err(EdgeError::from),
         };
+        self.inner.counters.exec_done(t0.elapsed());
+        let reply = reply?;
         match reply {
             Reply::Exited(r) => Ok(r),
             other => Err(EdgeError::Internal(format!("unexpected reply to exec: {other:?}"))),

@@ -85,3 +85,68 @@ async def test_metrics_count_sandboxes_and_operations(server: Server, tenant: Te
 def test_metrics_is_in_the_openapi_document(server: Server) -> None:
     with urllib.request.urlopen(server.url + "/openapi.json", timeout=30) as resp:
         assert '"/metrics"' in resp.read().decode()
+
+
+def families(text: str) -> dict[str, object]:
+    """The exposition read by Prometheus' own Python parser (which refuses
+    malformed text), by family name."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {f.name: f for f in text_string_to_metric_families(text)}
+
+
+def histogram_count(family: object, **labels: str) -> float:
+    """The ``_count`` of a histogram family's series matching ``labels``
+    (summed), after checking that each series' buckets are cumulative and
+    end at ``+Inf`` equal to its count."""
+    series: dict[tuple, dict[str, object]] = {}
+    for s in family.samples:  # type: ignore[attr-defined]
+        key = tuple(sorted((k, v) for k, v in s.labels.items() if k != "le"))
+        entry = series.setdefault(key, {"buckets": [], "count": None})
+        if s.name.endswith("_bucket"):
+            entry["buckets"].append((float(s.labels["le"]), s.value))  # type: ignore[union-attr]
+        elif s.name.endswith("_count"):
+            entry["count"] = s.value
+    total_count = 0.0
+    for key, entry in series.items():
+        buckets = entry["buckets"]
+        assert buckets and buckets[-1][0] == float("inf"), (family.name, key)  # type: ignore[attr-defined,index]
+        assert all(a[1] <= b[1] and a[0] < b[0] for a, b in zip(buckets, buckets[1:])), (key, buckets)  # type: ignore[arg-type]
+        assert buckets[-1][1] == entry["count"], (key, buckets, entry["count"])  # type: ignore[index]
+        if all(dict(key).get(k) == v for k, v in labels.items()):
+            total_count += float(entry["count"])  # type: ignore[arg-type]
+    return total_count
+
+
+async def test_histograms_move_with_creations_commands_calls_and_requests(server: Server, tenant: Tenant) -> None:
+    _, _, text = scrape(server, server.admin_token)
+    before = families(text)
+    for name in ("dsec_sandbox_create_seconds", "dsec_exec_seconds", "dsec_fncall_call_seconds",
+                 "dsec_http_request_duration_seconds", "dsec_placement_seconds"):
+        assert before[name].type == "histogram", name  # type: ignore[attr-defined]
+
+    async with DSecClient(server.url, tenant.token) as c:
+        sb = await c.run_container(run_args("busybox", memory_limit_mb=64, cpu_cores_limit=0.2), timeout=120)
+        try:
+            for _ in range(3):
+                await sb.run_shell("true")
+        finally:
+            await sb.delete()
+        result = await c.fncall("bash", "echo hi")
+        assert result.status == "ok", result
+
+    _, _, text = scrape(server, server.admin_token)
+    after = families(text)
+    node_grew = lambda name, n, **labels: (histogram_count(after[name], **labels)
+                                           >= histogram_count(before[name], **labels) + n)
+    assert node_grew("dsec_sandbox_create_seconds", 1, backend="container"), text
+    assert node_grew("dsec_exec_seconds", 3), text
+    assert node_grew("dsec_fncall_call_seconds", 1, language="bash"), text
+    # Three commands through the exec route, timed under its template.
+    assert node_grew("dsec_http_request_duration_seconds", 3,
+                     route="/v1/sandboxes/{id}/exec", method="POST", code="2xx"), text
+    assert node_grew("dsec_placement_seconds", 1), text
+    # Counters the issue lists beside the histograms.
+    for name in ("dsec_node_swap_in_pages", "dsec_node_swap_out_pages", "dsec_fncall_compile_cache_hits"):
+        assert after[name].type == "counter", name  # type: ignore[attr-defined]
+    assert after["dsec_node_creations_queued"].type == "gauge"  # type: ignore[attr-defined]
