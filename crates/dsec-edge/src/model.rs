@@ -50,7 +50,14 @@ pub struct SandboxSpec {
     /// A microVM whose writable disk starts from this snapshot (its id).
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// The CPU QoS class (changeable while the sandbox runs). Records from
+    /// before classes existed ran with the default weights: latency
+    /// sensitive.
+    #[serde(default)]
+    pub qos_class: QosClass,
 }
+
+pub use crate::cgroup::QosClass;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
