@@ -8,14 +8,15 @@
 //!
 //! | class | cgroup v2 | cgroup v1 |
 //! |---|---|---|
-//! | latency_sensitive | `cpu.idle` 0, `cpu.weight` 100 | `cpu.shares` 1024, tasks `SCHED_OTHER` |
-//! | best_effort | `cpu.idle` 1 (the weight is then the kernel's minimum) | `cpu.shares` 2, tasks `SCHED_IDLE` |
+//! | latency_sensitive | `cpu.idle` 0, `cpu.weight` 100 | `cpu.idle` 0, `cpu.shares` 1024, tasks `SCHED_OTHER` |
+//! | best_effort | `cpu.idle` 1 (the weight is then the kernel's minimum) | `cpu.shares` 2, `cpu.idle` 1 (5.15+), tasks `SCHED_IDLE` |
 //!
 //! On v2 `cpu.idle` makes the whole group an idle entity against its
-//! siblings, so no task needs changing. v1 has only weights for groups
-//! (`cpu.shares` 2 is the smallest), so each task of a best-effort sandbox
-//! is also set to `SCHED_IDLE`: inside its group it then has the idle
-//! weight, and every process it forks inherits the policy. Tasks present
+//! siblings, so no task needs changing. v1 has `cpu.idle` only from 5.15
+//! and weights otherwise (`cpu.shares` 2 is the smallest), so each task of
+//! a best-effort sandbox is also set to `SCHED_IDLE`: inside its group it
+//! then has the idle weight, and every process it forks inherits the
+//! policy. Tasks present
 //! when the class changes are switched by [`set_task_policies`]; switching
 //! back restores `SCHED_OTHER` (a task's nice value is kept).
 //!

@@ -112,7 +112,7 @@ impl V1Cgroups {
         if !dir.is_dir() {
             return Err(CgroupError::Gone(dir.display().to_string()));
         }
-        write_file(&dir.join("cpu.shares"), &class.v1_shares().to_string())
+        write_v1_qos(&dir, class)
     }
 
     /// Every thread of the cgroup (the cpu hierarchy's `tasks`).
@@ -290,13 +290,45 @@ pub(super) fn write_limits(dir: &Path, ctrls: &[String], l: &CgroupLimits) -> Re
             "memory" => write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?,
             "cpu" => {
                 write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?;
-                write_file(&dir.join("cpu.shares"), &l.qos.v1_shares().to_string())?;
+                write_v1_qos(dir, l.qos)?;
             }
             "pids" => write_file(&dir.join("pids.max"), &l.pids.to_string())?,
             _ => {}
         }
     }
     Ok(())
+}
+
+/// Writes the class's weight into cpu directory `dir`. Where the kernel
+/// has v1 `cpu.idle` (5.15), a best-effort group is made idle too: the
+/// kernel then preempts it at once when a task of a non-idle group wakes
+/// (shares alone only weigh it), and reports its `cpu.shares` as the idle
+/// weight, 3. The kernel refuses `cpu.shares` while `cpu.idle` is 1 and
+/// resets it to 1024 when `cpu.idle` goes back to 0: hence the order, and
+/// nothing written for a group idle already.
+fn write_v1_qos(dir: &Path, class: QosClass) -> Result<(), CgroupError> {
+    let idle = dir.join("cpu.idle");
+    let has_idle = idle.exists();
+    let shares = || write_file(&dir.join("cpu.shares"), &class.v1_shares().to_string());
+    match class {
+        QosClass::LatencySensitive => {
+            if has_idle {
+                write_file(&idle, "0")?;
+            }
+            shares()
+        }
+        QosClass::BestEffort => {
+            // Already idle: its shares cannot be written, nor need be.
+            if has_idle && std::fs::read_to_string(&idle).is_ok_and(|v| v.trim() == "1") {
+                return Ok(());
+            }
+            shares()?;
+            if has_idle {
+                write_file(&idle, "1")?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// How long a squeeze goes on without reclaiming anything more.
@@ -408,10 +440,22 @@ mod tests {
         let idle = (shares(), scheduler_of(pid).unwrap());
         cg.set_qos("sb1", QosClass::LatencySensitive).unwrap();
         let back = (shares(), scheduler_of(pid).unwrap());
+        // A kernel with v1 cpu.idle: the group is made idle too, and back.
+        std::fs::write(dir.join("cpu.idle"), "0").unwrap();
+        cg.set_qos("sb1", QosClass::BestEffort).unwrap();
+        // The kernel refuses cpu.shares while the group is idle: setting
+        // the class again must not write it.
+        std::fs::remove_file(dir.join("cpu.shares")).unwrap();
+        cg.set_qos("sb1", QosClass::BestEffort).unwrap();
+        assert!(!dir.join("cpu.shares").exists(), "shares written to an idle group");
+        let idle_group = std::fs::read_to_string(dir.join("cpu.idle")).unwrap();
+        cg.set_qos("sb1", QosClass::LatencySensitive).unwrap();
+        let back_group = std::fs::read_to_string(dir.join("cpu.idle")).unwrap();
         child.kill().unwrap();
         child.wait().unwrap();
         assert_eq!(idle, ("2".to_string(), libc::SCHED_IDLE));
         assert_eq!(back, ("1024".to_string(), libc::SCHED_OTHER));
+        assert_eq!((idle_group.as_str(), back_group.as_str()), ("1", "0"));
         assert!(matches!(cg.set_qos("gone", QosClass::BestEffort), Err(CgroupError::Gone(_))));
     }
 
