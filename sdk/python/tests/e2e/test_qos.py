@@ -158,3 +158,44 @@ async def test_a_bad_class_is_a_clear_400_and_an_ended_sandbox_keeps_its_class(c
             await sb.set_qos_class("best_effort")
     finally:
         await sb.delete()
+
+
+def _qemu_threads(cg: Path) -> dict[int, int]:
+    """Policies of every thread of the QEMU processes in the cgroup: its
+    vCPU threads among them (named only with QEMU's debug-threads)."""
+    out = {}
+    for pid in (cg / "cgroup.procs").read_text().split():
+        try:
+            if not Path(f"/proc/{pid}/comm").read_text().startswith("qemu"):
+                continue
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                out[int(tid)] = os.sched_getscheduler(int(tid))
+        except (OSError, ProcessLookupError):
+            pass
+    return out
+
+
+async def test_a_best_effort_microvm_runs_its_vcpu_threads_idle_also_after_a_restore(client: DSecClient) -> None:
+    """A VM's QEMU is its sandbox's process: its vCPU threads are in the
+    class, and so are those of the new QEMU a restore from suspend starts."""
+    args = dsec.DSecRunArgs(backend="microvm", image="busybox", memory_limit_mb=256, cpu_cores_limit=1,
+                            disk_limit_mb=64, ttl_running_stop=600, init_user="root",
+                            qos_class="best_effort", labels={"suite": "sdk-e2e-qos"})
+    sb = await client.run(args, timeout=300)
+    try:
+        cg, version = _cgroup(sb)
+        if version != 1:
+            pytest.skip("per-task policies are cgroup v1's mapping")
+        _assert_class(sb, "best_effort")
+        # The main loop, the vCPU thread(s) and QEMU's workers.
+        threads = _qemu_threads(cg)
+        assert len(threads) >= 2 and set(threads.values()) == {os.SCHED_IDLE}, threads
+        assert (await sb.suspend()).suspended
+        assert (await sb.resume()).changed
+        _assert_class(sb, "best_effort")
+        await sb.set_qos_class("latency_sensitive")
+        _assert_class(sb, "latency_sensitive")
+        threads = _qemu_threads(cg)
+        assert len(threads) >= 2 and set(threads.values()) == {os.SCHED_OTHER}, threads
+    finally:
+        await sb.delete()
