@@ -18,7 +18,7 @@ import dsec
 from dsec import DSecClient
 from dsec.sandbox import Sandbox
 
-from .conftest import run_args
+from .conftest import Server, Tenant, run_args
 
 #: The documented mapping (docs/design.md, "CPU QoS classes").
 V1_SHARES = {"latency_sensitive": "1024", "best_effort": "2"}
@@ -197,5 +197,24 @@ async def test_a_best_effort_microvm_runs_its_vcpu_threads_idle_also_after_a_res
         _assert_class(sb, "latency_sensitive")
         threads = _qemu_threads(cg)
         assert len(threads) >= 2 and set(threads.values()) == {os.SCHED_OTHER}, threads
+    finally:
+        await sb.delete()
+
+
+async def test_the_cli_changes_the_class(server: Server, tenant: Tenant, client: DSecClient) -> None:
+    sb = await client.run_container(run_args("python"), timeout=120)
+    try:
+        binary = os.environ.get("DSEC_BIN") or str(Path(__file__).resolve().parents[4] / "target/release/dsec")
+        env = {**os.environ, "DSEC_ENDPOINT": server.url, "DSEC_TOKEN": tenant.token}
+        proc = await asyncio.create_subprocess_exec(binary, "qos", "best_effort", sb.id, env=env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode == 0 and out.decode() == f"{sb.id} best_effort\n", (out, err)
+        await sb.refresh()
+        _assert_class(sb, "best_effort")
+        proc = await asyncio.create_subprocess_exec(binary, "qos", "realtime", sb.id, env=env,
+                                                    stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
+        out, err = await asyncio.wait_for(proc.communicate(), 60)
+        assert proc.returncode != 0 and b"latency_sensitive or best_effort" in err, (out, err)
     finally:
         await sb.delete()
