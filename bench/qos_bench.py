@@ -65,6 +65,7 @@ async def main() -> None:
     ap.add_argument("--out", type=Path, required=True)
     a = ap.parse_args()
     cpus = os.cpu_count() or 1
+    load_before = os.getloadavg()
     loads = [float(x) for x in a.loads.split(",")]
     client = DSecClient(os.environ["DSEC_ENDPOINT"], token=os.environ["DSEC_TOKEN"], timeout=300)
     agent = await client.run_container(args_for(a.image, 1.0, "latency_sensitive"), timeout=300)
@@ -112,7 +113,8 @@ async def main() -> None:
             row[f"{k}_p90_ms"] = q(ph[k], 0.9)
             row[f"{k}_inflation"] = med / base - 1
         summary.append(row)
-    a.out.write_text(json.dumps({"cpus": cpus, "step": STEP, "steps_per_phase": a.steps,
+    a.out.write_text(json.dumps({"cpus": cpus, "loadavg_before": load_before, "loadavg_after": os.getloadavg(),
+                                 "step": STEP, "steps_per_phase": a.steps,
                                  "rounds": a.rounds, "summary": summary, "samples": samples}, indent=1))
     print("\n| burner load | baseline median | no QoS: median, p90, inflation | QoS: median, p90, inflation |")
     print("|---|---|---|---|")
