@@ -67,9 +67,10 @@ pub struct CreateSandboxRequest {
     pub disk_limit_mb: Option<u64>,
     #[serde(default)]
     pub pids_limit: Option<u64>,
-    /// CPU QoS class. Default per backend: `latency_sensitive` for
-    /// containers and microVMs, `best_effort` for full VMs. Changeable
-    /// while the sandbox runs (`PATCH /v1/sandboxes/{id}`).
+    /// CPU QoS class. Default: `latency_sensitive` on every backend (a
+    /// best-effort sandbox waits for whatever else the node runs, so it is
+    /// best effort only when asked). Changeable while the sandbox runs
+    /// (`PATCH /v1/sandboxes/{id}`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub qos_class: Option<QosClass>,
     /// Idle lifetime in seconds: the sandbox is stopped after this long

@@ -38,15 +38,16 @@ pub struct SandboxRequest {
     pub qos_class: Option<QosClass>,
 }
 
-/// The QoS class a sandbox gets when its creation names none. Containers
-/// and microVMs serve agents' steps, which a trainer waits on: latency
-/// sensitive. A full VM runs a whole operating system (its services,
-/// a desktop) whose steps are screen actions of seconds: best effort, so
-/// its background work never delays the others'.
+/// The QoS class a sandbox gets when its creation names none: latency
+/// sensitive on every backend. Containers and microVMs serve agents'
+/// steps, which a trainer waits on. A full VM's steps are screen actions
+/// of seconds, but it boots a whole operating system (emulated where KVM
+/// is missing), and best effort runs only on CPU time the rest of the node
+/// leaves: on a busy node its boot would wait as long as the node stays
+/// busy. So a sandbox is best effort only when its creator asks.
 pub fn default_qos(backend: BackendKind) -> QosClass {
     match backend {
-        BackendKind::Container | BackendKind::Microvm | BackendKind::Fncall => QosClass::LatencySensitive,
-        BackendKind::Vm => QosClass::BestEffort,
+        BackendKind::Container | BackendKind::Microvm | BackendKind::Vm | BackendKind::Fncall => QosClass::LatencySensitive,
     }
 }
 
@@ -210,16 +211,16 @@ mod tests {
     }
 
     #[test]
-    fn qos_class_defaults_per_backend_and_a_request_overrides_it() {
+    fn qos_class_defaults_to_latency_sensitive_and_a_request_overrides_it() {
         let p = SpecPolicy::for_node(2.0, 24_000);
         let vm = SandboxRequest { backend: Some(BackendKind::Vm), memory_mb: Some(1024), ..req() };
-        assert_eq!(resolve(vm.clone(), &p).unwrap().qos_class, QosClass::BestEffort);
+        assert_eq!(resolve(vm.clone(), &p).unwrap().qos_class, QosClass::LatencySensitive);
         let r = SandboxRequest { backend: Some(BackendKind::Microvm), ..req() };
         assert_eq!(resolve(r, &p).unwrap().qos_class, QosClass::LatencySensitive);
         let r = SandboxRequest { qos_class: Some(QosClass::BestEffort), ..req() };
         assert_eq!(resolve(r, &p).unwrap().qos_class, QosClass::BestEffort);
-        let r = SandboxRequest { qos_class: Some(QosClass::LatencySensitive), ..vm };
-        assert_eq!(resolve(r, &p).unwrap().qos_class, QosClass::LatencySensitive);
+        let r = SandboxRequest { qos_class: Some(QosClass::BestEffort), ..vm };
+        assert_eq!(resolve(r, &p).unwrap().qos_class, QosClass::BestEffort);
     }
 
     #[test]

@@ -41,9 +41,9 @@ class BaseRunArgs:
             disk size, at least 64; past it the guest gets I/O errors).
         pids_limit: maximum number of processes.
         qos_class: CPU QoS class, ``"latency_sensitive"`` or ``"best_effort"``
-            (default per backend: latency sensitive for containers and
-            microVMs, best effort for full VMs); :meth:`Sandbox.set_qos_class`
-            changes it while the sandbox runs.
+            (default: latency sensitive on every backend; a best-effort
+            sandbox runs only on what the others leave);
+            :meth:`Sandbox.set_qos_class` changes it while the sandbox runs.
         ttl_running_stop: idle lifetime in seconds: the sandbox is stopped after
             this long without any request (0 disables the idle timeout).
         max_lifetime_s: hard lifetime in seconds from creation (0 = the node's

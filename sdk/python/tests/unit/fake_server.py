@@ -60,7 +60,7 @@ class FakeSandbox:
             "limits": {"memory_limit_mb": b.get("memory_limit_mb", 512),
                        "cpu_cores_limit": b.get("cpu_cores_limit", 1.0),
                        "disk_limit_mb": 1024, "pids_limit": 256},
-            "qos_class": b.get("qos_class", "best_effort" if b.get("backend") == "vm" else "latency_sensitive"),
+            "qos_class": b.get("qos_class", "latency_sensitive"),
             "init_user": b.get("init_user", "root"),
             "ttl_running_stop": b.get("ttl_running_stop", 600), "max_lifetime_s": 0,
             "labels": b.get("labels", {}), "job": b.get("job"),
