@@ -28,6 +28,20 @@ impl Backend {
     }
 }
 
+/// A sandbox's CPU QoS class: how its tasks count when the node's CPUs
+/// are contended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, ToSchema, Default)]
+#[serde(rename_all = "snake_case")]
+pub enum QosClass {
+    #[default]
+    /// The default weight (and a core-scheduling cookie of its own where
+    /// the node has core scheduling): for steps a caller waits on.
+    LatencySensitive,
+    /// Runs on the CPU time latency-sensitive sandboxes leave (cgroup v2
+    /// `cpu.idle`; v1 the smallest `cpu.shares` and `SCHED_IDLE` tasks).
+    BestEffort,
+}
+
 /// `POST /v1/sandboxes`. Field names follow the paper's SDK listing.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -53,6 +67,12 @@ pub struct CreateSandboxRequest {
     pub disk_limit_mb: Option<u64>,
     #[serde(default)]
     pub pids_limit: Option<u64>,
+    /// CPU QoS class. Default: `latency_sensitive` on every backend (a
+    /// best-effort sandbox waits for whatever else the node runs, so it is
+    /// best effort only when asked). Changeable while the sandbox runs
+    /// (`PATCH /v1/sandboxes/{id}`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_class: Option<QosClass>,
     /// Idle lifetime in seconds: the sandbox is stopped after this long
     /// without any request. 0 disables the idle timeout.
     #[serde(default)]
@@ -238,6 +258,7 @@ pub struct Sandbox {
     pub state_reason: Option<String>,
     pub node: String,
     pub limits: Limits,
+    pub qos_class: QosClass,
     pub init_user: String,
     pub ttl_running_stop: u64,
     pub max_lifetime_s: u64,
@@ -310,6 +331,16 @@ pub struct SetTimeoutRequest {
     /// (bounded by the node's maximum lifetime, counted from creation).
     #[serde(default)]
     pub lifetime_s: Option<u64>,
+}
+
+/// `PATCH /v1/sandboxes/{id}`: change what can change while a sandbox
+/// lives. Absent fields stay as they are.
+#[derive(Debug, Clone, Default, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct UpdateSandboxRequest {
+    /// The new CPU QoS class, applied to the sandbox's running tasks too.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub qos_class: Option<QosClass>,
 }
 
 /// One sandbox a job-wide action could not change.

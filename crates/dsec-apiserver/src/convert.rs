@@ -55,6 +55,21 @@ pub fn create_request(r: api::CreateSandboxRequest) -> SandboxRequest {
         job: r.job,
         network_rules: r.network_rules,
         snapshot: r.snapshot,
+        qos_class: r.qos_class.map(qos_in),
+    }
+}
+
+pub fn qos_in(q: api::QosClass) -> dsec_edge::QosClass {
+    match q {
+        api::QosClass::LatencySensitive => dsec_edge::QosClass::LatencySensitive,
+        api::QosClass::BestEffort => dsec_edge::QosClass::BestEffort,
+    }
+}
+
+pub fn qos_out(q: dsec_edge::QosClass) -> api::QosClass {
+    match q {
+        dsec_edge::QosClass::LatencySensitive => api::QosClass::LatencySensitive,
+        dsec_edge::QosClass::BestEffort => api::QosClass::BestEffort,
     }
 }
 
@@ -126,6 +141,7 @@ pub fn sandbox_out(r: SandboxRecord) -> api::Sandbox {
             disk_limit_mb: r.spec.limits.disk_mb,
             pids_limit: r.spec.limits.pids,
         },
+        qos_class: qos_out(r.spec.qos_class),
         init_user: r.spec.init_user,
         ttl_running_stop: r.spec.idle_ttl_s,
         max_lifetime_s: r.spec.max_lifetime_s,

@@ -49,7 +49,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/images", get(admin::list_images))
         .route("/v1/images/{*name}", axum::routing::delete(admin::delete_image))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
-        .route("/v1/sandboxes/{id}", get(sandboxes::get).delete(sandboxes::delete))
+        .route("/v1/sandboxes/{id}", get(sandboxes::get).patch(sandboxes::update).delete(sandboxes::delete))
         .route("/v1/sandboxes/{id}/stop", post(sandboxes::stop))
         .route("/v1/sandboxes/{id}/pause", post(pause::pause))
         .route("/v1/sandboxes/{id}/resume", post(pause::resume))

@@ -19,7 +19,7 @@ use crate::routes::{
     info(title = "dsec API", description = "Sandboxes for agentic RL: create, exec, files, streaming. Errors use the codes in components.schemas.ErrorCode."),
     paths(
         admin::healthz, metrics::metrics, admin::nodes, usage::node, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
-        sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::stop, sandboxes::delete,
+        sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::update, sandboxes::stop, sandboxes::delete,
         pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, events::sandbox, audit::list, usage::sandbox, audit::set_network,
         jobs::pause, jobs::resume, events::job,
         sandboxes::exec, sandboxes::create_session, sandboxes::delete_session,

@@ -56,6 +56,7 @@ fn unknown(id: &str, node: &str, reason: String) -> dsec_api::Sandbox {
         state_reason: Some(reason),
         node: node.to_string(),
         limits: dsec_api::Limits { memory_limit_mb: 0, cpu_cores_limit: 0.0, disk_limit_mb: 0, pids_limit: 0 },
+        qos_class: Default::default(),
         init_user: String::new(),
         ttl_running_stop: 0,
         max_lifetime_s: 0,

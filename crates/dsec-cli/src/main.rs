@@ -58,6 +58,8 @@ enum Cmd {
     NetworkConfig(network_config_cmd::NetworkConfigCmd),
     /// Stop sandboxes (their records stay for inspection).
     Stop(sandbox_cmd::IdsArgs),
+    /// Change sandboxes' CPU QoS class while they run (`qos CLASS ID...`).
+    Qos(sandbox_cmd::QosArgs),
     /// Stop and remove sandboxes.
     Rm(sandbox_cmd::IdsArgs),
     /// Pause sandboxes: suspend microVMs to disk, freeze containers and
@@ -127,6 +129,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Network(a) => network_cmd::run(a).await,
             Cmd::NetworkConfig(c) => network_config_cmd::run(c),
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
+            Cmd::Qos(a) => sandbox_cmd::qos(a).await,
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,
             Cmd::Snapshot(a) => snapshot_cmd::run(a).await,

@@ -39,6 +39,10 @@ pub struct RunArgs {
     /// Start a VM from this snapshot (`dsec snapshot`; its backend).
     #[arg(long)]
     pub snapshot: Option<String>,
+    /// CPU QoS class: `latency_sensitive` or `best_effort` (default per
+    /// backend; `dsec qos` changes it later).
+    #[arg(long, value_parser = parse_qos)]
+    pub qos: Option<api::QosClass>,
     /// Keep the sandbox after CMD finishes.
     #[arg(long)]
     pub keep: bool,
@@ -79,6 +83,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         cpu_cores_limit: a.cpus,
         disk_limit_mb: a.disk_mb,
         pids_limit: None,
+        qos_class: a.qos,
         ttl_running_stop: a.ttl,
         max_lifetime_s: None,
         network_rules: a.net.into_iter().collect(),
@@ -243,6 +248,40 @@ pub async fn audit(a: IdsArgs) -> anyhow::Result<u8> {
 
 pub async fn stop(a: IdsArgs) -> anyhow::Result<u8> {
     each_id(a, |c, id| async move { c.stop(&id).await.map(|s| format!("{} {}", s.id, s.state.as_str())) }).await
+}
+
+fn parse_qos(s: &str) -> Result<api::QosClass, String> {
+    match s {
+        "latency_sensitive" => Ok(api::QosClass::LatencySensitive),
+        "best_effort" => Ok(api::QosClass::BestEffort),
+        other => Err(format!("the QoS class must be latency_sensitive or best_effort, not {other:?}")),
+    }
+}
+
+#[derive(clap::Args)]
+pub struct QosArgs {
+    /// `latency_sensitive` or `best_effort`.
+    #[arg(value_parser = parse_qos)]
+    pub class: api::QosClass,
+    #[command(flatten)]
+    pub ids: IdsArgs,
+}
+
+/// Changes running sandboxes' QoS class; prints each id with its class.
+pub async fn qos(a: QosArgs) -> anyhow::Result<u8> {
+    let req = api::UpdateSandboxRequest { qos_class: Some(a.class) };
+    each_id(a.ids, |c, id| {
+        let req = req.clone();
+        async move { c.update(&id, &req).await.map(|s| format!("{} {}", s.id, qos_name(s.qos_class))) }
+    })
+    .await
+}
+
+fn qos_name(q: api::QosClass) -> &'static str {
+    match q {
+        api::QosClass::LatencySensitive => "latency_sensitive",
+        api::QosClass::BestEffort => "best_effort",
+    }
 }
 
 pub async fn rm(a: IdsArgs) -> anyhow::Result<u8> {

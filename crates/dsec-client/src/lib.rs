@@ -205,6 +205,11 @@ impl Client {
         self.json(Method::POST, &format!("/v1/sandboxes/{id}/timeout"), Some(req)).await
     }
 
+    /// `PATCH /v1/sandboxes/{id}`: e.g. a new QoS class.
+    pub async fn update(&self, id: &str, req: &api::UpdateSandboxRequest) -> Result<api::Sandbox, ClientError> {
+        self.json(Method::PATCH, &format!("/v1/sandboxes/{id}"), Some(req)).await
+    }
+
     pub async fn set_network_rules(&self, id: &str, req: &api::NetworkRules) -> Result<api::NetworkRules, ClientError> {
         self.json(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(req)).await
     }

@@ -306,6 +306,15 @@ impl Edge {
         crate::lifecycle::node_lock::sweep_stale(lock_dir, &config.node);
         let cgroups = Arc::new(Cgroups::open(config.cgroup_mode, &config.cgroup_parent)?);
         undo.cgroups = Some(cgroups.clone());
+        // Said once, so an operator knows what latency_sensitive gets here.
+        match crate::cgroup::core_sched::support() {
+            crate::cgroup::core_sched::Support::Available => {
+                tracing::info!("core scheduling: each latency-sensitive sandbox gets a cookie of its own")
+            }
+            crate::cgroup::core_sched::Support::Unavailable(why) => {
+                tracing::info!("core scheduling unavailable ({why}): QoS classes map to CPU weights and policies only")
+            }
+        }
         if let Err(e) = cgroups.start_pool(config.prewarm) {
             tracing::warn!(error = %e, "no pool of cgroups; sandboxes make their own");
         }

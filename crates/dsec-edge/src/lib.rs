@@ -43,7 +43,7 @@ pub use images::vm_snapshot::SnapshotOutcome;
 pub use images::{PackOutput, RootfsPlan, RootfsProvider};
 pub use lifecycle::background::ReapReport;
 pub use lifecycle::lease::Lease;
-pub use model::{Caller, ListFilter, SandboxRecord, SandboxSpec, State};
+pub use model::{Caller, ListFilter, QosClass, SandboxRecord, SandboxSpec, State};
 pub use ops::agent::AgentRequest;
 pub use pause::jobs::{JobAction, JobOutcome};
 pub use pause::suspend::PauseMode;

@@ -50,7 +50,14 @@ pub struct SandboxSpec {
     /// A microVM whose writable disk starts from this snapshot (its id).
     #[serde(default)]
     pub snapshot: Option<String>,
+    /// The CPU QoS class (changeable while the sandbox runs). Records from
+    /// before classes existed ran with the default weights: latency
+    /// sensitive.
+    #[serde(default)]
+    pub qos_class: QosClass,
 }
+
+pub use crate::cgroup::QosClass;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -217,5 +224,19 @@ mod tests {
         assert!(!Paused.can_become(Running), "resume goes through resuming");
         assert!(!Stopped.can_become(Resuming));
         assert!(Queued.can_become(Creating) && !Queued.can_become(Running));
+    }
+
+    /// A spec stored before QoS classes existed ran with the default
+    /// weights: it reads back latency sensitive.
+    #[test]
+    fn a_spec_without_a_qos_class_is_latency_sensitive() {
+        let json = r#"{"backend":"vm","image":"debian-vm","workspace":null,"toolkits":[],
+            "limits":{"memory_mb":1024,"cpu_cores":1.0,"disk_mb":64,"pids":64},"idle_ttl_s":0,
+            "max_lifetime_s":60,"init_user":"root","env":{},"workdir":null,"labels":{},"job":null,
+            "network_rules":{}}"#;
+        let spec: SandboxSpec = serde_json::from_str(json).unwrap();
+        assert_eq!(spec.qos_class, QosClass::LatencySensitive);
+        let back: SandboxSpec = serde_json::from_str(&serde_json::to_string(&spec).unwrap()).unwrap();
+        assert_eq!(back, spec);
     }
 }

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::EdgeError;
-use crate::model::{BackendKind, Limits, SandboxSpec};
+use crate::model::{BackendKind, Limits, QosClass, SandboxSpec};
 
 /// A creation request as the edge receives it; `None` means "default".
 #[derive(Debug, Clone, Default)]
@@ -34,6 +34,21 @@ pub struct SandboxRequest {
     /// Start a microVM's writable disk from this snapshot (by name; the
     /// edge fills in the image it was taken from).
     pub snapshot: Option<String>,
+    /// The CPU QoS class; `None`: the backend's default ([`default_qos`]).
+    pub qos_class: Option<QosClass>,
+}
+
+/// The QoS class a sandbox gets when its creation names none: latency
+/// sensitive on every backend. Containers and microVMs serve agents'
+/// steps, which a trainer waits on. A full VM's steps are screen actions
+/// of seconds, but it boots a whole operating system (emulated where KVM
+/// is missing), and best effort runs only on CPU time the rest of the node
+/// leaves: on a busy node its boot would wait as long as the node stays
+/// busy. So a sandbox is best effort only when its creator asks.
+pub fn default_qos(backend: BackendKind) -> QosClass {
+    match backend {
+        BackendKind::Container | BackendKind::Microvm | BackendKind::Vm | BackendKind::Fncall => QosClass::LatencySensitive,
+    }
 }
 
 /// Defaults and bounds of one edge.
@@ -174,6 +189,7 @@ pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeE
         network_rules: req.network_rules,
         // The edge resolves a snapshot's name to its id (`vm_snapshot`).
         snapshot: None,
+        qos_class: req.qos_class.unwrap_or(default_qos(backend)),
     })
 }
 
@@ -191,6 +207,20 @@ mod tests {
         assert_eq!(s.limits.memory_mb, 512);
         assert_eq!(s.init_user, "root");
         assert_eq!(s.idle_ttl_s, 300);
+        assert_eq!(s.qos_class, QosClass::LatencySensitive);
+    }
+
+    #[test]
+    fn qos_class_defaults_to_latency_sensitive_and_a_request_overrides_it() {
+        let p = SpecPolicy::for_node(2.0, 24_000);
+        let vm = SandboxRequest { backend: Some(BackendKind::Vm), memory_mb: Some(1024), ..req() };
+        assert_eq!(resolve(vm.clone(), &p).unwrap().qos_class, QosClass::LatencySensitive);
+        let r = SandboxRequest { backend: Some(BackendKind::Microvm), ..req() };
+        assert_eq!(resolve(r, &p).unwrap().qos_class, QosClass::LatencySensitive);
+        let r = SandboxRequest { qos_class: Some(QosClass::BestEffort), ..req() };
+        assert_eq!(resolve(r, &p).unwrap().qos_class, QosClass::BestEffort);
+        let r = SandboxRequest { qos_class: Some(QosClass::BestEffort), ..vm };
+        assert_eq!(resolve(r, &p).unwrap().qos_class, QosClass::BestEffort);
     }
 
     #[test]

@@ -218,6 +218,7 @@ mod tests {
                 job: None,
                 network_rules: Default::default(),
                 snapshot: None,
+                qos_class: QosClass::BestEffort,
             },
             state: State::Running,
             reason: None,

@@ -135,7 +135,7 @@ fn the_v2_driver_on_the_real_cgroup2_mount() {
 
     // create: a directory; limits written where the controller is delegated,
     // skipped (not an error) where it is not. A leftover is reused.
-    let limits = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 64 };
+    let limits = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 64, qos: Default::default() };
     cg.create("sb1", &limits).unwrap();
     cg.create("sb1", &limits).unwrap();
     let sb1 = s.parent().join("sb1");

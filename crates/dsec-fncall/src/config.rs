@@ -43,6 +43,12 @@ pub struct FnCallConfig {
     pub runner_disk_mb: u64,
     /// The pids limit of a runner: what a fork bomb hits.
     pub runner_pids: u64,
+    /// The CPU QoS class of runners. Latency sensitive by default: a
+    /// judge's time limit is wall-clock time (`TLE`), and best-effort
+    /// runners on a busy node would turn accepted programs into timeouts,
+    /// a wrong reward. A node that serves only snippets without time
+    /// limits that matter may make them best effort.
+    pub runner_qos_class: dsec_edge::QosClass,
     pub default_time_s: f64,
     pub max_time_s: f64,
     pub default_memory_mb: u64,
@@ -122,6 +128,7 @@ impl FnCallConfig {
             runner_cpu_quota_cores: cpus.max(1.0),
             runner_disk_mb: 256,
             runner_pids: 64,
+            runner_qos_class: dsec_edge::QosClass::LatencySensitive,
             default_time_s: 10.0,
             max_time_s: MAX_TIME_S,
             default_memory_mb: 256,

@@ -152,6 +152,7 @@ impl Runner {
             cpu_quota_cores: Some(cfg.runner_cpu_quota_cores.max(cfg.runner_cpu_cores)),
             disk_mb: Some(cfg.runner_disk_mb),
             pids: Some(cfg.runner_pids),
+            qos_class: Some(cfg.runner_qos_class),
             idle_ttl_s: Some(0),
             max_lifetime_s: Some(0),
             labels: BTreeMap::from([(RUNNER_LABEL.to_string(), language.to_string())]),

@@ -18,7 +18,7 @@ same calls without ``await``.
 """
 
 from . import errors
-from .args import Backend, BaseRunArgs, DSecContainerRunArgs, DSecRunArgs, RunArgs
+from .args import Backend, BaseRunArgs, DSecContainerRunArgs, DSecRunArgs, QosClass, RunArgs
 from .client import DSecClient
 from .fncall import CaseResult, FnCallResult, StepResult, TestCase
 from .errors import (
@@ -112,6 +112,7 @@ __all__ = [
     "ExecStream",
     "Pty",
     "Backend",
+    "QosClass",
     "BaseRunArgs",
     "DSecRunArgs",
     "DSecContainerRunArgs",

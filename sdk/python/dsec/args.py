@@ -16,11 +16,15 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, Union
 
-__all__ = ["Backend", "BaseRunArgs", "DSecRunArgs", "DSecContainerRunArgs", "RunArgs"]
+__all__ = ["Backend", "BaseRunArgs", "DSecRunArgs", "DSecContainerRunArgs", "QosClass", "RunArgs"]
 
 #: Backends the API names. Any string is accepted and sent as is, so a backend
 #: added to the server later works before the SDK lists it.
 Backend = Literal["container", "microvm", "vm", "fncall"]
+
+#: CPU QoS classes: ``latency_sensitive`` (the default weight, for steps a
+#: trainer waits on) or ``best_effort`` (runs on what the others leave).
+QosClass = Literal["latency_sensitive", "best_effort"]
 
 
 @dataclass(kw_only=True)
@@ -36,6 +40,10 @@ class BaseRunArgs:
             most its writes may take on the host, by default its image's
             disk size, at least 64; past it the guest gets I/O errors).
         pids_limit: maximum number of processes.
+        qos_class: CPU QoS class, ``"latency_sensitive"`` or ``"best_effort"``
+            (default: latency sensitive on every backend; a best-effort
+            sandbox runs only on what the others leave);
+            :meth:`Sandbox.set_qos_class` changes it while the sandbox runs.
         ttl_running_stop: idle lifetime in seconds: the sandbox is stopped after
             this long without any request (0 disables the idle timeout).
         max_lifetime_s: hard lifetime in seconds from creation (0 = the node's
@@ -58,6 +66,7 @@ class BaseRunArgs:
     cpu_cores_limit: float | None = None
     disk_limit_mb: int | None = None
     pids_limit: int | None = None
+    qos_class: QosClass | None = None
     ttl_running_stop: int | None = None
     max_lifetime_s: int | None = None
     network_rules: dict[str, bool] = field(default_factory=dict)

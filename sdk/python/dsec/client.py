@@ -316,6 +316,7 @@ class DSecClient:
                 cpu_cores_limit=info.limits.cpu_cores_limit or None,
                 disk_limit_mb=info.limits.disk_limit_mb or None,
                 pids_limit=info.limits.pids_limit or None,
+                qos_class=info.qos_class or None,
                 init_user=info.init_user or None, job=info.job,
                 labels=dict(info.labels))
         return DSecRunArgs(image=image)

@@ -143,6 +143,7 @@ class SandboxInfo:
             disk limit: ``disk limit reached: ...``).
         node: the node that runs it.
         limits: the limits in force.
+        qos_class: the CPU QoS class, ``latency_sensitive`` or ``best_effort``.
         created_at, last_active_at, stopped_at: RFC 3339 times.
         create_ms: milliseconds from the create request to a running sandbox.
         queue_position: while ``queued``, creations served before this one.
@@ -162,6 +163,7 @@ class SandboxInfo:
     state_reason: str | None = None
     node: str = ""
     limits: Limits = field(default_factory=Limits)
+    qos_class: str = "latency_sensitive"
     init_user: str = ""
     ttl_running_stop: int = 0
     max_lifetime_s: int = 0
@@ -205,6 +207,7 @@ class SandboxInfo:
             state_reason=d.get("state_reason"),
             node=d.get("node", ""),
             limits=Limits.from_json(d.get("limits")),
+            qos_class=d.get("qos_class", "latency_sensitive"),
             init_user=d.get("init_user", ""),
             ttl_running_stop=d.get("ttl_running_stop", 0),
             max_lifetime_s=d.get("max_lifetime_s", 0),

@@ -285,6 +285,14 @@ class Sandbox:
         self.info = SandboxInfo.from_json(d)
         return self.info
 
+    async def set_qos_class(self, qos_class: str) -> SandboxInfo:
+        """Change the sandbox's CPU QoS class (``"latency_sensitive"`` or
+        ``"best_effort"``) while it runs: its cgroup's weights and its
+        running processes change at once (``PATCH /v1/sandboxes/{id}``)."""
+        d = await self._t.request("PATCH", self._t.url(self._base), json_body={"qos_class": qos_class})
+        self.info = SandboxInfo.from_json(d)
+        return self.info
+
     async def extend(self, seconds: int) -> SandboxInfo:
         """Keep the sandbox for ``seconds`` more from now (see :meth:`set_timeout`)."""
         return await self.set_timeout(lifetime_s=seconds)

@@ -406,6 +406,10 @@ class Sandbox:
         return self._run(self.aio.set_timeout(lifetime_s=lifetime_s,
                                               ttl_running_stop=ttl_running_stop))
 
+    def set_qos_class(self, qos_class: str) -> SandboxInfo:
+        """Change the sandbox's CPU QoS class while it runs."""
+        return self._run(self.aio.set_qos_class(qos_class))
+
     def extend(self, seconds: int) -> SandboxInfo:
         """Keep the sandbox for ``seconds`` more from now."""
         return self._run(self.aio.extend(seconds))

@@ -72,6 +72,7 @@ pub async fn create(
         cpu_cores_limit: None,
         disk_limit_mb: None,
         pids_limit: None,
+        qos_class: None,
         // E2B sandboxes end at their timeout, idle or not.
         ttl_running_stop: Some(0),
         max_lifetime_s: Some(timeout),

@@ -93,6 +93,25 @@ pub async fn get(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<
     Ok(Json(convert::sandbox_out(rec)))
 }
 
+/// Change what can change while a sandbox lives: its CPU QoS class
+/// (applied to its running tasks too).
+#[utoipa::path(patch, path = "/v1/sandboxes/{id}", tag = "sandboxes",
+    params(("id" = String, Path)), request_body = api::UpdateSandboxRequest,
+    responses((status = 200, body = api::Sandbox), (status = 400, body = api::ErrorBody), (status = 404, body = api::ErrorBody), (status = 409, body = api::ErrorBody)))]
+pub async fn update(
+    State(st): State<AppState>,
+    Auth(caller): Auth,
+    Path(id): Path<String>,
+    crate::extract::ApiJson(req): crate::extract::ApiJson<api::UpdateSandboxRequest>,
+) -> ApiResult<Json<api::Sandbox>> {
+    let edge = st.nodes.owner(&id)?;
+    let rec = match req.qos_class {
+        Some(class) => edge.set_qos(&caller, &id, convert::qos_in(class)).await?,
+        None => edge.get(&caller, &id)?,
+    };
+    Ok(Json(convert::sandbox_out(rec)))
+}
+
 /// Stop a sandbox; its record stays (state `stopped`) for inspection.
 #[utoipa::path(post, path = "/v1/sandboxes/{id}/stop", tag = "sandboxes",
     params(("id" = String, Path)), responses((status = 200, body = api::Sandbox), (status = 404, body = api::ErrorBody)))]

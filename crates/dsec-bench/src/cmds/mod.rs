@@ -36,6 +36,7 @@ pub fn create_request(c: &Common) -> api::CreateSandboxRequest {
         cpu_cores_limit: Some(c.cpu),
         disk_limit_mb: Some(c.disk_mb),
         pids_limit: Some(c.pids),
+        qos_class: None,
         // Idle sandboxes of a benchmark that died stop on their own.
         ttl_running_stop: Some(900),
         max_lifetime_s: None,

@@ -280,6 +280,7 @@ pub(crate) fn cgroup_limits(spec: &SandboxSpec, overhead_mb: u64) -> CgroupLimit
             .round()
             .max(1000.0) as u64,
         pids: spec.limits.pids,
+        qos: spec.qos_class,
     }
 }
 

@@ -7,12 +7,14 @@
 
 mod mountinfo;
 mod pause;
+mod qos;
 mod v1;
 mod v1_pool;
 mod v2;
 
 pub use mountinfo::{find_cgroup_mounts, CgroupMounts};
 pub use pause::{PushOut, SQUEEZE_BYTES};
+pub use qos::{core_sched, scheduler_of, QosClass};
 pub use v1::V1Cgroups;
 pub use v2::V2Cgroups;
 
@@ -64,6 +66,9 @@ pub struct CgroupLimits {
     /// CPU time per `CPU_PERIOD_US`, in microseconds (cores x period).
     pub cpu_quota_us: u64,
     pub pids: u64,
+    /// The CPU QoS class's weights (`cpu.shares`, or `cpu.weight` and
+    /// `cpu.idle`); the per-task side is [`Cgroups::set_task_qos`].
+    pub qos: QosClass,
 }
 
 /// The cgroup driver of one edge.
@@ -139,6 +144,39 @@ impl Cgroups {
             Cgroups::V1(c) => c.procs_files(name),
             Cgroups::V2(c) => vec![c.procs_files(name)],
         }
+    }
+
+    /// Changes the QoS class of a running sandbox: its cgroup's weights,
+    /// then its tasks (see [`Cgroups::set_task_qos`]).
+    pub fn set_qos(&self, name: &str, class: QosClass) -> Result<(), CgroupError> {
+        match self {
+            Cgroups::V1(c) => c.set_qos_weights(name, class)?,
+            Cgroups::V2(c) => c.set_qos_weights(name, class)?,
+        }
+        self.set_task_qos(name, class, false)
+    }
+
+    /// Puts the tasks of cgroup `name` in `class`: on v1 `SCHED_IDLE` for
+    /// a best-effort sandbox (and back to `SCHED_OTHER`); where the kernel
+    /// has core scheduling, a cookie of its own for a latency-sensitive
+    /// one (cleared for a best-effort one). `fresh`: the sandbox was just
+    /// started with this class, so its tasks have the kernel's defaults
+    /// and only what differs from them is done (nothing at all for a
+    /// latency-sensitive sandbox without core scheduling).
+    pub fn set_task_qos(&self, name: &str, class: QosClass, fresh: bool) -> Result<(), CgroupError> {
+        let threads = match self {
+            Cgroups::V1(c) => c.threads_file(name),
+            Cgroups::V2(c) => Some(c.threads_file(name)),
+        };
+        let Some(threads) = threads else { return Ok(()) };
+        if self.version() == 1 && (class.idle_tasks() || !fresh) {
+            qos::set_task_policies(&threads, class.idle_tasks()).map_err(|e| io_err(&threads, e))?;
+        }
+        let cookie = class == QosClass::LatencySensitive;
+        if core_sched::available() && (cookie || !fresh) {
+            core_sched::set_cookie(&threads, cookie).map_err(|e| io_err(&threads, e))?;
+        }
+        Ok(())
     }
 
     /// Pids in the cgroup (empty if it does not exist).

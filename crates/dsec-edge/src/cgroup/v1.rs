@@ -105,6 +105,21 @@ impl V1Cgroups {
         Ok(())
     }
 
+    /// Writes the class's `cpu.shares` (the tasks' policies are
+    /// `Cgroups::set_task_qos`'s).
+    pub(super) fn set_qos_weights(&self, name: &str, class: QosClass) -> Result<(), CgroupError> {
+        let dir = self.dir_of("cpu", name).ok_or_else(|| CgroupError::NoHierarchy("no cpu hierarchy".into()))?;
+        if !dir.is_dir() {
+            return Err(CgroupError::Gone(dir.display().to_string()));
+        }
+        write_v1_qos(&dir, class)
+    }
+
+    /// Every thread of the cgroup (the cpu hierarchy's `tasks`).
+    pub(super) fn threads_file(&self, name: &str) -> Option<PathBuf> {
+        Some(self.dir_of("cpu", name)?.join("tasks"))
+    }
+
     pub(super) fn procs(&self, name: &str) -> Vec<i32> {
         read_pids(&self.memory_dir(name).join("cgroup.procs"))
     }
@@ -273,12 +288,47 @@ pub(super) fn write_limits(dir: &Path, ctrls: &[String], l: &CgroupLimits) -> Re
     for ctrl in ctrls {
         match ctrl.as_str() {
             "memory" => write_file(&dir.join("memory.limit_in_bytes"), &l.memory_bytes.to_string())?,
-            "cpu" => write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?,
+            "cpu" => {
+                write_file(&dir.join("cpu.cfs_quota_us"), &l.cpu_quota_us.to_string())?;
+                write_v1_qos(dir, l.qos)?;
+            }
             "pids" => write_file(&dir.join("pids.max"), &l.pids.to_string())?,
             _ => {}
         }
     }
     Ok(())
+}
+
+/// Writes the class's weight into cpu directory `dir`. Where the kernel
+/// has v1 `cpu.idle` (5.15), a best-effort group is made idle too: the
+/// kernel then preempts it at once when a task of a non-idle group wakes
+/// (shares alone only weigh it), and reports its `cpu.shares` as the idle
+/// weight, 3. The kernel refuses `cpu.shares` while `cpu.idle` is 1 and
+/// resets it to 1024 when `cpu.idle` goes back to 0: hence the order, and
+/// nothing written for a group idle already.
+fn write_v1_qos(dir: &Path, class: QosClass) -> Result<(), CgroupError> {
+    let idle = dir.join("cpu.idle");
+    let has_idle = idle.exists();
+    let shares = || write_file(&dir.join("cpu.shares"), &class.v1_shares().to_string());
+    match class {
+        QosClass::LatencySensitive => {
+            if has_idle {
+                write_file(&idle, "0")?;
+            }
+            shares()
+        }
+        QosClass::BestEffort => {
+            // Already idle: its shares cannot be written, nor need be.
+            if has_idle && std::fs::read_to_string(&idle).is_ok_and(|v| v.trim() == "1") {
+                return Ok(());
+            }
+            shares()?;
+            if has_idle {
+                write_file(&idle, "1")?;
+            }
+            Ok(())
+        }
+    }
 }
 
 /// How long a squeeze goes on without reclaiming anything more.
@@ -309,11 +359,12 @@ mod tests {
 
     /// Creates `sb1` with fixed limits and checks they were written.
     fn create_sb1_and_check_its_limits(cg: &V1Cgroups, root: &Path) {
-        let l = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 100 };
+        let l = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 100, qos: QosClass::BestEffort };
         cg.create("sb1", &l).unwrap();
         let read = |p: &str| std::fs::read_to_string(root.join(p)).unwrap();
         assert_eq!(read("memory/dsec/n1/sb1/memory.limit_in_bytes"), (64u64 << 20).to_string());
         assert_eq!(read("cpu,cpuacct/dsec/n1/sb1/cpu.cfs_quota_us"), "50000");
+        assert_eq!(read("cpu,cpuacct/dsec/n1/sb1/cpu.shares"), "2", "best effort: the smallest weight");
         assert_eq!(read("pids/dsec/n1/sb1/pids.max"), "100");
     }
 
@@ -367,6 +418,45 @@ mod tests {
         // Shutdown removes the pool's ready directories before the parent.
         cg.remove_parent();
         assert_eq!(pooled(), 0);
+    }
+
+    /// The class's shares are written and a task listed in the cgroup (a
+    /// real child process) is switched to SCHED_IDLE and back.
+    #[test]
+    fn qos_class_changes_shares_and_task_policies() {
+        let t = tempfile::tempdir().unwrap();
+        let v1 = fake(t.path(), true);
+        v1.init().unwrap();
+        let cg = Cgroups::V1(v1);
+        let l = CgroupLimits { memory_bytes: 64 << 20, cpu_quota_us: 50_000, pids: 100, qos: QosClass::LatencySensitive };
+        cg.create("sb1", &l).unwrap();
+        let dir = t.path().join("cpu,cpuacct/dsec/n1/sb1");
+        let shares = || std::fs::read_to_string(dir.join("cpu.shares")).unwrap();
+        assert_eq!(shares(), "1024");
+        let mut child = std::process::Command::new("sleep").arg("60").spawn().unwrap();
+        let pid = child.id() as i32;
+        std::fs::write(dir.join("tasks"), format!("{pid}\n")).unwrap();
+        cg.set_qos("sb1", QosClass::BestEffort).unwrap();
+        let idle = (shares(), scheduler_of(pid).unwrap());
+        cg.set_qos("sb1", QosClass::LatencySensitive).unwrap();
+        let back = (shares(), scheduler_of(pid).unwrap());
+        // A kernel with v1 cpu.idle: the group is made idle too, and back.
+        std::fs::write(dir.join("cpu.idle"), "0").unwrap();
+        cg.set_qos("sb1", QosClass::BestEffort).unwrap();
+        // The kernel refuses cpu.shares while the group is idle: setting
+        // the class again must not write it.
+        std::fs::remove_file(dir.join("cpu.shares")).unwrap();
+        cg.set_qos("sb1", QosClass::BestEffort).unwrap();
+        assert!(!dir.join("cpu.shares").exists(), "shares written to an idle group");
+        let idle_group = std::fs::read_to_string(dir.join("cpu.idle")).unwrap();
+        cg.set_qos("sb1", QosClass::LatencySensitive).unwrap();
+        let back_group = std::fs::read_to_string(dir.join("cpu.idle")).unwrap();
+        child.kill().unwrap();
+        child.wait().unwrap();
+        assert_eq!(idle, ("2".to_string(), libc::SCHED_IDLE));
+        assert_eq!(back, ("1024".to_string(), libc::SCHED_OTHER));
+        assert_eq!((idle_group.as_str(), back_group.as_str()), ("1", "0"));
+        assert!(matches!(cg.set_qos("gone", QosClass::BestEffort), Err(CgroupError::Gone(_))));
     }
 
     #[test]

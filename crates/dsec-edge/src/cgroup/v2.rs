@@ -77,6 +77,9 @@ impl V2Cgroups {
         set("memory.max", l.memory_bytes.to_string())?;
         set("cpu.max", format!("{} {CPU_PERIOD_US}", l.cpu_quota_us))?;
         set("pids.max", l.pids.to_string())?;
+        if self.require_controllers || dir.join("cpu.weight").exists() {
+            write_qos(&dir, l.qos)?;
+        }
         // As on v1: a running sandbox never swaps; only a pause does. The
         // file exists only with swap accounting.
         let swap_max = dir.join("memory.swap.max");
@@ -84,6 +87,22 @@ impl V2Cgroups {
             write_file(&swap_max, "0")?;
         }
         Ok(())
+    }
+
+    pub(super) fn set_qos_weights(&self, name: &str, class: QosClass) -> Result<(), CgroupError> {
+        let dir = self.parent.join(name);
+        if !dir.is_dir() {
+            return Err(CgroupError::Gone(dir.display().to_string()));
+        }
+        if !self.require_controllers && !dir.join("cpu.weight").exists() {
+            return Ok(());
+        }
+        write_qos(&dir, class)
+    }
+
+    /// Every thread of the cgroup.
+    pub(super) fn threads_file(&self, name: &str) -> PathBuf {
+        self.parent.join(name).join("cgroup.threads")
     }
 
     pub(super) fn set_frozen(&self, name: &str, frozen: bool) -> Result<(), CgroupError> {
@@ -201,6 +220,20 @@ impl V2Cgroups {
     }
 }
 
+/// Writes the class's files into cgroup directory `dir`. A kernel before
+/// 5.15 has no `cpu.idle`: there a best-effort group gets the smallest
+/// weight instead, which is all it can have.
+fn write_qos(dir: &std::path::Path, class: QosClass) -> Result<(), CgroupError> {
+    if !dir.join("cpu.idle").exists() {
+        let weight = if class == QosClass::BestEffort { "1" } else { "100" };
+        return write_file(&dir.join("cpu.weight"), weight);
+    }
+    for (file, value) in class.v2_files() {
+        write_file(&dir.join(file), value)?;
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -213,9 +246,30 @@ mod tests {
         cg.init().unwrap();
         assert_eq!(std::fs::read_to_string(t.path().join("cgroup.subtree_control")).unwrap(), "+memory +cpu +pids");
         assert_eq!(std::fs::read_to_string(t.path().join("dsec/n1/cgroup.subtree_control")).unwrap(), "+memory +cpu +pids");
-        cg.create("sb", &CgroupLimits { memory_bytes: 1 << 30, cpu_quota_us: 150_000, pids: 64 }).unwrap();
+        cg.create("sb", &CgroupLimits { memory_bytes: 1 << 30, cpu_quota_us: 150_000, pids: 64, qos: QosClass::LatencySensitive }).unwrap();
         assert_eq!(std::fs::read_to_string(t.path().join("dsec/n1/sb/cpu.max")).unwrap(), "150000 100000");
         assert_eq!(std::fs::read_to_string(t.path().join("dsec/n1/sb/memory.max")).unwrap(), (1u64 << 30).to_string());
+    }
+
+    #[test]
+    fn qos_classes_map_to_cpu_idle_and_cpu_weight() {
+        let t = tempfile::tempdir().unwrap();
+        std::fs::write(t.path().join("cgroup.controllers"), "cpu memory pids").unwrap();
+        let cg = V2Cgroups::new(t.path().to_path_buf(), "dsec/n1", true).unwrap();
+        cg.init().unwrap();
+        let read = |f: &str| std::fs::read_to_string(t.path().join("dsec/n1/sb").join(f)).unwrap();
+        // A kernel without cpu.idle (before 5.15): the smallest weight.
+        cg.create("sb", &CgroupLimits { memory_bytes: 1 << 30, cpu_quota_us: 100_000, pids: 64, qos: QosClass::BestEffort }).unwrap();
+        assert_eq!(read("cpu.weight"), "1");
+        assert!(!t.path().join("dsec/n1/sb/cpu.idle").exists());
+        // With cpu.idle: the group becomes idle, and back.
+        std::fs::write(t.path().join("dsec/n1/sb/cpu.idle"), "0").unwrap();
+        cg.set_qos_weights("sb", QosClass::BestEffort).unwrap();
+        assert_eq!(read("cpu.idle"), "1");
+        cg.set_qos_weights("sb", QosClass::LatencySensitive).unwrap();
+        assert_eq!((read("cpu.idle").as_str(), read("cpu.weight").as_str()), ("0", "100"));
+        assert!(matches!(cg.set_qos_weights("gone", QosClass::BestEffort), Err(CgroupError::Gone(_))));
+        assert_eq!(cg.threads_file("sb"), t.path().join("dsec/n1/sb/cgroup.threads"));
     }
 
     #[test]

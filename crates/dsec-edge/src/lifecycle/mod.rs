@@ -9,6 +9,7 @@ pub(crate) mod idempotency;
 pub(crate) mod lease;
 pub(crate) mod node_lock;
 pub(crate) mod prewarm;
+pub(crate) mod qos;
 pub(crate) mod recover;
 
 use std::sync::atomic::Ordering;
@@ -130,6 +131,8 @@ impl Edge {
         let t_pre = t0.elapsed();
         match backend.start(&id, &rec.spec, &plan, Box::pin(durable)).await {
             Ok(instance) => {
+                // Before any command can run: what they fork inherits it.
+                self.apply_task_qos(&rec, true);
                 let t_started = t0.elapsed();
                 let instance = Arc::new(instance);
                 let rec = {

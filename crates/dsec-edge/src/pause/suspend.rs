@@ -138,6 +138,8 @@ impl Edge {
         };
         match restored.await {
             Ok(instance) => {
+                // A new QEMU: its threads get the class again.
+                self.apply_task_qos(rec, false);
                 let instance = Arc::new(instance);
                 *lock(&entry.instance) = Some(instance.clone());
                 let rec = {

@@ -71,6 +71,7 @@ fn request_from(spec: &SandboxSpec, source: &str) -> SandboxRequest {
         network_rules: spec.network_rules.clone(),
         // A replay starts from the image alone: it re-runs the log.
         snapshot: None,
+        qos_class: Some(spec.qos_class),
     }
 }
 

@@ -60,6 +60,7 @@ class FakeSandbox:
             "limits": {"memory_limit_mb": b.get("memory_limit_mb", 512),
                        "cpu_cores_limit": b.get("cpu_cores_limit", 1.0),
                        "disk_limit_mb": 1024, "pids_limit": 256},
+            "qos_class": b.get("qos_class", "latency_sensitive"),
             "init_user": b.get("init_user", "root"),
             "ttl_running_stop": b.get("ttl_running_stop", 600), "max_lifetime_s": 0,
             "labels": b.get("labels", {}), "job": b.get("job"),
@@ -119,6 +120,7 @@ class FakeDSec:
         r.add_get("/v1/sandboxes", self.list)
         r.add_get("/v1/sandboxes/{id}", self.get)
         r.add_delete("/v1/sandboxes/{id}", self.delete)
+        r.add_patch("/v1/sandboxes/{id}", self.update)
         r.add_post("/v1/sandboxes/{id}/stop", self.stop_sb)
         r.add_post("/v1/sandboxes/{id}/exec", self.exec)
         r.add_get("/v1/sandboxes/{id}/exec/stream", self.exec_stream)
@@ -263,6 +265,18 @@ class FakeDSec:
         sb = self._sb(request)
         if isinstance(sb, web.Response):
             return sb
+        return web.json_response(sb.record())
+
+    async def update(self, request: web.Request) -> web.Response:
+        sb = self._sb(request)
+        if isinstance(sb, web.Response):
+            return sb
+        body = await request.json()
+        if body.get("qos_class") not in (None, "latency_sensitive", "best_effort"):
+            return web.json_response({"error": {"code": "invalid_request", "message": "unknown qos_class"}},
+                                     status=400)
+        if "qos_class" in body:
+            sb.body["qos_class"] = body["qos_class"]
         return web.json_response(sb.record())
 
     async def stop_sb(self, request: web.Request) -> web.Response:

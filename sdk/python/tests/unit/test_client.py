@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from typing import Any
 import base64
 import os
 import socket
@@ -16,10 +17,10 @@ from dsec import DSecClient, DSecContainerRunArgs, DSecRunArgs, ExecResult, Outp
 from .fake_server import TOKEN, FakeDSec
 
 
-def listing_args() -> DSecContainerRunArgs:
+def listing_args(**kw: Any) -> DSecContainerRunArgs:
     return DSecContainerRunArgs(container_image="python", memory_limit_mb=1024,
                                 cpu_cores_limit=1, ttl_running_stop=300,
-                                network_rules={}, init_user="root")
+                                network_rules={}, init_user="root", **kw)
 
 
 def free_port() -> int:
@@ -159,6 +160,17 @@ async def test_stop_delete_and_context_manager(client: DSecClient, fake: FakeDSe
     async with await client.run_container(listing_args()) as sb3:
         await sb3.delete()  # deleting inside the block is fine
     assert not fake.sandboxes
+
+
+async def test_qos_class_at_creation_and_while_running(client: DSecClient, fake: FakeDSec) -> None:
+    sb = await client.run_container(listing_args(qos_class="best_effort"))
+    assert fake.sandboxes[sb.id].body["qos_class"] == "best_effort"
+    assert sb.info.qos_class == "best_effort"
+    info = await sb.set_qos_class("latency_sensitive")
+    assert info.qos_class == "latency_sensitive" == sb.info.qos_class
+    # Without one, the field is left out: the server's default per backend.
+    plain = await client.run_container(listing_args())
+    assert "qos_class" not in fake.sandboxes[plain.id].body
 
 
 # --- exec ------------------------------------------------------------------------

@@ -71,6 +71,7 @@ async def test_every_route_answers_as_the_document_says(client: DSecClient, fake
     assert await sb.read_file("/d/a.txt") == b"a"
     assert [e.name for e in await sb.list_dir("/d")] == ["a.txt", "e"]
     assert (await sb.stat("/d/a.txt")).size == 1
+    assert (await sb.set_qos_class("best_effort")).qos_class == "best_effort"
     (tmp_path / "up").mkdir()
     (tmp_path / "up" / "b.txt").write_text("b")
     await sb.upload(tmp_path / "up", "/u")
@@ -153,6 +154,7 @@ def sandbox_record(**changes: object) -> bytes:
               "state": "running", "node": "n", "limits": {"memory_limit_mb": 1,
                                                           "cpu_cores_limit": 1.0,
                                                           "disk_limit_mb": 1, "pids_limit": 1},
+              "qos_class": "latency_sensitive",
               "init_user": "root", "ttl_running_stop": 1, "max_lifetime_s": 0, "labels": {},
               "created_at": "t", "last_active_at": "t"}
     record.update(changes)
@@ -231,7 +233,7 @@ def test_requests(contract: Contract) -> None:
     assert request("GET", "/v1/sandboxes/sb-1/trajectory", None, [], None, None) == []
     found = request("GET", "/v1/sandboxes/sb-1/nothing", None, [], None, None)
     assert found == ["GET /v1/sandboxes/sb-1/nothing: the document has no such route and method"]
-    found = request("PATCH", "/v1/sandboxes/sb-1", exec_route, [], None, None)
+    found = request("PUT", "/v1/sandboxes/sb-1", exec_route, [], None, None)
     assert found and "no such route and method" in found[0]
 
 
