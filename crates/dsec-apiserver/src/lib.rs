@@ -13,13 +13,14 @@ mod extract;
 pub mod lingering;
 pub mod nodes;
 mod openapi;
+mod ports;
 mod proxy;
 pub mod remote;
 mod routes;
 mod sandboxfusion;
 pub mod state;
 
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 use dsec_api::ErrorCode;
 pub use openapi::openapi_json;
@@ -74,6 +75,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/archive", get(files::archive_get).put(files::archive_put))
+        .route("/v1/sandboxes/{id}/expose", post(ports::expose))
+        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
         .route("/v1/sandboxes/{id}/trajectory", get(trajectory::get))
         .route("/v1/sandboxes/{id}/replay", post(trajectory::replay))
         .route("/v1/fncall", post(fncall::call))
@@ -88,5 +93,7 @@ pub fn router(state: AppState) -> Router {
         // default 2 MB body limit.
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state.clone())
-        .merge(e2b::router(state))
+        .merge(e2b::router(state.clone()))
+        // Before every route: a sandbox's host name never reaches the API.
+        .layer(axum::middleware::from_fn_with_state(state, ports::host::by_host))
 }

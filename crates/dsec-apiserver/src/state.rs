@@ -26,6 +26,8 @@ pub struct AppState {
     pub fncall: Option<Arc<FnCallBackend>>,
     /// Serve SandboxFusion's `/run_code` without credentials.
     pub sandboxfusion_open: bool,
+    /// Serve sandbox ports at the hosts `PORT-ID.DOMAIN` of this domain.
+    pub sandbox_domain: Option<String>,
 }
 
 /// Bounds on what one request may carry.

@@ -28,6 +28,7 @@ async fn replica(db: &Database, admin_token_file: &Path) -> AppState {
         limits: Arc::new(ApiLimits::default()),
         fncall: None,
         sandboxfusion_open: false,
+        sandbox_domain: None,
     }
 }
 

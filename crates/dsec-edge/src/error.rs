@@ -67,6 +67,9 @@ pub enum EdgeError {
     AlreadyExists(String),
     #[error("{0}")]
     NoScreen(String),
+    /// Nothing accepts connections on the sandbox's port.
+    #[error("{0}")]
+    PortClosed(String),
 }
 
 impl EdgeError {
@@ -99,6 +102,7 @@ impl EdgeError {
             EdgeError::UnknownNetworkService(_) => ErrorCode::UnknownNetworkService,
             EdgeError::NetworkNotEnabled(_) => ErrorCode::NetworkNotEnabled,
             EdgeError::NoScreen(_) => ErrorCode::NoScreen,
+            EdgeError::PortClosed(_) => ErrorCode::PortClosed,
         }
     }
 }
