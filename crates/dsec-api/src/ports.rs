@@ -27,6 +27,10 @@ pub struct ExposedPort {
     /// The same path on the address the request came to, with a signed
     /// query that authorizes it without a token until `expires_at`.
     pub url: String,
+    /// The same grant as a path (`/v1/port-urls/{token}`), for clients that
+    /// take a base URL and append their own paths: `{base_url}/x?y` goes to
+    /// `/x?y` on the port, until `expires_at`.
+    pub base_url: String,
     /// Unix seconds at which `url` stops working.
     pub expires_at: u64,
     /// `PORT-ID.DOMAIN`, when the API serves sandboxes by host name

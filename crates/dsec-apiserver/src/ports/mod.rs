@@ -75,9 +75,54 @@ pub async fn proxy(State(st): State<AppState>, req: Request<Body>) -> Response {
 
 /// Sends `req` to `port` of sandbox `id` as a request for `sandbox_path`
 /// (the request's own query kept, the signature's parameters removed).
-pub async fn serve(st: &AppState, id: &str, port: u16, sandbox_path: &str, mut req: Request<Body>) -> ApiResult<Response> {
+pub async fn serve(st: &AppState, id: &str, port: u16, sandbox_path: &str, req: Request<Body>) -> ApiResult<Response> {
+    let (caller, signed) = caller(st, id, port, req.headers(), req.uri().query()).await?;
+    serve_as(st, &caller, signed, id, port, sandbox_path, req).await
+}
+
+/// Any request to the port a signed path token names (`base_url` of
+/// `POST /v1/sandboxes/{id}/expose`), as `/{path}` with its query; no
+/// other credentials needed until the token expires.
+#[utoipa::path(get, path = "/v1/port-urls/{token}/{path}", tag = "ports", security(()),
+    params(("token" = String, Path), ("path" = String, Path, description = "the path the sandbox's server sees")),
+    responses((status = 200, description = "whatever the sandbox's server answers"),
+        (status = 502, description = "nothing listens on the port (`port_closed`)", body = api::ErrorBody),
+        (status = "4XX", body = api::ErrorBody)))]
+///
+/// The handler of `/v1/port-urls/{token}/{path}`: the token (a signed URL
+/// in the path, for clients that append their own paths to a base URL)
+/// names the sandbox and port and authorizes the request.
+pub async fn proxy_by_token(State(st): State<AppState>, req: Request<Body>) -> Response {
+    let path = req.uri().path().to_string();
+    let Some(rest) = path.strip_prefix("/v1/port-urls/") else {
+        return ApiError::new(ErrorCode::NotFound, "no such route").into_response();
+    };
+    let (token, sandbox_path) = match rest.find('/') {
+        Some(i) => (&rest[..i], &rest[i..]),
+        None => (rest, "/"),
+    };
+    let verified = match st.auth.tokens() {
+        Some(t) => t.url_signer().verify_token(token, now_s()),
+        None => Err(ApiError::invalid("this server does not check port URLs: ask the apiserver")),
+    };
+    match verified {
+        Ok((id, port, caller)) => {
+            serve_as(&st, &caller, true, &id, port, sandbox_path, req).await.unwrap_or_else(IntoResponse::into_response)
+        }
+        Err(e) => e.into_response(),
+    }
+}
+
+async fn serve_as(
+    st: &AppState,
+    caller: &Caller,
+    signed: bool,
+    id: &str,
+    port: u16,
+    sandbox_path: &str,
+    mut req: Request<Body>,
+) -> ApiResult<Response> {
     let query = req.uri().query().map(str::to_string);
-    let (caller, signed) = caller(st, id, port, req.headers(), query.as_deref()).await?;
     let headers = req.headers_mut();
     // The platform's credentials never reach the sandbox; a request that a
     // signed URL authorized keeps its own Authorization header.
@@ -97,12 +142,12 @@ pub async fn serve(st: &AppState, id: &str, port: u16, sandbox_path: &str, mut r
     match st.nodes.node_of(id)? {
         Node::Local(edge) => {
             *req.uri_mut() = target(sandbox_path)?;
-            let conn = edge.connect_port(&caller, id, port).await?;
+            let conn = edge.connect_port(caller, id, port).await?;
             forward::exchange(conn, req).await
         }
         Node::Remote(remote) => {
             *req.uri_mut() = target(&format!("{}{sandbox_path}", path_of(id, port)))?;
-            remote.forward(&caller, req).await
+            remote.forward(caller, req).await
         }
     }
 }
@@ -153,8 +198,10 @@ pub async fn expose(
     let authority = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
     let scheme = headers.get("x-forwarded-proto").and_then(|h| h.to_str().ok()).unwrap_or("http");
     let url = format!("{scheme}://{authority}{path}/?{query}");
+    let token = tokens.url_signer().path_token(&id, port, &caller.tenant, expires_at);
+    let base_url = format!("{scheme}://{authority}/v1/port-urls/{token}");
     let host = st.sandbox_domain.as_deref().map(|d| host::name_of(&id, port, d));
-    Ok(Json(api::ExposedPort { port, path, url, expires_at, host }))
+    Ok(Json(api::ExposedPort { port, path, url, base_url, expires_at, host }))
 }
 
 #[cfg(test)]

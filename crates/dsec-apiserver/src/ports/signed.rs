@@ -52,6 +52,30 @@ impl UrlSigner {
             .finish()
     }
 
+    /// A path segment granting the same as [`UrlSigner::query`], for
+    /// clients that take only a base URL and append their own paths
+    /// (`/v1/port-urls/{token}/...`): `ID~PORT~TENANT~EXPIRES~SIG` (no
+    /// field holds a `~`).
+    pub fn path_token(&self, id: &str, port: u16, tenant: &str, expires: u64) -> String {
+        let sig = hex::encode(self.mac(id, port, tenant, expires).finalize().into_bytes());
+        format!("{id}~{port}~{tenant}~{expires}~{sig}")
+    }
+
+    /// `(id, port, caller)` of a path token, checked at `now`.
+    pub fn verify_token(&self, token: &str, now: u64) -> Result<(String, u16, Caller), ApiError> {
+        let refused = |why: &str| ApiError::new(ErrorCode::Unauthorized, format!("signed URL refused: {why}"));
+        let parts: Vec<&str> = token.split('~').collect();
+        let [id, port, tenant, expires, sig] = parts[..] else { return Err(refused("malformed token")) };
+        let port: u16 = port.parse().map_err(|_| refused("the port is not a number"))?;
+        let query = form_urlencoded::Serializer::new(String::new())
+            .append_pair(EXPIRES_PARAM, expires)
+            .append_pair(TENANT_PARAM, tenant)
+            .append_pair(SIGNATURE_PARAM, sig)
+            .finish();
+        let caller = self.verify(id, port, &query, now)?.ok_or_else(|| refused("no signature"))?;
+        Ok((id.to_string(), port, caller))
+    }
+
     /// The caller a signed query stands for, checked at `now` (Unix
     /// seconds); `Ok(None)` if the query carries no signature.
     pub fn verify(&self, id: &str, port: u16, query: &str, now: u64) -> Result<Option<Caller>, ApiError> {
@@ -111,6 +135,17 @@ mod tests {
         assert!(s.verify("n1.abc", 8000, &other, 999).is_err(), "an altered tenant");
         assert!(UrlSigner::from_secret("other").verify("n1.abc", 8000, &q, 999).is_err(), "another key");
         assert!(s.verify("n1.abc", 8000, "a=1", 999).unwrap().is_none(), "unsigned");
+    }
+
+    #[test]
+    fn a_path_token_verifies_like_the_query() {
+        let s = UrlSigner::from_secret("admin-token");
+        let t = s.path_token("n1.abc", 8000, "team-a", 1000);
+        let (id, port, c) = s.verify_token(&t, 999).unwrap();
+        assert_eq!((id.as_str(), port, c.tenant.as_str()), ("n1.abc", 8000, "team-a"));
+        assert!(s.verify_token(&t, 1000).is_err(), "expired");
+        assert!(s.verify_token(&t.replace("~8000~", "~8001~"), 999).is_err(), "another port");
+        assert!(s.verify_token("n1.abc~8000", 999).is_err(), "malformed");
     }
 
     #[test]

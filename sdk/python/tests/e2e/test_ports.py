@@ -153,11 +153,25 @@ async def test_signed_url_works_without_a_token_until_it_expires_or_is_altered(
     # A URL for another port of the same sandbox is not this one's.
     async with http.get(url.replace(f"/ports/{PORT}/", f"/ports/{PORT + 1}/")) as resp:
         assert resp.status == 401
-    short = await sb.expose(PORT, ttl_s=1)
-    await asyncio.sleep(2.5)
-    async with http.get(short) as resp:
+    # The signature in the path: a base URL to append paths and queries to.
+    base_url = await sb.expose(PORT, base=True)
+    assert "/v1/port-urls/" in base_url and "?" not in base_url
+    async with http.post(f"{base_url}/p/q?r=1", data=b"x") as resp:
+        assert resp.status == 200, await resp.text()
+        assert (await resp.json())["path"] == "/p/q?r=1"
+    async with http.ws_connect(f"{base_url}/ws") as ws:
+        await ws.send_str("by path")
+        assert (await ws.receive(timeout=60)).data == "by path"
+    token = base_url.rsplit("/", 1)[1]
+    async with http.get(base_url.replace(token, token[:-1] + ("0" if token[-1] != "0" else "1"))) as resp:
         assert resp.status == 401
-        assert "expired" in (await resp.json())["error"]["message"]
+    short = await sb.expose(PORT, ttl_s=1)
+    short_base = await sb.expose(PORT, ttl_s=1, base=True)
+    await asyncio.sleep(2.5)
+    for expired in (short, short_base + "/"):
+        async with http.get(expired) as resp:
+            assert resp.status == 401
+            assert "expired" in (await resp.json())["error"]["message"]
 
 
 async def test_bad_credentials_and_bad_ports_are_refused(served: tuple[Sandbox, str],
