@@ -205,6 +205,9 @@ async def test_ports_through_the_apiserver(cluster: Cluster) -> None:
                 assert resp.status == 200 and (await resp.json())["path"] == "/by-host"
             async with http.get(url.replace("dsec_sig=", "dsec_sig=0")) as resp:
                 assert resp.status == 401
+            base_url = await sb.expose(ports.PORT, base=True)
+            async with http.get(f"{base_url}/by-path?k=v") as resp:
+                assert resp.status == 200 and (await resp.json())["path"] == "/by-path?k=v"
         finally:
             await sb.delete()
 
