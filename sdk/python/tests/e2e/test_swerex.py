@@ -2,10 +2,12 @@
 real ``swe-rex`` package (pinned in the SDK's ``test`` extra), its
 ``RemoteRuntime`` unchanged, talking to ``swerex-remote`` inside a sandbox
 through the port proxy. The sandbox has no outside network: swe-rex is
-installed inside from a wheelhouse the test downloads on the host."""
+installed inside from a wheelhouse the test downloads on the host with pip
+(or the directory ``DSEC_TEST_SWEREX_WHEELS`` names, made the same way)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -34,6 +36,11 @@ SWEREX = "swe-rex==1.4.0"
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """swe-rex and its dependencies as wheels for the sandbox's Python
     (3.11 on x86-64 Debian), fetched with pip on the host."""
+    given = os.environ.get("DSEC_TEST_SWEREX_WHEELS")
+    if given:
+        if not any(Path(given).glob("swe_rex-*.whl")):
+            pytest.fail(f"DSEC_TEST_SWEREX_WHEELS={given} holds no swe_rex wheel", pytrace=False)
+        return Path(given)
     d = tmp_path_factory.mktemp("swerex-wheels")
     r = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
                         "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
