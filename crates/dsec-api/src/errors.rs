@@ -75,6 +75,7 @@ error_codes! {
     CreationQueueFull = ("creation_queue_full", 429, "The node's creation queue is full; retry after the time in the Retry-After header."),
     Internal = ("internal", 500, "An unexpected fault in the platform; it was logged."),
     AgentUnavailable = ("agent_unavailable", 502, "The sandbox's guest agent stopped answering; the sandbox is being marked failed."),
+    PortClosed = ("port_closed", 502, "Nothing accepts connections on this port of the sandbox (no server listens on its loopback there)."),
     NoCapacity = ("no_capacity", 503, "No node has room for this sandbox now (admission refused)."),
     EdgeUnavailable = ("edge_unavailable", 503, "The node that owns this sandbox cannot be reached."),
     StoreUnavailable = ("store_unavailable", 503, "The apiserver's database cannot be reached now; retry after the time in the Retry-After header."),

@@ -49,6 +49,8 @@ impl From<Principal> for Tenant {
 
 pub struct TokenStore {
     store: AnyStore,
+    /// Signs port URLs with a key derived from the admin token.
+    signer: crate::ports::signed::UrlSigner,
 }
 
 fn hash(token: &str) -> [u8; 32] {
@@ -68,26 +70,29 @@ impl TokenStore {
     /// PostgreSQL each replica's file adds its own (give them the same file
     /// to share one).
     pub async fn open(db: &Database, admin_token_file: &Path) -> Result<TokenStore, AuthError> {
-        let store = TokenStore { store: AnyStore::open(db).await? };
-        store.ensure_admin(admin_token_file).await?;
-        Ok(store)
+        let store = AnyStore::open(db).await?;
+        let admin = ensure_admin(&store, admin_token_file).await?;
+        Ok(TokenStore { store, signer: crate::ports::signed::UrlSigner::from_secret(&admin) })
     }
+}
 
-    async fn ensure_admin(&self, file: &Path) -> Result<(), AuthError> {
-        let file_err = |source| AuthError::TokenFile { path: file.display().to_string(), source };
-        let token = match std::fs::read_to_string(file) {
-            Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
-            _ => {
-                let t = new_token();
-                write_private(file, &t).map_err(file_err)?;
-                t
-            }
-        };
-        let token = NewToken { hash: hash(&token), created_at_ms: now_ms(), expires_at_ms: None };
-        self.store.set_admin_token(ADMIN_TENANT, token, self.store.is_exclusive()).await?;
-        Ok(())
-    }
+/// Makes the token in `file` (written if missing) the admin token; returns it.
+async fn ensure_admin(store: &AnyStore, file: &Path) -> Result<String, AuthError> {
+    let file_err = |source| AuthError::TokenFile { path: file.display().to_string(), source };
+    let token = match std::fs::read_to_string(file) {
+        Ok(t) if !t.trim().is_empty() => t.trim().to_string(),
+        _ => {
+            let t = new_token();
+            write_private(file, &t).map_err(file_err)?;
+            t
+        }
+    };
+    let record = NewToken { hash: hash(&token), created_at_ms: now_ms(), expires_at_ms: None };
+    store.set_admin_token(ADMIN_TENANT, record, store.is_exclusive()).await?;
+    Ok(token)
+}
 
+impl TokenStore {
     /// The tenant `token` stands for; `None` if unknown, revoked or expired.
     pub async fn verify(&self, token: &str) -> Result<Option<Tenant>, StoreError> {
         Ok(self.store.grant(&hash(token), now_ms()).await?.map(|g| g.principal.into()))
@@ -117,6 +122,11 @@ impl TokenStore {
 
     pub async fn list(&self) -> Result<Vec<Tenant>, StoreError> {
         Ok(self.store.principals().await?.into_iter().map(Tenant::from).collect())
+    }
+
+    /// The signer of port URLs.
+    pub fn url_signer(&self) -> &crate::ports::signed::UrlSigner {
+        &self.signer
     }
 
     /// The store itself, for what else the control plane keeps there.

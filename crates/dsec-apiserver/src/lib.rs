@@ -15,6 +15,7 @@ pub mod http_metrics;
 pub mod lingering;
 pub mod nodes;
 mod openapi;
+mod ports;
 mod proxy;
 pub mod remote;
 mod routes;
@@ -22,7 +23,7 @@ mod sandboxfusion;
 pub mod state;
 mod ui;
 
-use axum::routing::{get, post, put};
+use axum::routing::{any, get, post, put};
 use axum::Router;
 use dsec_api::ErrorCode;
 pub use openapi::openapi_json;
@@ -80,6 +81,13 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/list", get(files::list))
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/archive", get(files::archive_get).put(files::archive_put))
+        .route("/v1/sandboxes/{id}/expose", post(ports::expose))
+        .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
+        .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))
+        .route("/v1/port-urls/{token}", any(ports::proxy_by_token))
+        .route("/v1/port-urls/{token}/", any(ports::proxy_by_token))
+        .route("/v1/port-urls/{token}/{*path}", any(ports::proxy_by_token))
         .route("/v1/sandboxes/{id}/trajectory", get(trajectory::get))
         .route("/v1/sandboxes/{id}/replay", post(trajectory::replay))
         .route("/v1/fncall", post(fncall::call))
@@ -95,6 +103,8 @@ pub fn router(state: AppState) -> Router {
         .layer(axum::extract::DefaultBodyLimit::disable())
         .with_state(state.clone())
         .merge(e2b::router(state.clone()))
+        // Before every route: a sandbox's host name never reaches the API.
+        .layer(axum::middleware::from_fn_with_state(state.clone(), ports::host::by_host))
         // Outermost, so a forwarded request and a refused one are timed too.
         .layer(axum::middleware::from_fn_with_state(state, http_metrics::observe))
 }

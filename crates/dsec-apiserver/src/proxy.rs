@@ -21,6 +21,17 @@ pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next
         None => first_segment(path, "/v1/nodes/").and_then(|name| st.nodes.by_name(name).map(|n| (n, name))),
     };
     let Some((Node::Remote(remote), id)) = target else { return next.run(req).await };
+    // Port URLs are signed here, with this apiserver's key; port requests
+    // may carry such a signature instead of a token (`ports::serve`
+    // checks it, then forwards).
+    if path.strip_prefix("/v1/sandboxes/").and_then(|r| r.split_once('/')).is_some_and(|(_, rest)| rest == "expose") {
+        return next.run(req).await;
+    }
+    if let Some((id, port, rest)) = crate::ports::parse_path(path) {
+        let Ok(port) = port.parse::<u16>() else { return next.run(req).await };
+        let (id, rest) = (id.to_string(), rest.to_string());
+        return crate::ports::serve(&st, &id, port, &rest, req).await.unwrap_or_else(IntoResponse::into_response);
+    }
     let (remote, id) = (remote.clone(), id.to_string());
     let caller = match st.auth.authenticate(req.headers()).await {
         Ok(c) => c,

@@ -27,6 +27,8 @@ pub struct AppState {
     pub fncall: Option<Arc<FnCallBackend>>,
     /// Serve SandboxFusion's `/run_code` without credentials.
     pub sandboxfusion_open: bool,
+    /// Serve sandbox ports at the hosts `PORT-ID.DOMAIN` of this domain.
+    pub sandbox_domain: Option<String>,
     /// Request durations for `/metrics` (filled by the router's layer).
     pub http_metrics: Arc<HttpMetrics>,
 }
@@ -43,6 +45,7 @@ impl AppState {
             fncall: None,
             sandboxfusion_open: false,
             http_metrics: Default::default(),
+            sandbox_domain: None,
         }
     }
 }

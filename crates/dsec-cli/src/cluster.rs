@@ -54,6 +54,9 @@ pub struct ApiserverArgs {
     /// Serve SandboxFusion's `/run_code` without credentials (see `dsec up`).
     #[arg(long)]
     pub sandboxfusion_open: bool,
+    /// Serve sandbox ports by host name `PORT-ID.DOMAIN` (see `dsec up`).
+    #[arg(long, value_parser = crate::up::parse_sandbox_domain)]
+    pub sandbox_domain: Option<String>,
 }
 
 fn parse_edge(s: &str) -> Result<(String, String), String> {
@@ -99,6 +102,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         fncall: started.fncall_backend(),
         sandboxfusion_open: false,
         http_metrics: Default::default(),
+        sandbox_domain: None,
     };
     serve(a.listen, state, &format!("edge of node {}", started.edge.node()), Some(started.edge.clone())).await?;
     started.shutdown().await;
@@ -127,6 +131,7 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         fncall: Some(Arc::new(FnCallBackend::Remote(Default::default()))),
         sandboxfusion_open: a.sandboxfusion_open,
         http_metrics: Default::default(),
+        sandbox_domain: a.sandbox_domain.clone(),
     };
     let what =
         format!("apiserver for {} edge(s) on {database}; admin token in {}", a.edges.len(), a.data_dir.join("admin-token").display());

@@ -9,6 +9,7 @@ mod layer_cmd;
 mod network_cmd;
 mod network_config_cmd;
 mod pack_cmd;
+mod port_cmd;
 mod sandbox_cmd;
 mod shell;
 mod snapshot_cmd;
@@ -52,6 +53,9 @@ enum Cmd {
     Audit(sandbox_cmd::IdsArgs),
     /// Replace a running sandbox's network rules (KEY=true|false ...).
     Network(network_cmd::NetworkArgs),
+    /// Print a signed URL that reaches a TCP port inside a sandbox
+    /// (`port ID PORT`): HTTP and WebSocket through the API.
+    Port(port_cmd::PortArgs),
     /// Write the node's network configuration (the services rules may
     /// allow: the host's own package indexes).
     #[command(subcommand)]
@@ -127,6 +131,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Shell(a) => shell::run(a).await,
             Cmd::Audit(a) => sandbox_cmd::audit(a).await,
             Cmd::Network(a) => network_cmd::run(a).await,
+            Cmd::Port(a) => port_cmd::run(a).await,
             Cmd::NetworkConfig(c) => network_config_cmd::run(c),
             Cmd::Stop(a) => sandbox_cmd::stop(a).await,
             Cmd::Qos(a) => sandbox_cmd::qos(a).await,

@@ -35,6 +35,21 @@ pub struct UpArgs {
     /// reach; otherwise use `/sandboxfusion/TOKEN/run_code`.
     #[arg(long)]
     pub sandboxfusion_open: bool,
+    /// Serve sandbox ports by host name: a request for the host
+    /// `PORT-ID.DOMAIN` goes to PORT of sandbox ID (point a wildcard DNS
+    /// name at this listener). Also the domain the E2B routes report.
+    #[arg(long, value_parser = parse_sandbox_domain)]
+    pub sandbox_domain: Option<String>,
+}
+
+/// A DNS name (letters, digits, '-' and '.'), lowercased.
+pub fn parse_sandbox_domain(s: &str) -> Result<String, String> {
+    let ok = !s.is_empty() && s.split('.').all(|l| !l.is_empty() && l.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-'));
+    if ok {
+        Ok(s.to_ascii_lowercase())
+    } else {
+        Err(format!("{s:?} is not a domain name (labels of letters, digits and '-', joined by '.')"))
+    }
 }
 
 /// Options of the node's edge, shared by `dsec up` and `dsec edge`.
@@ -349,6 +364,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
         fncall: started.fncall_backend(),
         sandboxfusion_open: a.sandboxfusion_open,
         http_metrics: Default::default(),
+        sandbox_domain: a.sandbox_domain.clone(),
     };
     let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
     serve(a.listen, state, &what, Some(started.edge.clone())).await?;

@@ -210,6 +210,11 @@ impl Client {
         self.json(Method::PATCH, &format!("/v1/sandboxes/{id}"), Some(req)).await
     }
 
+    /// A signed URL for a TCP port inside a sandbox.
+    pub async fn expose(&self, id: &str, req: &api::ExposeRequest) -> Result<api::ExposedPort, ClientError> {
+        self.json(Method::POST, &format!("/v1/sandboxes/{id}/expose"), Some(req)).await
+    }
+
     pub async fn set_network_rules(&self, id: &str, req: &api::NetworkRules) -> Result<api::NetworkRules, ClientError> {
         self.json(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(req)).await
     }

@@ -116,6 +116,9 @@ pub enum EdgeError {
     AlreadyExists(String),
     #[error("{0}")]
     NoScreen(String),
+    /// Nothing accepts connections on the sandbox's port.
+    #[error("{0}")]
+    PortClosed(String),
 }
 
 impl From<crate::images::error::LayerError> for EdgeError {
@@ -180,6 +183,7 @@ impl EdgeError {
             EdgeError::UnknownNetworkService(_) => ErrorCode::UnknownNetworkService,
             EdgeError::NetworkNotEnabled(_) => ErrorCode::NetworkNotEnabled,
             EdgeError::NoScreen(_) => ErrorCode::NoScreen,
+            EdgeError::PortClosed(_) => ErrorCode::PortClosed,
         }
     }
 }

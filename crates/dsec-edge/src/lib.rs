@@ -45,6 +45,7 @@ pub use lifecycle::background::ReapReport;
 pub use lifecycle::lease::Lease;
 pub use model::{Caller, ListFilter, QosClass, SandboxRecord, SandboxSpec, State};
 pub use ops::agent::AgentRequest;
+pub use ops::ports::{PortConnection, SandboxEnded};
 pub use pause::jobs::{JobAction, JobOutcome};
 pub use pause::suspend::PauseMode;
 pub use pause::{PauseOutcome, ResumeOutcome};

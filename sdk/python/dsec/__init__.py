@@ -23,6 +23,7 @@ from .client import DSecClient
 from .fncall import CaseResult, FnCallResult, StepResult, TestCase
 from .errors import (
     AgentUnavailable,
+    PortClosed,
     AlreadyExists,
     CreationQueueFull,
     DirectoryNotEmpty,
@@ -178,6 +179,7 @@ __all__ = [
     "CreationQueueFull",
     "Internal",
     "AgentUnavailable",
+    "PortClosed",
     "NoCapacity",
     "EdgeUnavailable",
     "Timeout",

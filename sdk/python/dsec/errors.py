@@ -67,6 +67,7 @@ __all__ = [
     "CreationQueueFull",
     "Internal",
     "AgentUnavailable",
+    "PortClosed",
     "NoCapacity",
     "EdgeUnavailable",
     "Timeout",
@@ -345,6 +346,12 @@ class AgentUnavailable(DSecError):
     """The sandbox's guest agent stopped answering; the sandbox is being marked failed."""
 
     code = "agent_unavailable"
+
+
+class PortClosed(DSecError):
+    """Nothing accepts connections on this port of the sandbox (no server listens on its loopback there)."""
+
+    code = "port_closed"
 
 
 class NoCapacity(DSecError):

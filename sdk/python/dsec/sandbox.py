@@ -211,6 +211,31 @@ class Sandbox:
         self.info = r.sandbox
         return r
 
+    async def expose(self, port: int, ttl_s: int | None = None, *, base: bool = False) -> str:
+        """A URL that reaches TCP ``port`` inside the sandbox (a server
+        listening there, on its loopback or any address) through the API:
+        HTTP of any method and WebSocket, streamed. The URL is signed, so it
+        works without a token (for a browser or a tool given only a URL)
+        until ``ttl_s`` seconds from now (default an hour, at most a week);
+        with the token, ``/v1/sandboxes/ID/ports/PORT/...`` needs no
+        signature. A request while nothing listens raises or answers
+        ``port_closed`` (502); containers only.
+
+        With ``base``, the signature is in the path instead
+        (``.../v1/port-urls/TOKEN``): a base URL for clients that append
+        their own paths and queries (``f"{url}/health"``)."""
+        body: dict[str, Any] = {"port": int(port)}
+        if ttl_s is not None:
+            body["ttl_s"] = int(ttl_s)
+        d = await self._t.request("POST", self._t.url(self._base + "/expose"), json_body=body)
+        if base:
+            token = str(d["base_url"]).rpartition("/v1/port-urls/")[2]
+            return str(self._t.url("/v1/port-urls/" + token))
+        # The path on this client's own endpoint (which may sit behind a
+        # proxy the server does not know of), with the server's signature.
+        query = str(d["url"]).partition("?")[2]
+        return f"{self._t.url(str(d['path']) + '/')}?{query}"
+
     async def suspend(self, timeout: float | None = 120) -> PauseResult:
         """Suspend a VM (microVM or full VM) to disk: ``pause(mode="suspend")``."""
         return await self.pause(timeout, mode="suspend")

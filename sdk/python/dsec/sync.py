@@ -379,6 +379,10 @@ class Sandbox:
         """Pause the sandbox (a microVM suspends to disk, a container freezes)."""
         return self._run(self.aio.pause(timeout=timeout, mode=mode))
 
+    def expose(self, port: int, ttl_s: int | None = None, *, base: bool = False) -> str:
+        """See :meth:`dsec.Sandbox.expose`."""
+        return self._run(self.aio.expose(port, ttl_s, base=base))
+
     def suspend(self, timeout: float | None = 120) -> PauseResult:
         """Suspend a microVM to disk."""
         return self._run(self.aio.suspend(timeout=timeout))

@@ -87,7 +87,7 @@ pub async fn create(
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
     let created = st.app.nodes.create(&caller, create, key.as_deref()).await?;
-    Ok((StatusCode::CREATED, Json(view::created(&created.sandbox, &caller.tenant))))
+    Ok((StatusCode::CREATED, Json(view::created(&created.sandbox, &caller.tenant, st.app.sandbox_domain.as_deref()))))
 }
 
 /// A live sandbox of the caller as the native API shows it; a stopped or
@@ -196,7 +196,7 @@ pub async fn resume(State(st): State<E2bState>, r: Reconnecting) -> RestResult<R
     st.app.nodes.owner(&id)?.resume(&caller, &id).await?;
     set_lifetime(&st, &caller, &id, req.timeout.unwrap_or(view::DEFAULT_TIMEOUT_S))?;
     let s = live(&st, &caller, &id)?;
-    Ok((StatusCode::CREATED, Json(view::created(&s, &caller.tenant))).into_response())
+    Ok((StatusCode::CREATED, Json(view::created(&s, &caller.tenant, st.app.sandbox_domain.as_deref()))).into_response())
 }
 
 /// `POST /sandboxes/{id}/connect` (and `/v2/...`): resumes a paused
@@ -216,7 +216,7 @@ pub async fn connect(State(st): State<E2bState>, r: Reconnecting) -> RestResult<
     }
     let s = live(&st, &caller, &id)?;
     let status = if resumed { StatusCode::CREATED } else { StatusCode::OK };
-    Ok((status, Json(view::created(&s, &caller.tenant))).into_response())
+    Ok((status, Json(view::created(&s, &caller.tenant, st.app.sandbox_domain.as_deref()))).into_response())
 }
 
 /// `GET /sandboxes`: every live sandbox of the caller, unpaged.

@@ -120,13 +120,15 @@ pub fn metadata(labels: &BTreeMap<String, String>) -> BTreeMap<String, String> {
     labels.iter().filter(|(k, _)| !k.starts_with(RESERVED_PREFIX)).map(|(k, v)| (k.clone(), v.clone())).collect()
 }
 
-pub fn created(s: &api::Sandbox, tenant: &str) -> Created {
+/// `domain`: the API's sandbox domain, where `get_host(port)` builds
+/// `PORT-ID.DOMAIN` (served by the port proxy).
+pub fn created(s: &api::Sandbox, tenant: &str, domain: Option<&str>) -> Created {
     Created {
         ids: ids(s, tenant),
         envd_version: ENVD_VERSION,
         envd_access_token: s.labels.get(TOKEN_LABEL).cloned(),
         alias: s.image.clone(),
-        domain: None,
+        domain: domain.map(str::to_string),
         traffic_access_token: None,
     }
 }

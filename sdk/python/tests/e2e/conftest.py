@@ -41,6 +41,9 @@ from dsec.sandbox import Sandbox
 REPO = Path(__file__).resolve().parents[4]
 IMAGE = os.environ.get("DSEC_E2E_IMAGE", "python")
 MAX_UPLOAD_MB = 64
+#: The session server's sandbox domain: the host `PORT-ID.SANDBOX_DOMAIN`
+#: reaches a sandbox's port (tests/e2e/test_ports.py).
+SANDBOX_DOMAIN = "sandboxes.test"
 
 
 @dataclass
@@ -182,7 +185,8 @@ def serve_dsec(extra_args: list[str], data_dir: Path | None = None, node: str | 
            # Room for test_scale's thousand small sandboxes.
            "--max-sandboxes", "4096",
            # A node swap file, so test_pause sees memory leave RAM.
-           "--swap-file-mb", str(SWAP_FILE_MB), *extra_args]
+           "--swap-file-mb", str(SWAP_FILE_MB),
+           "--sandbox-domain", SANDBOX_DOMAIN, *extra_args]
     images_dir = os.environ.get("DSEC_TEST_IMAGES_DIR")
     if images_dir:
         cmd += ["--images-dir", images_dir]

@@ -20,12 +20,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 import dsec
 from dsec import DSecClient, DSecContainerRunArgs, JobAlreadyPaused, Sandbox
 
-from .conftest import REPO, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
+from . import test_ports as ports
+from .conftest import SANDBOX_DOMAIN, REPO, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
 
 
 @dataclass
@@ -105,7 +107,8 @@ def cluster() -> Iterator[Cluster]:
         port = _free_port()
         log = root / "apiserver.log"
         args = [str(binary), "apiserver", "--data-dir", str(root / "api"),
-                "--listen", f"127.0.0.1:{port}", "--cluster-secret-file", str(secret)]
+                "--listen", f"127.0.0.1:{port}", "--cluster-secret-file", str(secret),
+                "--sandbox-domain", SANDBOX_DOMAIN]
         for e in edge_urls:
             args += ["--edge", e]
         with open(log, "wb") as f:
@@ -172,6 +175,41 @@ async def test_requests_route_to_the_owning_edge(cluster: Cluster) -> None:
                 await o.get(sb.id)
         await asyncio.gather(*(s.delete() for s in sandboxes))
         assert await c.list(labels={"suite": "cluster"}) == []
+
+
+async def test_ports_through_the_apiserver(cluster: Cluster) -> None:
+    """The apiserver checks the token or its own signature, the owning edge
+    connects: by path, by host, by signed URL, HTTP and WebSocket."""
+    tenant = _create_tenant(cluster.api, "cl-ports")
+    async with DSecClient(cluster.api.url, tenant.token) as c, \
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+        sb = await c.run_container(_args(container_image="python", memory_limit_mb=256,
+                                         cpu_cores_limit=0.5), timeout=120)
+        try:
+            base = f"{cluster.api.url}/v1/sandboxes/{sb.id}/ports/{ports.PORT}"
+            await ports.start_server(sb, http, base, tenant.token)
+            async with http.post(f"{base}/sha256", data=ports.pattern(8 << 20),
+                                 headers=ports.bearer(tenant.token)) as resp:
+                assert resp.status == 200 and (await resp.json())["length"] == 8 << 20
+            url = await sb.expose(ports.PORT)
+            async with http.get(url.replace("/?", "/signed?", 1)) as resp:
+                assert resp.status == 200, await resp.text()
+                seen = await resp.json()
+            assert seen["path"] == "/signed" and "authorization" not in seen["headers"]
+            async with http.ws_connect(url.replace("/?", "/ws?", 1)) as ws:
+                await ws.send_str("across nodes")
+                assert (await ws.receive(timeout=60)).data == "across nodes"
+            host = f"{ports.PORT}-{sb.id}.{SANDBOX_DOMAIN}"
+            async with http.get(f"{cluster.api.url}/by-host",
+                                headers={**ports.bearer(tenant.token), "Host": host}) as resp:
+                assert resp.status == 200 and (await resp.json())["path"] == "/by-host"
+            async with http.get(url.replace("dsec_sig=", "dsec_sig=0")) as resp:
+                assert resp.status == 401
+            base_url = await sb.expose(ports.PORT, base=True)
+            async with http.get(f"{base_url}/by-path?k=v") as resp:
+                assert resp.status == 200 and (await resp.json())["path"] == "/by-path?k=v"
+        finally:
+            await sb.delete()
 
 
 async def test_metrics_come_from_the_owning_edge(cluster: Cluster) -> None:

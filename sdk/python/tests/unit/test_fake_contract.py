@@ -95,6 +95,8 @@ NOT_CALLED_BY_THE_SDK = {
     ("GET", "/v1/nodes"): "an operator's view (dsec CLI)",
     ("POST", "/run_code"): "SandboxFusion's own client calls it (docs/fncall.md)",
     ("POST", "/sandboxfusion/{token}/run_code"): "likewise, with the token in the path",
+    ("GET", "/v1/sandboxes/{id}/ports/{port}/{path}"): "the URL sandbox.expose() returns is for any HTTP client",
+    ("GET", "/v1/port-urls/{token}/{path}"): "likewise, the base URL of sandbox.expose(base=True)",
 }
 
 
@@ -121,6 +123,7 @@ async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, f
         sb.pack_diff("img:v1", scrub=["/tmp/*"], idempotency_key="k"),
         sb.trajectory(), sb.replay(keep=True), sb.screenshot(), sb.send_keys(["ctrl-c", "ret"]),
         sb.type_text("hi"), sb.move(1, 2), sb.click(3, 4, "right", True), sb.click(),
+        sb.expose(8000), sb.expose(8000, ttl_s=60, base=True),
     ]
     for call in calls:
         with pytest.raises(dsec.DSecError):
