@@ -36,6 +36,10 @@ trap - EXIT
 # end-to-end tests run the statically linked agent that users get.
 scripts/build-agent.sh
 
+# The SWE-ReX test's wheels for inside a sandbox (which has no network).
+DSEC_TEST_SWEREX_WHEELS=$(scripts/swerex-wheels.sh "${DSEC_DATA_DIR:-/var/lib/dsec}/cache/swerex-wheels")
+export DSEC_TEST_SWEREX_WHEELS
+
 echo "==> Python SDK tests (unit and end-to-end against a real dsec up)"
 python3 -m pytest sdk/python/tests -q -p no:cacheprovider
 

@@ -2,14 +2,12 @@
 real ``swe-rex`` package (pinned in the SDK's ``test`` extra), its
 ``RemoteRuntime`` unchanged, talking to ``swerex-remote`` inside a sandbox
 through the port proxy. The sandbox has no outside network: swe-rex is
-installed inside from a wheelhouse the test downloads on the host with pip
-(or the directory ``DSEC_TEST_SWEREX_WHEELS`` names, made the same way)."""
+installed inside from the wheelhouse ``DSEC_TEST_SWEREX_WHEELS`` names (made
+ahead by ``scripts/swerex-wheels.sh``, which scripts/test.sh runs)."""
 
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -35,21 +33,16 @@ SWEREX = "swe-rex==1.4.0"
 @pytest.fixture(scope="module")
 def wheelhouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """swe-rex and its dependencies as wheels for the sandbox's Python
-    (3.11 on x86-64 Debian), fetched with pip on the host."""
+    (3.11 on x86-64 Debian), fetched ahead on the host."""
     given = os.environ.get("DSEC_TEST_SWEREX_WHEELS")
-    if given:
-        if not any(Path(given).glob("swe_rex-*.whl")):
-            pytest.fail(f"DSEC_TEST_SWEREX_WHEELS={given} holds no swe_rex wheel", pytrace=False)
-        return Path(given)
-    d = tmp_path_factory.mktemp("swerex-wheels")
-    r = subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--only-binary=:all:",
-                        "--python-version", "3.11", "--platform", "manylinux2014_x86_64",
-                        "--platform", "manylinux_2_17_x86_64", "--platform", "manylinux_2_28_x86_64",
-                        "--platform", "any", "-d", str(d), SWEREX],
-                       capture_output=True, text=True, timeout=600)
-    if r.returncode != 0:
-        pytest.fail(f"pip download {SWEREX} failed: {r.stderr[-2000:]}", pytrace=False)
-    return d
+    if not given:
+        # Tests reach only loopback: the wheels are fetched ahead, with the
+        # other test dependencies (scripts/test.sh does it).
+        pytest.fail("set DSEC_TEST_SWEREX_WHEELS to a wheelhouse made by "
+                    "scripts/swerex-wheels.sh DIR", pytrace=False)
+    if not any(Path(given).glob("swe_rex-*.whl")):
+        pytest.fail(f"DSEC_TEST_SWEREX_WHEELS={given} holds no swe_rex wheel", pytrace=False)
+    return Path(given)
 
 
 @pytest.fixture
