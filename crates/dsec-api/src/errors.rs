@@ -70,6 +70,7 @@ error_codes! {
     SnapshotInUse = ("snapshot_in_use", 409, "The snapshot still backs other disks (a snapshot chained onto it, or a live sandbox started from it): delete those first."),
     PayloadTooLarge = ("payload_too_large", 413, "The upload is larger than the allowed maximum."),
     UnsupportedMediaType = ("unsupported_media_type", 415, "The request body must be JSON (Content-Type: application/json)."),
+    QuotaExceeded = ("quota_exceeded", 429, "A quota of the sandbox's project or of a project above it is used up (sandboxes, cpu, memory, disk, creations_per_s or fncall_per_s); the message names the project and the limit."),
     RateLimited = ("rate_limited", 429, "Too many requests; retry after the time in the Retry-After header."),
     QueueFull = ("queue_full", 429, "Every runner is busy and the wait queue is full; retry after the time in the Retry-After header."),
     CreationQueueFull = ("creation_queue_full", 429, "The node's creation queue is full; retry after the time in the Retry-After header."),

@@ -14,6 +14,7 @@ pub mod lingering;
 pub mod nodes;
 mod openapi;
 mod proxy;
+pub mod quota;
 pub mod remote;
 mod routes;
 mod sandboxfusion;
