@@ -22,15 +22,15 @@ impl Bucket {
         self.at = now;
     }
 
-    /// Whether one token is there now (without taking it).
-    pub fn has_one(&mut self, rate: u64, now: Instant) -> bool {
+    /// Whether `n` tokens are there now (without taking them).
+    pub fn has(&mut self, n: u64, rate: u64, now: Instant) -> bool {
         self.refill(rate, now);
-        self.tokens >= 1.0
+        self.tokens >= n as f64
     }
 
-    /// Takes one token; call only after `has_one` said yes at `now`.
-    pub fn take_one(&mut self) {
-        self.tokens -= 1.0;
+    /// Takes `n` tokens; call only after `has` said yes at `now`.
+    pub fn take(&mut self, n: u64) {
+        self.tokens -= n as f64;
     }
 
     /// Tokens taken and not yet refilled, for `project show`.
@@ -51,15 +51,15 @@ mod tests {
         let mut b = Bucket::full(3, t0);
         let mut passed = 0;
         for _ in 0..10 {
-            if b.has_one(3, t0) {
-                b.take_one();
+            if b.has(1, 3, t0) {
+                b.take(1);
                 passed += 1;
             }
         }
         assert_eq!(passed, 3, "the burst");
-        assert!(!b.has_one(3, t0 + Duration::from_millis(300)), "0.9 of a token after 300 ms");
-        assert!(b.has_one(3, t0 + Duration::from_millis(334)));
-        assert!(b.has_one(3, t0 + Duration::from_secs(100)));
+        assert!(!b.has(1, 3, t0 + Duration::from_millis(300)), "0.9 of a token after 300 ms");
+        assert!(b.has(1, 3, t0 + Duration::from_millis(334)));
+        assert!(b.has(1, 3, t0 + Duration::from_secs(100)));
         assert_eq!(b.in_use(3, t0 + Duration::from_secs(100)), 0.0, "never more than full");
     }
 }

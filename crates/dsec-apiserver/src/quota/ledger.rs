@@ -142,9 +142,9 @@ impl State {
         }
     }
 
-    /// The first limit of `project` or an ancestor that `extra` (and one
-    /// token of `rate`, if given) would exceed.
-    fn check(&mut self, project: &str, extra: &Held, rate: Option<Limit>, now: Instant) -> Result<(), QuotaExceeded> {
+    /// The first limit of `project` or an ancestor that `extra` (and `n`
+    /// tokens of `rate`, if given) would exceed.
+    fn check(&mut self, project: &str, extra: &Held, rate: Option<(Limit, u64)>, now: Instant) -> Result<(), QuotaExceeded> {
         for p in self_and_ancestors(project) {
             let Some(q) = self.limits.get(p) else { continue };
             let held = self.held.get(p).copied().unwrap_or_default();
@@ -154,11 +154,11 @@ impl State {
                     return Err(QuotaExceeded { project: p.to_string(), limit: l, max, used: held.get(l), asked });
                 }
             }
-            if let Some(l) = rate {
+            if let Some((l, n)) = rate {
                 if let Some(max) = q.get(l) {
                     let b = self.buckets.entry((p.to_string(), l)).or_insert_with(|| Bucket::full(max, now));
-                    if !b.has_one(max, now) {
-                        return Err(QuotaExceeded { project: p.to_string(), limit: l, max, used: 0, asked: 1 });
+                    if !b.has(n, max, now) {
+                        return Err(QuotaExceeded { project: p.to_string(), limit: l, max, used: 0, asked: n });
                     }
                 }
             }
@@ -166,10 +166,10 @@ impl State {
         Ok(())
     }
 
-    fn take_rate(&mut self, project: &str, l: Limit) {
+    fn take_rate(&mut self, project: &str, l: Limit, n: u64) {
         for p in self_and_ancestors(project) {
             if let Some(b) = self.buckets.get_mut(&(p.to_string(), l)) {
-                b.take_one();
+                b.take(n);
             }
         }
     }
@@ -211,8 +211,8 @@ impl Ledger {
     /// ancestors, and holds it in all of them at once.
     pub fn reserve(&self, project: &str, demand: Held, now: Instant) -> Result<Reservation, QuotaExceeded> {
         let mut s = self.lock();
-        s.check(project, &demand, Some(Limit::CreationsPerS), now)?;
-        s.take_rate(project, Limit::CreationsPerS);
+        s.check(project, &demand, Some((Limit::CreationsPerS, 1)), now)?;
+        s.take_rate(project, Limit::CreationsPerS, 1);
         s.hold(project, &demand);
         // What `check` promised, checked again where it holds (tests run
         // debug builds, the randomized one with many threads).
@@ -289,11 +289,12 @@ impl Ledger {
         }
     }
 
-    /// One call against `limit` (a rate) of `project` and its ancestors.
-    pub fn take_rate(&self, project: &str, limit: Limit, now: Instant) -> Result<(), QuotaExceeded> {
+    /// `n` calls against `limit` (a rate) of `project` and its ancestors:
+    /// all of them or none.
+    pub fn take_rate(&self, project: &str, limit: Limit, n: u64, now: Instant) -> Result<(), QuotaExceeded> {
         let mut s = self.lock();
-        s.check(project, &Held::default(), Some(limit), now)?;
-        s.take_rate(project, limit);
+        s.check(project, &Held::default(), Some((limit, n)), now)?;
+        s.take_rate(project, limit, n);
         Ok(())
     }
 

@@ -3,10 +3,12 @@
 //! what ended sandboxes held.
 
 mod bucket;
+mod create;
 mod ledger;
 #[cfg(test)]
 mod tests;
 mod watch;
 
+pub use create::create;
 pub use ledger::{Held, Ledger, QuotaExceeded, Reservation};
 pub use watch::watch_nodes;

@@ -88,7 +88,11 @@ fn creations_per_second_is_a_token_bucket_up_the_tree() {
     l.release(l.reserve("p", Held::default(), t0 + Duration::from_millis(600)).unwrap());
     let usage = l.usage("p", t0 + Duration::from_millis(600));
     assert!(usage.iter().any(|(lim, used)| *lim == Limit::CreationsPerS && (*used - 1.8).abs() < 0.01), "{usage:?}");
-    l.take_rate("q", Limit::FncallPerS, t0).unwrap();
+    l.take_rate("q", Limit::FncallPerS, 5, t0).unwrap();
+    l.set_limits("q/r", Some(Quota { fncall_per_s: Some(4), ..Quota::default() }));
+    assert!(l.take_rate("q/r", Limit::FncallPerS, 5, t0).is_err(), "more than a second's worth at once");
+    l.take_rate("q/r", Limit::FncallPerS, 4, t0).unwrap();
+    assert_eq!(l.take_rate("q/r", Limit::FncallPerS, 1, t0).unwrap_err().project, "q/r");
 }
 
 #[test]
@@ -186,7 +190,7 @@ fn random_trees_under_concurrent_creations_deletions_and_quota_changes_never_exc
                             }
                             8 => ledger.set_limits(project, random_quota(&mut rng)),
                             _ => {
-                                let _ = ledger.take_rate(project, Limit::FncallPerS, Instant::now());
+                                let _ = ledger.take_rate(project, Limit::FncallPerS, rng.random_range(1..4), Instant::now());
                             }
                         }
                     }
