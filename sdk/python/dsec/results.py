@@ -142,6 +142,7 @@ class SandboxInfo:
             or, while it runs, a condition to know of (a full VM at its
             disk limit: ``disk limit reached: ...``).
         node: the node that runs it.
+        project: the project it belongs to (its creator's token's project).
         limits: the limits in force.
         created_at, last_active_at, stopped_at: RFC 3339 times.
         create_ms: milliseconds from the create request to a running sandbox.
@@ -161,6 +162,7 @@ class SandboxInfo:
     state: str = "unknown"
     state_reason: str | None = None
     node: str = ""
+    project: str = ""
     limits: Limits = field(default_factory=Limits)
     init_user: str = ""
     ttl_running_stop: int = 0
@@ -204,6 +206,7 @@ class SandboxInfo:
             state=d.get("state", "unknown"),
             state_reason=d.get("state_reason"),
             node=d.get("node", ""),
+            project=d.get("project", ""),
             limits=Limits.from_json(d.get("limits")),
             init_user=d.get("init_user", ""),
             ttl_running_stop=d.get("ttl_running_stop", 0),
