@@ -128,6 +128,7 @@ async fn tokens_never_outrank_or_outlive_their_issuer_and_revocation_cascades() 
     let (s, code, _) = a.call("POST", "/v1/tokens", &builder, Some(json!({ "project": "team", "ttl_s": 7200 }))).await;
     assert_eq!((s, code.as_str()), (StatusCode::FORBIDDEN, "forbidden"), "outlive its issuer");
     assert_eq!(a.call("POST", "/v1/tokens", &builder, Some(json!({ "project": "team", "ttl_s": 0 }))).await.1, "invalid_request");
+    assert_eq!(a.call("POST", "/v1/tokens", &admin, Some(json!({ "project": "team", "ttl_s": i64::MAX }))).await.1, "invalid_request");
     assert_eq!(a.call("POST", "/v1/tokens", &builder, Some(json!({ "project": "team", "role": "root" }))).await.1, "invalid_request");
     assert_eq!(a.call("POST", "/v1/tokens", &builder, Some(json!({ "project": "elsewhere" }))).await.1, "not_found");
 

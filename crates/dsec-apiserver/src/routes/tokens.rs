@@ -18,6 +18,9 @@ use crate::extract::ApiJson;
 use crate::iam::{store_error, Holder};
 use crate::state::AppState;
 
+/// The longest lifetime asked for explicitly: ten years.
+const MAX_TTL_S: i64 = 10 * 365 * 86_400;
+
 fn tokens(st: &AppState) -> ApiResult<&TokenStore> {
     st.auth.tokens().ok_or_else(|| ApiError::new(ErrorCode::NotFound, "tokens are managed by the apiserver, not by an edge"))
 }
@@ -83,7 +86,9 @@ pub async fn create(
     }
     let now = now_ms();
     let expires_at_ms = match req.ttl_s {
-        Some(t) if t < 1 => return Err(ApiError::invalid(format!("ttl_s must be at least 1 second (got {t})"))),
+        Some(t) if !(1..=MAX_TTL_S).contains(&t) => {
+            return Err(ApiError::invalid(format!("ttl_s must be 1 to {MAX_TTL_S} seconds (got {t}); leave it out for no expiry")))
+        }
         Some(t) => Some(now.saturating_add((t as u64).saturating_mul(1000))),
         None => None,
     };
