@@ -75,7 +75,7 @@ async fn run_first_exec(
 /// projects below it) and repeatable `label=k=v`.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
     params(("state" = Option<String>, Query), ("job" = Option<String>, Query), ("project" = Option<String>, Query), ("label" = Option<Vec<String>>, Query, description = "k=v; repeat for several")),
-    responses((status = 200, body = api::SandboxList)))]
+    responses((status = 200, body = api::SandboxList), (status = 400, body = api::ErrorBody)))]
 pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs) -> ApiResult<Json<api::SandboxList>> {
     let mut filter =
         ListFilter { state: q.get("state").map(convert::state_in).transpose()?, job: q.get("job").map(str::to_string), labels: vec![] };
