@@ -249,6 +249,10 @@ pub struct Limits {
 pub struct Sandbox {
     /// Encodes the node that owns the sandbox.
     pub id: String,
+    /// The project it belongs to (the path of the token's project that
+    /// created it).
+    #[serde(default)]
+    pub project: String,
     pub backend: Backend,
     pub image: String,
     pub workspace: Option<String>,

@@ -1,4 +1,6 @@
-//! Tenants and their bearer tokens, kept in the shared store (`dsec-store`).
+//! Projects (the tenants of before are top-level ones) and their bearer
+//! tokens, kept in the shared store (`dsec-store`); the IAM rules on top
+//! are in `iam`.
 //!
 //! Tokens are random 256-bit values shown once, at creation; the store
 //! keeps only their SHA-256. Every request asks the store what its token
@@ -51,13 +53,15 @@ pub struct TokenStore {
     store: AnyStore,
     /// Signs port URLs with a key derived from the admin token.
     signer: crate::ports::signed::UrlSigner,
+    /// What each project holds against its quota (and the quotas).
+    ledger: std::sync::Arc<crate::quota::Ledger>,
 }
 
-fn hash(token: &str) -> [u8; 32] {
+pub(crate) fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let mut b = [0u8; 32];
     rand::rng().fill_bytes(&mut b);
     format!("dsec_{}", hex::encode(b))
@@ -72,7 +76,8 @@ impl TokenStore {
     pub async fn open(db: &Database, admin_token_file: &Path) -> Result<TokenStore, AuthError> {
         let store = AnyStore::open(db).await?;
         let admin = ensure_admin(&store, admin_token_file).await?;
-        Ok(TokenStore { store, signer: crate::ports::signed::UrlSigner::from_secret(&admin) })
+        let ledger = std::sync::Arc::new(crate::quota::Ledger::new(store.quotas().await?));
+        Ok(TokenStore { store, signer: crate::ports::signed::UrlSigner::from_secret(&admin), ledger })
     }
 }
 
@@ -96,6 +101,18 @@ impl TokenStore {
     /// The tenant `token` stands for; `None` if unknown, revoked or expired.
     pub async fn verify(&self, token: &str) -> Result<Option<Tenant>, StoreError> {
         Ok(self.store.grant(&hash(token), now_ms()).await?.map(|g| g.principal.into()))
+    }
+
+    /// What `token` grants, and its hash; `None` if unknown, revoked or
+    /// expired.
+    pub async fn grant(&self, token: &str) -> Result<Option<(dsec_store::Grant, dsec_store::TokenHash)>, StoreError> {
+        let h = hash(token);
+        Ok(self.store.grant(&h, now_ms()).await?.map(|g| (g, h)))
+    }
+
+    /// The quota ledger.
+    pub fn ledger(&self) -> &std::sync::Arc<crate::quota::Ledger> {
+        &self.ledger
     }
 
     /// Creates a tenant and returns its token (shown only this once).

@@ -128,6 +128,7 @@ pub fn rfc3339(ms: u64) -> String {
 pub fn sandbox_out(r: SandboxRecord) -> api::Sandbox {
     api::Sandbox {
         id: r.id,
+        project: r.tenant,
         backend: backend_out(r.spec.backend),
         image: r.spec.image,
         workspace: r.spec.workspace,

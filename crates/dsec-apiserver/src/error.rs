@@ -46,6 +46,12 @@ impl From<EdgeError> for ApiError {
     }
 }
 
+impl From<crate::quota::QuotaExceeded> for ApiError {
+    fn from(e: crate::quota::QuotaExceeded) -> Self {
+        ApiError::new(ErrorCode::QuotaExceeded, e.to_string())
+    }
+}
+
 impl From<dsec_store::StoreError> for ApiError {
     fn from(e: dsec_store::StoreError) -> Self {
         if e.is_unavailable() {

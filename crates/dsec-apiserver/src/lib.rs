@@ -12,11 +12,13 @@ pub mod error;
 mod exposition;
 mod extract;
 pub mod http_metrics;
+pub mod iam;
 pub mod lingering;
 pub mod nodes;
 mod openapi;
 mod ports;
 mod proxy;
+pub mod quota;
 pub mod remote;
 mod routes;
 mod sandboxfusion;
@@ -32,7 +34,8 @@ pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
 use crate::routes::{
-    admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory, usage,
+    admin, audit, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens, trajectory,
+    usage,
 };
 
 pub fn router(state: AppState) -> Router {
@@ -47,6 +50,10 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/nodes", get(admin::nodes))
         .route("/v1/nodes/{node}/metrics", get(usage::node))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
+        .route("/v1/projects", post(projects::create).get(projects::list))
+        .route("/v1/projects/{*path}", get(projects::show).patch(projects::update).delete(projects::delete))
+        .route("/v1/tokens", post(tokens::create).get(tokens::list))
+        .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/v1/images", get(admin::list_images))
         .route("/v1/images/{*name}", axum::routing::delete(admin::delete_image))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))

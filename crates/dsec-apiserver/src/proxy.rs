@@ -59,6 +59,7 @@ fn first_segment<'p>(path: &'p str, prefix: &str) -> Option<&'p str> {
 fn unknown(id: &str, node: &str, reason: String) -> dsec_api::Sandbox {
     dsec_api::Sandbox {
         id: id.to_string(),
+        project: String::new(),
         backend: Default::default(),
         image: String::new(),
         workspace: None,

@@ -135,6 +135,11 @@ impl RemoteNode {
         self.json_with(caller, axum::http::Method::POST, "/v1/sandboxes", Some(body), &extra).await
     }
 
+    /// Stops a sandbox of this node.
+    pub async fn stop(&self, caller: &Caller, id: &str) -> Result<api::Sandbox, ApiError> {
+        self.json(caller, axum::http::Method::POST, &format!("/v1/sandboxes/{id}/stop"), None).await
+    }
+
     pub async fn list(&self, caller: &Caller, query: &str) -> Result<Vec<api::Sandbox>, ApiError> {
         let pq = if query.is_empty() { "/v1/sandboxes".to_string() } else { format!("/v1/sandboxes?{query}") };
         let list: api::SandboxList = self.json(caller, axum::http::Method::GET, &pq, None).await?;

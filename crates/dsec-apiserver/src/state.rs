@@ -50,6 +50,16 @@ impl AppState {
     }
 }
 
+impl AppState {
+    /// Keeps the quota ledger true to the nodes (their state events and
+    /// listings); nothing to do on an edge serving apiservers.
+    pub fn start_quota_watch(&self) {
+        if let Some(tokens) = self.auth.tokens() {
+            crate::quota::watch_nodes(self.nodes.clone(), tokens.ledger().clone());
+        }
+    }
+}
+
 /// Bounds on what one request may carry.
 #[derive(Debug, Clone)]
 pub struct ApiLimits {

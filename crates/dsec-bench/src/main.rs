@@ -55,6 +55,9 @@ enum Cmd {
     Policy(cmds::policy::PolicyArgs),
     /// The token check per request (`Store::grant`) on one engine.
     StoreGrant(cmds::store_grant::StoreGrantArgs),
+    /// The authorization and quota check per creation at a tree depth,
+    /// beside the check without quotas.
+    QuotaCheck(cmds::quota_check::QuotaCheckArgs),
 }
 
 /// Where the platform is and what the sandboxes look like.
@@ -146,6 +149,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::FncallBaseline(a) => cmds::fncall_baseline::run(a).await,
             Cmd::Policy(a) => cmds::policy::run(a).await,
             Cmd::StoreGrant(a) => cmds::store_grant::run(a).await,
+            Cmd::QuotaCheck(a) => cmds::quota_check::run(a).await,
             Cmd::Counts(a) => {
                 let c = host::counts(a.dsec_pid, a.data_dir.as_deref(), a.node.as_deref());
                 println!("{}", serde_json::to_string_pretty(&c)?);

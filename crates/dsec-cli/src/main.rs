@@ -10,6 +10,7 @@ mod network_cmd;
 mod network_config_cmd;
 mod pack_cmd;
 mod port_cmd;
+mod project_cmd;
 mod sandbox_cmd;
 mod shell;
 mod snapshot_cmd;
@@ -69,6 +70,10 @@ enum Cmd {
     /// Pause sandboxes: suspend microVMs to disk, freeze containers and
     /// push their memory out of RAM (`--mode`).
     Pause(sandbox_cmd::PauseArgs),
+    /// Projects (nested, with quotas): create, ls, show, quota, rm.
+    Project(project_cmd::ProjectArgs),
+    /// Scoped tokens: create (printed once), ls, revoke.
+    Token(project_cmd::TokenArgs),
     /// Snapshot a microVM's disk (`snapshot ID NAME`; start microVMs from
     /// it with `run --snapshot`), list (`snapshot ls`) or delete
     /// (`snapshot rm NAME...`) snapshots.
@@ -138,6 +143,8 @@ fn main() -> std::process::ExitCode {
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,
             Cmd::Snapshot(a) => snapshot_cmd::run(a).await,
+            Cmd::Project(a) => project_cmd::project(a).await,
+            Cmd::Token(a) => project_cmd::token(a).await,
             Cmd::Resume(a) => sandbox_cmd::resume(a).await,
             Cmd::Pack(a) => pack_cmd::run(a).await,
             Cmd::Job(c) => sandbox_cmd::job(c).await,

@@ -391,6 +391,7 @@ impl StartedEdge {
 /// any, first has its creations in flight cut short, so that none holds the
 /// shutdown for a VM's boot.
 pub async fn serve(listen: SocketAddr, state: AppState, what: &str, edge: Option<Edge>) -> anyhow::Result<()> {
+    state.start_quota_watch();
     let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let addr = listener.local_addr()?;
     eprintln!("dsec is up at http://{addr} ({what})");

@@ -11,6 +11,7 @@ use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 
+mod projects;
 mod transfer;
 pub use transfer::Chunks;
 

@@ -24,6 +24,15 @@ pub enum StoreError {
     /// A row the schema allows but this build cannot read.
     #[error("unreadable row in {table}: {detail}")]
     Corrupt { table: &'static str, detail: String },
+    /// A quota that may not be set (zero, or above the parent's free share).
+    #[error(transparent)]
+    Quota(#[from] crate::QuotaError),
+    /// A project that still has sub-projects cannot be deleted.
+    #[error("project {0:?} has sub-projects: delete them first")]
+    HasChildren(String),
+    /// The token meant to issue another is revoked (or gone) by now.
+    #[error("the issuing token is revoked")]
+    IssuerRevoked,
     /// Any other failure of the engine (a bad URL, a full disk, a bug).
     #[error("database: {0}")]
     Engine(String),

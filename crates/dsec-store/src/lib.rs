@@ -14,13 +14,17 @@ mod error;
 pub mod migrations;
 mod model;
 mod postgres;
+mod postgres_iam;
+pub mod projects;
 mod sqlite;
+mod sqlite_iam;
 #[cfg(feature = "testing")]
 pub mod testing;
 
 pub use error::StoreError;
 pub use model::{Grant, NewToken, NodeRecord, NodeState, Principal, PrincipalKind, TokenHash};
 pub use postgres::PgStore;
+pub use projects::{Limit, Quota, QuotaError, Role, TokenInfo};
 pub use sqlite::SqliteStore;
 
 pub type Result<T> = std::result::Result<T, StoreError>;
@@ -52,8 +56,9 @@ pub trait Store: Send + Sync {
     /// Gives `principal` one more token.
     fn add_token(&self, principal: &str, token: NewToken) -> impl Future<Output = Result<()>> + Send;
 
-    /// Revokes a token at `now_ms`; `false` if it was unknown or already
-    /// revoked. Every later `grant` of it, by any process, is `None`.
+    /// Revokes a token at `now_ms`, and every token it issued (and so on
+    /// down); `false` if it was unknown or already revoked. Every later
+    /// `grant` of them, by any process, is `None`.
     fn revoke_token(&self, hash: &TokenHash, now_ms: u64) -> impl Future<Output = Result<bool>> + Send;
 
     /// What the token grants at `now_ms`: `None` if it is unknown, revoked
@@ -76,6 +81,35 @@ pub trait Store: Send + Sync {
 
     /// `false` if no such node.
     fn remove_node(&self, name: &str) -> impl Future<Output = Result<bool>> + Send;
+
+    // Projects, roles and quotas (IAM).
+
+    /// Gives `principal` a token of `role`, issued by the token `issuer`
+    /// (`IssuerRevoked` if that one is no longer live).
+    fn issue_token(
+        &self,
+        principal: &str,
+        token: NewToken,
+        role: Role,
+        issuer: Option<TokenHash>,
+    ) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every token, revoked and expired ones too, by principal then
+    /// creation.
+    fn tokens(&self) -> impl Future<Output = Result<Vec<TokenInfo>>> + Send;
+
+    /// Deletes a project with its tokens and quota, and revokes every token
+    /// its tokens issued; `HasChildren` while it has sub-projects, `false`
+    /// if there is no such project.
+    fn delete_principal(&self, name: &str, now_ms: u64) -> impl Future<Output = Result<bool>> + Send;
+
+    /// Sets (`None`: removes) a project's quota, checked against its
+    /// parent's quota and its siblings' in the same transaction
+    /// (`projects::check_delegation`).
+    fn set_quota(&self, project: &str, quota: Option<Quota>) -> impl Future<Output = Result<()>> + Send;
+
+    /// Every project's quota, by project.
+    fn quotas(&self) -> impl Future<Output = Result<Vec<(String, Quota)>>> + Send;
 }
 
 /// Where the shared state lives, as `--database` names it.
@@ -184,6 +218,21 @@ impl Store for AnyStore {
     async fn remove_node(&self, name: &str) -> Result<bool> {
         dispatch!(self, s => s.remove_node(name))
     }
+    async fn issue_token(&self, principal: &str, token: NewToken, role: Role, issuer: Option<TokenHash>) -> Result<()> {
+        dispatch!(self, s => s.issue_token(principal, token, role, issuer))
+    }
+    async fn tokens(&self) -> Result<Vec<TokenInfo>> {
+        dispatch!(self, s => s.tokens())
+    }
+    async fn delete_principal(&self, name: &str, now_ms: u64) -> Result<bool> {
+        dispatch!(self, s => s.delete_principal(name, now_ms))
+    }
+    async fn set_quota(&self, project: &str, quota: Option<Quota>) -> Result<()> {
+        dispatch!(self, s => s.set_quota(project, quota))
+    }
+    async fn quotas(&self) -> Result<Vec<(String, Quota)>> {
+        dispatch!(self, s => s.quotas())
+    }
 }
 
 /// Encodes labels and backends for their text columns (JSON, the same in
@@ -219,7 +268,35 @@ pub(crate) mod columns {
         Ok(Principal { name, kind, parent, admin, created_at_ms: created_at_ms.max(0) as u64 })
     }
 
+    pub fn role(s: &str) -> Result<crate::Role, StoreError> {
+        crate::Role::parse(s).ok_or_else(|| StoreError::Corrupt { table: "tokens", detail: format!("role {s:?}") })
+    }
+
+    /// A limit column: NULL is no limit.
+    pub fn limit(v: Option<i64>) -> Option<u64> {
+        v.map(|v| v.max(0) as u64)
+    }
+
+    pub fn limit_value(v: Option<u64>) -> Option<i64> {
+        v.map(|v| v.min(i64::MAX as u64) as i64)
+    }
+
     pub fn hash(bytes: &[u8]) -> Result<crate::TokenHash, StoreError> {
         bytes.try_into().map_err(|_| StoreError::Corrupt { table: "tokens", detail: format!("a token hash of {} bytes", bytes.len()) })
+    }
+
+    pub const QUOTA_COLUMNS: &str = "sandboxes, cpu_millis, memory_mb, disk_mb, creations_per_s, fncall_per_s, overcommit";
+
+    /// The limit columns in `QUOTA_COLUMNS`' order.
+    pub fn quota_values(q: &crate::Quota) -> [Option<i64>; 6] {
+        crate::Limit::ALL.map(|l| limit_value(q.get(l)))
+    }
+
+    pub fn quota(values: [Option<i64>; 6], overcommit: bool) -> crate::Quota {
+        let mut q = crate::Quota { overcommit, ..crate::Quota::default() };
+        for (l, v) in crate::Limit::ALL.into_iter().zip(values) {
+            q.set(l, limit(v));
+        }
+        q
     }
 }

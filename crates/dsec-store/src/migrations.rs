@@ -3,7 +3,8 @@
 //! Each step's SQL (`migrations/NNNN_name.sql`) keeps to what SQLite and
 //! PostgreSQL both read the same way: `BIGINT`, `BOOLEAN`, `BYTEA` and
 //! `TEXT` columns (SQLite's type affinity stores them as integers, integers
-//! and blobs as given), `CREATE TABLE`, `CREATE INDEX`, `INSERT ... SELECT`.
+//! and blobs as given), `CREATE TABLE`, `CREATE INDEX`, `ALTER TABLE ... ADD COLUMN`, `UPDATE`,
+//! `INSERT ... SELECT`.
 //! Each engine applies every step above the database's version once, in a
 //! transaction of its own, and records it in `schema_version`; a database
 //! whose version is above the newest here is refused
@@ -19,6 +20,7 @@ pub struct Migration {
 pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "tenants", sql: include_str!("../migrations/0001_tenants.sql") },
     Migration { version: 2, name: "principals_tokens_nodes", sql: include_str!("../migrations/0002_principals_tokens_nodes.sql") },
+    Migration { version: 3, name: "projects", sql: include_str!("../migrations/0003_projects.sql") },
 ];
 
 /// The schema version this build writes.

@@ -5,23 +5,24 @@ use std::collections::BTreeMap;
 /// The SHA-256 of a bearer token: the store never sees a token itself.
 pub type TokenHash = [u8; 32];
 
-/// What kind of principal a name is. Only tenants exist today; projects
-/// (which nest, through `Principal::parent`) come with IAM.
+/// What kind of principal a name is: a project (which nests, through
+/// `Principal::parent`). The tenants of the first schemas became top-level
+/// projects (migration 3); people and agents are named by their tokens.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum PrincipalKind {
-    Tenant,
+    Project,
 }
 
 impl PrincipalKind {
     pub fn as_str(self) -> &'static str {
         match self {
-            PrincipalKind::Tenant => "tenant",
+            PrincipalKind::Project => "project",
         }
     }
 
     pub(crate) fn parse(s: &str) -> Option<Self> {
         match s {
-            "tenant" => Some(PrincipalKind::Tenant),
+            "project" => Some(PrincipalKind::Project),
             _ => None,
         }
     }
@@ -32,16 +33,23 @@ impl PrincipalKind {
 pub struct Principal {
     pub name: String,
     pub kind: PrincipalKind,
-    /// The enclosing principal; `None` at the top (every tenant).
+    /// The enclosing project; `None` at the top.
     pub parent: Option<String>,
     pub admin: bool,
     pub created_at_ms: u64,
 }
 
 impl Principal {
-    /// A top-level tenant created now.
+    /// A top-level project (what a tenant was).
     pub fn tenant(name: &str, admin: bool, created_at_ms: u64) -> Self {
-        Principal { name: name.to_string(), kind: PrincipalKind::Tenant, parent: None, admin, created_at_ms }
+        Principal { name: name.to_string(), kind: PrincipalKind::Project, parent: None, admin, created_at_ms }
+    }
+
+    /// A project named by its path (`team-rl/exp-42`): its parent is the
+    /// path without the last segment.
+    pub fn project(path: &str, created_at_ms: u64) -> Self {
+        let parent = path.rsplit_once('/').map(|(p, _)| p.to_string());
+        Principal { name: path.to_string(), kind: PrincipalKind::Project, parent, admin: false, created_at_ms }
     }
 }
 
@@ -59,6 +67,8 @@ pub struct NewToken {
 pub struct Grant {
     pub principal: Principal,
     pub expires_at_ms: Option<u64>,
+    /// What the token may do in its project.
+    pub role: crate::Role,
 }
 
 impl Grant {

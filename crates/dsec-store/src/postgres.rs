@@ -27,13 +27,13 @@ const CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 const MIGRATION_LOCK: i64 = 0x6473_6563;
 
 pub struct PgStore {
-    pool: Pool,
+    pub(crate) pool: Pool,
 }
 
-const PRINCIPAL_COLUMNS: &str = "name, kind, parent, admin, created_at_ms";
+pub(crate) const PRINCIPAL_COLUMNS: &str = "name, kind, parent, admin, created_at_ms";
 const NODE_COLUMNS: &str = "name, url, labels, backends, pool, state, last_seen_ms, registered_at_ms";
 
-fn principal(r: &Row) -> Result<Principal> {
+pub(crate) fn principal(r: &Row) -> Result<Principal> {
     columns::principal(r.try_get(0)?, r.try_get::<_, &str>(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?)
 }
 
@@ -50,7 +50,7 @@ fn node_record(r: &Row) -> Result<NodeRecord> {
     })
 }
 
-fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
+pub(crate) fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&SqlState::UNIQUE_VIOLATION)
 }
 
@@ -118,11 +118,11 @@ impl PgStore {
         Ok(store)
     }
 
-    async fn client(&self) -> Result<Object> {
+    pub(crate) async fn client(&self) -> Result<Object> {
         Ok(self.pool.get().await?)
     }
 
-    async fn query(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<Row>> {
+    pub(crate) async fn query(&self, sql: &str, params: &[&(dyn tokio_postgres::types::ToSql + Sync)]) -> Result<Vec<Row>> {
         let c = self.client().await?;
         let stmt = c.prepare_cached(sql).await?;
         Ok(c.query(&stmt, params).await?)
@@ -149,7 +149,7 @@ async fn insert_token(c: &impl GenericClient, principal: &str, t: &NewToken) -> 
     }
 }
 
-async fn get_principal(c: &impl GenericClient, name: &str) -> Result<Option<Principal>> {
+pub(crate) async fn get_principal(c: &impl GenericClient, name: &str) -> Result<Option<Principal>> {
     let rows = c.query(&format!("SELECT {PRINCIPAL_COLUMNS} FROM principals WHERE name = $1"), &[&name]).await?;
     rows.first().map(principal).transpose()
 }
@@ -203,7 +203,7 @@ impl Store for PgStore {
         let tx = c.transaction().await?;
         let created = token.created_at_ms as i64;
         tx.execute(
-            "INSERT INTO principals (name, kind, parent, admin, created_at_ms) VALUES ($1, 'tenant', NULL, TRUE, $2)
+            "INSERT INTO principals (name, kind, parent, admin, created_at_ms) VALUES ($1, 'project', NULL, TRUE, $2)
              ON CONFLICT (name) DO UPDATE SET admin = TRUE",
             &[&name, &created],
         )
@@ -236,19 +236,17 @@ impl Store for PgStore {
     }
 
     async fn revoke_token(&self, hash: &TokenHash, now_ms: u64) -> Result<bool> {
-        let n = self
-            .execute(
-                "UPDATE tokens SET revoked_at_ms = $1 WHERE token_sha256 = $2 AND revoked_at_ms IS NULL",
-                &[&(now_ms as i64), &hash.as_slice()],
-            )
-            .await?;
-        Ok(n > 0)
+        let mut c = self.client().await?;
+        let tx = c.transaction().await?;
+        let revoked = crate::postgres_iam::revoke_cascade(&tx, &[*hash], now_ms).await?;
+        tx.commit().await?;
+        Ok(revoked.contains(hash))
     }
 
     async fn grant(&self, hash: &TokenHash, now_ms: u64) -> Result<Option<Grant>> {
         let rows = self
             .query(
-                "SELECT p.name, p.kind, p.parent, p.admin, p.created_at_ms, t.expires_at_ms
+                "SELECT p.name, p.kind, p.parent, p.admin, p.created_at_ms, t.expires_at_ms, t.role
                  FROM tokens t JOIN principals p ON p.name = t.principal
                  WHERE t.token_sha256 = $1 AND t.revoked_at_ms IS NULL AND (t.expires_at_ms IS NULL OR t.expires_at_ms > $2)",
                 &[&hash.as_slice(), &(now_ms as i64)],
@@ -256,7 +254,8 @@ impl Store for PgStore {
             .await?;
         let Some(row) = rows.first() else { return Ok(None) };
         let expires: Option<i64> = row.try_get(5)?;
-        Ok(Some(Grant { principal: principal(row)?, expires_at_ms: expires.map(|t| t.max(0) as u64) }))
+        let role = columns::role(row.try_get(6)?)?;
+        Ok(Some(Grant { principal: principal(row)?, expires_at_ms: expires.map(|t| t.max(0) as u64), role }))
     }
 
     async fn put_node(&self, n: &NodeRecord) -> Result<()> {
@@ -302,6 +301,26 @@ impl Store for PgStore {
 
     async fn remove_node(&self, name: &str) -> Result<bool> {
         Ok(self.execute("DELETE FROM nodes WHERE name = $1", &[&name]).await? > 0)
+    }
+
+    async fn issue_token(&self, principal: &str, token: NewToken, role: crate::Role, issuer: Option<TokenHash>) -> Result<()> {
+        self.iam_issue_token(principal, token, role, issuer).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<crate::TokenInfo>> {
+        self.iam_tokens().await
+    }
+
+    async fn delete_principal(&self, name: &str, now_ms: u64) -> Result<bool> {
+        self.iam_delete_principal(name, now_ms).await
+    }
+
+    async fn set_quota(&self, project: &str, quota: Option<crate::Quota>) -> Result<()> {
+        self.iam_set_quota(project, quota).await
+    }
+
+    async fn quotas(&self) -> Result<Vec<(String, crate::Quota)>> {
+        self.iam_quotas().await
     }
 }
 

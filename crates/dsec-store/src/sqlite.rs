@@ -20,10 +20,10 @@ pub struct SqliteStore {
     inner: Arc<Inner>,
 }
 
-struct Inner {
+pub(crate) struct Inner {
     conn: Mutex<Connection>,
     /// Every unrevoked token; expiry is checked at each lookup.
-    live: RwLock<HashMap<TokenHash, Grant>>,
+    pub(crate) live: RwLock<HashMap<TokenHash, Grant>>,
     /// Holds the exclusive flock for as long as the store is open.
     _lock: std::fs::File,
 }
@@ -59,7 +59,7 @@ fn is_constraint(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation)
 }
 
-fn now_ms() -> i64 {
+pub(crate) fn now_ms() -> i64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
 }
 
@@ -84,9 +84,9 @@ fn migrate(conn: &mut Connection) -> Result<()> {
     Ok(())
 }
 
-fn load_live(conn: &Connection) -> Result<HashMap<TokenHash, Grant>> {
+pub(crate) fn load_live(conn: &Connection) -> Result<HashMap<TokenHash, Grant>> {
     let mut stmt = conn.prepare(
-        "SELECT t.token_sha256, t.expires_at_ms, p.name, p.kind, p.parent, p.admin, p.created_at_ms
+        "SELECT t.token_sha256, t.expires_at_ms, p.name, p.kind, p.parent, p.admin, p.created_at_ms, t.role
          FROM tokens t JOIN principals p ON p.name = t.principal WHERE t.revoked_at_ms IS NULL",
     )?;
     let rows = stmt.query_map([], |r| {
@@ -98,13 +98,15 @@ fn load_live(conn: &Connection) -> Result<HashMap<TokenHash, Grant>> {
             r.get(4)?,
             r.get::<_, i64>(5)? != 0,
             r.get(6)?,
+            r.get::<_, String>(7)?,
         ))
     })?;
     let mut live = HashMap::new();
     for row in rows {
-        let (hash, expires, name, kind, parent, admin, created) = row?;
+        let (hash, expires, name, kind, parent, admin, created, role) = row?;
         let principal = columns::principal(name, &kind, parent, admin, created)?;
-        live.insert(columns::hash(&hash)?, Grant { principal, expires_at_ms: expires.map(|t| t.max(0) as u64) });
+        let role = columns::role(&role)?;
+        live.insert(columns::hash(&hash)?, Grant { principal, expires_at_ms: expires.map(|t| t.max(0) as u64), role });
     }
     Ok(live)
 }
@@ -144,7 +146,10 @@ impl SqliteStore {
     }
 
     /// Runs `f` on the connection, on a blocking thread.
-    async fn with_conn<T: Send + 'static>(&self, f: impl FnOnce(&Inner, &mut Connection) -> Result<T> + Send + 'static) -> Result<T> {
+    pub(crate) async fn with_conn<T: Send + 'static>(
+        &self,
+        f: impl FnOnce(&Inner, &mut Connection) -> Result<T> + Send + 'static,
+    ) -> Result<T> {
         let inner = self.inner.clone();
         tokio::task::spawn_blocking(move || {
             let mut conn = inner.conn.lock().unwrap_or_else(|p| p.into_inner());
@@ -156,7 +161,7 @@ impl SqliteStore {
 }
 
 impl Inner {
-    fn index(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TokenHash, Grant>> {
+    pub(crate) fn index(&self) -> std::sync::RwLockWriteGuard<'_, HashMap<TokenHash, Grant>> {
         self.live.write().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -173,7 +178,7 @@ fn insert_token(tx: &rusqlite::Transaction<'_>, principal: &str, t: &NewToken) -
     }
 }
 
-fn get_principal(conn: &Connection, name: &str) -> Result<Option<Principal>> {
+pub(crate) fn get_principal(conn: &Connection, name: &str) -> Result<Option<Principal>> {
     let row = conn.query_row(&format!("SELECT {PRINCIPAL_COLUMNS} FROM principals WHERE name = ?1"), [name], principal_row).optional()?;
     row.map(|(n, k, p, a, c)| columns::principal(n, &k, p, a, c)).transpose()
 }
@@ -206,7 +211,7 @@ impl Store for SqliteStore {
             }
             tx.commit()?;
             if let Some(t) = token {
-                inner.index().insert(t.hash, Grant { principal: p, expires_at_ms: t.expires_at_ms });
+                inner.index().insert(t.hash, Grant { principal: p, expires_at_ms: t.expires_at_ms, role: crate::Role::Admin });
             }
             Ok(())
         })
@@ -232,7 +237,7 @@ impl Store for SqliteStore {
         self.with_conn(move |inner, c| {
             let tx = c.transaction()?;
             tx.execute(
-                "INSERT INTO principals (name, kind, parent, admin, created_at_ms) VALUES (?1, 'tenant', NULL, 1, ?2)
+                "INSERT INTO principals (name, kind, parent, admin, created_at_ms) VALUES (?1, 'project', NULL, 1, ?2)
                  ON CONFLICT (name) DO UPDATE SET admin = 1",
                 params![name, token.created_at_ms as i64],
             )?;
@@ -262,7 +267,7 @@ impl Store for SqliteStore {
             let Some(p) = get_principal(&tx, &name)? else { return Err(StoreError::NoSuchPrincipal(name)) };
             insert_token(&tx, &name, &token)?;
             tx.commit()?;
-            inner.index().insert(token.hash, Grant { principal: p, expires_at_ms: token.expires_at_ms });
+            inner.index().insert(token.hash, Grant { principal: p, expires_at_ms: token.expires_at_ms, role: crate::Role::Admin });
             Ok(())
         })
         .await
@@ -271,12 +276,14 @@ impl Store for SqliteStore {
     async fn revoke_token(&self, hash: &TokenHash, now_ms: u64) -> Result<bool> {
         let hash = *hash;
         self.with_conn(move |inner, c| {
-            let n = c.execute(
-                "UPDATE tokens SET revoked_at_ms = ?1 WHERE token_sha256 = ?2 AND revoked_at_ms IS NULL",
-                params![now_ms as i64, hash.to_vec()],
-            )?;
-            inner.index().remove(&hash);
-            Ok(n > 0)
+            let tx = c.transaction()?;
+            let revoked = crate::sqlite_iam::revoke_cascade(&tx, &[hash], now_ms)?;
+            tx.commit()?;
+            let mut index = inner.index();
+            for h in &revoked {
+                index.remove(h);
+            }
+            Ok(revoked.contains(&hash))
         })
         .await
     }
@@ -344,5 +351,25 @@ impl Store for SqliteStore {
     async fn remove_node(&self, name: &str) -> Result<bool> {
         let name = name.to_string();
         self.with_conn(move |_, c| Ok(c.execute("DELETE FROM nodes WHERE name = ?1", [name])? > 0)).await
+    }
+
+    async fn issue_token(&self, principal: &str, token: NewToken, role: crate::Role, issuer: Option<TokenHash>) -> Result<()> {
+        self.iam_issue_token(principal, token, role, issuer).await
+    }
+
+    async fn tokens(&self) -> Result<Vec<crate::TokenInfo>> {
+        self.iam_tokens().await
+    }
+
+    async fn delete_principal(&self, name: &str, now_ms: u64) -> Result<bool> {
+        self.iam_delete_principal(name, now_ms).await
+    }
+
+    async fn set_quota(&self, project: &str, quota: Option<crate::Quota>) -> Result<()> {
+        self.iam_set_quota(project, quota).await
+    }
+
+    async fn quotas(&self) -> Result<Vec<(String, crate::Quota)>> {
+        self.iam_quotas().await
     }
 }

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use dsec_store::{migrations, AnyStore, Database, NewToken, NodeRecord, NodeState, Principal, Store, StoreError, TokenHash};
+use dsec_store::{
+    migrations, AnyStore, Database, NewToken, NodeRecord, NodeState, Principal, Quota, QuotaError, Role, Store, StoreError, TokenHash,
+};
 
 const NOW: u64 = 1_700_000_000_000;
 
@@ -112,6 +114,75 @@ async fn node_registry(s: &AnyStore) {
     assert_eq!(s.node("n2").await.unwrap(), None);
 }
 
+async fn projects_nest_and_delete_bottom_up(s: &AnyStore) {
+    s.create_principal(&Principal::tenant("team-rl", false, NOW), Some(token(1))).await.unwrap();
+    s.create_principal(&Principal::project("team-rl/exp-42", NOW), None).await.unwrap();
+    assert!(
+        matches!(s.create_principal(&Principal::project("nobody/exp", NOW), None).await, Err(StoreError::NoSuchPrincipal(p)) if p == "nobody")
+    );
+    assert_eq!(s.principal("team-rl/exp-42").await.unwrap().unwrap().parent.as_deref(), Some("team-rl"));
+    // A parent token issues one for the child; deleting the parent's
+    // project later would revoke it, but a parent with children stays.
+    s.issue_token("team-rl/exp-42", token(2), Role::Solver, Some(hash(1))).await.unwrap();
+    assert_eq!(s.grant(&hash(2), NOW).await.unwrap().unwrap().role, Role::Solver);
+    assert!(matches!(s.delete_principal("team-rl", NOW).await, Err(StoreError::HasChildren(p)) if p == "team-rl"));
+    assert!(s.delete_principal("team-rl/exp-42", NOW).await.unwrap());
+    assert!(!s.delete_principal("team-rl/exp-42", NOW).await.unwrap(), "gone");
+    assert!(s.grant(&hash(2), NOW).await.unwrap().is_none(), "its tokens went with it");
+    assert!(s.delete_principal("team-rl", NOW).await.unwrap());
+    assert!(s.grant(&hash(1), NOW).await.unwrap().is_none());
+    assert!(s.principals().await.unwrap().is_empty());
+}
+
+async fn revoking_a_token_revokes_what_it_issued(s: &AnyStore) {
+    s.create_principal(&Principal::tenant("team", false, NOW), Some(token(1))).await.unwrap();
+    s.create_principal(&Principal::project("team/a", NOW), None).await.unwrap();
+    s.issue_token("team/a", token(2), Role::Admin, Some(hash(1))).await.unwrap();
+    s.issue_token("team/a", token(3), Role::Builder, Some(hash(2))).await.unwrap();
+    s.issue_token("team", token(4), Role::Solver, Some(hash(1))).await.unwrap();
+    let listed = s.tokens().await.unwrap();
+    assert_eq!(listed.len(), 4);
+    let t3 = listed.iter().find(|t| t.hash == hash(3)).unwrap();
+    assert_eq!((t3.principal.as_str(), t3.role, t3.issuer), ("team/a", Role::Builder, Some(hash(2))));
+    assert!(s.revoke_token(&hash(2), NOW).await.unwrap());
+    assert!(s.grant(&hash(2), NOW).await.unwrap().is_none());
+    assert!(s.grant(&hash(3), NOW).await.unwrap().is_none(), "issued by a revoked token");
+    assert!(s.grant(&hash(1), NOW).await.unwrap().is_some() && s.grant(&hash(4), NOW).await.unwrap().is_some());
+    assert!(matches!(s.issue_token("team/a", token(5), Role::Solver, Some(hash(2))).await, Err(StoreError::IssuerRevoked)));
+    assert_eq!(s.tokens().await.unwrap().iter().find(|t| t.hash == hash(3)).unwrap().revoked_at_ms, Some(NOW));
+    // A whole project: what its tokens issued elsewhere goes too.
+    s.issue_token("team/a", token(6), Role::Solver, Some(hash(1))).await.unwrap();
+    s.delete_principal("team/a", NOW).await.unwrap();
+    assert!(s.revoke_token(&hash(1), NOW).await.unwrap());
+    assert!(s.grant(&hash(4), NOW).await.unwrap().is_none());
+}
+
+async fn quotas_delegate_at_most_the_free_share(s: &AnyStore) {
+    s.create_principal(&Principal::tenant("team", false, NOW), None).await.unwrap();
+    for c in ["team/a", "team/b", "team/a/x"] {
+        s.create_principal(&Principal::project(c, NOW), None).await.unwrap();
+    }
+    let q = |n: u64| Quota { sandboxes: Some(n), cpu_millis: Some(n * 1000), ..Quota::default() };
+    s.set_quota("team", Some(q(10))).await.unwrap();
+    s.set_quota("team/a", Some(q(6))).await.unwrap();
+    let e = s.set_quota("team/b", Some(q(5))).await.unwrap_err();
+    assert!(matches!(&e, StoreError::Quota(QuotaError::AboveParentShare { free: 4, .. })), "{e}");
+    s.set_quota("team/b", Some(q(4))).await.unwrap();
+    // Changing a child's own quota does not count its old value.
+    s.set_quota("team/a", Some(q(6))).await.unwrap();
+    s.set_quota("team/b", Some(Quota { overcommit: true, ..q(8) })).await.unwrap();
+    assert!(matches!(s.set_quota("team/a/x", Some(q(0))).await, Err(StoreError::Quota(QuotaError::Zero { .. }))));
+    assert!(matches!(s.set_quota("nobody", Some(q(1))).await, Err(StoreError::NoSuchPrincipal(_))));
+    let all = s.quotas().await.unwrap();
+    assert_eq!(all.iter().map(|(p, _)| p.as_str()).collect::<Vec<_>>(), ["team", "team/a", "team/b"]);
+    assert!(all[2].1.overcommit && all[2].1.sandboxes == Some(8) && all[2].1.memory_mb.is_none());
+    s.set_quota("team/b", None).await.unwrap();
+    assert_eq!(s.quotas().await.unwrap().len(), 2);
+    s.delete_principal("team/a/x", NOW).await.unwrap();
+    s.delete_principal("team/a", NOW).await.unwrap();
+    assert_eq!(s.quotas().await.unwrap().len(), 1, "a deleted project's quota goes with it");
+}
+
 async fn schema_is_current(s: &AnyStore) {
     assert_eq!(s.schema_version().await.unwrap(), migrations::latest());
 }
@@ -141,7 +212,16 @@ macro_rules! both_engines {
     };
 }
 
-both_engines!(principals_and_tokens, tokens_expire_and_are_revoked, admin_tokens, node_registry, schema_is_current);
+both_engines!(
+    principals_and_tokens,
+    tokens_expire_and_are_revoked,
+    admin_tokens,
+    node_registry,
+    projects_nest_and_delete_bottom_up,
+    revoking_a_token_revokes_what_it_issued,
+    quotas_delegate_at_most_the_free_share,
+    schema_is_current
+);
 
 // What differs between the engines by design.
 
@@ -199,6 +279,7 @@ async fn sqlite_database_of_the_first_schema_upgrades_in_place() {
     assert_eq!(admin.principal, Principal::tenant("admin", true, 1000));
     let team = s.grant(&Sha256::digest(tenant_token).into(), NOW).await.unwrap().expect("the tenant's token still works");
     assert_eq!(team.principal, Principal::tenant("team-a", false, 2000));
+    assert_eq!(team.role, Role::Admin, "a tenant's token administers its project");
     assert_eq!(s.principals().await.unwrap().len(), 2);
     drop(s);
 

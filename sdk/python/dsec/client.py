@@ -15,6 +15,7 @@ from ._http import Transport, resolve_endpoint, resolve_token
 from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
+from .iam import Projects, Tokens
 from .results import (ExecResult, Health, ImageInfo, JobActionResult, NodeMetrics, SandboxEvent, SandboxInfo,
                       SnapshotInfo, TenantInfo)
 from .sandbox import Sandbox, first_exec_body
@@ -66,6 +67,10 @@ class DSecClient:
             resolve_endpoint(endpoint), resolve_token(token), timeout=timeout,
             connect_timeout=connect_timeout, max_connections=max_connections)
         self._sandboxes_url = self._transport.url("/v1/sandboxes")
+        #: Projects and their quotas (:class:`dsec.iam.Projects`).
+        self.projects = Projects(self._transport)
+        #: Scoped tokens (:class:`dsec.iam.Tokens`).
+        self.tokens = Tokens(self._transport)
 
     def __repr__(self) -> str:
         return f"<DSecClient {self.endpoint} {'open' if self.is_open else 'closed'}>"
@@ -160,10 +165,14 @@ class DSecClient:
         return SandboxInfo.from_json(d)
 
     async def list(self, state: str | None = None, job: str | None = None,
-                   labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+                   labels: Mapping[str, str] | None = None,
+                   project: str | None = None) -> list[SandboxInfo]:
         """Records of the sandboxes this token sees, optionally filtered by
-        state, job, and labels (a sandbox must carry every label given)."""
+        state, job, project (it and the projects below it) and labels (a
+        sandbox must carry every label given)."""
         params: list[tuple[str, str]] = []
+        if project is not None:
+            params.append(("project", project))
         if state is not None:
             params.append(("state", state))
         if job is not None:

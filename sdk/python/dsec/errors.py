@@ -61,8 +61,10 @@ __all__ = [
     "IdempotencyConflict",
     "NoScreen",
     "SnapshotInUse",
+    "ProjectNotEmpty",
     "PayloadTooLarge",
     "UnsupportedMediaType",
+    "QuotaExceeded",
     "RateLimited",
     "CreationQueueFull",
     "Internal",
@@ -312,6 +314,12 @@ class SnapshotInUse(DSecError):
     code = "snapshot_in_use"
 
 
+class ProjectNotEmpty(DSecError):
+    """The project still has sub-projects or live sandboxes: delete those first."""
+
+    code = "project_not_empty"
+
+
 class PayloadTooLarge(DSecError):
     """The upload is larger than the allowed maximum."""
 
@@ -322,6 +330,12 @@ class UnsupportedMediaType(DSecError):
     """The request body must be JSON (Content-Type: application/json)."""
 
     code = "unsupported_media_type"
+
+
+class QuotaExceeded(DSecError):
+    """A quota of the sandbox's project or of a project above it is used up; the message names the project and the limit."""
+
+    code = "quota_exceeded"
 
 
 class RateLimited(DSecError):

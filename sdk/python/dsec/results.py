@@ -142,6 +142,7 @@ class SandboxInfo:
             or, while it runs, a condition to know of (a full VM at its
             disk limit: ``disk limit reached: ...``).
         node: the node that runs it.
+        project: the project it belongs to (its creator's token's project).
         limits: the limits in force.
         qos_class: the CPU QoS class, ``latency_sensitive`` or ``best_effort``.
         created_at, last_active_at, stopped_at: RFC 3339 times.
@@ -162,6 +163,7 @@ class SandboxInfo:
     state: str = "unknown"
     state_reason: str | None = None
     node: str = ""
+    project: str = ""
     limits: Limits = field(default_factory=Limits)
     qos_class: str = "latency_sensitive"
     init_user: str = ""
@@ -206,6 +208,7 @@ class SandboxInfo:
             state=d.get("state", "unknown"),
             state_reason=d.get("state_reason"),
             node=d.get("node", ""),
+            project=d.get("project", ""),
             limits=Limits.from_json(d.get("limits")),
             qos_class=d.get("qos_class", "latency_sensitive"),
             init_user=d.get("init_user", ""),

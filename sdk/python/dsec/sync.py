@@ -124,6 +124,26 @@ def _shutdown(runner: _LoopThread, aclient: _aclient.DSecClient) -> None:
     runner.stop()
 
 
+class _Blocking:
+    """The blocking twin of one of the async client's helpers
+    (``projects``, ``tokens``): each coroutine method runs on the client's
+    loop."""
+
+    def __init__(self, client: DSecClient, aio: Any) -> None:
+        self._client = client
+        self._aio = aio
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._aio, name)
+        if not asyncio.iscoroutinefunction(attr):
+            return attr
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            return self._client._run(attr(*args, **kwargs))
+        call.__doc__ = attr.__doc__
+        return call
+
+
 class DSecClient:
     """Blocking twin of :class:`dsec.DSecClient`; same arguments and calls."""
 
@@ -142,6 +162,10 @@ class DSecClient:
                                        max_connections=max_connections)
         self._runner = _LoopThread()
         self._finalizer = weakref.finalize(self, _shutdown, self._runner, self.aio)
+        #: Projects and quotas, blocking (see :class:`dsec.iam.Projects`).
+        self.projects = _Blocking(self, self.aio.projects)
+        #: Scoped tokens, blocking (see :class:`dsec.iam.Tokens`).
+        self.tokens = _Blocking(self, self.aio.tokens)
 
     def __repr__(self) -> str:
         return f"<dsec.sync.DSecClient {self.endpoint}>"
@@ -224,9 +248,9 @@ class DSecClient:
         return self._run(self.aio.get(sandbox_id))
 
     def list(self, state: str | None = None, job: str | None = None,
-             labels: Mapping[str, str] | None = None) -> list[SandboxInfo]:
+             labels: Mapping[str, str] | None = None, project: str | None = None) -> list[SandboxInfo]:
         """Records of the visible sandboxes, optionally filtered."""
-        return self._run(self.aio.list(state=state, job=job, labels=labels))
+        return self._run(self.aio.list(state=state, job=job, labels=labels, project=project))
 
     def connect(self, sandbox_id: str) -> Sandbox:
         """A handle on an existing sandbox, checked with the server."""

@@ -86,7 +86,7 @@ pub async fn create(
         first_exec: None,
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);
-    let created = st.app.nodes.create(&caller, create, key.as_deref()).await?;
+    let created = crate::quota::create(&st.app, &caller, create, key.as_deref()).await?;
     Ok((StatusCode::CREATED, Json(view::created(&created.sandbox, &caller.tenant, st.app.sandbox_domain.as_deref()))))
 }
 

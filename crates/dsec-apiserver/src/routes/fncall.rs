@@ -88,7 +88,15 @@ fn not_served() -> ApiError {
               (status = 429, body = api::ErrorBody), (status = 503, body = api::ErrorBody)))]
 pub async fn call(State(st): State<AppState>, Auth(caller): Auth, req: Request) -> ApiResult<Json<api::FnCallResponse>> {
     let req: api::FnCallRequest = body_json(req.into_body()).await?;
+    take_fncall_rate(&st, &caller, 1)?;
     Ok(Json(run_one(&st, &caller, req).await?))
+}
+
+/// `n` calls against the caller's project's `fncall_per_s` (and its
+/// ancestors'): all of them fit, or the request is refused.
+fn take_fncall_rate(st: &AppState, caller: &dsec_edge::model::Caller, n: usize) -> ApiResult<()> {
+    let Some(tokens) = st.auth.tokens() else { return Ok(()) };
+    Ok(tokens.ledger().take_rate(&caller.tenant, dsec_store::Limit::FncallPerS, n as u64, std::time::Instant::now())?)
 }
 
 /// Run many calls at once; one result or error per call, in order.
@@ -96,6 +104,7 @@ pub async fn call(State(st): State<AppState>, Auth(caller): Auth, req: Request) 
     responses((status = 200, body = api::FnCallBatchResponse), (status = 400, body = api::ErrorBody)))]
 pub async fn batch(State(st): State<AppState>, Auth(caller): Auth, req: Request) -> ApiResult<Json<api::FnCallBatchResponse>> {
     let req: api::FnCallBatchRequest = body_json(req.into_body()).await?;
+    take_fncall_rate(&st, &caller, req.calls.len())?;
     let results = match st.fncall.as_deref() {
         Some(FnCallBackend::Local(svc)) => svc
             .batch(req.calls)

@@ -38,7 +38,7 @@ pub async fn create(
         Some(exec) => Some((convert::exec_spec(exec, false)?, exec.encoding.unwrap_or_default())),
         None => None,
     };
-    let mut created = st.nodes.create(&caller, req, key.as_deref()).await?;
+    let mut created = crate::quota::create(&st, &caller, req, key.as_deref()).await?;
     if let (Some((spec, encoding)), None) = (first, &created.first_exec) {
         created.first_exec = Some(run_first_exec(&st, &caller, &created.sandbox.id, spec, encoding).await?);
     }
@@ -71,10 +71,11 @@ async fn run_first_exec(
     Err(error)
 }
 
-/// List sandboxes, filtered by `state`, `job` and repeatable `label=k=v`.
+/// List sandboxes, filtered by `state`, `job`, `project` (it and the
+/// projects below it) and repeatable `label=k=v`.
 #[utoipa::path(get, path = "/v1/sandboxes", tag = "sandboxes",
-    params(("state" = Option<String>, Query), ("job" = Option<String>, Query), ("label" = Option<Vec<String>>, Query, description = "k=v; repeat for several")),
-    responses((status = 200, body = api::SandboxList)))]
+    params(("state" = Option<String>, Query), ("job" = Option<String>, Query), ("project" = Option<String>, Query), ("label" = Option<Vec<String>>, Query, description = "k=v; repeat for several")),
+    responses((status = 200, body = api::SandboxList), (status = 400, body = api::ErrorBody)))]
 pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs) -> ApiResult<Json<api::SandboxList>> {
     let mut filter =
         ListFilter { state: q.get("state").map(convert::state_in).transpose()?, job: q.get("job").map(str::to_string), labels: vec![] };
@@ -82,7 +83,10 @@ pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs)
         let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid(format!("label filter {l:?} must be key=value")))?;
         filter.labels.push((k.to_string(), v.to_string()));
     }
-    let sandboxes = st.nodes.list(&caller, &filter, &q.raw()).await;
+    let mut sandboxes = st.nodes.list(&caller, &filter, &q.raw()).await;
+    if let Some(project) = q.get("project") {
+        sandboxes.retain(|s| dsec_store::projects::is_within(&s.project, project));
+    }
     Ok(Json(api::SandboxList { sandboxes }))
 }
 
@@ -125,6 +129,9 @@ pub async fn stop(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path
     params(("id" = String, Path)), responses((status = 204), (status = 404, body = api::ErrorBody)))]
 pub async fn delete(State(st): State<AppState>, Auth(caller): Auth, Path(id): Path<String>) -> ApiResult<StatusCode> {
     st.nodes.owner(&id)?.delete(&caller, &id).await?;
+    if let Some(tokens) = st.auth.tokens() {
+        tokens.ledger().ended(&id, std::time::Instant::now());
+    }
     Ok(StatusCode::NO_CONTENT)
 }
 

@@ -6,6 +6,7 @@ pub mod exec;
 pub mod fncall_baseline;
 pub mod latency;
 pub mod policy;
+pub mod quota_check;
 pub mod store_grant;
 pub mod throughput;
 

@@ -27,18 +27,18 @@ def run_with_table(tmp_path: Path, edit: object, code: str) -> subprocess.Comple
 
 def test_new_code_gets_a_generated_class(tmp_path: Path) -> None:
     def add(rows: list[dict[str, object]]) -> list[dict[str, object]]:
-        return rows + [{"code": "quota_exceeded", "http_status": 429,
-                        "description": "The project's quota is used up."}]
+        return rows + [{"code": "budget_spent", "http_status": 429,
+                        "description": "The budget is spent."}]
 
     code = """
 import dsec
-from dsec import QuotaExceeded
+from dsec import BudgetSpent
 from dsec.errors import error_from_body
 assert dsec.__file__.startswith(ROOT), dsec.__file__
-e = error_from_body(429, b'{"error": {"code": "quota_exceeded", "message": "m"}}')
-assert type(e) is QuotaExceeded and e.http_status == 429, type(e)
-assert QuotaExceeded.__doc__ == "The project's quota is used up."
-assert "QuotaExceeded" in dsec.__all__ and "QuotaExceeded" in dsec.errors.__all__
+e = error_from_body(429, b'{"error": {"code": "budget_spent", "message": "m"}}')
+assert type(e) is BudgetSpent and e.http_status == 429, type(e)
+assert BudgetSpent.__doc__ == "The budget is spent."
+assert "BudgetSpent" in dsec.__all__ and "BudgetSpent" in dsec.errors.__all__
 print("ok")
 """.replace("ROOT", repr(str(tmp_path)))
     r = run_with_table(tmp_path, add, code)

@@ -124,6 +124,11 @@ async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, f
         sb.trajectory(), sb.replay(keep=True), sb.screenshot(), sb.send_keys(["ctrl-c", "ret"]),
         sb.type_text("hi"), sb.move(1, 2), sb.click(3, 4, "right", True), sb.click(),
         sb.expose(8000), sb.expose(8000, ttl_s=60, base=True),
+        client.projects.create("team", {"sandboxes": 2, "cpu": 1.5}, overcommit=True),
+        client.projects.list(), client.projects.show("team"),
+        client.projects.set_quota("team", {"memory_mb": 512}), client.projects.set_quota("team", None),
+        client.projects.delete("team"),
+        client.tokens.create("team", role="solver", ttl_s=60), client.tokens.list(), client.tokens.revoke("ab12"),
     ]
     for call in calls:
         with pytest.raises(dsec.DSecError):
