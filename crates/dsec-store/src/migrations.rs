@@ -19,6 +19,7 @@ pub struct Migration {
 pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "tenants", sql: include_str!("../migrations/0001_tenants.sql") },
     Migration { version: 2, name: "principals_tokens_nodes", sql: include_str!("../migrations/0002_principals_tokens_nodes.sql") },
+    Migration { version: 3, name: "cluster", sql: include_str!("../migrations/0003_cluster.sql") },
 ];
 
 /// The schema version this build writes.

@@ -3,7 +3,9 @@
 
 use std::collections::BTreeMap;
 
-use dsec_store::{migrations, AnyStore, Database, NewToken, NodeRecord, NodeState, Principal, Store, StoreError, TokenHash};
+use dsec_store::{
+    migrations, AnyStore, ClusterStore, Database, Member, Membership, NewToken, NodeRecord, NodeState, Principal, Store, StoreError, TokenHash,
+};
 
 const NOW: u64 = 1_700_000_000_000;
 
@@ -112,6 +114,50 @@ async fn node_registry(s: &AnyStore) {
     assert_eq!(s.node("n2").await.unwrap(), None);
 }
 
+async fn join_tokens_expire_and_are_revoked(s: &AnyStore) {
+    s.add_join_token(token(10)).await.unwrap();
+    s.add_join_token(NewToken { expires_at_ms: Some(NOW + 10), ..token(11) }).await.unwrap();
+    assert!(s.join_token_live(&hash(10), NOW).await.unwrap());
+    assert!(!s.join_token_live(&hash(12), NOW).await.unwrap(), "an unknown token admits nobody");
+    assert!(s.join_token_live(&hash(11), NOW + 9).await.unwrap());
+    assert!(!s.join_token_live(&hash(11), NOW + 10).await.unwrap(), "expired");
+    assert!(s.revoke_join_token(&hash(10), NOW).await.unwrap());
+    assert!(!s.revoke_join_token(&hash(10), NOW).await.unwrap());
+    assert!(!s.join_token_live(&hash(10), NOW).await.unwrap());
+    // A join token is not a user token, nor the other way round.
+    assert!(s.grant(&hash(11), NOW).await.unwrap().is_none());
+}
+
+async fn members_join_rejoin_and_leave(s: &AnyStore) {
+    let m = Membership { secret: "s1".into(), cpu_millis: 8000, memory_mb: 16384, max_sandboxes: 100 };
+    assert!(!s.join_node(&node("n1"), &m).await.unwrap(), "a first join");
+    s.put_node(&node("static")).await.unwrap();
+    let members = s.members().await.unwrap();
+    assert_eq!(members.len(), 2);
+    assert_eq!(members[0], Member { node: node("n1"), membership: Some(m.clone()) });
+    assert_eq!(members[1], Member { node: node("static"), membership: None });
+
+    // Drained, then the edge restarts and joins again with a new secret:
+    // it stays drained and its record is the new one.
+    assert!(s.set_node_state("n1", NodeState::Draining).await.unwrap());
+    let m2 = Membership { secret: "s2".into(), max_sandboxes: 50, ..m.clone() };
+    let mut moved = node("n1");
+    moved.url = "http://10.0.0.9:8081".into();
+    assert!(s.join_node(&moved, &m2).await.unwrap(), "a rejoin");
+    let got = s.members().await.unwrap().remove(0);
+    assert_eq!((got.node.url.as_str(), got.node.state, got.membership), ("http://10.0.0.9:8081", NodeState::Draining, Some(m2.clone())));
+
+    // A node that was down comes back active.
+    assert!(s.set_node_state("n1", NodeState::Down).await.unwrap());
+    s.join_node(&moved, &m2).await.unwrap();
+    assert_eq!(s.node("n1").await.unwrap().unwrap().state, NodeState::Active);
+
+    // Leaving removes the membership with the node.
+    assert!(s.remove_node("n1").await.unwrap());
+    assert_eq!(s.members().await.unwrap().len(), 1);
+    assert!(!s.join_node(&node("n1"), &m).await.unwrap(), "joins afresh after leaving");
+}
+
 async fn schema_is_current(s: &AnyStore) {
     assert_eq!(s.schema_version().await.unwrap(), migrations::latest());
 }
@@ -141,7 +187,15 @@ macro_rules! both_engines {
     };
 }
 
-both_engines!(principals_and_tokens, tokens_expire_and_are_revoked, admin_tokens, node_registry, schema_is_current);
+both_engines!(
+    principals_and_tokens,
+    tokens_expire_and_are_revoked,
+    admin_tokens,
+    node_registry,
+    join_tokens_expire_and_are_revoked,
+    members_join_rejoin_and_leave,
+    schema_is_current
+);
 
 // What differs between the engines by design.
 
