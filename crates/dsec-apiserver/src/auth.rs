@@ -51,11 +51,11 @@ pub struct TokenStore {
     store: AnyStore,
 }
 
-fn hash(token: &str) -> [u8; 32] {
+pub(crate) fn hash(token: &str) -> [u8; 32] {
     Sha256::digest(token.as_bytes()).into()
 }
 
-fn new_token() -> String {
+pub(crate) fn new_token() -> String {
     let mut b = [0u8; 32];
     rand::rng().fill_bytes(&mut b);
     format!("dsec_{}", hex::encode(b))
@@ -86,6 +86,12 @@ impl TokenStore {
         let token = NewToken { hash: hash(&token), created_at_ms: now_ms(), expires_at_ms: None };
         self.store.set_admin_token(ADMIN_TENANT, token, self.store.is_exclusive()).await?;
         Ok(())
+    }
+
+    /// A store opened by someone else, with no admin token of its own (the
+    /// watcher: it only checks the tokens apiservers present).
+    pub fn from_store(store: AnyStore) -> TokenStore {
+        TokenStore { store }
     }
 
     /// The tenant `token` stands for; `None` if unknown, revoked or expired.

@@ -14,10 +14,12 @@ pub mod lingering;
 pub mod nodes;
 mod openapi;
 mod proxy;
+pub mod registry;
 pub mod remote;
 mod routes;
 mod sandboxfusion;
 pub mod state;
+pub mod watcher;
 
 use axum::routing::{get, post, put};
 use axum::Router;
@@ -28,7 +30,7 @@ pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
 use crate::routes::{
-    admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory, usage,
+    admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory, usage,
 };
 
 pub fn router(state: AppState) -> Router {
@@ -39,6 +41,11 @@ pub fn router(state: AppState) -> Router {
         .route("/metrics", get(metrics::metrics))
         .route("/v1/nodes", get(admin::nodes))
         .route("/v1/nodes/{node}/metrics", get(usage::node))
+        .route("/v1/nodes/{node}", axum::routing::delete(cluster::remove))
+        .route("/v1/nodes/{node}/drain", post(cluster::drain))
+        .route("/v1/nodes/{node}/undrain", post(cluster::undrain))
+        .route("/v1/cluster/join-tokens", post(cluster::create_join_token))
+        .route("/v1/cluster/join", post(cluster::join))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
         .route("/v1/images", get(admin::list_images))
         .route("/v1/images/{*name}", axum::routing::delete(admin::delete_image))

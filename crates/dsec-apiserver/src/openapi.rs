@@ -11,7 +11,7 @@ use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
-    admin, audit, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory, usage,
+    admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, sandboxes, screen, snapshots, stream, trajectory, usage,
 };
 
 #[derive(OpenApi)]
@@ -19,6 +19,7 @@ use crate::routes::{
     info(title = "dsec API", description = "Sandboxes for agentic RL: create, exec, files, streaming. Errors use the codes in components.schemas.ErrorCode."),
     paths(
         admin::healthz, metrics::metrics, admin::nodes, usage::node, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
+        cluster::create_join_token, cluster::join, cluster::drain, cluster::undrain, cluster::remove,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::stop, sandboxes::delete,
         pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, events::sandbox, audit::list, usage::sandbox, audit::set_network,
         jobs::pause, jobs::resume, events::job,

@@ -11,7 +11,7 @@
 //! API boundary: [`NodeView`] in, node name out. No I/O here: the watcher's
 //! polling lives with whoever owns the connections to the nodes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,12 @@ use rand::seq::IndexedRandom;
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeView {
     pub name: String,
+    /// Whether the node may take new sandboxes: answering, and neither
+    /// draining nor left.
     pub healthy: bool,
     pub backends: Vec<String>,
+    /// Hardware and operator labels (`kvm=true`).
+    pub labels: BTreeMap<String, String>,
     pub free_cpu: f64,
     pub free_memory_mb: u64,
     pub free_slots: u64,
@@ -35,6 +39,15 @@ pub struct Demand {
     pub backend: String,
     pub cpu: f64,
     pub memory_mb: u64,
+    /// Labels the node must carry, each with this value.
+    pub selector: BTreeMap<String, String>,
+}
+
+impl Demand {
+    /// Whether `node` could run this at all, whatever its load.
+    pub fn eligible(&self, node: &NodeView) -> bool {
+        node.healthy && node.backends.contains(&self.backend) && self.selector.iter().all(|(k, v)| node.labels.get(k) == Some(v))
+    }
 }
 
 /// Recent placements are assumed still "in flight" (not yet visible in the
@@ -48,6 +61,7 @@ pub struct Placement {
 }
 
 impl Placement {
+    /// Samples `k` eligible nodes per decision (at least 1).
     pub fn new(k: usize) -> Self {
         Self { k: k.max(1), recent: Mutex::new(HashMap::new()) }
     }
@@ -60,7 +74,7 @@ impl Placement {
         recent.values_mut().for_each(|v| v.retain(|(t, _)| now.duration_since(*t) < RECENT_WINDOW));
         let adjusted: Vec<(f64, &NodeView)> = nodes
             .iter()
-            .filter(|n| n.healthy && n.backends.contains(&demand.backend) && !exclude.contains(&n.name))
+            .filter(|n| demand.eligible(n) && !exclude.contains(&n.name))
             .filter_map(|n| {
                 let pending = recent.get(&n.name).map(|v| v.as_slice()).unwrap_or(&[]);
                 let cpu = n.free_cpu - pending.iter().map(|(_, d)| d.cpu).sum::<f64>();
@@ -99,11 +113,69 @@ mod tests {
             free_memory_mb: 10_000,
             free_slots: 100,
             cpu_capacity: 32.0,
+            labels: BTreeMap::new(),
         }
     }
 
     fn demand() -> Demand {
-        Demand { backend: "container".into(), cpu: 1.0, memory_mb: 512 }
+        Demand { backend: "container".into(), cpu: 1.0, memory_mb: 512, selector: BTreeMap::new() }
+    }
+
+    #[test]
+    fn a_selector_keeps_to_nodes_with_every_label() {
+        let p = Placement::new(8);
+        let mut kvm = node("kvm", 2.0);
+        kvm.labels.insert("kvm".into(), "true".into());
+        let mut both = node("both", 4.0);
+        both.labels = BTreeMap::from([("kvm".into(), "true".into()), ("zone".into(), "a".into())]);
+        let mut no_kvm = node("no-kvm", 30.0);
+        no_kvm.labels.insert("kvm".into(), "false".into());
+        let nodes = vec![kvm, both, no_kvm, node("plain", 30.0)];
+        let want =
+            |pairs: &[(&str, &str)]| Demand { selector: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..demand() };
+        assert_eq!(p.choose(&nodes, &want(&[("kvm", "true")]), &[]).as_deref(), Some("both"), "the least loaded of the kvm nodes");
+        assert_eq!(p.choose(&nodes, &want(&[("kvm", "true"), ("zone", "a")]), &[]).as_deref(), Some("both"));
+        assert_eq!(p.choose(&nodes, &want(&[("zone", "b")]), &[]), None);
+        assert_eq!(p.choose(&nodes, &demand(), &[]).as_deref().map(|n| n == "plain" || n == "no-kvm"), Some(true));
+    }
+
+    #[test]
+    fn a_microvm_goes_only_to_a_node_that_runs_microvms() {
+        let p = Placement::new(2);
+        let mut vm_node = node("vm-node", 1.5);
+        vm_node.backends = vec!["container".into(), "microvm".into()];
+        let nodes = vec![node("a", 30.0), node("b", 30.0), vm_node];
+        let microvm = Demand { backend: "microvm".into(), ..demand() };
+        for _ in 0..20 {
+            assert_eq!(p.choose(&nodes, &microvm, &[]).as_deref(), Some("vm-node"));
+            p.forget("vm-node");
+        }
+    }
+
+    #[test]
+    fn k_of_one_is_random_and_larger_k_prefers_the_emptier_nodes() {
+        // 10 nodes, one nearly empty and nine loaded: with k = 1 the empty
+        // node gets about a tenth of the placements, with k = 5 half, with
+        // k = 10 all.
+        let mut nodes: Vec<NodeView> = (0..9).map(|i| node(&format!("busy{i}"), 4.0)).collect();
+        nodes.push(node("empty", 31.0));
+        let count = |k: usize| {
+            let p = Placement::new(k);
+            (0..200)
+                .filter(|_| {
+                    let got = p.choose(&nodes, &demand(), &[]).unwrap();
+                    p.forget(&got);
+                    got == "empty"
+                })
+                .count()
+        };
+        assert_eq!(count(10), 200);
+        let random = count(1);
+        // Expected 20 (k = 1) and 100 (k = 5), several standard deviations
+        // from the bounds.
+        assert!(random < 60, "k = 1 sampled the empty node {random} times of 200");
+        let five = count(5);
+        assert!(five > 60, "k = 5 chose the empty node only {five} times of 200");
     }
 
     #[test]

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use dsec_store::{
-    migrations, AnyStore, ClusterStore, Database, Member, Membership, NewToken, NodeRecord, NodeState, Principal, Store, StoreError, TokenHash,
+    migrations, AnyStore, ClusterStore, Database, Member, Membership, NewToken, NodeRecord, NodeState, Principal, Store, StoreError,
+    TokenHash,
 };
 
 const NOW: u64 = 1_700_000_000_000;

@@ -43,6 +43,8 @@ from .errors import (
     MethodNotAllowed,
     NoCapacity,
     NetworkNotEnabled,
+    NodeNotFound,
+    JoinRefused,
     NoSpace,
     NotADirectory,
     NotFound,
@@ -76,6 +78,7 @@ from .results import (
     JobFailure,
     Limits,
     MetricsSample,
+    NodeInfo,
     NodeMetrics,
     NodeMetricsSample,
     NodeStatus,
@@ -121,6 +124,7 @@ __all__ = [
     "SandboxInfo",
     "Limits",
     "MetricsSample",
+    "NodeInfo",
     "NodeMetrics",
     "NodeMetricsSample",
     "SandboxMetrics",
@@ -184,6 +188,8 @@ __all__ = [
     "InvalidNetworkRule",
     "UnknownNetworkService",
     "NetworkNotEnabled",
+    "NodeNotFound",
+    "JoinRefused",
 ]
 
 # Codes newer than the explicit classes (generated from error_codes.json at

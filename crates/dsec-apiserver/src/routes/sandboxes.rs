@@ -82,8 +82,8 @@ pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs)
         let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid(format!("label filter {l:?} must be key=value")))?;
         filter.labels.push((k.to_string(), v.to_string()));
     }
-    let sandboxes = st.nodes.list(&caller, &filter, &q.raw()).await;
-    Ok(Json(api::SandboxList { sandboxes }))
+    let (sandboxes, unreachable_nodes) = st.nodes.list(&caller, &filter, &q.raw()).await;
+    Ok(Json(api::SandboxList { sandboxes, unreachable_nodes }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",

@@ -44,6 +44,7 @@ pub fn create_request(c: &Common) -> api::CreateSandboxRequest {
         env: BTreeMap::new(),
         workdir: None,
         labels: BTreeMap::from([("bench".to_string(), "dsec-bench".to_string())]),
+        node_selector: BTreeMap::new(),
         job: Some("dsec-bench".into()),
         snapshot: None,
         first_exec: None,

@@ -25,16 +25,7 @@ import pytest
 import dsec
 from dsec import DSecClient, DSecContainerRunArgs, JobAlreadyPaused, Sandbox
 
-from .conftest import REPO, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
-
-
-@dataclass
-class Proc:
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+from .conftest import REPO, Proc, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
 
 
 @dataclass
