@@ -371,3 +371,55 @@ impl Nodes {
         futures_util::future::join_all(remotes.iter().map(|r| r.poll())).await;
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(name: &str, healthy: bool, labels: &[(&str, &str)]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            healthy,
+            backends: vec!["container".into()],
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            free_cpu: 0.0,
+            free_memory_mb: 0,
+            free_slots: 0,
+            cpu_capacity: 8.0,
+        }
+    }
+
+    fn demand(backend: &str, selector: &[(&str, &str)]) -> Demand {
+        Demand {
+            backend: backend.into(),
+            cpu: 1.0,
+            memory_mb: 64,
+            selector: selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn a_full_cluster_asks_a_ready_eligible_node_for_its_own_error() {
+        let views = vec![view("draining", false, &[("zone", "a")]), view("full-a", true, &[("zone", "a")]), view("full-b", true, &[])];
+        let zone_a = demand("container", &[("zone", "a")]);
+        assert_eq!(Nodes::fallback(&views, &zone_a, &[]).as_deref(), Some("full-a"), "never the draining node");
+        assert_eq!(Nodes::fallback(&views, &zone_a, &["full-a".into()]), None, "nothing else carries zone=a");
+        // A backend no node runs: a ready node answers (unsupported_backend).
+        assert_eq!(Nodes::fallback(&views, &demand("microvm", &[]), &[]).as_deref(), Some("full-a"));
+        assert_eq!(Nodes::fallback(&views, &demand("microvm", &[("zone", "c")]), &[]), None);
+        let e = Nodes::nothing_fits(&demand("microvm", &[("zone", "c")]));
+        assert_eq!(e.code, ErrorCode::NoCapacity);
+        assert!(e.message.contains("zone=c") && e.message.contains("microvm"), "{}", e.message);
+    }
+
+    #[test]
+    fn remote_nodes_come_and_go() {
+        let nodes = Nodes::new(vec![]);
+        let r = Arc::new(RemoteNode::new("n1", "http://127.0.0.1:9", "s").unwrap());
+        nodes.put_remote(r);
+        assert!(matches!(nodes.node_of("n1.abcdefabcdef"), Ok(NodeRef::Remote(_))));
+        assert_eq!(nodes.status()[0].state, "unreachable");
+        assert!(nodes.remove_remote("n1") && !nodes.remove_remote("n1"));
+        assert_eq!(nodes.node_of("n1.abcdefabcdef").err().map(|e| e.code), Some(ErrorCode::SandboxNotFound));
+    }
+}

@@ -373,3 +373,79 @@ impl RemoteNode {
         s
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(name: &str) -> api::NodeStatus {
+        api::NodeStatus {
+            name: name.into(),
+            healthy: true,
+            sandboxes: 1,
+            cpu_reserved: 1.0,
+            cpu_capacity: 8.0,
+            memory_reserved_mb: 100,
+            memory_capacity_mb: 1000,
+            slots_used: 1,
+            slots_capacity: 10,
+            cgroup_version: 2,
+            backends: vec!["container".into(), "microvm".into()],
+            creating: 0,
+            queued: 0,
+            paused: 0,
+            state: "ready".into(),
+            labels: BTreeMap::new(),
+            sandboxes_by_backend: BTreeMap::new(),
+        }
+    }
+
+    fn joined() -> RemoteNode {
+        let member = Membership {
+            labels: BTreeMap::from([("zone".to_string(), "a".to_string())]),
+            backends: vec!["container".into()],
+            capacity: Some(api::NodeCapacity { cpu_cores: 8.0, memory_mb: 1000, max_sandboxes: 10 }),
+            draining: false,
+            joined: false,
+        };
+        RemoteNode::joined("n1", "http://10.0.0.1:8081/", "s", member).unwrap()
+    }
+
+    #[test]
+    fn a_node_never_probed_is_unreachable_with_what_it_declared() {
+        let r = joined();
+        let s = r.status();
+        assert_eq!((s.state.as_str(), s.healthy), ("unreachable", false));
+        assert_eq!(s.backends, vec!["container".to_string()]);
+        assert_eq!((s.cpu_capacity, s.slots_capacity), (8.0, 10));
+        assert_eq!(s.labels["zone"], "a");
+        assert!(r.membership().joined, "a registry node is marked joined whatever it was given");
+        assert!(r.reaches("http://10.0.0.1:8081", "s") && !r.reaches("http://10.0.0.1:8081", "other"));
+    }
+
+    #[test]
+    fn probes_drain_and_failures_make_the_state() {
+        let r = joined();
+        r.record(status("n1"), Duration::ZERO);
+        let s = r.status();
+        assert_eq!((s.state.as_str(), s.healthy), ("ready", true));
+        assert_eq!(s.backends.len(), 2, "what the node answered wins over what it declared");
+        assert_eq!(s.labels["zone"], "a", "labels come from the registry");
+
+        r.set_membership(Membership { draining: true, ..r.membership() });
+        assert_eq!((r.status().state.as_str(), r.status().healthy), ("draining", false));
+
+        r.set_membership(Membership { draining: false, ..r.membership() });
+        r.mark_down();
+        assert_eq!(r.status().state, "unreachable");
+        assert_eq!(r.status().sandboxes, 1, "the last known counts stay");
+        r.record(status("n1"), Duration::ZERO);
+        assert_eq!(r.status().state, "ready");
+
+        // An answer older than the TTL (the watcher's last success long ago)
+        // is not fresh.
+        let old = joined();
+        old.record(status("n1"), VIEW_TTL + Duration::from_secs(1));
+        assert_eq!(old.status().state, "unreachable");
+    }
+}
