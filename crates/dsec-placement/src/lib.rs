@@ -11,7 +11,7 @@
 //! API boundary: [`NodeView`] in, node name out. No I/O here: the watcher's
 //! polling lives with whoever owns the connections to the nodes.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -54,10 +54,53 @@ impl Demand {
 /// watcher's view) for this long.
 const RECENT_WINDOW: Duration = Duration::from_secs(5);
 
+/// One node's recent placements, oldest first, with their running sums
+/// (so a decision costs O(nodes), not O(recent placements)).
+#[derive(Debug, Default)]
+struct Pending {
+    entries: VecDeque<(Instant, f64, u64)>,
+    cpu: f64,
+    memory_mb: u64,
+}
+
+impl Pending {
+    fn push(&mut self, at: Instant, d: &Demand) {
+        self.entries.push_back((at, d.cpu, d.memory_mb));
+        self.cpu += d.cpu;
+        self.memory_mb += d.memory_mb;
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(at, cpu, mem)) = self.entries.front() {
+            if now.duration_since(at) < RECENT_WINDOW {
+                break;
+            }
+            self.entries.pop_front();
+            self.subtract(cpu, mem);
+        }
+    }
+
+    fn pop_latest(&mut self) {
+        if let Some((_, cpu, mem)) = self.entries.pop_back() {
+            self.subtract(cpu, mem);
+        }
+    }
+
+    fn subtract(&mut self, cpu: f64, mem: u64) {
+        if self.entries.is_empty() {
+            // Exact zero, whatever the float sums drifted to.
+            (self.cpu, self.memory_mb) = (0.0, 0);
+        } else {
+            self.cpu -= cpu;
+            self.memory_mb = self.memory_mb.saturating_sub(mem);
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Placement {
     k: usize,
-    recent: Mutex<HashMap<String, Vec<(Instant, Demand)>>>,
+    recent: Mutex<HashMap<String, Pending>>,
 }
 
 impl Placement {
@@ -71,15 +114,22 @@ impl Placement {
     pub fn choose(&self, nodes: &[NodeView], demand: &Demand, exclude: &[String]) -> Option<String> {
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        recent.values_mut().for_each(|v| v.retain(|(t, _)| now.duration_since(*t) < RECENT_WINDOW));
+        recent.retain(|_, p| {
+            p.expire(now);
+            !p.entries.is_empty()
+        });
         let adjusted: Vec<(f64, &NodeView)> = nodes
             .iter()
             .filter(|n| demand.eligible(n) && !exclude.contains(&n.name))
             .filter_map(|n| {
-                let pending = recent.get(&n.name).map(|v| v.as_slice()).unwrap_or(&[]);
-                let cpu = n.free_cpu - pending.iter().map(|(_, d)| d.cpu).sum::<f64>();
-                let mem = n.free_memory_mb.saturating_sub(pending.iter().map(|(_, d)| d.memory_mb).sum());
-                let slots = n.free_slots.saturating_sub(pending.len() as u64);
+                let (cpu, mem, slots) = match recent.get(&n.name) {
+                    Some(p) => (
+                        n.free_cpu - p.cpu,
+                        n.free_memory_mb.saturating_sub(p.memory_mb),
+                        n.free_slots.saturating_sub(p.entries.len() as u64),
+                    ),
+                    None => (n.free_cpu, n.free_memory_mb, n.free_slots),
+                };
                 let fits = cpu >= demand.cpu && mem >= demand.memory_mb && slots > 0;
                 // Load = share of CPU capacity in use after this placement.
                 let load = 1.0 - (cpu - demand.cpu) / n.cpu_capacity.max(1e-9);
@@ -88,14 +138,14 @@ impl Placement {
             .collect();
         let sample: Vec<&(f64, &NodeView)> = adjusted.choose_multiple(&mut rand::rng(), self.k).collect();
         let best = sample.into_iter().min_by(|a, b| a.0.total_cmp(&b.0))?.1;
-        recent.entry(best.name.clone()).or_default().push((now, demand.clone()));
+        recent.entry(best.name.clone()).or_default().push(now, demand);
         Some(best.name.clone())
     }
 
     /// Forgets a placement that the node refused or that failed.
     pub fn forget(&self, node: &str) {
-        if let Some(v) = self.recent.lock().unwrap_or_else(|p| p.into_inner()).get_mut(node) {
-            v.pop();
+        if let Some(p) = self.recent.lock().unwrap_or_else(|p| p.into_inner()).get_mut(node) {
+            p.pop_latest();
         }
     }
 }
