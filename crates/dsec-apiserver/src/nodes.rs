@@ -250,10 +250,12 @@ impl Nodes {
         };
         let mut refused: Vec<String> = Vec::new();
         let mut last_error: Option<ApiError> = None;
-        let views = self.views();
+        let mut views = self.views();
         let mut keyed_node = key.and_then(|k| Self::node_for_key(&views, &demand, caller, k));
         for attempt in 0..self.config.max_attempts.max(1) {
-            let views = if attempt == 0 { views.clone() } else { self.views() };
+            if attempt > 0 {
+                views = self.views();
+            }
             let choice = match keyed_node.take() {
                 Some(n) => Some(n),
                 None => self.placement.choose(&views, &demand, &refused),

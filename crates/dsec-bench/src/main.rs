@@ -55,6 +55,8 @@ enum Cmd {
     Policy(cmds::policy::PolicyArgs),
     /// The token check per request (`Store::grant`) on one engine.
     StoreGrant(cmds::store_grant::StoreGrantArgs),
+    /// Placement decisions per second over simulated nodes, by k and node count.
+    Placement(cmds::placement::PlacementArgs),
 }
 
 /// Where the platform is and what the sandboxes look like.
@@ -146,6 +148,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::FncallBaseline(a) => cmds::fncall_baseline::run(a).await,
             Cmd::Policy(a) => cmds::policy::run(a).await,
             Cmd::StoreGrant(a) => cmds::store_grant::run(a).await,
+            Cmd::Placement(a) => cmds::placement::run(a).await,
             Cmd::Counts(a) => {
                 let c = host::counts(a.dsec_pid, a.data_dir.as_deref(), a.node.as_deref());
                 println!("{}", serde_json::to_string_pretty(&c)?);

@@ -5,6 +5,7 @@ pub mod density;
 pub mod exec;
 pub mod fncall_baseline;
 pub mod latency;
+pub mod placement;
 pub mod policy;
 pub mod store_grant;
 pub mod throughput;
