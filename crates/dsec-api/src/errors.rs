@@ -86,6 +86,8 @@ error_codes! {
     NoSpace = ("no_space", 507, "The sandbox's disk is full."),
     InvalidNetworkRule = ("invalid_network_rule", 400, "A network rule is not a service name, an IPv4 prefix (with protocol and ports) or a domain, or it names the sandboxes' own subnet."),
     UnknownNetworkService = ("unknown_network_service", 400, "A network rule names a service this node's network configuration does not define."),
+    NodeNotFound = ("node_not_found", 404, "No node with this name is in the node registry."),
+    JoinRefused = ("join_refused", 401, "The join token is unknown, revoked or expired: the edge was not registered."),
     NetworkNotEnabled = ("network_not_enabled", 409, "The sandbox was created without network rules, so it has loopback only and its rules cannot change; create it with rules (even all false)."),
 }
 

@@ -6,6 +6,7 @@
 //! serde names to stay stable except the wire itself.
 
 mod audit;
+mod cluster;
 mod errors;
 mod exec;
 mod files;
@@ -21,6 +22,7 @@ mod trajectory;
 mod usage;
 
 pub use audit::*;
+pub use cluster::*;
 pub use errors::*;
 pub use exec::*;
 pub use files::*;

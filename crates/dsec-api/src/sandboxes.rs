@@ -95,6 +95,9 @@ pub struct CreateSandboxRequest {
     /// Free-form labels, for filtering in list calls.
     #[serde(default)]
     pub labels: BTreeMap<String, String>,
+    /// Place only on nodes carrying all these labels (`kvm=true`).
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub node_selector: BTreeMap<String, String>,
     /// The training job this sandbox belongs to.
     #[serde(default)]
     pub job: Option<String>,
@@ -293,6 +296,10 @@ pub struct Sandbox {
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct SandboxList {
     pub sandboxes: Vec<Sandbox>,
+    /// Nodes that could not be asked: their sandboxes last seen by this
+    /// apiserver are listed with state `unknown`, others may be missing.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub unreachable_nodes: Vec<String>,
 }
 
 /// `POST /v1/sandboxes/{id}/pause`.

@@ -55,4 +55,18 @@ pub struct NodeStatus {
     /// Paused sandboxes (they hold no slot: not in `slots_used`).
     #[serde(default)]
     pub paused: u64,
+    /// `ready`, `draining` (no new placements) or `unreachable`.
+    #[serde(default = "ready")]
+    pub state: String,
+    /// Hardware and operator labels placement can select on.
+    #[serde(default)]
+    pub labels: std::collections::BTreeMap<String, String>,
+    /// Sandboxes per backend (counted for status pages; empty in views
+    /// made for placement).
+    #[serde(default)]
+    pub sandboxes_by_backend: std::collections::BTreeMap<String, u64>,
+}
+
+fn ready() -> String {
+    "ready".into()
 }

@@ -98,6 +98,17 @@ async fn ensure_admin(store: &AnyStore, file: &Path) -> Result<String, AuthError
 }
 
 impl TokenStore {
+    /// A store opened by someone else, with no admin token of its own (the
+    /// watcher: it only checks the tokens apiservers present, so it signs
+    /// no port URL and holds no quota ledger of its own).
+    pub fn from_store(store: AnyStore) -> TokenStore {
+        TokenStore {
+            store,
+            signer: crate::ports::signed::UrlSigner::from_secret(&new_token()),
+            ledger: std::sync::Arc::new(crate::quota::Ledger::new(Vec::new())),
+        }
+    }
+
     /// The tenant `token` stands for; `None` if unknown, revoked or expired.
     pub async fn verify(&self, token: &str) -> Result<Option<Tenant>, StoreError> {
         Ok(self.store.grant(&hash(token), now_ms()).await?.map(|g| g.principal.into()))

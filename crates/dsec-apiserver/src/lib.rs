@@ -19,11 +19,13 @@ mod openapi;
 mod ports;
 mod proxy;
 pub mod quota;
+pub mod registry;
 pub mod remote;
 mod routes;
 mod sandboxfusion;
 pub mod state;
 mod ui;
+pub mod watcher;
 
 use axum::routing::{any, get, post, put};
 use axum::Router;
@@ -34,8 +36,8 @@ pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
 use crate::routes::{
-    admin, audit, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens, trajectory,
-    usage,
+    admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens,
+    trajectory, usage,
 };
 
 pub fn router(state: AppState) -> Router {
@@ -49,6 +51,11 @@ pub fn router(state: AppState) -> Router {
         .route("/ui/{file}", get(ui::file))
         .route("/v1/nodes", get(admin::nodes))
         .route("/v1/nodes/{node}/metrics", get(usage::node))
+        .route("/v1/nodes/{node}", axum::routing::delete(cluster::remove))
+        .route("/v1/nodes/{node}/drain", post(cluster::drain))
+        .route("/v1/nodes/{node}/undrain", post(cluster::undrain))
+        .route("/v1/cluster/join-tokens", post(cluster::create_join_token))
+        .route("/v1/cluster/join", post(cluster::join))
         .route("/v1/tenants", post(admin::create_tenant).get(admin::list_tenants))
         .route("/v1/projects", post(projects::create).get(projects::list))
         .route("/v1/projects/{*path}", get(projects::show).patch(projects::update).delete(projects::delete))

@@ -6,8 +6,8 @@
 //! another process (`dsec edge`), reached over HTTP.
 
 use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::time::Instant;
 
 use dsec_api::{self as api, ErrorCode, NodeStatus};
@@ -24,8 +24,35 @@ pub enum Node {
     Remote(Arc<RemoteNode>),
 }
 
+/// A node found by name or sandbox id: remote nodes come and go while the
+/// apiserver runs, so a remote one is handed out as its own reference.
+pub enum NodeRef<'a> {
+    Local(&'a Edge),
+    Remote(Arc<RemoteNode>),
+}
+
+/// How creations are placed.
+#[derive(Debug, Clone, Copy)]
+pub struct PlacementConfig {
+    /// Nodes sampled per decision (power of k choices).
+    pub k: usize,
+    /// Nodes tried per creation before giving up (each refusal, for lack of
+    /// room or because the node cannot be reached, moves to the next).
+    pub max_attempts: usize,
+}
+
+impl Default for PlacementConfig {
+    fn default() -> Self {
+        PlacementConfig { k: 2, max_attempts: 3 }
+    }
+}
+
 pub struct Nodes {
-    nodes: BTreeMap<String, Node>,
+    /// Edges in this process (`dsec up`, `dsec edge`): fixed at start.
+    local: BTreeMap<String, Edge>,
+    /// Edges reached over HTTP: named by `--edge` at start, or joined
+    /// (the node registry, which `registry::sync` follows).
+    remote: RwLock<BTreeMap<String, Arc<RemoteNode>>>,
     placement: Placement,
     /// How long each placement decision took (the view read and the
     /// choice; not the creation on the chosen node).
@@ -33,6 +60,10 @@ pub struct Nodes {
     /// Nodes that refused a placement (no room, unreachable, queue full),
     /// each a further choice.
     placement_refusals: AtomicU64,
+    config: PlacementConfig,
+    /// Whether something keeps the remotes in line with the node registry
+    /// (`registry::follow`): only then may edges join through this server.
+    follows_registry: AtomicBool,
 }
 
 /// What identifies a creation request for its idempotency key.
@@ -40,11 +71,9 @@ fn request_fingerprint(req: &api::CreateSandboxRequest) -> String {
     dsec_edge::trajectory::journal::sha256_hex(&serde_json::to_vec(req).unwrap_or_default())
 }
 
-/// How many nodes placement samples (power of k choices).
-const PLACEMENT_K: usize = 2;
-
-/// A local edge's status; `paused` is counted only when asked (it walks
-/// the registry, which placement must never do per creation).
+/// A local edge's status; `paused` and the counts per backend are taken
+/// only when asked (they walk the registry, which placement must never do
+/// per creation).
 fn local_status(e: &Edge, count_paused: bool) -> NodeStatus {
     let s = e.stats();
     NodeStatus {
@@ -58,31 +87,64 @@ fn local_status(e: &Edge, count_paused: bool) -> NodeStatus {
         slots_used: s.used.sandboxes,
         slots_capacity: s.capacity.sandboxes,
         cgroup_version: s.cgroup_version,
-        backends: vec!["container".into()],
+        backends: e.backends(),
         creating: s.creating,
         queued: s.queued,
         paused: if count_paused { e.paused_count() } else { 0 },
+        state: "ready".into(),
+        labels: BTreeMap::new(),
+        sandboxes_by_backend: if count_paused { e.sandboxes_by_backend() } else { BTreeMap::new() },
+    }
+}
+
+fn view_of(s: NodeStatus) -> NodeView {
+    NodeView {
+        free_cpu: s.cpu_capacity - s.cpu_reserved,
+        free_memory_mb: s.memory_capacity_mb.saturating_sub(s.memory_reserved_mb),
+        free_slots: s.slots_capacity.saturating_sub(s.slots_used),
+        cpu_capacity: s.cpu_capacity,
+        name: s.name,
+        healthy: s.healthy,
+        backends: s.backends,
+        labels: s.labels,
     }
 }
 
 impl Nodes {
     pub fn new(nodes: Vec<Node>) -> Self {
-        let nodes = nodes
-            .into_iter()
-            .map(|n| {
-                let name = match &n {
-                    Node::Local(e) => e.node().to_string(),
-                    Node::Remote(r) => r.name.clone(),
-                };
-                (name, n)
-            })
-            .collect();
+        Self::with_placement(nodes, PlacementConfig::default())
+    }
+
+    pub fn with_placement(nodes: Vec<Node>, config: PlacementConfig) -> Self {
+        let mut local = BTreeMap::new();
+        let mut remote = BTreeMap::new();
+        for n in nodes {
+            match n {
+                Node::Local(e) => {
+                    local.insert(e.node().to_string(), e);
+                }
+                Node::Remote(r) => {
+                    remote.insert(r.name.clone(), r);
+                }
+            }
+        }
         Self {
-            nodes,
-            placement: Placement::new(PLACEMENT_K),
+            local,
+            remote: RwLock::new(remote),
+            placement: Placement::new(config.k),
+            config,
+            follows_registry: AtomicBool::new(false),
             placement_latency: Histogram::new(REQUEST_BOUNDS),
             placement_refusals: AtomicU64::new(0),
         }
+    }
+
+    pub(crate) fn set_follows_registry(&self) {
+        self.follows_registry.store(true, Ordering::Relaxed);
+    }
+
+    pub fn follows_registry(&self) -> bool {
+        self.follows_registry.load(Ordering::Relaxed)
     }
 
     /// Placement decisions' latency and the refusals that sent a creation
@@ -93,37 +155,49 @@ impl Nodes {
 
     /// Local edges (for shutdown, metrics and tests).
     pub fn local_edges(&self) -> impl Iterator<Item = &Edge> {
-        self.nodes.values().filter_map(|n| match n {
-            Node::Local(e) => Some(e),
-            Node::Remote(_) => None,
-        })
+        self.local.values()
     }
 
-    pub fn remotes(&self) -> impl Iterator<Item = &Arc<RemoteNode>> {
-        self.nodes.values().filter_map(|n| match n {
-            Node::Remote(r) => Some(r),
-            Node::Local(_) => None,
-        })
+    /// The remote nodes now, by name.
+    pub fn remotes(&self) -> Vec<Arc<RemoteNode>> {
+        self.remote.read().unwrap_or_else(|p| p.into_inner()).values().cloned().collect()
+    }
+
+    /// Adds a remote node, or replaces the one of the same name.
+    pub fn put_remote(&self, node: Arc<RemoteNode>) {
+        self.remote.write().unwrap_or_else(|p| p.into_inner()).insert(node.name.clone(), node);
+    }
+
+    /// Removes a remote node; `false` if there was none of that name.
+    pub fn remove_remote(&self, name: &str) -> bool {
+        self.remote.write().unwrap_or_else(|p| p.into_inner()).remove(name).is_some()
+    }
+
+    pub(crate) fn remote_named(&self, name: &str) -> Option<Arc<RemoteNode>> {
+        self.remote.read().unwrap_or_else(|p| p.into_inner()).get(name).cloned()
     }
 
     /// The node that owns sandbox `id`; unknown nodes look like unknown ids.
-    pub fn node_of(&self, id: &str) -> Result<&Node, ApiError> {
+    pub fn node_of(&self, id: &str) -> Result<NodeRef<'_>, ApiError> {
         ids::node_of(id)
-            .and_then(|n| self.nodes.get(n))
+            .and_then(|n| self.by_name(n))
             .ok_or_else(|| ApiError::new(ErrorCode::SandboxNotFound, format!("sandbox {id} not found")))
     }
 
     /// The node named `name`, if this API has it.
-    pub fn by_name(&self, name: &str) -> Option<&Node> {
-        self.nodes.get(name)
+    pub fn by_name(&self, name: &str) -> Option<NodeRef<'_>> {
+        match self.local.get(name) {
+            Some(e) => Some(NodeRef::Local(e)),
+            None => self.remote_named(name).map(NodeRef::Remote),
+        }
     }
 
     /// The local edge that owns sandbox `id`. Requests for sandboxes of
     /// remote nodes never reach handlers (the proxy layer forwards them).
     pub fn owner(&self, id: &str) -> Result<&Edge, ApiError> {
         match self.node_of(id)? {
-            Node::Local(e) => Ok(e),
-            Node::Remote(r) => Err(ApiError::new(ErrorCode::Internal, format!("sandbox {id} lives on remote node {}", r.name))),
+            NodeRef::Local(e) => Ok(e),
+            NodeRef::Remote(r) => Err(ApiError::new(ErrorCode::Internal, format!("sandbox {id} lives on remote node {}", r.name))),
         }
     }
 
@@ -133,29 +207,15 @@ impl Nodes {
     }
 
     fn status_with(&self, count_paused: bool) -> Vec<NodeStatus> {
-        self.nodes
-            .values()
-            .map(|n| match n {
-                Node::Local(e) => local_status(e, count_paused),
-                Node::Remote(r) => r.status(),
-            })
-            .collect()
+        let mut all: Vec<NodeStatus> = self.local.values().map(|e| local_status(e, count_paused)).collect();
+        all.extend(self.remotes().iter().map(|r| r.status()));
+        all.sort_by(|a, b| a.name.cmp(&b.name));
+        all
     }
 
-    /// The watcher's view, as placement wants it.
+    /// The nodes as placement wants them.
     fn views(&self) -> Vec<NodeView> {
-        self.status_with(false)
-            .into_iter()
-            .map(|s| NodeView {
-                free_cpu: s.cpu_capacity - s.cpu_reserved,
-                free_memory_mb: s.memory_capacity_mb.saturating_sub(s.memory_reserved_mb),
-                free_slots: s.slots_capacity.saturating_sub(s.slots_used),
-                cpu_capacity: s.cpu_capacity,
-                name: s.name,
-                healthy: s.healthy,
-                backends: s.backends,
-            })
-            .collect()
+        self.status_with(false).into_iter().map(view_of).collect()
     }
 
     async fn create_on(
@@ -165,8 +225,11 @@ impl Nodes {
         req: &api::CreateSandboxRequest,
         key: Option<&str>,
     ) -> Result<api::CreatedSandbox, ApiError> {
-        match &self.nodes[node] {
-            Node::Local(edge) => {
+        let Some(target) = self.by_name(node) else {
+            return Err(ApiError::new(ErrorCode::EdgeUnavailable, format!("node {node} left the cluster")));
+        };
+        match target {
+            NodeRef::Local(edge) => {
                 let rec = match key {
                     Some(key) => {
                         edge.create_idempotent(caller, convert::create_request(req.clone()), key, &request_fingerprint(req)).await?
@@ -177,22 +240,24 @@ impl Nodes {
                 Ok(api::CreatedSandbox { sandbox: convert::sandbox_out(rec), first_exec: None })
             }
             // The remote node's own create route runs the request's first command.
-            Node::Remote(r) => r.create(caller, req, key).await,
+            NodeRef::Remote(r) => r.create(caller, req, key).await,
         }
     }
 
     /// The node a keyed creation tries first: the same for every retry of
-    /// one key (as long as the set of nodes stays the same), so the retry
-    /// meets the node that holds the key.
-    fn node_for_key(&self, caller: &Caller, key: &str) -> Option<String> {
-        let names: Vec<&String> = self.nodes.keys().collect();
+    /// one key (as long as the set of eligible nodes stays the same), so the
+    /// retry meets the node that holds the key.
+    fn node_for_key(views: &[NodeView], demand: &Demand, caller: &Caller, key: &str) -> Option<String> {
+        let names: Vec<&String> = views.iter().filter(|v| demand.eligible(v)).map(|v| &v.name).collect();
         let digest = dsec_edge::trajectory::journal::sha256_hex(format!("{}\0{key}", caller.tenant).as_bytes());
         let n = u64::from_str_radix(&digest[..15], 16).ok()? as usize;
         names.get(n % names.len().max(1)).map(|s| s.to_string())
     }
 
-    /// Places and creates a sandbox; a node that refuses (no room, or
-    /// unreachable) is skipped and the next choice tried.
+    /// Places and creates a sandbox. Placement keeps to ready nodes that
+    /// run the backend and carry the selector's labels; a node that
+    /// refuses (no room, or unreachable) is skipped and the next choice
+    /// tried, up to `max_attempts` nodes.
     pub async fn create(
         &self,
         caller: &Caller,
@@ -203,33 +268,34 @@ impl Nodes {
             backend: req.backend.as_str().to_string(),
             cpu: req.cpu_cores_limit.unwrap_or(1.0),
             memory_mb: req.memory_limit_mb.unwrap_or(512),
+            selector: req.node_selector.clone(),
         };
         let mut refused: Vec<String> = Vec::new();
         let mut last_error: Option<ApiError> = None;
-        let mut keyed_node = key.and_then(|k| self.node_for_key(caller, k));
-        loop {
+        // A decision's time: the view it reads and the choice (not the
+        // creation on the chosen node).
+        let t0 = Instant::now();
+        let mut views = self.views();
+        let mut view_time = t0.elapsed();
+        let mut keyed_node = key.and_then(|k| Self::node_for_key(&views, &demand, caller, k));
+        for attempt in 0..self.config.max_attempts.max(1) {
+            if attempt > 0 {
+                let t = Instant::now();
+                views = self.views();
+                view_time = t.elapsed();
+            }
             let choice = match keyed_node.take() {
                 Some(n) => Some(n),
                 None => {
-                    let t0 = Instant::now();
-                    let views = self.views();
+                    let t = Instant::now();
                     let choice = self.placement.choose(&views, &demand, &refused);
-                    self.placement_latency.observe(t0.elapsed());
+                    self.placement_latency.observe(view_time + t.elapsed());
                     choice
                 }
             };
-            let node = match choice {
+            let node = match choice.or_else(|| Self::fallback(&views, &demand, &refused)) {
                 Some(node) => node,
-                // Nothing seems to fit: let a node that has not refused yet
-                // judge the request itself. Its checks are the authority and
-                // its error says exactly what is wrong (bad limits, unknown
-                // image, no room).
-                None => match self.nodes.keys().find(|n| !refused.contains(n)) {
-                    Some(n) => n.clone(),
-                    None => {
-                        return Err(last_error.unwrap_or_else(|| ApiError::new(ErrorCode::NoCapacity, "no node has room for this sandbox")))
-                    }
-                },
+                None => break,
             };
             match self.create_on(&node, caller, &req, key).await {
                 Ok(sb) => return Ok(sb),
@@ -246,28 +312,49 @@ impl Nodes {
                 }
             }
         }
+        Err(last_error.unwrap_or_else(|| Self::nothing_fits(&demand)))
     }
 
-    /// Every node's sandboxes visible to `caller`, oldest first. A node that
-    /// cannot be reached is left out of the answer (and logged).
-    pub async fn list(&self, caller: &Caller, filter: &ListFilter, raw_query: &str) -> Vec<api::Sandbox> {
+    /// Nothing seems to fit: let a node that has not refused yet judge the
+    /// request itself. Its checks are the authority and its error says
+    /// exactly what is wrong (bad limits, unknown image, no room, a backend
+    /// it lacks). Draining and unreachable nodes are never asked; with a
+    /// selector only nodes carrying its labels are.
+    fn fallback(views: &[NodeView], demand: &Demand, refused: &[String]) -> Option<String> {
+        let open = |v: &&NodeView| v.healthy && !refused.contains(&v.name);
+        let labelled = |v: &&NodeView| demand.selector.iter().all(|(k, val)| v.labels.get(k) == Some(val));
+        views.iter().filter(open).find(|v| demand.eligible(v)).or_else(|| views.iter().filter(open).find(labelled)).map(|v| v.name.clone())
+    }
+
+    fn nothing_fits(demand: &Demand) -> ApiError {
+        let labels: Vec<String> = demand.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let with = if labels.is_empty() { String::new() } else { format!(" with labels {}", labels.join(",")) };
+        ApiError::new(ErrorCode::NoCapacity, format!("no ready node{with} has room for a {} sandbox", demand.backend))
+    }
+
+    /// Every node's sandboxes visible to `caller`, oldest first, and the
+    /// nodes that could not be asked. Of those, the sandboxes the same list
+    /// last showed are in the answer in state `unknown`.
+    pub async fn list(&self, caller: &Caller, filter: &ListFilter, raw_query: &str) -> (Vec<api::Sandbox>, Vec<String>) {
         let mut all: Vec<api::Sandbox> = Vec::new();
-        let mut remote = Vec::new();
-        for n in self.nodes.values() {
-            match n {
-                Node::Local(e) => all.extend(e.list(caller, filter).into_iter().map(convert::sandbox_out)),
-                Node::Remote(r) => remote.push(r.clone()),
-            }
+        for e in self.local.values() {
+            all.extend(e.list(caller, filter).into_iter().map(convert::sandbox_out));
         }
+        let remote = self.remotes();
         let answers = futures_util::future::join_all(remote.iter().map(|r| r.list(caller, raw_query))).await;
+        let mut unreachable = Vec::new();
         for (r, answer) in remote.iter().zip(answers) {
             match answer {
                 Ok(list) => all.extend(list),
-                Err(e) => tracing::warn!(node = %r.name, error = %e.message, "listing a node failed"),
+                Err(e) => {
+                    tracing::warn!(node = %r.name, error = %e.message, "listing a node failed");
+                    all.extend(r.last_known(caller, raw_query, &e.message));
+                    unreachable.push(r.name.clone());
+                }
             }
         }
         all.sort_by(|a, b| a.created_at.cmp(&b.created_at).then_with(|| a.id.cmp(&b.id)));
-        all
+        (all, unreachable)
     }
 
     /// Pauses or resumes a job's sandboxes on every node at once, and sums
@@ -285,7 +372,7 @@ impl Nodes {
             duration_ms: 0.0,
         };
         let locals = futures_util::future::join_all(self.local_edges().map(|e| e.job_action(caller, job, action)));
-        let remotes: Vec<_> = self.remotes().cloned().collect();
+        let remotes = self.remotes();
         let remote_answers = futures_util::future::join_all(remotes.iter().map(|r| r.job_action(caller, job, action)));
         let (locals, remote_answers) = tokio::join!(locals, remote_answers);
         for o in locals {
@@ -313,18 +400,62 @@ impl Nodes {
         total
     }
 
-    /// Polls every remote node forever (the watcher). Holds no state beyond
-    /// each node's last answer, so a restarted apiserver rebuilds it at once.
-    pub fn spawn_watcher(self: &Arc<Self>) {
-        for r in self.remotes().cloned().collect::<Vec<_>>() {
-            tokio::spawn(async move {
-                let mut tick = tokio::time::interval(crate::remote::POLL_INTERVAL);
-                tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                loop {
-                    tick.tick().await;
-                    r.poll().await;
-                }
-            });
+    /// Probes every remote node once, at once (the apiserver's own polling
+    /// when no watcher is configured, or the watcher cannot be reached).
+    pub async fn poll_remotes(&self) {
+        let remotes = self.remotes();
+        futures_util::future::join_all(remotes.iter().map(|r| r.poll())).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(name: &str, healthy: bool, labels: &[(&str, &str)]) -> NodeView {
+        NodeView {
+            name: name.into(),
+            healthy,
+            backends: vec!["container".into()],
+            labels: labels.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+            free_cpu: 0.0,
+            free_memory_mb: 0,
+            free_slots: 0,
+            cpu_capacity: 8.0,
         }
+    }
+
+    fn demand(backend: &str, selector: &[(&str, &str)]) -> Demand {
+        Demand {
+            backend: backend.into(),
+            cpu: 1.0,
+            memory_mb: 64,
+            selector: selector.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(),
+        }
+    }
+
+    #[test]
+    fn a_full_cluster_asks_a_ready_eligible_node_for_its_own_error() {
+        let views = vec![view("draining", false, &[("zone", "a")]), view("full-a", true, &[("zone", "a")]), view("full-b", true, &[])];
+        let zone_a = demand("container", &[("zone", "a")]);
+        assert_eq!(Nodes::fallback(&views, &zone_a, &[]).as_deref(), Some("full-a"), "never the draining node");
+        assert_eq!(Nodes::fallback(&views, &zone_a, &["full-a".into()]), None, "nothing else carries zone=a");
+        // A backend no node runs: a ready node answers (unsupported_backend).
+        assert_eq!(Nodes::fallback(&views, &demand("microvm", &[]), &[]).as_deref(), Some("full-a"));
+        assert_eq!(Nodes::fallback(&views, &demand("microvm", &[("zone", "c")]), &[]), None);
+        let e = Nodes::nothing_fits(&demand("microvm", &[("zone", "c")]));
+        assert_eq!(e.code, ErrorCode::NoCapacity);
+        assert!(e.message.contains("zone=c") && e.message.contains("microvm"), "{}", e.message);
+    }
+
+    #[test]
+    fn remote_nodes_come_and_go() {
+        let nodes = Nodes::new(vec![]);
+        let r = Arc::new(RemoteNode::new("n1", "http://127.0.0.1:9", "s").unwrap());
+        nodes.put_remote(r);
+        assert!(matches!(nodes.node_of("n1.abcdefabcdef"), Ok(NodeRef::Remote(_))));
+        assert_eq!(nodes.status()[0].state, "unreachable");
+        assert!(nodes.remove_remote("n1") && !nodes.remove_remote("n1"));
+        assert_eq!(nodes.node_of("n1.abcdefabcdef").err().map(|e| e.code), Some(ErrorCode::SandboxNotFound));
     }
 }

@@ -11,8 +11,8 @@ use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
-    admin, audit, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens, trajectory,
-    usage,
+    admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens,
+    trajectory, usage,
 };
 
 #[derive(OpenApi)]
@@ -21,6 +21,7 @@ use crate::routes::{
     paths(
         admin::healthz, metrics::metrics, admin::nodes, usage::node, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
         projects::create, projects::list, projects::show, projects::update, projects::delete, tokens::create, tokens::list, tokens::revoke,
+        cluster::create_join_token, cluster::join, cluster::drain, cluster::undrain, cluster::remove,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::update, sandboxes::stop, sandboxes::delete,
         pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, events::sandbox, audit::list, usage::sandbox, audit::set_network,
         jobs::pause, jobs::resume, events::job,

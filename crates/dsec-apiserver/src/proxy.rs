@@ -11,16 +11,20 @@ use axum::extract::{Request, State};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
-use crate::nodes::Node;
+use crate::nodes::NodeRef;
 use crate::state::AppState;
 
 pub async fn forward_remote(State(st): State<AppState>, req: Request<Body>, next: Next) -> Response {
     let path = req.uri().path();
     let target = match first_segment(path, "/v1/sandboxes/") {
         Some(id) => st.nodes.node_of(id).ok().map(|n| (n, id)),
-        None => first_segment(path, "/v1/nodes/").and_then(|name| st.nodes.by_name(name).map(|n| (n, name))),
+        // A node's own pages (its metrics); drain, undrain and removal are
+        // the registry's, answered here.
+        None => first_segment(path, "/v1/nodes/")
+            .filter(|name| path.starts_with(&format!("/v1/nodes/{name}/metrics")))
+            .and_then(|name| st.nodes.by_name(name).map(|n| (n, name))),
     };
-    let Some((Node::Remote(remote), id)) = target else { return next.run(req).await };
+    let Some((NodeRef::Remote(remote), id)) = target else { return next.run(req).await };
     // Port URLs are signed here, with this apiserver's key; port requests
     // may carry such a signature instead of a token (`ports::serve`
     // checks it, then forwards).

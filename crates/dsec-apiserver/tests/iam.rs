@@ -9,7 +9,7 @@ use axum::body::Body;
 use axum::http::{Request, StatusCode};
 use dsec_apiserver::auth::{Authenticator, TokenStore};
 use dsec_apiserver::nodes::Nodes;
-use dsec_apiserver::{router, ApiLimits, AppState};
+use dsec_apiserver::{router, AppState};
 use dsec_store::Database;
 use http_body_util::BodyExt;
 use serde_json::{json, Value};
@@ -25,14 +25,7 @@ async fn api() -> Api {
     let dir = tempfile::tempdir().unwrap();
     let file = dir.path().join("admin-token");
     let tokens = TokenStore::open(&Database::Sqlite(dir.path().join("api.db")), &file).await.unwrap();
-    let st = AppState {
-        auth: Arc::new(Authenticator::Tokens(tokens)),
-        nodes: Arc::new(Nodes::new(vec![])),
-        images: None,
-        limits: Arc::new(ApiLimits::default()),
-        fncall: None,
-        sandboxfusion_open: false,
-    };
+    let st = AppState::new(Arc::new(Authenticator::Tokens(tokens)), Arc::new(Nodes::new(vec![])));
     let admin = std::fs::read_to_string(&file).unwrap().trim().to_string();
     Api { st, admin, _dir: dir }
 }

@@ -58,6 +58,8 @@ enum Cmd {
     /// The authorization and quota check per creation at a tree depth,
     /// beside the check without quotas.
     QuotaCheck(cmds::quota_check::QuotaCheckArgs),
+    /// Placement decisions per second over simulated nodes, by k and node count.
+    Placement(cmds::placement::PlacementArgs),
 }
 
 /// Where the platform is and what the sandboxes look like.
@@ -150,6 +152,7 @@ fn main() -> anyhow::Result<()> {
             Cmd::Policy(a) => cmds::policy::run(a).await,
             Cmd::StoreGrant(a) => cmds::store_grant::run(a).await,
             Cmd::QuotaCheck(a) => cmds::quota_check::run(a).await,
+            Cmd::Placement(a) => cmds::placement::run(a).await,
             Cmd::Counts(a) => {
                 let c = host::counts(a.dsec_pid, a.data_dir.as_deref(), a.node.as_deref());
                 println!("{}", serde_json::to_string_pretty(&c)?);

@@ -9,8 +9,10 @@ use std::sync::Arc;
 use anyhow::Context;
 use clap::Args;
 use dsec_apiserver::auth::{Authenticator, TokenStore};
-use dsec_apiserver::nodes::{Node, Nodes};
+use dsec_apiserver::nodes::{Node, Nodes, PlacementConfig};
+use dsec_apiserver::registry::WatcherClient;
 use dsec_apiserver::remote::RemoteNode;
+use dsec_apiserver::watcher::Watcher;
 use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
 use dsec_store::Database;
 
@@ -30,6 +32,37 @@ pub struct EdgeCmdArgs {
     /// Largest file or archive upload, in MiB.
     #[arg(long, default_value_t = 4096)]
     pub max_upload_mb: u64,
+    /// Join the cluster through this apiserver (`http://HOST:PORT`): the
+    /// node registers its URL, backends, labels and capacity.
+    #[arg(long, requires = "join_token")]
+    pub join: Option<String>,
+    /// The join token an admin made (`dsec node join-token`).
+    #[arg(long, env = "DSEC_JOIN_TOKEN", hide_env_values = true)]
+    pub join_token: Option<String>,
+    /// The URL apiservers reach this edge at; default: http://LISTEN (which
+    /// must then not be a wildcard address).
+    #[arg(long)]
+    pub advertise_url: Option<String>,
+    /// An operator label KEY=VALUE for placement (`--label zone=a`,
+    /// repeatable); `kvm` and `arch` are added from the hardware.
+    #[arg(long = "label", value_parser = crate::join::parse_label)]
+    pub labels: Vec<(String, String)>,
+    /// The node's placement pool.
+    #[arg(long, default_value = "primary")]
+    pub pool: String,
+}
+
+#[derive(Args, Debug)]
+pub struct WatcherArgs {
+    /// The shared state apiservers use (`postgres://...`): the node registry
+    /// and the admin tokens apiservers present.
+    #[arg(long, env = "DSEC_DATABASE", value_parser = parse_database)]
+    pub database: Database,
+    #[arg(long, default_value = "127.0.0.1:8090")]
+    pub listen: SocketAddr,
+    /// How often each edge is probed, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    pub period_ms: u64,
 }
 
 #[derive(Args, Debug)]
@@ -45,12 +78,25 @@ pub struct ApiserverArgs {
     pub database: Option<Database>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
-    /// An edge as NAME=URL (repeatable), e.g. node1=http://10.0.0.5:8081.
-    #[arg(long = "edge", required = true, value_parser = parse_edge)]
+    /// An edge as NAME=URL (repeatable), e.g. node1=http://10.0.0.5:8081;
+    /// edges may also join while it runs (`dsec edge --join`).
+    #[arg(long = "edge", value_parser = parse_edge, requires = "cluster_secret_file")]
     pub edges: Vec<(String, String)>,
-    /// The secret the edges expect (see `dsec edge`).
+    /// The secret the --edge edges expect (see `dsec edge`); edges that
+    /// join bring their own.
     #[arg(long)]
-    pub cluster_secret_file: PathBuf,
+    pub cluster_secret_file: Option<PathBuf>,
+    /// Read the nodes' load from this `dsec watcher` (`http://HOST:PORT`);
+    /// default: probe every node itself (and whenever the watcher does not
+    /// answer).
+    #[arg(long, env = "DSEC_WATCHER")]
+    pub watcher: Option<String>,
+    /// Nodes sampled per placement (power of k choices).
+    #[arg(long, default_value_t = 2, value_parser = clap::value_parser!(u64).range(1..=64))]
+    pub placement_k: u64,
+    /// Nodes a creation tries before it fails (each refusal moves on).
+    #[arg(long, default_value_t = 3, value_parser = clap::value_parser!(u64).range(1..=16))]
+    pub placement_attempts: u64,
     /// Serve SandboxFusion's `/run_code` without credentials (see `dsec up`).
     #[arg(long)]
     pub sandboxfusion_open: bool,
@@ -93,7 +139,27 @@ fn read_secret(path: &Path, create: bool) -> anyhow::Result<String> {
 
 pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
     let secret = read_secret(&a.cluster_secret_file, true)?;
+    let advertise = match (&a.advertise_url, a.listen.ip().is_unspecified()) {
+        (Some(u), _) => u.trim_end_matches('/').to_string(),
+        (None, false) => format!("http://{}", a.listen),
+        (None, true) if a.join.is_some() => anyhow::bail!("--listen {} is a wildcard address: give --advertise-url", a.listen),
+        (None, true) => String::new(),
+    };
     let started = a.edge.start().await?;
+    if let (Some(url), Some(token)) = (&a.join, &a.join_token) {
+        let mut labels = crate::join::hardware_labels();
+        labels.extend(a.labels.iter().cloned());
+        let spec = crate::join::JoinSpec { apiserver: url, token, url: advertise, secret: secret.clone(), labels, pool: a.pool.clone() };
+        match crate::join::join(&started.edge, spec).await {
+            Ok(answer) => {
+                eprintln!("node {} {} the cluster at {url}", answer.node, if answer.rejoined { "rejoined" } else { "joined" })
+            }
+            Err(e) => {
+                started.shutdown().await;
+                return Err(e);
+            }
+        }
+    }
     let state = AppState {
         auth: Arc::new(Authenticator::cluster(&secret)),
         nodes: Arc::new(Nodes::new(vec![Node::Local(started.edge.clone())])),
@@ -110,7 +176,10 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
 }
 
 pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
-    let secret = read_secret(&a.cluster_secret_file, false)?;
+    let secret = match &a.cluster_secret_file {
+        Some(f) => read_secret(f, false)?,
+        None => String::new(),
+    };
     std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
     let database = a.database.clone().unwrap_or_else(|| Database::Sqlite(a.data_dir.join("apiserver.db")));
     let tokens = TokenStore::open(&database, &a.data_dir.join("admin-token")).await.with_context(|| format!("opening {database}"))?;
@@ -118,13 +187,23 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
     for (name, url) in &a.edges {
         nodes.push(Node::Remote(Arc::new(RemoteNode::new(name, url, &secret).map_err(anyhow::Error::msg)?)));
     }
-    let nodes = Arc::new(Nodes::new(nodes));
-    for r in nodes.remotes() {
-        r.poll().await;
+    let config = PlacementConfig { k: a.placement_k as usize, max_attempts: a.placement_attempts as usize };
+    let nodes = Arc::new(Nodes::with_placement(nodes, config));
+    let auth = Arc::new(Authenticator::Tokens(tokens));
+    if let Some(store) = auth.tokens().map(|t| t.store()) {
+        dsec_apiserver::registry::sync_once(&nodes, store).await.context("reading the node registry")?;
     }
-    nodes.spawn_watcher();
+    nodes.poll_remotes().await;
+    let watcher = match &a.watcher {
+        Some(url) => {
+            let token = std::fs::read_to_string(a.data_dir.join("admin-token")).context("reading the admin token for the watcher")?;
+            Some(WatcherClient::new(url, token.trim()).map_err(anyhow::Error::msg)?)
+        }
+        None => None,
+    };
+    dsec_apiserver::registry::follow(nodes.clone(), auth.clone(), watcher);
     let state = AppState {
-        auth: Arc::new(Authenticator::Tokens(tokens)),
+        auth,
         nodes,
         images: None,
         limits: Arc::new(ApiLimits::default()),
@@ -133,8 +212,25 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         http_metrics: Default::default(),
         sandbox_domain: a.sandbox_domain.clone(),
     };
-    let what =
-        format!("apiserver for {} edge(s) on {database}; admin token in {}", a.edges.len(), a.data_dir.join("admin-token").display());
+    let what = format!(
+        "apiserver for {} edge(s) and those that join, on {database}; admin token in {}",
+        a.edges.len(),
+        a.data_dir.join("admin-token").display()
+    );
     serve(a.listen, state, &what, None).await?;
+    Ok(0)
+}
+
+pub async fn watcher(a: WatcherArgs) -> anyhow::Result<u8> {
+    if a.period_ms < 50 {
+        anyhow::bail!("--period-ms must be at least 50");
+    }
+    let w = Watcher::open(&a.database, std::time::Duration::from_millis(a.period_ms))
+        .await
+        .with_context(|| format!("opening {}", a.database))?;
+    w.spawn();
+    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
+    eprintln!("dsec is up at http://{} (watcher on {}, probing every {} ms)", listener.local_addr()?, a.database, a.period_ms);
+    axum::serve(listener, w.router()).with_graceful_shutdown(crate::up::shutdown_signal()).await.context("serving the watcher")?;
     Ok(0)
 }

@@ -5,9 +5,11 @@ mod connect;
 mod cp_cmd;
 mod fncall_cmd;
 mod image_cmd;
+mod join;
 mod layer_cmd;
 mod network_cmd;
 mod network_config_cmd;
+mod node_cmd;
 mod pack_cmd;
 mod port_cmd;
 mod project_cmd;
@@ -36,6 +38,12 @@ enum Cmd {
     Edge(cluster::EdgeCmdArgs),
     /// Run a stateless apiserver in front of `dsec edge` nodes.
     Apiserver(cluster::ApiserverArgs),
+    /// Run the cluster's watcher: probes every registered edge and serves
+    /// the view apiservers place by.
+    Watcher(cluster::WatcherArgs),
+    /// The cluster's nodes: list, drain, undrain, remove, join tokens.
+    #[command(subcommand)]
+    Node(node_cmd::NodeCmd),
     /// Create a sandbox; with `-- CMD...` run CMD in it, print its output and remove it.
     Run(sandbox_cmd::RunArgs),
     /// List sandboxes.
@@ -128,6 +136,8 @@ fn main() -> std::process::ExitCode {
             Cmd::Up(a) => up::run(a).await,
             Cmd::Edge(a) => cluster::edge(a).await,
             Cmd::Apiserver(a) => cluster::apiserver(a).await,
+            Cmd::Watcher(a) => cluster::watcher(a).await,
+            Cmd::Node(c) => node_cmd::run(c).await,
             Cmd::Run(a) => sandbox_cmd::run(a).await,
             Cmd::Ps(a) => sandbox_cmd::ps(a).await,
             Cmd::Exec(a) => sandbox_cmd::exec(a).await,

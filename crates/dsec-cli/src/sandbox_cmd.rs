@@ -30,6 +30,10 @@ pub struct RunArgs {
     /// Labels as key=value.
     #[arg(long = "label", value_parser = parse_kv)]
     pub labels: Vec<(String, String)>,
+    /// Place only on nodes with this label KEY=VALUE (repeatable), e.g.
+    /// `--node-selector kvm=true`.
+    #[arg(long = "node-selector", value_parser = parse_kv)]
+    pub node_selector: Vec<(String, String)>,
     /// The training job the sandbox belongs to (for `dsec job pause|resume`).
     #[arg(long)]
     pub job: Option<String>,
@@ -91,6 +95,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         env: BTreeMap::new(),
         workdir: None,
         labels: a.labels.into_iter().collect(),
+        node_selector: a.node_selector.into_iter().collect(),
         job: a.job,
         snapshot: a.snapshot,
         first_exec: None,

@@ -409,7 +409,7 @@ pub async fn serve(listen: SocketAddr, state: AppState, what: &str, edge: Option
     Ok(())
 }
 
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     use tokio::signal::unix::{signal, SignalKind};
     let mut term = match signal(SignalKind::terminate()) {
         Ok(s) => s,

@@ -396,6 +396,33 @@ impl Edge {
         }
     }
 
+    /// The backends this node runs (`container`, and `microvm`, `vm` when
+    /// they started), as placement matches them.
+    pub fn backends(&self) -> Vec<String> {
+        self.inner.backends.names()
+    }
+
+    /// Live (not ended) sandboxes per backend (`container`, `microvm`,
+    /// `vm`, `fncall`). Walks the registry: for status pages and the
+    /// watcher, not for placement.
+    pub fn sandboxes_by_backend(&self) -> std::collections::BTreeMap<String, u64> {
+        let reg = self.inner.registry.read().unwrap_or_else(|p| p.into_inner());
+        let mut counts = std::collections::BTreeMap::new();
+        for e in reg.values() {
+            let rec = e.record.lock().unwrap_or_else(|p| p.into_inner());
+            if !rec.state.is_terminal() {
+                let name = match rec.spec.backend {
+                    crate::model::BackendKind::Container => "container",
+                    crate::model::BackendKind::Microvm => "microvm",
+                    crate::model::BackendKind::Vm => "vm",
+                    crate::model::BackendKind::Fncall => "fncall",
+                };
+                *counts.entry(name.to_string()).or_insert(0) += 1;
+            }
+        }
+        counts
+    }
+
     /// Paused sandboxes on this node (walks the registry: for status
     /// pages, not for placement).
     pub fn paused_count(&self) -> u64 {

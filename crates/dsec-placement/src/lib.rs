@@ -11,7 +11,7 @@
 //! API boundary: [`NodeView`] in, node name out. No I/O here: the watcher's
 //! polling lives with whoever owns the connections to the nodes.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -21,8 +21,12 @@ use rand::seq::IndexedRandom;
 #[derive(Debug, Clone, PartialEq)]
 pub struct NodeView {
     pub name: String,
+    /// Whether the node may take new sandboxes: answering, and neither
+    /// draining nor left.
     pub healthy: bool,
     pub backends: Vec<String>,
+    /// Hardware and operator labels (`kvm=true`).
+    pub labels: BTreeMap<String, String>,
     pub free_cpu: f64,
     pub free_memory_mb: u64,
     pub free_slots: u64,
@@ -35,19 +39,72 @@ pub struct Demand {
     pub backend: String,
     pub cpu: f64,
     pub memory_mb: u64,
+    /// Labels the node must carry, each with this value.
+    pub selector: BTreeMap<String, String>,
+}
+
+impl Demand {
+    /// Whether `node` could run this at all, whatever its load.
+    pub fn eligible(&self, node: &NodeView) -> bool {
+        node.healthy && node.backends.contains(&self.backend) && self.selector.iter().all(|(k, v)| node.labels.get(k) == Some(v))
+    }
 }
 
 /// Recent placements are assumed still "in flight" (not yet visible in the
 /// watcher's view) for this long.
 const RECENT_WINDOW: Duration = Duration::from_secs(5);
 
+/// One node's recent placements, oldest first, with their running sums
+/// (so a decision costs O(nodes), not O(recent placements)).
+#[derive(Debug, Default)]
+struct Pending {
+    entries: VecDeque<(Instant, f64, u64)>,
+    cpu: f64,
+    memory_mb: u64,
+}
+
+impl Pending {
+    fn push(&mut self, at: Instant, d: &Demand) {
+        self.entries.push_back((at, d.cpu, d.memory_mb));
+        self.cpu += d.cpu;
+        self.memory_mb += d.memory_mb;
+    }
+
+    fn expire(&mut self, now: Instant) {
+        while let Some(&(at, cpu, mem)) = self.entries.front() {
+            if now.duration_since(at) < RECENT_WINDOW {
+                break;
+            }
+            self.entries.pop_front();
+            self.subtract(cpu, mem);
+        }
+    }
+
+    fn pop_latest(&mut self) {
+        if let Some((_, cpu, mem)) = self.entries.pop_back() {
+            self.subtract(cpu, mem);
+        }
+    }
+
+    fn subtract(&mut self, cpu: f64, mem: u64) {
+        if self.entries.is_empty() {
+            // Exact zero, whatever the float sums drifted to.
+            (self.cpu, self.memory_mb) = (0.0, 0);
+        } else {
+            self.cpu -= cpu;
+            self.memory_mb = self.memory_mb.saturating_sub(mem);
+        }
+    }
+}
+
 #[derive(Debug)]
 pub struct Placement {
     k: usize,
-    recent: Mutex<HashMap<String, Vec<(Instant, Demand)>>>,
+    recent: Mutex<HashMap<String, Pending>>,
 }
 
 impl Placement {
+    /// Samples `k` eligible nodes per decision (at least 1).
     pub fn new(k: usize) -> Self {
         Self { k: k.max(1), recent: Mutex::new(HashMap::new()) }
     }
@@ -57,15 +114,22 @@ impl Placement {
     pub fn choose(&self, nodes: &[NodeView], demand: &Demand, exclude: &[String]) -> Option<String> {
         let mut recent = self.recent.lock().unwrap_or_else(|p| p.into_inner());
         let now = Instant::now();
-        recent.values_mut().for_each(|v| v.retain(|(t, _)| now.duration_since(*t) < RECENT_WINDOW));
+        recent.retain(|_, p| {
+            p.expire(now);
+            !p.entries.is_empty()
+        });
         let adjusted: Vec<(f64, &NodeView)> = nodes
             .iter()
-            .filter(|n| n.healthy && n.backends.contains(&demand.backend) && !exclude.contains(&n.name))
+            .filter(|n| demand.eligible(n) && !exclude.contains(&n.name))
             .filter_map(|n| {
-                let pending = recent.get(&n.name).map(|v| v.as_slice()).unwrap_or(&[]);
-                let cpu = n.free_cpu - pending.iter().map(|(_, d)| d.cpu).sum::<f64>();
-                let mem = n.free_memory_mb.saturating_sub(pending.iter().map(|(_, d)| d.memory_mb).sum());
-                let slots = n.free_slots.saturating_sub(pending.len() as u64);
+                let (cpu, mem, slots) = match recent.get(&n.name) {
+                    Some(p) => (
+                        n.free_cpu - p.cpu,
+                        n.free_memory_mb.saturating_sub(p.memory_mb),
+                        n.free_slots.saturating_sub(p.entries.len() as u64),
+                    ),
+                    None => (n.free_cpu, n.free_memory_mb, n.free_slots),
+                };
                 let fits = cpu >= demand.cpu && mem >= demand.memory_mb && slots > 0;
                 // Load = share of CPU capacity in use after this placement.
                 let load = 1.0 - (cpu - demand.cpu) / n.cpu_capacity.max(1e-9);
@@ -74,14 +138,14 @@ impl Placement {
             .collect();
         let sample: Vec<&(f64, &NodeView)> = adjusted.choose_multiple(&mut rand::rng(), self.k).collect();
         let best = sample.into_iter().min_by(|a, b| a.0.total_cmp(&b.0))?.1;
-        recent.entry(best.name.clone()).or_default().push((now, demand.clone()));
+        recent.entry(best.name.clone()).or_default().push(now, demand);
         Some(best.name.clone())
     }
 
     /// Forgets a placement that the node refused or that failed.
     pub fn forget(&self, node: &str) {
-        if let Some(v) = self.recent.lock().unwrap_or_else(|p| p.into_inner()).get_mut(node) {
-            v.pop();
+        if let Some(p) = self.recent.lock().unwrap_or_else(|p| p.into_inner()).get_mut(node) {
+            p.pop_latest();
         }
     }
 }
@@ -99,11 +163,69 @@ mod tests {
             free_memory_mb: 10_000,
             free_slots: 100,
             cpu_capacity: 32.0,
+            labels: BTreeMap::new(),
         }
     }
 
     fn demand() -> Demand {
-        Demand { backend: "container".into(), cpu: 1.0, memory_mb: 512 }
+        Demand { backend: "container".into(), cpu: 1.0, memory_mb: 512, selector: BTreeMap::new() }
+    }
+
+    #[test]
+    fn a_selector_keeps_to_nodes_with_every_label() {
+        let p = Placement::new(8);
+        let mut kvm = node("kvm", 2.0);
+        kvm.labels.insert("kvm".into(), "true".into());
+        let mut both = node("both", 4.0);
+        both.labels = BTreeMap::from([("kvm".into(), "true".into()), ("zone".into(), "a".into())]);
+        let mut no_kvm = node("no-kvm", 30.0);
+        no_kvm.labels.insert("kvm".into(), "false".into());
+        let nodes = vec![kvm, both, no_kvm, node("plain", 30.0)];
+        let want =
+            |pairs: &[(&str, &str)]| Demand { selector: pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect(), ..demand() };
+        assert_eq!(p.choose(&nodes, &want(&[("kvm", "true")]), &[]).as_deref(), Some("both"), "the least loaded of the kvm nodes");
+        assert_eq!(p.choose(&nodes, &want(&[("kvm", "true"), ("zone", "a")]), &[]).as_deref(), Some("both"));
+        assert_eq!(p.choose(&nodes, &want(&[("zone", "b")]), &[]), None);
+        assert_eq!(p.choose(&nodes, &demand(), &[]).as_deref().map(|n| n == "plain" || n == "no-kvm"), Some(true));
+    }
+
+    #[test]
+    fn a_microvm_goes_only_to_a_node_that_runs_microvms() {
+        let p = Placement::new(2);
+        let mut vm_node = node("vm-node", 1.5);
+        vm_node.backends = vec!["container".into(), "microvm".into()];
+        let nodes = vec![node("a", 30.0), node("b", 30.0), vm_node];
+        let microvm = Demand { backend: "microvm".into(), ..demand() };
+        for _ in 0..20 {
+            assert_eq!(p.choose(&nodes, &microvm, &[]).as_deref(), Some("vm-node"));
+            p.forget("vm-node");
+        }
+    }
+
+    #[test]
+    fn k_of_one_is_random_and_larger_k_prefers_the_emptier_nodes() {
+        // 10 nodes, one nearly empty and nine loaded: with k = 1 the empty
+        // node gets about a tenth of the placements, with k = 5 half, with
+        // k = 10 all.
+        let mut nodes: Vec<NodeView> = (0..9).map(|i| node(&format!("busy{i}"), 4.0)).collect();
+        nodes.push(node("empty", 31.0));
+        let count = |k: usize| {
+            let p = Placement::new(k);
+            (0..200)
+                .filter(|_| {
+                    let got = p.choose(&nodes, &demand(), &[]).unwrap();
+                    p.forget(&got);
+                    got == "empty"
+                })
+                .count()
+        };
+        assert_eq!(count(10), 200);
+        let random = count(1);
+        // Expected 20 (k = 1) and 100 (k = 5), several standard deviations
+        // from the bounds.
+        assert!(random < 60, "k = 1 sampled the empty node {random} times of 200");
+        let five = count(5);
+        assert!(five > 60, "k = 5 chose the empty node only {five} times of 200");
     }
 
     #[test]

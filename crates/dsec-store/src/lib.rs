@@ -10,6 +10,7 @@
 use std::future::Future;
 use std::path::PathBuf;
 
+pub mod cluster;
 mod error;
 pub mod migrations;
 mod model;
@@ -21,6 +22,7 @@ mod sqlite_iam;
 #[cfg(feature = "testing")]
 pub mod testing;
 
+pub use cluster::{ClusterStore, Member, Membership};
 pub use error::StoreError;
 pub use model::{Grant, NewToken, NodeRecord, NodeState, Principal, PrincipalKind, TokenHash};
 pub use postgres::PgStore;
@@ -232,6 +234,24 @@ impl Store for AnyStore {
     }
     async fn quotas(&self) -> Result<Vec<(String, Quota)>> {
         dispatch!(self, s => s.quotas())
+    }
+}
+
+impl ClusterStore for AnyStore {
+    async fn add_join_token(&self, token: NewToken) -> Result<()> {
+        dispatch!(self, s => s.add_join_token(token))
+    }
+    async fn join_token_live(&self, hash: &TokenHash, now_ms: u64) -> Result<bool> {
+        dispatch!(self, s => s.join_token_live(hash, now_ms))
+    }
+    async fn revoke_join_token(&self, hash: &TokenHash, now_ms: u64) -> Result<bool> {
+        dispatch!(self, s => s.revoke_join_token(hash, now_ms))
+    }
+    async fn join_node(&self, node: &NodeRecord, membership: &Membership) -> Result<bool> {
+        dispatch!(self, s => s.join_node(node, membership))
+    }
+    async fn members(&self) -> Result<Vec<Member>> {
+        dispatch!(self, s => s.members())
     }
 }
 

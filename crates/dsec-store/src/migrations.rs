@@ -21,6 +21,7 @@ pub const MIGRATIONS: &[Migration] = &[
     Migration { version: 1, name: "tenants", sql: include_str!("../migrations/0001_tenants.sql") },
     Migration { version: 2, name: "principals_tokens_nodes", sql: include_str!("../migrations/0002_principals_tokens_nodes.sql") },
     Migration { version: 3, name: "projects", sql: include_str!("../migrations/0003_projects.sql") },
+    Migration { version: 4, name: "cluster", sql: include_str!("../migrations/0004_cluster.sql") },
 ];
 
 /// The schema version this build writes.

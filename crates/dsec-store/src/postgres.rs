@@ -13,6 +13,8 @@ use deadpool_postgres::{GenericClient, Manager, ManagerConfig, Object, Pool, Rec
 use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 
+mod cluster;
+
 use crate::columns;
 use crate::migrations::{self, VERSION_TABLE};
 use crate::{Grant, NewToken, NodeRecord, NodeState, Principal, Result, Store, StoreError, TokenHash};
@@ -31,13 +33,13 @@ pub struct PgStore {
 }
 
 pub(crate) const PRINCIPAL_COLUMNS: &str = "name, kind, parent, admin, created_at_ms";
-const NODE_COLUMNS: &str = "name, url, labels, backends, pool, state, last_seen_ms, registered_at_ms";
+pub(crate) const NODE_COLUMNS: &str = "name, url, labels, backends, pool, state, last_seen_ms, registered_at_ms";
 
 pub(crate) fn principal(r: &Row) -> Result<Principal> {
     columns::principal(r.try_get(0)?, r.try_get::<_, &str>(1)?, r.try_get(2)?, r.try_get(3)?, r.try_get(4)?)
 }
 
-fn node_record(r: &Row) -> Result<NodeRecord> {
+pub(crate) fn node_record(r: &Row) -> Result<NodeRecord> {
     Ok(NodeRecord {
         name: r.try_get(0)?,
         url: r.try_get(1)?,

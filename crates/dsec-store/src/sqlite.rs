@@ -12,6 +12,8 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
+mod cluster;
+
 use crate::columns;
 use crate::migrations::{self, VERSION_TABLE};
 use crate::{Grant, NewToken, NodeRecord, NodeState, Principal, Result, Store, StoreError, TokenHash};
@@ -29,19 +31,19 @@ pub(crate) struct Inner {
 }
 
 const PRINCIPAL_COLUMNS: &str = "name, kind, parent, admin, created_at_ms";
-const NODE_COLUMNS: &str = "name, url, labels, backends, pool, state, last_seen_ms, registered_at_ms";
+pub(crate) const NODE_COLUMNS: &str = "name, url, labels, backends, pool, state, last_seen_ms, registered_at_ms";
 
 fn principal_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<(String, String, Option<String>, bool, i64)> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get::<_, i64>(3)? != 0, r.get(4)?))
 }
 
-type NodeRow = (String, String, String, String, String, String, Option<i64>, i64);
+pub(crate) type NodeRow = (String, String, String, String, String, String, Option<i64>, i64);
 
-fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
+pub(crate) fn node_row(r: &rusqlite::Row<'_>) -> rusqlite::Result<NodeRow> {
     Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?, r.get(5)?, r.get(6)?, r.get(7)?))
 }
 
-fn node_record(row: NodeRow) -> Result<NodeRecord> {
+pub(crate) fn node_record(row: NodeRow) -> Result<NodeRecord> {
     let (name, url, labels, backends, pool, state, last_seen_ms, registered_at_ms) = row;
     Ok(NodeRecord {
         name,

@@ -4,7 +4,8 @@
 use std::collections::BTreeMap;
 
 use dsec_store::{
-    migrations, AnyStore, Database, NewToken, NodeRecord, NodeState, Principal, Quota, QuotaError, Role, Store, StoreError, TokenHash,
+    migrations, AnyStore, ClusterStore, Database, Member, Membership, NewToken, NodeRecord, NodeState, Principal, Quota, QuotaError, Role,
+    Store, StoreError, TokenHash,
 };
 
 const NOW: u64 = 1_700_000_000_000;
@@ -183,6 +184,50 @@ async fn quotas_delegate_at_most_the_free_share(s: &AnyStore) {
     assert_eq!(s.quotas().await.unwrap().len(), 1, "a deleted project's quota goes with it");
 }
 
+async fn join_tokens_expire_and_are_revoked(s: &AnyStore) {
+    s.add_join_token(token(10)).await.unwrap();
+    s.add_join_token(NewToken { expires_at_ms: Some(NOW + 10), ..token(11) }).await.unwrap();
+    assert!(s.join_token_live(&hash(10), NOW).await.unwrap());
+    assert!(!s.join_token_live(&hash(12), NOW).await.unwrap(), "an unknown token admits nobody");
+    assert!(s.join_token_live(&hash(11), NOW + 9).await.unwrap());
+    assert!(!s.join_token_live(&hash(11), NOW + 10).await.unwrap(), "expired");
+    assert!(s.revoke_join_token(&hash(10), NOW).await.unwrap());
+    assert!(!s.revoke_join_token(&hash(10), NOW).await.unwrap());
+    assert!(!s.join_token_live(&hash(10), NOW).await.unwrap());
+    // A join token is not a user token, nor the other way round.
+    assert!(s.grant(&hash(11), NOW).await.unwrap().is_none());
+}
+
+async fn members_join_rejoin_and_leave(s: &AnyStore) {
+    let m = Membership { secret: "s1".into(), cpu_millis: 8000, memory_mb: 16384, max_sandboxes: 100 };
+    assert!(!s.join_node(&node("n1"), &m).await.unwrap(), "a first join");
+    s.put_node(&node("static")).await.unwrap();
+    let members = s.members().await.unwrap();
+    assert_eq!(members.len(), 2);
+    assert_eq!(members[0], Member { node: node("n1"), membership: Some(m.clone()) });
+    assert_eq!(members[1], Member { node: node("static"), membership: None });
+
+    // Drained, then the edge restarts and joins again with a new secret:
+    // it stays drained and its record is the new one.
+    assert!(s.set_node_state("n1", NodeState::Draining).await.unwrap());
+    let m2 = Membership { secret: "s2".into(), max_sandboxes: 50, ..m.clone() };
+    let mut moved = node("n1");
+    moved.url = "http://10.0.0.9:8081".into();
+    assert!(s.join_node(&moved, &m2).await.unwrap(), "a rejoin");
+    let got = s.members().await.unwrap().remove(0);
+    assert_eq!((got.node.url.as_str(), got.node.state, got.membership), ("http://10.0.0.9:8081", NodeState::Draining, Some(m2.clone())));
+
+    // A node that was down comes back active.
+    assert!(s.set_node_state("n1", NodeState::Down).await.unwrap());
+    s.join_node(&moved, &m2).await.unwrap();
+    assert_eq!(s.node("n1").await.unwrap().unwrap().state, NodeState::Active);
+
+    // Leaving removes the membership with the node.
+    assert!(s.remove_node("n1").await.unwrap());
+    assert_eq!(s.members().await.unwrap().len(), 1);
+    assert!(!s.join_node(&node("n1"), &m).await.unwrap(), "joins afresh after leaving");
+}
+
 async fn schema_is_current(s: &AnyStore) {
     assert_eq!(s.schema_version().await.unwrap(), migrations::latest());
 }
@@ -220,6 +265,8 @@ both_engines!(
     projects_nest_and_delete_bottom_up,
     revoking_a_token_revokes_what_it_issued,
     quotas_delegate_at_most_the_free_share,
+    join_tokens_expire_and_are_revoked,
+    members_join_rejoin_and_leave,
     schema_is_current
 );
 

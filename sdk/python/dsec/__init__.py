@@ -44,6 +44,8 @@ from .errors import (
     MethodNotAllowed,
     NoCapacity,
     NetworkNotEnabled,
+    NodeNotFound,
+    JoinRefused,
     NoSpace,
     NotADirectory,
     NotFound,
@@ -77,6 +79,7 @@ from .results import (
     JobFailure,
     Limits,
     MetricsSample,
+    NodeInfo,
     NodeMetrics,
     NodeMetricsSample,
     NodeStatus,
@@ -123,6 +126,7 @@ __all__ = [
     "SandboxInfo",
     "Limits",
     "MetricsSample",
+    "NodeInfo",
     "NodeMetrics",
     "NodeMetricsSample",
     "SandboxMetrics",
@@ -187,6 +191,8 @@ __all__ = [
     "InvalidNetworkRule",
     "UnknownNetworkService",
     "NetworkNotEnabled",
+    "NodeNotFound",
+    "JoinRefused",
 ]
 
 # Codes newer than the explicit classes (generated from error_codes.json at

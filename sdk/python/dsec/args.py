@@ -57,6 +57,8 @@ class BaseRunArgs:
         env: environment variables for every command.
         workdir: default working directory for commands.
         labels: free-form labels, for filtering in :meth:`DSecClient.list`.
+        node_selector: place only on nodes carrying all these labels, e.g.
+            ``{"kvm": "true"}`` (see :meth:`DSecClient.nodes`).
         job: the training job this sandbox belongs to.
     """
 
@@ -74,6 +76,7 @@ class BaseRunArgs:
     env: dict[str, str] = field(default_factory=dict)
     workdir: str | None = None
     labels: dict[str, str] = field(default_factory=dict)
+    node_selector: dict[str, str] = field(default_factory=dict)
     job: str | None = None
 
     # Field names that are not sent under their own name (handled in to_json).

@@ -16,8 +16,8 @@ from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
 from .iam import Projects, Tokens
-from .results import (ExecResult, Health, ImageInfo, JobActionResult, NodeMetrics, SandboxEvent, SandboxInfo,
-                      SnapshotInfo, TenantInfo)
+from .results import (ExecResult, Health, ImageInfo, JobActionResult, NodeInfo, NodeMetrics, SandboxEvent,
+                      SandboxInfo, SnapshotInfo, TenantInfo)
 from .sandbox import Sandbox, first_exec_body
 
 __all__ = ["DSecClient"]
@@ -394,6 +394,31 @@ class DSecClient:
         """All tenants (admin token only)."""
         d = await self._transport.request("GET", self._transport.url("/v1/tenants"))
         return [TenantInfo.from_json(t) for t in d.get("tenants", ())]
+
+    async def nodes(self) -> builtins.list[NodeInfo]:
+        """The cluster's nodes: state, backends, labels, capacity and load
+        (admin token only)."""
+        d = await self._transport.request("GET", self._transport.url("/v1/nodes"))
+        return [NodeInfo.from_json(n) for n in d]
+
+    async def drain_node(self, node: str) -> None:
+        """Stop placing new sandboxes on ``node``; what runs there goes on
+        (admin token only)."""
+        url = self._transport.url(f"/v1/nodes/{Transport.quote(node)}/drain")
+        await self._transport.request("POST", url)
+
+    async def undrain_node(self, node: str) -> None:
+        """Place new sandboxes on a drained ``node`` again (admin token only)."""
+        url = self._transport.url(f"/v1/nodes/{Transport.quote(node)}/undrain")
+        await self._transport.request("POST", url)
+
+    async def create_join_token(self, ttl_s: int | None = None) -> str:
+        """A token that lets an edge join (``dsec edge --join URL
+        --join-token T``); admin token only."""
+        body: dict[str, Any] = {} if ttl_s is None else {"ttl_s": ttl_s}
+        url = self._transport.url("/v1/cluster/join-tokens")
+        d = await self._transport.request("POST", url, json_body=body)
+        return str(d["token"])
 
     async def node_metrics(self, node: str, seconds: int | None = None) -> NodeMetrics:
         """Node ``node``'s CPU, memory and swap use and running sandboxes, one

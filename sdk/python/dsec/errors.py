@@ -410,6 +410,18 @@ class NetworkNotEnabled(DSecError):
     code = "network_not_enabled"
 
 
+class NodeNotFound(DSecError):
+    """No node with this name is in the node registry."""
+
+    code = "node_not_found"
+
+
+class JoinRefused(DSecError):
+    """The join token is unknown, revoked or expired: the edge was not registered."""
+
+    code = "join_refused"
+
+
 # --- Client-side failures. --------------------------------------------------
 
 

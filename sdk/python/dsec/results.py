@@ -665,6 +665,47 @@ class SandboxMetrics:
 
 
 @dataclass(slots=True)
+class NodeInfo:
+    """A node of the cluster as ``GET /v1/nodes`` shows it."""
+
+    name: str
+    #: ``ready``, ``draining`` (no new placements) or ``unreachable``.
+    state: str
+    backends: list[str]
+    labels: dict[str, str]
+    cpu_reserved: float
+    cpu_capacity: float
+    memory_reserved_mb: int
+    memory_capacity_mb: int
+    #: Sandboxes admitted (running or starting) and the node's maximum.
+    slots_used: int
+    slots_capacity: int
+    creating: int = 0
+    queued: int = 0
+    paused: int = 0
+    sandboxes_by_backend: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def healthy(self) -> bool:
+        """Whether placement may send new sandboxes here."""
+        return self.state == "ready"
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> NodeInfo:
+        """Parse one entry of ``GET /v1/nodes``."""
+        state = d.get("state") or ("ready" if d.get("healthy") else "unreachable")
+        return cls(name=d["name"], state=state, backends=list(d.get("backends") or ()),
+                   labels=dict(d.get("labels") or {}),
+                   cpu_reserved=float(d.get("cpu_reserved", 0.0)),
+                   cpu_capacity=float(d.get("cpu_capacity", 0.0)),
+                   memory_reserved_mb=d.get("memory_reserved_mb", 0),
+                   memory_capacity_mb=d.get("memory_capacity_mb", 0),
+                   slots_used=d.get("slots_used", 0), slots_capacity=d.get("slots_capacity", 0),
+                   creating=d.get("creating", 0), queued=d.get("queued", 0),
+                   paused=d.get("paused", 0), sandboxes_by_backend=dict(d.get("sandboxes_by_backend") or {}))
+
+
+@dataclass(slots=True)
 class NodeMetricsSample:
     """One second of a node's resource use."""
 

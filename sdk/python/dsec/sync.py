@@ -41,6 +41,7 @@ from .results import (
     Health,
     ImageInfo,
     JobActionResult,
+    NodeInfo,
     NodeMetrics,
     OutputChunk,
     PackResult,
@@ -306,6 +307,22 @@ class DSecClient:
     def tenants(self) -> builtins.list[TenantInfo]:
         """All tenants (admin only)."""
         return self._run(self.aio.tenants())
+
+    def nodes(self) -> builtins.list[NodeInfo]:
+        """The cluster's nodes (admin only; see :meth:`dsec.DSecClient.nodes`)."""
+        return self._run(self.aio.nodes())
+
+    def drain_node(self, node: str) -> None:
+        """Stop placing new sandboxes on ``node`` (admin only)."""
+        return self._run(self.aio.drain_node(node))
+
+    def undrain_node(self, node: str) -> None:
+        """Place new sandboxes on a drained ``node`` again (admin only)."""
+        return self._run(self.aio.undrain_node(node))
+
+    def create_join_token(self, ttl_s: int | None = None) -> str:
+        """A token that lets an edge join (admin only)."""
+        return self._run(self.aio.create_join_token(ttl_s))
 
     def node_metrics(self, node: str, seconds: int | None = None) -> NodeMetrics:
         """A node's resource use, second by second (admin only; see

@@ -46,8 +46,8 @@ pub enum Owner<'a> {
 impl E2bState {
     pub fn owner(&self, id: &str) -> Owner<'_> {
         match self.app.nodes.node_of(id) {
-            Ok(crate::nodes::Node::Local(e)) => Owner::Local(e),
-            Ok(crate::nodes::Node::Remote(r)) => Owner::Remote(r.name.clone()),
+            Ok(crate::nodes::NodeRef::Local(e)) => Owner::Local(e),
+            Ok(crate::nodes::NodeRef::Remote(r)) => Owner::Remote(r.name.clone()),
             Err(_) => Owner::Unknown,
         }
     }

@@ -81,6 +81,7 @@ pub async fn create(
         env: req.env_vars.unwrap_or_default(),
         workdir: None,
         labels,
+        node_selector: Default::default(),
         job: None,
         snapshot: None,
         first_exec: None,
@@ -312,7 +313,7 @@ impl ListQuery {
     /// The caller's live sandboxes that match, oldest first.
     async fn matching(&self, st: &E2bState, caller: &Caller) -> Vec<api::Sandbox> {
         let filter = ListFilter { state: None, job: None, labels: self.metadata.clone() };
-        let all = st.app.nodes.list(caller, &filter, "").await;
+        let (all, _unreachable) = st.app.nodes.list(caller, &filter, "").await;
         all.into_iter()
             .filter(|s| match view::state(s.state) {
                 Some(state) => self.states.is_empty() || self.states.iter().any(|w| w == state),

@@ -21,7 +21,7 @@ use dsec_edge::Caller;
 use crate::auth::{Auth, ADMIN_HEADER, TENANT_HEADER};
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
-use crate::nodes::Node;
+use crate::nodes::NodeRef;
 use crate::state::AppState;
 
 /// How long a signed URL lives unless asked otherwise.
@@ -140,12 +140,12 @@ async fn serve_as(
         pq.parse().map_err(|e| ApiError::invalid(format!("bad path {pq:?}: {e}")))
     };
     match st.nodes.node_of(id)? {
-        Node::Local(edge) => {
+        NodeRef::Local(edge) => {
             *req.uri_mut() = target(sandbox_path)?;
             let conn = edge.connect_port(caller, id, port).await?;
             forward::exchange(conn, req).await
         }
-        Node::Remote(remote) => {
+        NodeRef::Remote(remote) => {
             *req.uri_mut() = target(&format!("{}{sandbox_path}", path_of(id, port)))?;
             remote.forward(caller, req).await
         }
@@ -186,7 +186,7 @@ pub async fn expose(
     }
     // A sandbox of this node must exist and be the caller's; a remote
     // node's edge checks at the first request (the URL names the tenant).
-    if let Node::Local(edge) = st.nodes.node_of(&id)? {
+    if let NodeRef::Local(edge) = st.nodes.node_of(&id)? {
         edge.get(&caller, &id)?;
     }
     let Some(tokens) = st.auth.tokens() else {

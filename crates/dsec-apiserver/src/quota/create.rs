@@ -57,8 +57,8 @@ pub async fn create(
 
 async fn delete_quietly(st: &AppState, caller: &Caller, id: &str) {
     let result = match st.nodes.node_of(id) {
-        Ok(crate::nodes::Node::Local(edge)) => edge.delete(caller, id).await.map_err(ApiError::from),
-        Ok(crate::nodes::Node::Remote(r)) => r.stop(caller, id).await.map(drop),
+        Ok(crate::nodes::NodeRef::Local(edge)) => edge.delete(caller, id).await.map_err(ApiError::from),
+        Ok(crate::nodes::NodeRef::Remote(r)) => r.stop(caller, id).await.map(drop),
         Err(e) => Err(e),
     };
     if let Err(e) = result {

@@ -69,7 +69,8 @@ pub fn watch_nodes(nodes: Arc<Nodes>, ledger: Arc<Ledger>) {
             }
         });
     }
-    let has_remotes = nodes.remotes().next().is_some();
+    // Remote nodes now, or joining later through the registry.
+    let has_remotes = !nodes.remotes().is_empty() || nodes.follows_registry();
     tokio::spawn(async move {
         reconcile(&nodes, &ledger).await;
         if !has_remotes {

@@ -64,7 +64,7 @@ fn not_here() -> ApiError {
 pub async fn list_images(State(st): State<AppState>, Auth(caller): Auth) -> ApiResult<Json<api::ImageList>> {
     let Some(images) = &st.images else {
         // An apiserver in front of edges: the edges hold the images.
-        return match st.nodes.remotes().find(|r| r.status().healthy) {
+        return match st.nodes.remotes().into_iter().find(|r| r.status().healthy) {
             Some(r) => Ok(Json(r.images(&caller).await?)),
             None => Ok(Json(api::ImageList { images: vec![] })),
         };

@@ -66,7 +66,7 @@ pub async fn job(State(st): State<AppState>, Auth(caller): Auth, Path(job): Path
             follow(edge, caller, rx, tx, move |e| e.job.as_deref() == Some(job.as_str()), false).await;
         });
     }
-    for remote in st.nodes.remotes().cloned() {
+    for remote in st.nodes.remotes() {
         let (caller, tx, path) = (caller.clone(), tx.clone(), format!("/v1/jobs/{}/events", path_segment(&job)));
         tokio::spawn(async move {
             match remote.stream(&caller, &path).await {

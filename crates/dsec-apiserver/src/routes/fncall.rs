@@ -56,7 +56,7 @@ impl From<FnCallError> for ApiError {
 }
 
 fn pick_remote(st: &AppState, turn: &AtomicUsize) -> ApiResult<Arc<RemoteNode>> {
-    let healthy: Vec<Arc<RemoteNode>> = st.nodes.remotes().filter(|r| r.status().healthy).cloned().collect();
+    let healthy: Vec<Arc<RemoteNode>> = st.nodes.remotes().into_iter().filter(|r| r.status().healthy).collect();
     if healthy.is_empty() {
         return Err(ApiError::new(ErrorCode::EdgeUnavailable, "no node is reachable to serve the call"));
     }

@@ -83,11 +83,11 @@ pub async fn list(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs)
         let (k, v) = l.split_once('=').ok_or_else(|| ApiError::invalid(format!("label filter {l:?} must be key=value")))?;
         filter.labels.push((k.to_string(), v.to_string()));
     }
-    let mut sandboxes = st.nodes.list(&caller, &filter, &q.raw()).await;
+    let (mut sandboxes, unreachable_nodes) = st.nodes.list(&caller, &filter, &q.raw()).await;
     if let Some(project) = q.get("project") {
         sandboxes.retain(|s| dsec_store::projects::is_within(&s.project, project));
     }
-    Ok(Json(api::SandboxList { sandboxes }))
+    Ok(Json(api::SandboxList { sandboxes, unreachable_nodes }))
 }
 
 #[utoipa::path(get, path = "/v1/sandboxes/{id}", tag = "sandboxes",

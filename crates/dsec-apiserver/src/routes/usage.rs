@@ -10,7 +10,7 @@ use crate::auth::{Admin, Auth};
 use crate::convert::state_out;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::QueryPairs;
-use crate::nodes::Node;
+use crate::nodes::NodeRef;
 use crate::state::AppState;
 
 /// A sandbox's CPU, memory, pids, disk and network use, second by second,
@@ -43,10 +43,10 @@ pub async fn node(
 ) -> ApiResult<Json<api::NodeMetrics>> {
     let seconds = seconds_of(&q)?;
     match st.nodes.by_name(&node) {
-        Some(Node::Local(edge)) => Ok(Json(node_out(edge.node_usage(seconds)?))),
+        Some(NodeRef::Local(edge)) => Ok(Json(node_out(edge.node_usage(seconds)?))),
         // The proxy layer forwards a remote node's requests before they get
         // here.
-        Some(Node::Remote(r)) => Err(ApiError::new(ErrorCode::Internal, format!("node {} is remote", r.name))),
+        Some(NodeRef::Remote(r)) => Err(ApiError::new(ErrorCode::Internal, format!("node {} is remote", r.name))),
         None => Err(ApiError::new(ErrorCode::NotFound, format!("node {node} not found"))),
     }
 }

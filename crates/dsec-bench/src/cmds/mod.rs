@@ -5,6 +5,7 @@ pub mod density;
 pub mod exec;
 pub mod fncall_baseline;
 pub mod latency;
+pub mod placement;
 pub mod policy;
 pub mod quota_check;
 pub mod store_grant;
@@ -46,6 +47,7 @@ pub fn create_request(c: &Common) -> api::CreateSandboxRequest {
         env: BTreeMap::new(),
         workdir: None,
         labels: BTreeMap::from([("bench".to_string(), "dsec-bench".to_string())]),
+        node_selector: BTreeMap::new(),
         job: Some("dsec-bench".into()),
         snapshot: None,
         first_exec: None,

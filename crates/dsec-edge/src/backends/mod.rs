@@ -390,6 +390,19 @@ impl Backends {
         self.get(kind).unwrap_or(self.container.as_ref())
     }
 
+    /// The backends this node can run, by their wire names (`container`,
+    /// `microvm`, `vm`), for placement: only what started successfully.
+    pub fn names(&self) -> Vec<String> {
+        let mut v = vec!["container".to_string()];
+        if self.microvm.is_ok() {
+            v.push("microvm".into());
+        }
+        if self.fullvm.is_ok() {
+            v.push("vm".into());
+        }
+        v
+    }
+
     /// Every backend this node runs, for node-wide duties (reaping,
     /// shutdown).
     pub fn all(&self) -> Vec<&dyn Backend> {

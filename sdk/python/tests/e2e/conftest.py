@@ -64,6 +64,17 @@ class Server:
 
 
 @dataclass
+class Proc:
+    """A process a test started, with the file its output goes to."""
+
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def tail(self, n: int = 30) -> str:
+        return "\n".join(self.log.read_text(errors="replace").splitlines()[-n:])
+
+
+@dataclass
 class Tenant:
     """A tenant created for the session, with its own token."""
 

@@ -27,16 +27,7 @@ import dsec
 from dsec import DSecClient, DSecContainerRunArgs, JobAlreadyPaused, Sandbox
 
 from . import test_ports as ports
-from .conftest import SANDBOX_DOMAIN, REPO, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
-
-
-@dataclass
-class Proc:
-    proc: subprocess.Popen[bytes]
-    log: Path
-
-    def tail(self) -> str:
-        return "\n".join(self.log.read_text(errors="replace").splitlines()[-30:])
+from .conftest import SANDBOX_DOMAIN, REPO, Proc, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
 
 
 @dataclass
