@@ -92,7 +92,8 @@ async def test_every_route_answers_as_the_document_says(client: DSecClient, fake
 #: Operations of the document this SDK has no call for, and why.
 NOT_CALLED_BY_THE_SDK = {
     ("GET", "/metrics"): "Prometheus scrapes it",
-    ("GET", "/v1/nodes"): "an operator's view (dsec CLI)",
+    ("DELETE", "/v1/nodes/{node}"): "an operator's removal of a node (dsec node rm)",
+    ("POST", "/v1/cluster/join"): "an edge joining (dsec edge --join), not a client",
     ("POST", "/run_code"): "SandboxFusion's own client calls it (docs/fncall.md)",
     ("POST", "/sandboxfusion/{token}/run_code"): "likewise, with the token in the path",
     ("GET", "/v1/sandboxes/{id}/ports/{port}/{path}"): "the URL sandbox.expose() returns is for any HTTP client",
@@ -118,6 +119,7 @@ async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, f
         client.delete_image("python:latest"), client.tenants(),
         sb.audit_events(after=3), sb.set_network_rules({"pypi": True}),
         sb.metrics(seconds=10), sb.metrics(), client.node_metrics("n", seconds=5),
+        client.nodes(), client.drain_node("n"), client.undrain_node("n"), client.create_join_token(ttl_s=60),
         sb.pause(mode="freeze"), sb.resume(), sb.set_timeout(lifetime_s=60, ttl_running_stop=30),
         sb.snapshot("s", memory=True, idempotency_key="k"),
         sb.pack_diff("img:v1", scrub=["/tmp/*"], idempotency_key="k"),
