@@ -23,14 +23,12 @@ echo "==> rustfmt and clippy (warnings are errors)"
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 
-echo "==> Rust tests (the shared store's on SQLite and on a throwaway PostgreSQL)"
+echo "==> Rust tests (the shared store's on SQLite and on a throwaway PostgreSQL, kept for the cluster's end-to-end test)"
 PG_DIR=$(mktemp -d -t dsec-test-pg.XXXXXX)
 trap 'scripts/postgres-test.sh destroy "$PG_DIR"' EXIT
 DSEC_TEST_POSTGRES=$(scripts/postgres-test.sh start "$PG_DIR")
 export DSEC_TEST_POSTGRES
 cargo test --release --workspace
-scripts/postgres-test.sh destroy "$PG_DIR"
-trap - EXIT
 
 # `cargo test` may have relinked target/release/dsec-agent dynamically; the
 # end-to-end tests run the statically linked agent that users get.
@@ -45,3 +43,7 @@ python3 -m pytest sdk/python/tests -q -p no:cacheprovider
 
 echo "==> E2B compatibility with the older SDK line"
 scripts/test-e2b-older.sh
+
+# The PostgreSQL the Rust tests and the cluster's end-to-end test shared.
+scripts/postgres-test.sh destroy "$PG_DIR"
+trap - EXIT

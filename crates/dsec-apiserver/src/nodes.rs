@@ -312,7 +312,7 @@ impl Nodes {
                 }
             }
         }
-        Err(last_error.unwrap_or_else(|| Self::nothing_fits(&demand)))
+        Err(last_error.unwrap_or_else(|| Self::nothing_fits(&views, &demand)))
     }
 
     /// Nothing seems to fit: let a node that has not refused yet judge the
@@ -326,8 +326,14 @@ impl Nodes {
         views.iter().filter(open).find(|v| demand.eligible(v)).or_else(|| views.iter().filter(open).find(labelled)).map(|v| v.name.clone())
     }
 
-    fn nothing_fits(demand: &Demand) -> ApiError {
+    /// Labels no node carries, in any state, are the request's fault (400);
+    /// labelled nodes that are full, draining or away are a wait (503).
+    fn nothing_fits(views: &[NodeView], demand: &Demand) -> ApiError {
         let labels: Vec<String> = demand.selector.iter().map(|(k, v)| format!("{k}={v}")).collect();
+        let labelled = |v: &NodeView| demand.selector.iter().all(|(k, val)| v.labels.get(k) == Some(val));
+        if !labels.is_empty() && !views.iter().any(labelled) {
+            return ApiError::new(ErrorCode::InvalidRequest, format!("no node carries the labels {}", labels.join(",")));
+        }
         let with = if labels.is_empty() { String::new() } else { format!(" with labels {}", labels.join(",")) };
         ApiError::new(ErrorCode::NoCapacity, format!("no ready node{with} has room for a {} sandbox", demand.backend))
     }
@@ -443,9 +449,12 @@ mod tests {
         // A backend no node runs: a ready node answers (unsupported_backend).
         assert_eq!(Nodes::fallback(&views, &demand("microvm", &[]), &[]).as_deref(), Some("full-a"));
         assert_eq!(Nodes::fallback(&views, &demand("microvm", &[("zone", "c")]), &[]), None);
-        let e = Nodes::nothing_fits(&demand("microvm", &[("zone", "c")]));
-        assert_eq!(e.code, ErrorCode::NoCapacity);
-        assert!(e.message.contains("zone=c") && e.message.contains("microvm"), "{}", e.message);
+        let e = Nodes::nothing_fits(&views, &demand("microvm", &[("zone", "a")]));
+        assert_eq!(e.code, ErrorCode::NoCapacity, "zone=a nodes exist, but are full or draining");
+        assert!(e.message.contains("zone=a") && e.message.contains("microvm"), "{}", e.message);
+        let e = Nodes::nothing_fits(&views, &demand("microvm", &[("zone", "c")]));
+        assert_eq!(e.code, ErrorCode::InvalidRequest, "no node carries zone=c");
+        assert!(e.message.contains("zone=c"), "{}", e.message);
     }
 
     #[test]

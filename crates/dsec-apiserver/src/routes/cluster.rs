@@ -66,7 +66,7 @@ fn check_join(req: &api::JoinRequest) -> Result<(), ApiError> {
 /// token, not a user token.
 #[utoipa::path(post, path = "/v1/cluster/join", tag = "admin", request_body = api::JoinRequest, security(()),
     responses((status = 200, body = api::JoinAnswer), (status = 400, body = api::ErrorBody), (status = 401, body = api::ErrorBody),
-        (status = 409, body = api::ErrorBody)))]
+        (status = 404, body = api::ErrorBody, description = "this server takes no edges (dsec up)"), (status = 409, body = api::ErrorBody)))]
 pub async fn join(
     State(st): State<AppState>,
     headers: HeaderMap,
