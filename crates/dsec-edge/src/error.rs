@@ -129,9 +129,9 @@ impl From<crate::images::error::LayerError> for EdgeError {
 
 impl EdgeError {
     /// For `map_err` on a file system call: "`action` `path`: why".
-    pub fn io(action: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> EdgeError {
-        let path = path.to_path_buf();
-        move |source| EdgeError::Io { action, path, source }
+    /// The path is copied only when the call failed.
+    pub fn io<'a>(action: &'static str, path: &'a std::path::Path) -> impl FnOnce(std::io::Error) -> EdgeError + 'a {
+        move |source| EdgeError::Io { action, path: path.to_path_buf(), source }
     }
 
     /// For `map_err` on a system call on one of the edge's descriptors.

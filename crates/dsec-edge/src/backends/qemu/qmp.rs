@@ -110,7 +110,11 @@ pub struct Session {
 impl Session {
     /// Connects and negotiates capabilities.
     pub fn connect(socket: &Path) -> Result<Self, QmpError> {
-        let stream = std::os::unix::net::UnixStream::connect(socket).map_err(QmpError::io("connect", "connect"))?;
+        let stream = std::os::unix::net::UnixStream::connect(socket).map_err(|source| QmpError::Io {
+            command: format!("connect {}", socket.display()),
+            step: "connect",
+            source,
+        })?;
         stream.set_read_timeout(Some(QMP_TIMEOUT)).map_err(QmpError::io("connect", "set a read timeout"))?;
         let reader = std::io::BufReader::new(stream.try_clone().map_err(QmpError::io("connect", "clone the socket"))?);
         let mut s = Self { stream, reader };
