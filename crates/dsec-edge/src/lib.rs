@@ -16,7 +16,9 @@
 //! reaper in [`lifecycle::background`] finds by listing this node's cgroups.
 
 pub mod backends;
-pub mod cgroup;
+/// The per-sandbox cgroups, a crate of their own (`dsec-cgroup`); the edge
+/// names them by this path.
+pub use dsec_cgroup as cgroup;
 mod edge;
 pub mod error;
 pub mod events;

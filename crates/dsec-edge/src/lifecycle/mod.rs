@@ -8,7 +8,9 @@ pub(crate) mod create_queue;
 pub(crate) mod idempotency;
 pub(crate) mod lease;
 pub(crate) mod node_lock;
-pub(crate) mod prewarm;
+/// The made-ahead pools (network namespaces here, v1 cgroup directories in
+/// `dsec-cgroup`) share one filler.
+pub(crate) use dsec_cgroup::prewarm;
 pub(crate) mod qos;
 pub(crate) mod recover;
 

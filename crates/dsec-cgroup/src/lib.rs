@@ -7,6 +7,7 @@
 
 mod mountinfo;
 mod pause;
+pub mod prewarm;
 mod qos;
 mod v1;
 mod v1_pool;

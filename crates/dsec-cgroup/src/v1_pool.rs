@@ -19,7 +19,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use super::{io_err, rmdir_retry, CgroupError, CgroupLimits};
-use crate::lifecycle::prewarm::Prewarm;
+use crate::prewarm::Prewarm;
 
 /// Directories of an edge run's pool start with this, plus the run token.
 const POOL_PREFIX: &str = "pool-";
