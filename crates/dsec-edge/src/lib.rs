@@ -17,6 +17,7 @@
 
 pub mod backends;
 pub mod cgroup;
+pub mod disk;
 mod edge;
 pub mod error;
 pub mod events;
