@@ -7,6 +7,8 @@ and gone with the sandbox; and the tmpfs layer a node may choose instead.
 from __future__ import annotations
 
 import os
+import signal
+import uuid
 from pathlib import Path
 
 import pytest
@@ -152,3 +154,58 @@ async def test_the_edge_s_shutdown_leaves_no_loop_device_or_mount(image: str, tm
         gen.close()
     assert _mounts_under(data) == []
     assert _loops_backed_by(image_file) == []
+
+
+async def test_layers_on_disk_survive_restarts_and_are_re_adopted(image: str, tmp_path: Path) -> None:
+    """Sandboxes left running by a clean shutdown and then by a crash keep
+    their layers (the node's disk stays mounted for them); each next edge
+    re-adopts them on the same mount; the last, stopping shutdown removes
+    the layers, the mount and the loop device."""
+    data = tmp_path / "data"
+    node = f"e2e-ld-{uuid.uuid4().hex[:6]}"
+    lives = []
+    done = False
+
+    def life(stop: bool) -> Server:
+        lives.append(serve_dsec(["--no-fncall"], data_dir=data, node=node, stop_sandboxes_on_exit=stop))
+        return next(lives[-1])
+
+    try:
+        srv = life(stop=False)
+        async with DSecClient(srv.url, srv.admin_token) as c:
+            sb = await c.run_container(run_args(image, disk_limit_mb=128), timeout=120)
+            await sb.run_shell("echo first-life > /root/note")
+        lives[-1].close()  # SIGTERM: a clean shutdown that keeps sandboxes
+        image_file = data / "edge" / node / "writable.img"
+        layer = data / "edge" / node / "writable" / "sandboxes" / sb.id
+        assert layer.is_dir() and _loops_backed_by(image_file), "kept for the running sandbox"
+
+        srv = life(stop=False)
+        async with DSecClient(srv.url, srv.admin_token) as c:
+            again = await c.connect(sb.id)
+            assert (await again.refresh()).state == "running"
+            r = await again.run_shell("cat /root/note && echo second-life >> /root/note")
+            assert r.stdout == "first-life\n", r
+        os.kill(srv.pid, signal.SIGKILL)
+        lives[-1].close()
+        assert len(_loops_backed_by(image_file)) == 1, "one loop device, whatever the restarts"
+
+        srv = life(stop=True)
+        async with DSecClient(srv.url, srv.admin_token) as c:
+            again = await c.connect(sb.id)
+            assert (await again.run_shell("cat /root/note")).stdout == "first-life\nsecond-life\n"
+            # Still bounded by its quota after two re-adoptions.
+            r = await again.run_shell("dd if=/dev/zero of=/root/fill bs=1M count=200; echo rc=$?", timeout=120)
+            assert "Disk quota exceeded" in r.stderr and "rc=0" not in r.stdout, r
+        lives[-1].close()
+        done = True
+        assert not layer.exists()
+        assert _mounts_under(data) == [] and _loops_backed_by(image_file) == []
+    finally:
+        for gen in lives:
+            gen.close()
+        if not done:
+            # A failure before the last life: its sandboxes still run.
+            cleanup = serve_dsec(["--no-fncall"], data_dir=data, node=node)
+            next(cleanup)
+            cleanup.close()
