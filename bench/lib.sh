@@ -20,7 +20,7 @@ REPO=$(dirname "$BENCH_DIR")
 IMAGES_DIR=${DSEC_IMAGES_DIR:-/var/lib/dsec/images}
 RESULTS=${DSEC_BENCH_RESULTS:-$BENCH_DIR/results}
 DSEC=${DSEC_BENCH_DSEC:-$REPO/target/release/dsec}
-BENCH=$REPO/target/release/dsec-bench
+BENCH=${DSEC_BENCH_BIN:-$REPO/target/release/dsec-bench}
 PY=${PYTHON:-python3}
 # The wrk scripts load their shared done() from here.
 export DSEC_BENCH_LUA_DIR=$BENCH_DIR

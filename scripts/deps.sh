@@ -20,6 +20,7 @@ PACKAGES=(
   qemu-system-x86 # microVMs: QEMU's microvm machine
   qemu-utils      # qemu-img, for VM disk images
   e2fsprogs       # mkfs.ext4: a microVM's writable disk template
+  btrfs-progs     # mkfs.btrfs: the node's disk of containers' writable layers and named volumes
   cpio            # tests check the initramfs the project writes
   clang           # compiles the egress eBPF programs (-target bpf) at build time
   libbpf-dev      # the headers those programs include (bpf_helpers.h)

@@ -189,6 +189,23 @@ pub struct ContainerSetup {
     /// the node's resolver), written in the new root during setup rather
     /// than by a request after it (one round trip less on creation).
     pub resolv_conf: Option<String>,
+    /// A host directory (the sandbox's own subvolume on the node's disk)
+    /// bound at `scratch_mount` instead of a fresh tmpfs: the writable
+    /// layer then lives on disk, bounded by that directory's quota, and
+    /// `disk_limit_bytes` is not used.
+    pub scratch_source: Option<String>,
+    /// Named volumes bound into the root.
+    pub volumes: Vec<VolumeBind>,
+}
+
+/// A host directory bound at a path of the sandbox's root.
+#[derive(Serialize, Deserialize, Debug, Clone, PartialEq, Eq)]
+pub struct VolumeBind {
+    /// The host directory (valid before the agent pivots).
+    pub source: String,
+    /// The absolute path in the sandbox (resolved inside its root).
+    pub target: String,
+    pub read_only: bool,
 }
 
 /// What a microVM's agent needs to build the sandbox inside the guest.

@@ -109,9 +109,23 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
     mount(None, c"/", None, libc::MS_REC | libc::MS_PRIVATE, None).map_err(fail("make / private"))?;
 
     let scratch = cfg.scratch_mount.trim_end_matches('/');
-    let size = cstr(&format!("size={},mode=0755", cfg.disk_limit_bytes.max(4096)))?;
-    mount(Some(c"tmpfs"), &cstr(scratch)?, Some(c"tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&size))
-        .map_err(fail("mount the writable tmpfs"))?;
+    match &cfg.scratch_source {
+        // The sandbox's subvolume on the node's disk, bounded by its quota.
+        Some(src) => {
+            check_abs("scratch_source", src)?;
+            bind(&cstr(src)?, &cstr(scratch)?, libc::MS_NOSUID | libc::MS_NODEV)?;
+        }
+        None => {
+            let size = cstr(&format!("size={},mode=0755", cfg.disk_limit_bytes.max(4096)))?;
+            mount(Some(c"tmpfs"), &cstr(scratch)?, Some(c"tmpfs"), libc::MS_NOSUID | libc::MS_NODEV, Some(&size))
+                .map_err(fail("mount the writable tmpfs"))?;
+        }
+    }
+    // Detached copies of the volumes' directories, taken while their host
+    // paths are reachable and placed after pivot_root, where their targets
+    // resolve inside the sandbox's root (an image's symlink cannot send a
+    // volume anywhere else).
+    let volumes = cfg.volumes.iter().map(PreparedVolume::clone_of).collect::<Result<Vec<_>>>()?;
     let root = format!("{scratch}/root");
     let plan = RootPlan {
         scratch,
@@ -121,6 +135,7 @@ pub fn setup(cfg: &ContainerSetup) -> Result<std::os::fd::OwnedFd> {
         masked_paths: &cfg.masked_paths,
         readonly_paths: &cfg.readonly_paths,
         hostname: &cfg.hostname,
+        volumes: &volumes,
     };
     let upper = assemble(&plan, pivot)?;
     if let Some(conf) = &cfg.resolv_conf {
@@ -161,6 +176,51 @@ pub struct RootPlan<'a> {
     pub masked_paths: &'a [String],
     pub readonly_paths: &'a [String],
     pub hostname: &'a str,
+    /// Named volumes, placed right after the root is entered.
+    pub volumes: &'a [PreparedVolume],
+}
+
+/// A volume's directory as a detached mount, and where it goes.
+pub struct PreparedVolume {
+    tree: std::os::fd::OwnedFd,
+    target: String,
+    read_only: bool,
+}
+
+impl PreparedVolume {
+    fn clone_of(v: &dsec_agent_proto::VolumeBind) -> Result<PreparedVolume> {
+        check_abs("volume source", &v.source)?;
+        check_abs("volume target", &v.target)?;
+        if v.target.trim_end_matches('/').is_empty() {
+            return Err(SetupError { step: "a volume cannot be mounted at /".into(), errno: Errno::INVAL });
+        }
+        let tree = rustix::mount::open_tree(
+            rustix::fs::CWD,
+            cstr(&v.source)?.as_c_str(),
+            rustix::mount::OpenTreeFlags::OPEN_TREE_CLONE | rustix::mount::OpenTreeFlags::OPEN_TREE_CLOEXEC,
+        )
+        .map_err(fail(format!("clone volume {}", v.source)))?;
+        Ok(PreparedVolume { tree, target: v.target.clone(), read_only: v.read_only })
+    }
+
+    /// Moves the volume to its target (made if missing) in the entered
+    /// root, then sets its flags: nosuid and nodev always, read-only if
+    /// asked (the sandbox's root cannot remount it: no CAP_SYS_ADMIN).
+    fn place(&self) -> Result<()> {
+        std::fs::create_dir_all(&self.target).map_err(|e| SetupError::io(format!("mkdir volume target {}", self.target), &e))?;
+        let target = cstr(&self.target)?;
+        rustix::mount::move_mount(
+            &self.tree,
+            c"",
+            rustix::fs::CWD,
+            target.as_c_str(),
+            rustix::mount::MoveMountFlags::MOVE_MOUNT_F_EMPTY_PATH,
+        )
+        .map_err(fail(format!("mount volume at {}", self.target)))?;
+        let ro = if self.read_only { libc::MS_RDONLY } else { 0 };
+        mount(None, &target, None, libc::MS_BIND | libc::MS_REMOUNT | libc::MS_NOSUID | libc::MS_NODEV | ro, None)
+            .map_err(fail(format!("set the flags of volume {}", self.target)))
+    }
 }
 
 /// Mounts the overlay root over `plan.lower_dirs` with its /proc, /dev and
@@ -249,6 +309,9 @@ pub fn assemble(plan: &RootPlan<'_>, enter: fn(&CStr) -> Result<()>) -> Result<s
     let empty_file = detached(&maskfile_c, "file")?;
 
     enter(&root_c)?;
+    for v in plan.volumes {
+        v.place()?;
+    }
 
     let mut masks = Masks { dirs: MaskSource::Detached(empty_dir), files: MaskSource::Detached(empty_file) };
     for p in plan.masked_paths {

@@ -251,6 +251,7 @@ pub fn setup(cfg: &VmSetup) -> Result<()> {
         masked_paths: &cfg.masked_paths,
         readonly_paths: &cfg.readonly_paths,
         hostname: &cfg.hostname,
+        volumes: &[],
     };
     // The upper fd serves containers (tamper checks, pack_diff from the host).
     assemble(&plan, switch_root).map(drop)

@@ -165,6 +165,8 @@ async fn container_mode_end_to_end() {
         workdir: "/root".into(),
         default_user: "root".into(),
         resolv_conf: Some("nameserver 192.0.2.53\n".into()),
+        scratch_source: None,
+        volumes: vec![],
     };
     let t = Instant::now();
     assert_eq!(client.call(Op::SetupContainer(setup.clone())).await.unwrap(), Reply::Ready);
@@ -348,6 +350,8 @@ async fn container_setup_failure_is_reported() {
         workdir: "/".into(),
         default_user: "root".into(),
         resolv_conf: None,
+        scratch_source: None,
+        volumes: vec![],
     };
     let e = client.call(Op::SetupContainer(setup)).await.unwrap_err();
     let ClientError::Agent(e) = e else { panic!("{e}") };

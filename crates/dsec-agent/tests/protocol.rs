@@ -122,6 +122,8 @@ fn garbage_and_stray_frames_are_survived() {
         workdir: "/".into(),
         default_user: "root".into(),
         resolv_conf: None,
+        scratch_source: None,
+        volumes: vec![],
     };
     write_frame(&mut s, &ToAgent::Request { id: 2, op: Op::SetupContainer(setup) }).unwrap();
     assert_eq!(reply_for(&mut s, 2).unwrap_err().kind, ErrorKind::Unsupported);

@@ -89,6 +89,9 @@ error_codes! {
     NodeNotFound = ("node_not_found", 404, "No node with this name is in the node registry."),
     JoinRefused = ("join_refused", 401, "The join token is unknown, revoked or expired: the edge was not registered."),
     NetworkNotEnabled = ("network_not_enabled", 409, "The sandbox was created without network rules, so it has loopback only and its rules cannot change; create it with rules (even all false)."),
+    VolumeNotFound = ("volume_not_found", 404, "No named volume with this name is visible to this tenant on the node."),
+    VolumeInUse = ("volume_in_use", 409, "The volume is mounted in sandboxes that are not yet stopped: stop or delete them first."),
+    VolumesUnavailable = ("volumes_unavailable", 400, "This node keeps writable layers in memory (started with --writable-layer tmpfs), so it has no disk for named volumes."),
 }
 
 impl std::fmt::Display for ErrorCode {

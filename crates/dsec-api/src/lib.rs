@@ -20,6 +20,7 @@ mod screen;
 mod tenants;
 mod trajectory;
 mod usage;
+mod volumes;
 
 pub use audit::*;
 pub use cluster::*;
@@ -36,6 +37,7 @@ pub use screen::*;
 pub use tenants::*;
 pub use trajectory::*;
 pub use usage::*;
+pub use volumes::*;
 
 /// The API version prefix of every route.
 pub const API_PREFIX: &str = "/v1";

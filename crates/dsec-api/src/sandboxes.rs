@@ -107,6 +107,11 @@ pub struct CreateSandboxRequest {
     /// snapshot's.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub snapshot: Option<String>,
+    /// Named volumes of the caller's (`POST /v1/volumes`) to mount, by
+    /// sandbox path: `{"/data": "NAME"}` (read-write) or `{"/data":
+    /// {"name": "NAME", "read_only": true}}`. Containers only.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volumes: BTreeMap<String, crate::VolumeMount>,
     /// A first command, run as soon as the sandbox runs and answered in the
     /// same response (`first_exec` of [`CreatedSandbox`]): creation and
     /// first command in one round trip. A command that cannot be run (an

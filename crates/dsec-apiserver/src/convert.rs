@@ -56,6 +56,11 @@ pub fn create_request(r: api::CreateSandboxRequest) -> SandboxRequest {
         network_rules: r.network_rules,
         snapshot: r.snapshot,
         qos_class: r.qos_class.map(qos_in),
+        volumes: r
+            .volumes
+            .into_iter()
+            .map(|(path, m)| (path, dsec_edge::model::VolumeRef { name: m.name().to_string(), read_only: m.read_only() }))
+            .collect(),
     }
 }
 

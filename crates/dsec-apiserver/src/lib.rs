@@ -37,7 +37,7 @@ pub use state::{ApiLimits, AppState, ImageCatalog};
 use crate::error::ApiError;
 use crate::routes::{
     admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens,
-    trajectory, usage,
+    trajectory, usage, volumes,
 };
 
 pub fn router(state: AppState) -> Router {
@@ -73,6 +73,8 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/snapshot", post(snapshots::take))
         .route("/v1/snapshots", get(snapshots::list))
         .route("/v1/snapshots/{name}", axum::routing::delete(snapshots::delete))
+        .route("/v1/volumes", post(volumes::create).get(volumes::list))
+        .route("/v1/volumes/{name}", axum::routing::delete(volumes::delete))
         .route("/v1/sandboxes/{id}/events", get(events::sandbox))
         .route("/v1/sandboxes/{id}/audit", get(audit::list))
         .route("/v1/sandboxes/{id}/metrics", get(usage::sandbox))

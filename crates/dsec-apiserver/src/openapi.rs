@@ -12,7 +12,7 @@ use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
     admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens,
-    trajectory, usage,
+    trajectory, usage, volumes,
 };
 
 #[derive(OpenApi)]
@@ -23,7 +23,7 @@ use crate::routes::{
         projects::create, projects::list, projects::show, projects::update, projects::delete, tokens::create, tokens::list, tokens::revoke,
         cluster::create_join_token, cluster::join, cluster::drain, cluster::undrain, cluster::remove,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::update, sandboxes::stop, sandboxes::delete,
-        pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, events::sandbox, audit::list, usage::sandbox, audit::set_network,
+        pause::pause, pause::resume, pause::set_timeout, pack::pack, snapshots::take, snapshots::list, snapshots::delete, volumes::create, volumes::list, volumes::delete, events::sandbox, audit::list, usage::sandbox, audit::set_network,
         jobs::pause, jobs::resume, events::job,
         sandboxes::exec, sandboxes::create_session, sandboxes::delete_session,
         stream::exec_stream, stream::pty,

@@ -18,6 +18,7 @@ mod shell;
 mod snapshot_cmd;
 mod trajectory_cmd;
 mod up;
+mod volume_cmd;
 
 use std::path::PathBuf;
 
@@ -86,6 +87,9 @@ enum Cmd {
     /// it with `run --snapshot`), list (`snapshot ls`) or delete
     /// (`snapshot rm NAME...`) snapshots.
     Snapshot(snapshot_cmd::SnapshotArgs),
+    /// Named volumes on the node's disk: create (`--size`), ls (with the
+    /// sandboxes using each), rm.
+    Volume(volume_cmd::VolumeArgs),
     /// Resume paused sandboxes.
     Resume(sandbox_cmd::IdsArgs),
     /// Pack what a sandbox changed into a new image (pack_diff).
@@ -153,6 +157,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Rm(a) => sandbox_cmd::rm(a).await,
             Cmd::Pause(a) => sandbox_cmd::pause(a).await,
             Cmd::Snapshot(a) => snapshot_cmd::run(a).await,
+            Cmd::Volume(a) => volume_cmd::run(a).await,
             Cmd::Project(a) => project_cmd::project(a).await,
             Cmd::Token(a) => project_cmd::token(a).await,
             Cmd::Resume(a) => sandbox_cmd::resume(a).await,

@@ -54,11 +54,24 @@ pub struct RunArgs {
     /// sandbox a network (`dsec network` changes them later).
     #[arg(long = "net", value_parser = crate::network_cmd::parse_rule)]
     pub net: Vec<(String, bool)>,
+    /// A named volume to mount, PATH=NAME or PATH=NAME:ro (repeatable;
+    /// `dsec volume create` makes one).
+    #[arg(long = "volume", value_parser = parse_volume)]
+    pub volumes: Vec<(String, api::VolumeMount)>,
     #[command(flatten)]
     pub conn: ConnectArgs,
     /// Command to run (after `--`).
     #[arg(last = true)]
     pub cmd: Vec<String>,
+}
+
+fn parse_volume(s: &str) -> Result<(String, api::VolumeMount), String> {
+    let (path, name) = s.split_once('=').ok_or_else(|| format!("expected PATH=NAME[:ro], got {s:?}"))?;
+    let mount = match name.strip_suffix(":ro") {
+        Some(n) => api::VolumeMount::Options(api::VolumeMountOptions { name: n.to_string(), read_only: true }),
+        None => api::VolumeMount::Name(name.to_string()),
+    };
+    Ok((path.to_string(), mount))
 }
 
 fn parse_kv(s: &str) -> Result<(String, String), String> {
@@ -98,6 +111,7 @@ pub async fn run(a: RunArgs) -> anyhow::Result<u8> {
         node_selector: a.node_selector.into_iter().collect(),
         job: a.job,
         snapshot: a.snapshot,
+        volumes: a.volumes.into_iter().collect(),
         first_exec: None,
     };
     let sb = client.create(&req).await?;

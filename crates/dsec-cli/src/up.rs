@@ -136,6 +136,22 @@ pub struct EdgeArgs {
     /// agent then shares the helper's layout: docs/security.md).
     #[arg(long)]
     pub agent_exec: bool,
+    /// Where containers' writable layers live: `disk` (a btrfs subvolume
+    /// each on the node's disk, bounded by disk_limit_mb and not held in
+    /// memory; named volumes live there too) or `tmpfs` (in each sandbox's
+    /// memory, held below its memory limit: for nodes of tiny sandboxes).
+    #[arg(long, value_enum, default_value_t = WritableLayerKind::Disk)]
+    pub writable_layer: WritableLayerKind,
+    /// The node's disk for `--writable-layer disk`: an image file (made
+    /// with mkfs.btrfs if missing), a block device holding a btrfs, or a
+    /// directory on a mounted btrfs. Default: DATA_DIR/edge/NODE/writable.img,
+    /// loop-mounted while the edge runs.
+    #[arg(long)]
+    pub writable_layer_source: Option<PathBuf>,
+    /// Size of the image file the edge makes (sparse: it takes on the host
+    /// what is written). Default: half the free space, at most 1 TiB.
+    #[arg(long)]
+    pub writable_layer_size_gb: Option<u64>,
     /// FnCall runner pools: LANG=MIN:MAX, comma-separated. Default: python
     /// 2 to 2 per core, bash and cpp 1 to 1 per core, the others (c, java,
     /// javascript, go, rust, php, ruby, perl, lua) 0 to 1 per core.
@@ -310,6 +326,13 @@ impl EdgeArgs {
         config.syscall_filter = !self.no_syscall_filter;
         config.prewarm = self.prewarm;
         config.agent_exec = self.agent_exec;
+        config.writable_layer = match self.writable_layer {
+            WritableLayerKind::Tmpfs => dsec_edge::disk::WritableLayer::Tmpfs,
+            WritableLayerKind::Disk => dsec_edge::disk::WritableLayer::Disk(dsec_edge::disk::DiskConfig {
+                source: self.writable_layer_source.clone(),
+                image_size_gb: self.writable_layer_size_gb,
+            }),
+        };
         let mut vm = dsec_edge::backends::microvm::VmConfig::new(dsec_image::vm::vm_dir(&images_dir));
         vm.accel = self.vm_accel;
         vm.qemu = self.qemu.clone();
@@ -419,4 +442,11 @@ pub async fn shutdown_signal() {
         _ = tokio::signal::ctrl_c() => {}
         _ = term.recv() => {}
     }
+}
+
+/// `--writable-layer`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum WritableLayerKind {
+    Disk,
+    Tmpfs,
 }

@@ -194,6 +194,24 @@ impl Client {
         self.raw(Method::DELETE, &format!("/v1/snapshots/{name}"), None, "").await.map(|_| ())
     }
 
+    /// Makes named volume `name` of `size_mb` (the node's default: None).
+    pub async fn create_volume(&self, name: &str, size_mb: Option<u64>) -> Result<api::Volume, ClientError> {
+        let req = api::CreateVolumeRequest { name: name.to_string(), size_mb };
+        self.json(Method::POST, "/v1/volumes", Some(&req)).await
+    }
+
+    /// The caller's named volumes, with the sandboxes using each.
+    pub async fn volumes(&self) -> Result<api::VolumeList, ClientError> {
+        self.json::<(), _>(Method::GET, "/v1/volumes", None).await
+    }
+
+    /// Removes volume `name` and its files (409 `volume_in_use` while a
+    /// sandbox mounts it).
+    pub async fn delete_volume(&self, name: &str) -> Result<(), ClientError> {
+        let name: String = form_urlencoded::byte_serialize(name.as_bytes()).collect();
+        self.raw(Method::DELETE, &format!("/v1/volumes/{name}"), None, "").await.map(|_| ())
+    }
+
     pub async fn resume(&self, id: &str) -> Result<api::ResumeResult, ClientError> {
         self.json::<(), _>(Method::POST, &format!("/v1/sandboxes/{id}/resume"), None).await
     }

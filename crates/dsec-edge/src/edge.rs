@@ -85,6 +85,10 @@ pub struct EdgeConfig {
     pub network: Option<dsec_net::NetConfig>,
     /// The full VM backend's settings; `None`: this node runs no full VMs.
     pub fullvm: Option<crate::backends::FullVmConfig>,
+    /// Where containers' writable layers live: the node's disk (a btrfs
+    /// subvolume each, bounded by its quota), or a tmpfs in each sandbox's
+    /// memory.
+    pub writable_layer: crate::disk::WritableLayer,
 }
 
 impl EdgeConfig {
@@ -120,6 +124,7 @@ impl EdgeConfig {
             vm_boot_timeout: Duration::from_secs(60),
             network: None,
             fullvm: None,
+            writable_layer: crate::disk::WritableLayer::Disk(crate::disk::DiskConfig::default()),
         }
     }
 }

@@ -119,6 +119,13 @@ pub enum EdgeError {
     /// Nothing accepts connections on the sandbox's port.
     #[error("{0}")]
     PortClosed(String),
+    /// The node's disk of writable layers and volumes.
+    #[error(transparent)]
+    Disk(#[from] crate::disk::DiskError),
+    #[error("{0}")]
+    VolumeInUse(String),
+    #[error("{0}")]
+    VolumesUnavailable(String),
 }
 
 impl From<crate::images::error::LayerError> for EdgeError {
@@ -184,7 +191,20 @@ impl EdgeError {
             EdgeError::NetworkNotEnabled(_) => ErrorCode::NetworkNotEnabled,
             EdgeError::NoScreen(_) => ErrorCode::NoScreen,
             EdgeError::PortClosed(_) => ErrorCode::PortClosed,
+            EdgeError::Disk(e) => disk_code(e),
+            EdgeError::VolumeInUse(_) => ErrorCode::VolumeInUse,
+            EdgeError::VolumesUnavailable(_) => ErrorCode::VolumesUnavailable,
         }
+    }
+}
+
+fn disk_code(e: &crate::disk::DiskError) -> ErrorCode {
+    use crate::disk::DiskError;
+    match e {
+        DiskError::Invalid(_) => ErrorCode::InvalidRequest,
+        DiskError::VolumeExists(_) => ErrorCode::AlreadyExists,
+        DiskError::VolumeNotFound(_) => ErrorCode::VolumeNotFound,
+        DiskError::Io { .. } | DiskError::Mkfs { .. } | DiskError::NotBtrfs(_) => ErrorCode::Internal,
     }
 }
 

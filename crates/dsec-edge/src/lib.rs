@@ -19,6 +19,7 @@ pub mod backends;
 /// The per-sandbox cgroups, a crate of their own (`dsec-cgroup`); the edge
 /// names them by this path.
 pub use dsec_cgroup as cgroup;
+pub mod disk;
 mod edge;
 pub mod error;
 pub mod events;

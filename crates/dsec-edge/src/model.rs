@@ -55,6 +55,17 @@ pub struct SandboxSpec {
     /// sensitive.
     #[serde(default)]
     pub qos_class: QosClass,
+    /// Named volumes of the owner's, by sandbox path.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub volumes: BTreeMap<String, VolumeRef>,
+}
+
+/// A named volume a sandbox mounts.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct VolumeRef {
+    pub name: String,
+    #[serde(default)]
+    pub read_only: bool,
 }
 
 pub use crate::cgroup::QosClass;

@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 
 use crate::error::EdgeError;
-use crate::model::{BackendKind, Limits, QosClass, SandboxSpec};
+use crate::model::{BackendKind, Limits, QosClass, SandboxSpec, VolumeRef};
 
 /// A creation request as the edge receives it; `None` means "default".
 #[derive(Debug, Clone, Default)]
@@ -36,6 +36,8 @@ pub struct SandboxRequest {
     pub snapshot: Option<String>,
     /// The CPU QoS class; `None`: the backend's default ([`default_qos`]).
     pub qos_class: Option<QosClass>,
+    /// Named volumes of the caller's, by sandbox path (containers only).
+    pub volumes: BTreeMap<String, VolumeRef>,
 }
 
 /// The QoS class a sandbox gets when its creation names none: latency
@@ -173,6 +175,7 @@ pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeE
             return Err(EdgeError::Invalid(format!("workdir must be an absolute path (got {w:?})")));
         }
     }
+    check_volumes(backend, &req.volumes)?;
     Ok(SandboxSpec {
         backend,
         image: req.image,
@@ -190,7 +193,42 @@ pub fn resolve(req: SandboxRequest, p: &SpecPolicy) -> Result<SandboxSpec, EdgeE
         // The edge resolves a snapshot's name to its id (`vm_snapshot`).
         snapshot: None,
         qos_class: req.qos_class.unwrap_or(default_qos(backend)),
+        volumes: req.volumes,
     })
+}
+
+/// At most this many volumes per sandbox.
+pub const MAX_VOLUMES: usize = 16;
+
+/// Volume mounts: containers only, at plain absolute paths outside what
+/// the sandbox's own setup mounts (/proc, /sys, /dev), each path once.
+fn check_volumes(backend: BackendKind, volumes: &BTreeMap<String, VolumeRef>) -> Result<(), EdgeError> {
+    if volumes.is_empty() {
+        return Ok(());
+    }
+    if backend != BackendKind::Container {
+        return Err(EdgeError::Invalid(
+            "volumes are mounted in container sandboxes only (a VM's guest has no way to share a host directory safely here)".into(),
+        ));
+    }
+    if volumes.len() > MAX_VOLUMES {
+        return Err(EdgeError::Invalid(format!("at most {MAX_VOLUMES} volumes per sandbox (got {})", volumes.len())));
+    }
+    let mut seen = std::collections::HashSet::new();
+    for (path, v) in volumes {
+        let norm = path.trim_end_matches('/');
+        let reserved = ["/proc", "/sys", "/dev"].iter().any(|r| norm == *r || norm.starts_with(&format!("{r}/")));
+        if !path.starts_with('/') || norm.is_empty() || path.split('/').any(|c| c == ".." || c == ".") || path.contains('\0') || reserved {
+            return Err(EdgeError::Invalid(format!(
+                "volume path {path:?} must be an absolute path other than /, without `.` or `..`, outside /proc, /sys and /dev"
+            )));
+        }
+        if !seen.insert(norm.to_string()) {
+            return Err(EdgeError::Invalid(format!("volume path {path:?} is given twice")));
+        }
+        crate::disk::volumes::check_name(&v.name)?;
+    }
+    Ok(())
 }
 
 #[cfg(test)]
@@ -267,6 +305,30 @@ mod tests {
         assert!(resolve(r.clone(), &p).is_ok());
         r.network_rules.insert("pypi".into(), true);
         assert!(matches!(resolve(r, &p), Err(EdgeError::UnsupportedNetwork(_))));
+    }
+
+    #[test]
+    fn volumes_go_to_plain_paths_of_containers_only() {
+        let p = SpecPolicy::for_node(2.0, 24_000);
+        let with = |path: &str, name: &str, backend: Option<BackendKind>| {
+            let volumes = [(path.to_string(), VolumeRef { name: name.into(), read_only: false })].into();
+            resolve(SandboxRequest { volumes, backend, ..req() }, &p)
+        };
+        let spec = with("/data", "cache", None).unwrap();
+        assert_eq!(spec.volumes["/data"].name, "cache");
+        assert!(with("/mnt/a-b/c", "x.y_z", Some(BackendKind::Container)).is_ok());
+        for path in ["", "data", "/", "/proc", "/proc/x", "/sys/fs", "/dev", "/dev/shm/x", "/a/../b", "/a/./b"] {
+            assert!(matches!(with(path, "cache", None), Err(EdgeError::Invalid(_))), "{path:?}");
+        }
+        assert!(with("/devices", "cache", None).is_ok(), "only /dev itself and below are the sandbox's");
+        assert!(with("/data", "Bad/Name", None).is_err());
+        assert!(matches!(with("/data", "cache", Some(BackendKind::Microvm)), Err(EdgeError::Invalid(_))));
+        let twice = [
+            ("/d".to_string(), VolumeRef { name: "a".into(), read_only: false }),
+            ("/d/".to_string(), VolumeRef { name: "b".into(), read_only: true }),
+        ]
+        .into();
+        assert!(matches!(resolve(SandboxRequest { volumes: twice, ..req() }, &p), Err(EdgeError::Invalid(_))));
     }
 
     #[test]

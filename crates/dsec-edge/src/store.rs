@@ -219,6 +219,7 @@ mod tests {
                 network_rules: Default::default(),
                 snapshot: None,
                 qos_class: QosClass::BestEffort,
+                volumes: Default::default(),
             },
             state: State::Running,
             reason: None,

@@ -325,12 +325,61 @@ async fn reaper_removes_stray_cgroups_and_their_processes() {
     t.finish().await;
 }
 
+/// Loop devices whose backing file lies under `dir`.
+fn loops_under(dir: &Path) -> Vec<String> {
+    let prefix = dir.display().to_string();
+    std::fs::read_dir("/sys/block")
+        .unwrap()
+        .flatten()
+        .filter_map(|d| std::fs::read_to_string(d.path().join("loop/backing_file")).ok().map(|b| (d.file_name(), b)))
+        .filter(|(_, b)| b.starts_with(&prefix))
+        .map(|(n, _)| n.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// The writable layer on the node's disk (the default): a subvolume per
+/// sandbox, bounded by its disk limit (EDQUOT inside), larger than its
+/// memory, kept through a pause and gone with the sandbox; a stray one is
+/// reaped; the edge's shutdown leaves no mount and no loop device.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_writable_layer_lives_on_disk_bounded_by_its_limit() {
+    let t = TestEdge::start(|_| {}).await;
+    let me = Caller::tenant("t");
+    let disk = t.state.path().join("edge").join("writable");
+    assert_eq!(loops_under(t.state.path()).len(), 1, "the node's image is loop-mounted");
+    let req = SandboxRequest { memory_mb: Some(64), disk_mb: Some(256), ..busybox() };
+    let sb = t.edge.create(&me, req).await.unwrap();
+    let layer = disk.join("sandboxes").join(&sb.id);
+    assert!(layer.is_dir(), "{} is the sandbox's layer", layer.display());
+    // More than its memory holds: the layer is not in it.
+    let n = out(&t.edge, &sb.id, "dd if=/dev/zero of=/root/big bs=1M count=160 2>/dev/null && sync && wc -c < /root/big").await;
+    assert_eq!(n.trim(), (160u64 << 20).to_string());
+    // Past its limit, the write fails inside.
+    let r = t.edge.exec(&me, &sb.id, sh("dd if=/dev/zero of=/root/more bs=1M count=200")).await.unwrap();
+    assert_ne!(r.exit_code, Some(0));
+    assert!(String::from_utf8_lossy(&r.stderr).contains("Disk quota exceeded"), "{}", String::from_utf8_lossy(&r.stderr));
+    // A pause keeps the layer as it was.
+    t.edge.pause(&me, &sb.id).await.unwrap();
+    assert_eq!(out(&t.edge, &sb.id, "wc -c < /root/big").await.trim(), (160u64 << 20).to_string());
+    t.edge.stop(&me, &sb.id, "test").await.unwrap();
+    assert!(!layer.exists(), "the layer goes with its sandbox");
+    // A layer no sandbox owns (an edge crashed before removing it) is reaped.
+    let stray = disk.join("sandboxes").join("stray.zzzzzzzzzzzz");
+    std::process::Command::new("btrfs").args(["subvolume", "create"]).arg(&stray).stdout(std::process::Stdio::null()).status().unwrap();
+    assert!(stray.is_dir());
+    let report = t.edge.reap_once().await;
+    assert!(report.files >= 1 && !stray.exists(), "{report:?}");
+    let state = t.state.path().to_path_buf();
+    t.finish().await;
+    assert_eq!(loops_under(&state), Vec::<String>::new(), "no loop device outlives the edge");
+}
+
 fn freezer_state(node: &str, id: &str) -> String {
     std::fs::read_to_string(format!("/sys/fs/cgroup/freezer/dsec-test/{node}/{id}/freezer.state")).unwrap_or_default().trim().to_string()
 }
 
 /// Pause on the real kernel: the cgroup freezes, the sandbox's memory (here
-/// files in its tmpfs-backed writable layer) goes to the node's swap file,
+/// files in a tmpfs writable layer) goes to the node's swap file,
 /// the sandbox stops counting against admission, any request resumes it
 /// with its memory intact, and a paused sandbox can be stopped.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -339,6 +388,7 @@ async fn pause_swaps_memory_out_and_a_request_resumes_it() {
     let t = TestEdge::start(|c| {
         swap_path = c.state_dir.parent().unwrap().join("swapfile");
         c.swap = Some(dsec_edge::pause::swap::SwapConfig { path: swap_path.clone(), size_mb: 512 });
+        c.writable_layer = dsec_edge::disk::WritableLayer::Tmpfs;
     })
     .await;
     assert!(dsec_edge::pause::swap::is_active(&swap_path), "the edge turned its swap file on");

@@ -153,6 +153,7 @@ impl Runner {
             disk_mb: Some(cfg.runner_disk_mb),
             pids: Some(cfg.runner_pids),
             qos_class: Some(cfg.runner_qos_class),
+            volumes: Default::default(),
             idle_ttl_s: Some(0),
             max_lifetime_s: Some(0),
             labels: BTreeMap::from([(RUNNER_LABEL.to_string(), language.to_string())]),

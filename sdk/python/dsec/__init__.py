@@ -46,6 +46,9 @@ from .errors import (
     NetworkNotEnabled,
     NodeNotFound,
     JoinRefused,
+    VolumeInUse,
+    VolumeNotFound,
+    VolumesUnavailable,
     NoSpace,
     NotADirectory,
     NotFound,
@@ -94,6 +97,7 @@ from .results import (
     SandboxMetrics,
     TenantInfo,
     TrajectoryStep,
+    VolumeInfo,
     WriteResult,
 )
 from .sandbox import Sandbox, Session
@@ -138,6 +142,7 @@ __all__ = [
     "Health",
     "PackResult",
     "SnapshotInfo",
+    "VolumeInfo",
     "PauseResult",
     "ResumeResult",
     "JobActionResult",
@@ -193,6 +198,9 @@ __all__ = [
     "NetworkNotEnabled",
     "NodeNotFound",
     "JoinRefused",
+    "VolumeInUse",
+    "VolumeNotFound",
+    "VolumesUnavailable",
 ]
 
 # Codes newer than the explicit classes (generated from error_codes.json at

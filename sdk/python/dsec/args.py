@@ -60,6 +60,10 @@ class BaseRunArgs:
         node_selector: place only on nodes carrying all these labels, e.g.
             ``{"kvm": "true"}`` (see :meth:`DSecClient.nodes`).
         job: the training job this sandbox belongs to.
+        volumes: named volumes of yours (:meth:`DSecClient.create_volume`)
+            to mount, by sandbox path: ``{"/data": "NAME"}`` (read-write) or
+            ``{"/data": {"name": "NAME", "read_only": True}}``. Containers
+            only.
     """
 
     workspace: str | None = None
@@ -78,6 +82,7 @@ class BaseRunArgs:
     labels: dict[str, str] = field(default_factory=dict)
     node_selector: dict[str, str] = field(default_factory=dict)
     job: str | None = None
+    volumes: dict[str, str | dict[str, Any]] = field(default_factory=dict)
 
     # Field names that are not sent under their own name (handled in to_json).
     _NOT_WIRE: ClassVar[frozenset[str]] = frozenset({"backend", "image", "container_image"})

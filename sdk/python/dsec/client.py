@@ -17,7 +17,7 @@ from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
 from .iam import Projects, Tokens
 from .results import (ExecResult, Health, ImageInfo, JobActionResult, NodeInfo, NodeMetrics, SandboxEvent,
-                      SandboxInfo, SnapshotInfo, TenantInfo)
+                      SandboxInfo, SnapshotInfo, TenantInfo, VolumeInfo)
 from .sandbox import Sandbox, first_exec_body
 
 __all__ = ["DSecClient"]
@@ -307,6 +307,31 @@ class DSecClient:
         :meth:`fork` made for a sandbox source is yours to delete too."""
         await self._transport.request(
             "DELETE", self._transport.url(f"/v1/snapshots/{Transport.quote(name)}"))
+
+    async def create_volume(self, name: str, size_mb: int | None = None) -> VolumeInfo:
+        """Make named volume ``name`` of yours, bounded to ``size_mb`` MiB
+        (default 1024): mount it into any number of your container sandboxes
+        with ``volumes={"/data": name}`` (or ``{"/data": {"name": name,
+        "read_only": True}}``); it outlives them until
+        :meth:`delete_volume`. Raises :class:`AlreadyExists` for a name in
+        use, :class:`VolumesUnavailable` on a node without a disk layer."""
+        body: dict[str, Any] = {"name": name}
+        if size_mb is not None:
+            body["size_mb"] = size_mb
+        d = await self._transport.request("POST", self._transport.url("/v1/volumes"), json_body=body)
+        return VolumeInfo.from_json(d)
+
+    async def volumes(self) -> builtins.list[VolumeInfo]:
+        """Your named volumes, each with the sandboxes that mount it."""
+        d = await self._transport.request("GET", self._transport.url("/v1/volumes"))
+        return [VolumeInfo.from_json(v) for v in d.get("volumes", ())]
+
+    async def delete_volume(self, name: str) -> None:
+        """Remove volume ``name`` and its files. Raises :class:`VolumeInUse`
+        while a sandbox that is not yet stopped mounts it,
+        :class:`VolumeNotFound` if you have none of that name."""
+        await self._transport.request(
+            "DELETE", self._transport.url(f"/v1/volumes/{Transport.quote(name)}"))
 
     @staticmethod
     def _fork_args(source: Sandbox | SnapshotInfo | str, image: str,

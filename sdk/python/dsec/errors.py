@@ -422,6 +422,24 @@ class JoinRefused(DSecError):
     code = "join_refused"
 
 
+class VolumeNotFound(DSecError):
+    """No named volume with this name is visible to this tenant on the node."""
+
+    code = "volume_not_found"
+
+
+class VolumeInUse(DSecError):
+    """The volume is mounted in sandboxes that are not yet stopped: stop or delete them first."""
+
+    code = "volume_in_use"
+
+
+class VolumesUnavailable(DSecError):
+    """This node keeps writable layers in memory, so it has no disk for named volumes."""
+
+    code = "volumes_unavailable"
+
+
 # --- Client-side failures. --------------------------------------------------
 
 

@@ -31,6 +31,7 @@ __all__ = [
     "TrajectoryStep",
     "Divergence",
     "ReplayReport",
+    "VolumeInfo",
 ]
 
 
@@ -434,6 +435,33 @@ class SnapshotInfo:
                    created_at=d.get("created_at", ""), created=bool(d.get("created", True)),
                    frozen_ms=d.get("frozen_ms", 0.0), backend=d.get("backend", "microvm"),
                    memory=bool(d.get("memory", False)))
+
+
+@dataclass(slots=True)
+class VolumeInfo:
+    """A named volume (:meth:`DSecClient.create_volume`): a directory on the
+    node's disk, bounded by its size, that sandboxes mount with
+    ``volumes={"/data": name}`` and that outlives them until removed.
+
+    Attributes:
+        name: its name (unique per tenant on the node).
+        size_mb: the most it may hold, in MiB.
+        used_bytes: what its files hold now.
+        created_at: RFC 3339.
+        sandboxes: the sandboxes, not yet stopped, that mount it.
+    """
+
+    name: str
+    size_mb: int = 0
+    used_bytes: int = 0
+    created_at: str = ""
+    sandboxes: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> VolumeInfo:
+        """Parse a ``Volume``."""
+        return cls(name=d["name"], size_mb=d.get("size_mb", 0), used_bytes=d.get("used_bytes", 0),
+                   created_at=d.get("created_at", ""), sandboxes=list(d.get("sandboxes", ())))
 
 
 @dataclass(slots=True)

@@ -46,6 +46,7 @@ from .results import (
     OutputChunk,
     PackResult,
     SnapshotInfo,
+    VolumeInfo,
     PauseResult,
     ReplayReport,
     ResumeResult,
@@ -243,6 +244,18 @@ class DSecClient:
         """Delete your snapshot ``name`` (:class:`SnapshotInUse` while
         something backs onto it)."""
         self._run(self.aio.delete_snapshot(name))
+
+    def create_volume(self, name: str, size_mb: int | None = None) -> VolumeInfo:
+        """Make named volume ``name`` (see :meth:`DSecClient.create_volume`)."""
+        return self._run(self.aio.create_volume(name, size_mb))
+
+    def volumes(self) -> builtins.list[VolumeInfo]:
+        """Your named volumes, each with the sandboxes that mount it."""
+        return self._run(self.aio.volumes())
+
+    def delete_volume(self, name: str) -> None:
+        """Remove volume ``name`` (:class:`VolumeInUse` while mounted)."""
+        self._run(self.aio.delete_volume(name))
 
     def get(self, sandbox_id: str) -> SandboxInfo:
         """The record of one sandbox."""

@@ -84,6 +84,7 @@ pub async fn create(
         node_selector: Default::default(),
         job: None,
         snapshot: None,
+        volumes: Default::default(),
         first_exec: None,
     };
     let key = headers.get("idempotency-key").and_then(|v| v.to_str().ok()).map(str::to_string);

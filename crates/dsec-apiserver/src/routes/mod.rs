@@ -16,3 +16,4 @@ pub mod stream;
 pub mod tokens;
 pub mod trajectory;
 pub mod usage;
+pub mod volumes;

@@ -50,6 +50,7 @@ pub fn create_request(c: &Common) -> api::CreateSandboxRequest {
         node_selector: BTreeMap::new(),
         job: Some("dsec-bench".into()),
         snapshot: None,
+        volumes: Default::default(),
         first_exec: None,
     }
 }

@@ -295,6 +295,9 @@ pub struct Backends {
     microvm: Result<Arc<MicroVmBackend>, String>,
     /// Likewise for full VMs (no QEMU, no qemu-img, no OVMF when asked).
     fullvm: Result<Arc<FullVmBackend>, String>,
+    /// The node's disk of containers' writable layers and named volumes
+    /// (None: writable layers are tmpfs, and there are no volumes).
+    disk: Option<Arc<crate::disk::NodeDisk>>,
 }
 
 /// What a node's backends need from the edge's configuration and state.
@@ -311,12 +314,31 @@ impl Backends {
     /// (none where fanotify is not available).
     pub(crate) fn open(s: BackendsSetup<'_>) -> Result<(Backends, Option<Receiver<Refused>>), EdgeError> {
         let config = s.config;
-        let mut container =
-            ContainerBackend::new(s.cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout, config.agent_exec)?;
+        // The node's disk first: a failure later releases it with the
+        // backends (`StartUndo`); the container backend mounts the node's
+        // sysfs, which nothing would release if the disk failed after it.
+        let disk = match &config.writable_layer {
+            crate::disk::WritableLayer::Tmpfs => None,
+            crate::disk::WritableLayer::Disk(d) => Some(Arc::new(crate::disk::NodeDisk::open(d, &config.state_dir)?)),
+        };
+        let container =
+            ContainerBackend::new(s.cgroups.clone(), &config.agent_path, &config.state_dir, config.create_timeout, config.agent_exec);
+        let mut container = match container {
+            Ok(c) => c,
+            Err(e) => {
+                if let Some(d) = &disk {
+                    d.release();
+                }
+                return Err(e);
+            }
+        };
         if !config.syscall_filter {
             container = container.without_syscall_filter();
         }
         container = container.with_netns_pool(config.prewarm);
+        if let Some(d) = &disk {
+            container = container.with_disk(d.clone());
+        }
         if let Some(e) = s.egress {
             container = container.with_egress(e.clone());
         }
@@ -354,7 +376,7 @@ impl Backends {
         if let Err(why) = &fullvm {
             tracing::info!(%why, "full VMs unavailable on this node");
         }
-        Ok((Backends { container, microvm, fullvm }, masked))
+        Ok((Backends { container, microvm, fullvm, disk }, masked))
     }
 
     /// A node that runs containers (and FnCall runners) on `container`
@@ -362,7 +384,12 @@ impl Backends {
     #[cfg(test)]
     pub(crate) fn containers_only(container: Arc<dyn Backend>) -> Backends {
         let none = |what: &str| format!("the edge was started without {what} support");
-        Backends { container, microvm: Err(none("microVM")), fullvm: Err(none("full VM")) }
+        Backends { container, microvm: Err(none("microVM")), fullvm: Err(none("full VM")), disk: None }
+    }
+
+    /// The node's disk of writable layers and named volumes.
+    pub fn disk(&self) -> Option<&Arc<crate::disk::NodeDisk>> {
+        self.disk.as_ref()
     }
 
     pub fn get(&self, kind: BackendKind) -> Result<&dyn Backend, EdgeError> {

@@ -330,7 +330,15 @@ impl RootfsProvider for ImageLayers {
         files.reverse();
         let cfg = &base.manifest.config;
         let env = cfg.env.iter().filter_map(|kv| kv.split_once('=').map(|(k, v)| (k.to_string(), v.to_string()))).collect();
-        Ok(RootfsPlan { lower_dirs: dirs, layers, layer_files: files, env, workdir: cfg.workdir.clone(), user: cfg.user.clone() })
+        Ok(RootfsPlan {
+            lower_dirs: dirs,
+            layers,
+            layer_files: files,
+            env,
+            workdir: cfg.workdir.clone(),
+            user: cfg.user.clone(),
+            volumes: Vec::new(),
+        })
     }
 
     fn reap(&self) -> usize {

@@ -23,6 +23,9 @@ pub struct RootfsPlan {
     pub env: Vec<(String, String)>,
     pub workdir: String,
     pub user: String,
+    /// Named volumes bound into the root, resolved for the sandbox's owner
+    /// by the edge (not by the image store).
+    pub volumes: Vec<crate::disk::volumes::VolumeBind>,
 }
 
 /// The edge's view of the node's image store.

@@ -65,7 +65,8 @@ impl Edge {
         }
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
-        let plan = self.plan_blocking(&spec).await?;
+        let mut plan = self.plan_blocking(&spec).await?;
+        plan.volumes = self.resolve_volumes(&caller.tenant, &spec)?;
         let t_plan = t0.elapsed();
         inner.admission.reserve(&spec.limits)?;
 

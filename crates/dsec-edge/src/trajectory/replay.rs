@@ -72,6 +72,7 @@ fn request_from(spec: &SandboxSpec, source: &str) -> SandboxRequest {
         // A replay starts from the image alone: it re-runs the log.
         snapshot: None,
         qos_class: Some(spec.qos_class),
+        volumes: spec.volumes.clone(),
     }
 }
 

@@ -75,6 +75,7 @@ class FakeDSec:
 
     def __init__(self) -> None:
         self.sandboxes: dict[str, FakeSandbox] = {}
+        self.volumes: dict[str, dict[str, Any]] = {}
         self.requests: list[tuple[str, str, Any]] = []  # (method, path_qs, body)
         self.headers: list[dict[str, str]] = []
         self.next_id = 0
@@ -137,6 +138,9 @@ class FakeDSec:
         r.add_put("/v1/sandboxes/{id}/archive", self.put_archive)
         r.add_post("/v1/tenants", self.create_tenant)
         r.add_get("/v1/images", self.images)
+        r.add_post("/v1/volumes", self.create_volume)
+        r.add_get("/v1/volumes", self.list_volumes)
+        r.add_delete("/v1/volumes/{name}", self.delete_volume)
         r.add_get("/v1/proxy-page", self.proxy_page)
         self._runner = web.AppRunner(app, access_log=None)
         await self._runner.setup()
@@ -589,6 +593,35 @@ class FakeDSec:
             return body
         return web.json_response({"name": body["name"], "admin": False, "token": "t-123",
                                   "created_at": "2026-01-01T00:00:00Z"}, status=201)
+
+    def _volume_users(self, name: str) -> list[str]:
+        return sorted(sb.id for sb in self.sandboxes.values()
+                      if any((v if isinstance(v, str) else v.get("name")) == name
+                             for v in sb.body.get("volumes", {}).values()))
+
+    async def create_volume(self, request: web.Request) -> web.Response:
+        body = await self._json(request, "CreateVolumeRequest")
+        if isinstance(body, web.Response):
+            return body
+        name = body["name"]
+        if name in self.volumes:
+            return err(409, "already_exists", f"a volume named {name!r} already exists")
+        self.volumes[name] = {"name": name, "size_mb": body.get("size_mb") or 1024, "used_bytes": 0,
+                              "created_at": "2026-01-01T00:00:00Z"}
+        return web.json_response({**self.volumes[name], "sandboxes": []}, status=201)
+
+    async def list_volumes(self, request: web.Request) -> web.Response:
+        return web.json_response({"volumes": [{**v, "sandboxes": self._volume_users(v["name"])}
+                                              for v in self.volumes.values()]})
+
+    async def delete_volume(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        if name not in self.volumes:
+            return err(404, "volume_not_found", f"no volume named {name!r}")
+        if self._volume_users(name):
+            return err(409, "volume_in_use", f"volume {name!r} is mounted")
+        del self.volumes[name]
+        return web.Response(status=204)
 
     async def images(self, request: web.Request) -> web.Response:
         return web.json_response({"images": [

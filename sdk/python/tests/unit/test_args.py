@@ -112,3 +112,11 @@ def test_field_names_match_the_api() -> None:
 
 def test_unknown_backend_string_passes_through() -> None:
     assert DSecRunArgs(backend="quantum", image="x").to_json()["backend"] == "quantum"
+
+
+def test_volumes_are_sent_by_path_as_names_or_options() -> None:
+    args = DSecContainerRunArgs(container_image="python",
+                                volumes={"/data": "cache", "/ref": {"name": "ref", "read_only": True}})
+    assert args.to_json() == {"backend": "container", "image": "python",
+                              "volumes": {"/data": "cache", "/ref": {"name": "ref", "read_only": True}}}
+    assert "volumes" not in DSecContainerRunArgs(container_image="python").to_json()

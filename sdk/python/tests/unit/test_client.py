@@ -513,3 +513,27 @@ async def test_closing_the_client_closes_the_chunked_upload_session_too(fake: Fa
     assert streamed.connector.force_close
     await client.close()
     assert pooled.closed and streamed.closed
+
+
+# --- named volumes -------------------------------------------------------------------
+
+
+async def test_volumes_are_made_mounted_listed_and_removed(client: DSecClient, fake: FakeDSec) -> None:
+    v = await client.create_volume("cache", size_mb=64)
+    assert (v.name, v.size_mb, v.sandboxes) == ("cache", 64, [])
+    assert fake.requests[-1] == ("POST", "/v1/volumes", {"name": "cache", "size_mb": 64})
+    await client.create_volume("ref")
+    assert fake.requests[-1] == ("POST", "/v1/volumes", {"name": "ref"})
+    with pytest.raises(dsec.AlreadyExists):
+        await client.create_volume("cache")
+    sb = await client.run(listing_args(volumes={"/data": "cache", "/ref": {"name": "ref", "read_only": True}}))
+    assert fake.requests[-1][2]["volumes"] == {"/data": "cache", "/ref": {"name": "ref", "read_only": True}}
+    listed = {x.name: x for x in await client.volumes()}
+    assert listed["cache"].sandboxes == [sb.id] and listed["ref"].size_mb == 1024
+    with pytest.raises(dsec.VolumeInUse):
+        await client.delete_volume("cache")
+    await sb.delete()
+    await client.delete_volume("cache")
+    with pytest.raises(dsec.VolumeNotFound):
+        await client.delete_volume("cache")
+    assert [x.name for x in await client.volumes()] == ["ref"]

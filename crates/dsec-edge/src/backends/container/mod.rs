@@ -25,6 +25,7 @@ use dsec_agent_proto::{AgentState, ContainerSetup, Op, Reply};
 
 use crate::backends::instance::Instance;
 use crate::cgroup::Cgroups;
+use crate::disk::NodeDisk;
 use crate::error::EdgeError;
 use crate::images::RootfsPlan;
 use crate::model::SandboxSpec;
@@ -50,6 +51,9 @@ pub struct ContainerBackend {
     /// Loopback-only network namespaces made ahead, for sandboxes without
     /// network rules (None if its thread could not start).
     netns_pool: Option<netns_pool::NetnsPool>,
+    /// The node's disk of writable layers (None: each sandbox's layer is a
+    /// tmpfs in its memory).
+    disk: Option<Arc<NodeDisk>>,
 }
 
 impl ContainerBackend {
@@ -74,7 +78,18 @@ impl ContainerBackend {
         let spawner =
             spawn::Spawner::new(agent_path, agent_exec).map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
-        Ok(Self { cgroups, spawner, scratch_dir, sysfs, setup_timeout, syscall_filter: true, egress: None, masks: None, netns_pool: None })
+        Ok(Self {
+            cgroups,
+            spawner,
+            scratch_dir,
+            sysfs,
+            setup_timeout,
+            syscall_filter: true,
+            egress: None,
+            masks: None,
+            netns_pool: None,
+            disk: None,
+        })
     }
 
     /// Starts sandboxes without the system-call filter (to measure it).
@@ -92,6 +107,12 @@ impl ContainerBackend {
             .inspect_err(|e| tracing::warn!(error = %e, "no pool of network namespaces; sandboxes make their own"))
             .ok()
             .flatten();
+        self
+    }
+
+    /// Keeps writable layers (and volumes) on the node's disk.
+    pub fn with_disk(mut self, disk: Arc<NodeDisk>) -> Self {
+        self.disk = Some(disk);
         self
     }
 
@@ -125,9 +146,26 @@ impl ContainerBackend {
     ) -> Result<Instance, EdgeError> {
         let t0 = std::time::Instant::now();
         self.cgroups.create(id, &crate::backends::cgroup_limits(spec, 0))?;
+        // The writable layer on disk: a subvolume of its own, bounded by
+        // the sandbox's disk limit (two ioctls).
+        let layer = match self.disk.as_ref().map(|d| d.create_layer(id, spec.limits.disk_mb << 20)).transpose() {
+            Ok(l) => l,
+            Err(e) => {
+                let _ = self.cgroups.remove(id);
+                return Err(e.into());
+            }
+        };
+        let remove_layer = || {
+            if let Some(d) = &self.disk {
+                if let Err(e) = d.remove_layer(id) {
+                    tracing::warn!(error = %e, id, "could not remove a writable layer (the reaper retries)");
+                }
+            }
+        };
         let t_cg = t0.elapsed();
         if let Err(e) = durable.await {
             let _ = self.cgroups.remove(id);
+            remove_layer();
             return Err(EdgeError::Store(e));
         }
         // A sandbox with network rules joins a warm namespace with a veth;
@@ -137,6 +175,7 @@ impl ContainerBackend {
             Ok(w) => w,
             Err(e) => {
                 let _ = self.cgroups.remove(id);
+                remove_layer();
                 return Err(e.into());
             }
         };
@@ -159,6 +198,7 @@ impl ContainerBackend {
             Ok(s) => s,
             Err(e) => {
                 let _ = self.cgroups.remove(id);
+                remove_layer();
                 if let (Some(eg), Some(w)) = (egress, warm) {
                     eg.give_back(w);
                 }
@@ -175,6 +215,7 @@ impl ContainerBackend {
             spawn::reap(pidfd);
             self.cgroups.kill_all(id);
             let _ = self.cgroups.remove(id);
+            remove_layer();
             if let Some(eg) = egress {
                 eg.release(id);
             }
@@ -201,6 +242,16 @@ impl ContainerBackend {
             lower_dirs: plan.lower_dirs.iter().map(|p| p.display().to_string()).collect(),
             scratch_mount: self.scratch_dir.display().to_string(),
             disk_limit_bytes: writable_layer_bytes(spec.limits.disk_mb, spec.limits.memory_mb),
+            scratch_source: layer.map(|l| l.display().to_string()),
+            volumes: plan
+                .volumes
+                .iter()
+                .map(|v| dsec_agent_proto::VolumeBind {
+                    source: v.source.display().to_string(),
+                    target: v.target.clone(),
+                    read_only: v.read_only,
+                })
+                .collect(),
             sys_dir: self.sysfs.dir.display().to_string(),
             masked_paths: policy::MASKED_PATHS.iter().map(|s| s.to_string()).collect(),
             readonly_paths: policy::READONLY_PATHS.iter().map(|s| s.to_string()).collect(),
@@ -329,13 +380,16 @@ impl crate::backends::Backend for ContainerBackend {
     fn cleanup(&self, id: &str) -> Result<(), EdgeError> {
         self.cgroups.kill_all(id);
         let removed = self.cgroups.remove(id).map_err(EdgeError::from);
+        // After the cgroup: nothing of the sandbox's is left to write to
+        // the layer (a stray process would only have kept its extents).
+        let layer = self.disk.as_ref().map_or(Ok(()), |d| d.remove_layer(id)).map_err(EdgeError::from);
         if let Some(eg) = &self.egress {
             eg.release(id);
         }
         if let Some(m) = &self.masks {
             m.forget(id);
         }
-        removed
+        removed.and(layer)
     }
 
     /// The agent keeps the overlay's upper directory open at a fixed fd.
@@ -344,13 +398,18 @@ impl crate::backends::Backend for ContainerBackend {
             .map_err(|e| EdgeError::Invalid(format!("sandbox {id} cannot be packed: its agent holds no writable layer ({e})")))
     }
 
-    /// Network state (cgroup2 directories, slots) of sandboxes not in `live`.
+    /// Network state (cgroup2 directories, slots) and writable layers of
+    /// sandboxes not in `live`.
     fn reap_files(&self, live: &std::collections::HashSet<String>) -> usize {
-        self.egress.as_ref().map_or(0, |eg| eg.reap(live))
+        self.egress.as_ref().map_or(0, |eg| eg.reap(live)) + self.disk.as_ref().map_or(0, |d| d.reap(live))
     }
 
-    /// What the upper tmpfs holds, through the agent's fd of it.
-    fn disk_used_bytes(&self, _id: &str, pid: i32) -> Option<u64> {
+    /// What the writable layer holds: its quota group's count on the node's
+    /// disk, or the upper tmpfs's, through the agent's fd of it.
+    fn disk_used_bytes(&self, id: &str, pid: i32) -> Option<u64> {
+        if let Some(d) = &self.disk {
+            return d.layer_used_bytes(id);
+        }
         let st = rustix::fs::statvfs(format!("/proc/{pid}/fd/{AGENT_UPPER_FD}")).ok()?;
         Some(st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(st.f_frsize))
     }
@@ -360,6 +419,9 @@ impl crate::backends::Backend for ContainerBackend {
         sysfs::release(&self.sysfs.dir);
         if let Some(eg) = &self.egress {
             eg.shutdown();
+        }
+        if let Some(d) = &self.disk {
+            d.release();
         }
     }
 }
@@ -385,8 +447,9 @@ pub(crate) fn merged_env(image_env: &[(String, String)], spec: &SandboxSpec) -> 
     env
 }
 
-/// The size of a container's writable layer: `disk_mb`, but never more than
-/// its memory can hold with room to spare.
+/// The size of a container's writable layer in a tmpfs: `disk_mb`, but
+/// never more than its memory can hold with room to spare (a layer on the
+/// node's disk is bounded by `disk_mb` alone).
 ///
 /// The layer is a tmpfs, so its pages are charged to the sandbox's memory
 /// cgroup, and a running sandbox never swaps (`cgroup`). A layer allowed to
