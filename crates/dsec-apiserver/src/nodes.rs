@@ -8,12 +8,13 @@
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use dsec_api::{self as api, ErrorCode, NodeStatus};
 use dsec_edge::histogram::{Histogram, HistogramSnapshot, REQUEST_BOUNDS};
 use dsec_edge::{ids, Caller, Edge, JobAction, ListFilter};
 use dsec_placement::{Demand, NodeView, Placement};
+use dsec_store::{AnyStore, CreationKeys};
 
 use crate::convert;
 use crate::error::ApiError;
@@ -64,7 +65,24 @@ pub struct Nodes {
     /// Whether something keeps the remotes in line with the node registry
     /// (`registry::follow`): only then may edges join through this server.
     follows_registry: AtomicBool,
+    /// The node view placement reads, shared by every decision until the
+    /// next probe round (or a change of membership) rebuilds it: a
+    /// creation takes a reference, never a copy. What this replica placed
+    /// since is overlaid by `placement` itself.
+    view: RwLock<Arc<ViewSnapshot>>,
 }
+
+/// One build of the node view.
+pub struct ViewSnapshot {
+    pub nodes: Vec<NodeView>,
+    /// `None`: never built (an empty placeholder).
+    built: Option<Instant>,
+}
+
+/// A view older than this is rebuilt on read: it covers what no probe
+/// round announces (local edges' own counters, a node's last answer
+/// aging past `VIEW_TTL`).
+const VIEW_MAX_AGE: Duration = crate::remote::POLL_INTERVAL;
 
 /// What identifies a creation request for its idempotency key.
 fn request_fingerprint(req: &api::CreateSandboxRequest) -> String {
@@ -136,7 +154,29 @@ impl Nodes {
             follows_registry: AtomicBool::new(false),
             placement_latency: Histogram::new(REQUEST_BOUNDS),
             placement_refusals: AtomicU64::new(0),
+            view: RwLock::new(Arc::new(ViewSnapshot { nodes: Vec::new(), built: None })),
         }
+    }
+
+    /// The node view as placement reads it: the current snapshot, rebuilt
+    /// first if it is older than [`VIEW_MAX_AGE`].
+    pub fn view(&self) -> Arc<ViewSnapshot> {
+        {
+            let v = self.view.read().unwrap_or_else(|p| p.into_inner());
+            if v.built.is_some_and(|b| b.elapsed() < VIEW_MAX_AGE) {
+                return v.clone();
+            }
+        }
+        self.refresh_view()
+    }
+
+    /// Rebuilds the node view from every node's last known status (after a
+    /// probe round, a watcher view, a registry change).
+    pub fn refresh_view(&self) -> Arc<ViewSnapshot> {
+        let fresh =
+            Arc::new(ViewSnapshot { nodes: self.status_with(false).into_iter().map(view_of).collect(), built: Some(Instant::now()) });
+        *self.view.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
+        fresh
     }
 
     pub(crate) fn set_follows_registry(&self) {
@@ -166,11 +206,14 @@ impl Nodes {
     /// Adds a remote node, or replaces the one of the same name.
     pub fn put_remote(&self, node: Arc<RemoteNode>) {
         self.remote.write().unwrap_or_else(|p| p.into_inner()).insert(node.name.clone(), node);
+        self.refresh_view();
     }
 
     /// Removes a remote node; `false` if there was none of that name.
     pub fn remove_remote(&self, name: &str) -> bool {
-        self.remote.write().unwrap_or_else(|p| p.into_inner()).remove(name).is_some()
+        let removed = self.remote.write().unwrap_or_else(|p| p.into_inner()).remove(name).is_some();
+        self.refresh_view();
+        removed
     }
 
     pub(crate) fn remote_named(&self, name: &str) -> Option<Arc<RemoteNode>> {
@@ -213,11 +256,6 @@ impl Nodes {
         all
     }
 
-    /// The nodes as placement wants them.
-    fn views(&self) -> Vec<NodeView> {
-        self.status_with(false).into_iter().map(view_of).collect()
-    }
-
     async fn create_on(
         &self,
         node: &str,
@@ -258,11 +296,18 @@ impl Nodes {
     /// run the backend and carry the selector's labels; a node that
     /// refuses (no room, or unreachable) is skipped and the next choice
     /// tried, up to `max_attempts` nodes.
+    ///
+    /// A keyed creation on remote nodes with a shared store (`keys`)
+    /// records its node there before asking it, and a retry through any
+    /// replica goes to the node recorded (see `docs/design.md`, "Keyed
+    /// creations across replicas"). Without a store, the key picks the
+    /// first node itself.
     pub async fn create(
         &self,
         caller: &Caller,
         req: api::CreateSandboxRequest,
         key: Option<&str>,
+        keys: Option<&AnyStore>,
     ) -> Result<api::CreatedSandbox, ApiError> {
         let demand = Demand {
             backend: req.backend.as_str().to_string(),
@@ -272,31 +317,46 @@ impl Nodes {
         };
         let mut refused: Vec<String> = Vec::new();
         let mut last_error: Option<ApiError> = None;
-        // A decision's time: the view it reads and the choice (not the
-        // creation on the chosen node).
-        let t0 = Instant::now();
-        let mut views = self.views();
-        let mut view_time = t0.elapsed();
-        let mut keyed_node = key.and_then(|k| Self::node_for_key(&views, &demand, caller, k));
-        for attempt in 0..self.config.max_attempts.max(1) {
-            if attempt > 0 {
-                let t = Instant::now();
-                views = self.views();
-                view_time = t.elapsed();
-            }
+        let recorded_key = match (key, keys) {
+            (Some(k), Some(store)) if !self.remote_is_empty() => Some((k, store)),
+            _ => None,
+        };
+        let mut keyed_node = match recorded_key {
+            None => key.and_then(|k| Self::node_for_key(&self.view().nodes, &demand, caller, k)),
+            Some(_) => None,
+        };
+        // The node the store holds this key for, once recorded.
+        let mut recorded: Option<String> = None;
+        let mut view = self.view();
+        for _ in 0..self.config.max_attempts.max(1) {
             let choice = match keyed_node.take() {
                 Some(n) => Some(n),
                 None => {
-                    let t = Instant::now();
-                    let choice = self.placement.choose(&views, &demand, &refused);
-                    self.placement_latency.observe(view_time + t.elapsed());
+                    let (v, choice) = self.decide(&demand, &refused);
+                    view = v;
                     choice
                 }
             };
-            let node = match choice.or_else(|| Self::fallback(&views, &demand, &refused)) {
+            let mut node = match choice.or_else(|| Self::fallback(&view.nodes, &demand, &refused)) {
                 Some(node) => node,
                 None => break,
             };
+            if let Some((k, store)) = recorded_key {
+                let held = self.record_key(store, caller, k, &node, recorded.take()).await;
+                let held = match held {
+                    Ok(held) => held,
+                    Err(e) => {
+                        self.placement.forget(&node);
+                        return Err(e);
+                    }
+                };
+                if held != node {
+                    // An earlier try of this key (through any replica) went there.
+                    self.placement.forget(&node);
+                    node = held;
+                }
+                recorded = Some(node.clone());
+            }
             match self.create_on(&node, caller, &req, key).await {
                 Ok(sb) => return Ok(sb),
                 Err(e) if matches!(e.code, ErrorCode::NoCapacity | ErrorCode::EdgeUnavailable | ErrorCode::CreationQueueFull) => {
@@ -312,7 +372,43 @@ impl Nodes {
                 }
             }
         }
-        Err(last_error.unwrap_or_else(|| Self::nothing_fits(&views, &demand)))
+        Err(last_error.unwrap_or_else(|| Self::nothing_fits(&view.nodes, &demand)))
+    }
+
+    /// One placement decision, timed into the placement histogram: the
+    /// current view (a shared snapshot) and power of k over it, with this
+    /// replica's in-flight placements overlaid. What each creation attempt
+    /// costs before a node is asked.
+    pub fn decide(&self, demand: &Demand, refused: &[String]) -> (Arc<ViewSnapshot>, Option<String>) {
+        let t = Instant::now();
+        let view = self.view();
+        let choice = self.placement.choose(&view.nodes, demand, refused);
+        self.placement_latency.observe(t.elapsed());
+        (view, choice)
+    }
+
+    /// Records that `caller`'s creation `key` goes to `node` and returns
+    /// the node it is recorded for: `node`, or the one an earlier try chose.
+    /// After a refusal by `previous`, the key moves from there to `node`,
+    /// unless another replica moved it first (then its choice is followed).
+    async fn record_key(
+        &self,
+        store: &AnyStore,
+        caller: &Caller,
+        key: &str,
+        node: &str,
+        previous: Option<String>,
+    ) -> Result<String, ApiError> {
+        if let Some(prev) = previous {
+            if store.move_creation(&caller.tenant, key, &prev, node).await? {
+                return Ok(node.to_string());
+            }
+        }
+        Ok(store.place_creation(&caller.tenant, key, node, dsec_edge::model::now_ms()).await?)
+    }
+
+    fn remote_is_empty(&self) -> bool {
+        self.remote.read().unwrap_or_else(|p| p.into_inner()).is_empty()
     }
 
     /// Nothing seems to fit: let a node that has not refused yet judge the
@@ -347,7 +443,15 @@ impl Nodes {
             all.extend(e.list(caller, filter).into_iter().map(convert::sandbox_out));
         }
         let remote = self.remotes();
-        let answers = futures_util::future::join_all(remote.iter().map(|r| r.list(caller, raw_query))).await;
+        // A node that does not answer (its link down) holds the list up
+        // for one probe's time at most, then counts as unreachable.
+        let answers = futures_util::future::join_all(remote.iter().map(|r| async move {
+            match tokio::time::timeout(crate::remote::PROBE_TIMEOUT, r.list(caller, raw_query)).await {
+                Ok(answer) => answer,
+                Err(_) => Err(ApiError::new(ErrorCode::EdgeUnavailable, format!("node {} did not answer in time", r.name))),
+            }
+        }))
+        .await;
         let mut unreachable = Vec::new();
         for (r, answer) in remote.iter().zip(answers) {
             match answer {
@@ -411,6 +515,7 @@ impl Nodes {
     pub async fn poll_remotes(&self) {
         let remotes = self.remotes();
         futures_util::future::join_all(remotes.iter().map(|r| r.poll())).await;
+        self.refresh_view();
     }
 }
 
@@ -455,6 +560,28 @@ mod tests {
         let e = Nodes::nothing_fits(&views, &demand("microvm", &[("zone", "c")]));
         assert_eq!(e.code, ErrorCode::InvalidRequest, "no node carries zone=c");
         assert!(e.message.contains("zone=c"), "{}", e.message);
+    }
+
+    #[test]
+    fn creations_share_one_view_until_a_round_rebuilds_it() {
+        let nodes = Nodes::new(vec![]);
+        let r = Arc::new(RemoteNode::new("n1", "http://127.0.0.1:9", "s").unwrap());
+        nodes.put_remote(r.clone());
+        let first = nodes.view();
+        assert!(Arc::ptr_eq(&first, &nodes.view()), "a second creation takes the same snapshot");
+        assert!(!first.nodes[0].healthy, "never probed: unreachable");
+        let mut status = r.status();
+        status.backends = vec!["container".into()];
+        (status.cpu_capacity, status.memory_capacity_mb, status.slots_capacity) = (8.0, 1000, 10);
+        r.record(status, Duration::ZERO);
+        assert!(!nodes.view().nodes[0].healthy, "a probe's answer waits for the round's rebuild");
+        nodes.refresh_view();
+        assert!(nodes.view().nodes[0].healthy && !Arc::ptr_eq(&first, &nodes.view()));
+        let demand = demand("container", &[]);
+        assert_eq!(nodes.decide(&demand, &[]).1.as_deref(), Some("n1"));
+        assert_eq!(nodes.decide(&demand, &["n1".into()]).1, None, "a node that refused is not chosen again");
+        nodes.remove_remote("n1");
+        assert!(nodes.view().nodes.is_empty(), "a departure rebuilds at once");
     }
 
     #[test]

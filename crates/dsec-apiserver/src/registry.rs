@@ -13,7 +13,7 @@ use std::time::Duration;
 use axum::body::Body;
 use axum::http::{header, Request};
 use dsec_api as api;
-use dsec_store::{AnyStore, ClusterStore, Member, NodeState, StoreError};
+use dsec_store::{AnyStore, ClusterStore, CreationKeys, Member, NodeState, StoreError};
 use http_body_util::BodyExt;
 use hyper_util::client::legacy::{connect::HttpConnector, Client};
 use hyper_util::rt::TokioExecutor;
@@ -25,6 +25,9 @@ use crate::remote::{Membership, RemoteNode, POLL_INTERVAL};
 /// How often the registry is read again (joins, drains and departures made
 /// through another replica show up within this).
 pub const REGISTRY_PERIOD: Duration = Duration::from_secs(1);
+/// Registry rounds between two prunings of old creation keys (each
+/// replica prunes; deleting what another already deleted is harmless).
+const KEY_PRUNE_ROUNDS: u64 = 600;
 
 /// What the remote side of a registry row looks like to `Nodes`.
 fn membership(m: &Member) -> Membership {
@@ -76,6 +79,8 @@ pub async fn sync_once(nodes: &Nodes, store: &AnyStore) -> Result<(), StoreError
             nodes.remove_remote(&r.name);
         }
     }
+    // Labels and drains changed in place.
+    nodes.refresh_view();
     Ok(())
 }
 
@@ -129,6 +134,7 @@ pub fn apply_view(nodes: &Nodes, view: api::WatcherView) {
             _ => {}
         }
     }
+    nodes.refresh_view();
 }
 
 /// Keeps `nodes` current for as long as the process runs: the registry
@@ -142,10 +148,18 @@ pub fn follow(nodes: Arc<Nodes>, auth: Arc<Authenticator>, watcher: Option<Watch
         let Some(tokens) = auth.tokens() else { return };
         let mut tick = tokio::time::interval(REGISTRY_PERIOD);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut rounds: u64 = 0;
         loop {
             tick.tick().await;
             if let Err(e) = sync_once(&registry_nodes, tokens.store()).await {
                 tracing::warn!(error = %e, "reading the node registry failed");
+            }
+            rounds += 1;
+            if rounds % KEY_PRUNE_ROUNDS == 0 {
+                let before = dsec_edge::model::now_ms().saturating_sub(dsec_store::CREATION_KEY_TTL_MS);
+                if let Err(e) = tokens.store().forget_creations(before).await {
+                    tracing::warn!(error = %e, "forgetting old creation keys failed");
+                }
             }
         }
     });

@@ -22,16 +22,17 @@ use crate::auth::{ADMIN_HEADER, TENANT_HEADER};
 use crate::error::ApiError;
 
 /// How long a node's last answered probe stays trustworthy: older, the
-/// node is `unreachable`. Generous, for a busy node whose probes are slow;
-/// a node whose probe fails outright (refused, reset) is unreachable at
-/// once.
+/// node is `unreachable` (what a watcher's stale view comes to); a node
+/// whose probe fails (refused, reset) or goes unanswered for
+/// [`PROBE_TIMEOUT`] is unreachable at once.
 pub const VIEW_TTL: Duration = Duration::from_secs(10);
 /// How often the node is probed (by the watcher, or by the apiserver's own
 /// polling when it has no watcher).
 pub const POLL_INTERVAL: Duration = Duration::from_millis(500);
 /// How long one probe may take: a node that does not answer (its link
-/// down) must not hold up the round.
-const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
+/// down) must not hold up the round, and is unreachable until it answers.
+/// Also how long a listing waits for one node.
+pub const PROBE_TIMEOUT: Duration = Duration::from_secs(3);
 /// Lists remembered per node for answering while it is unreachable.
 const MAX_ROSTERS: usize = 256;
 
@@ -296,7 +297,12 @@ impl RemoteNode {
                 tracing::debug!(node = %self.name, error = %e.message, "probe failed");
                 self.mark_down();
             }
-            Err(_) => tracing::debug!(node = %self.name, "probe not answered in time"),
+            // No answer at all (its link down): as good as a refusal for
+            // placement; the next answered probe brings it back.
+            Err(_) => {
+                tracing::debug!(node = %self.name, "probe not answered in time");
+                self.mark_down();
+            }
         }
     }
 

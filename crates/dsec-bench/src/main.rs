@@ -60,6 +60,10 @@ enum Cmd {
     QuotaCheck(cmds::quota_check::QuotaCheckArgs),
     /// Placement decisions per second over simulated nodes, by k and node count.
     Placement(cmds::placement::PlacementArgs),
+    /// A large job through the apiserver's creation path against simulated edges, with one and two replicas.
+    ClusterJob(cmds::cluster_job::ClusterJobArgs),
+    /// From an edge's death (crash, partition) to `unknown` and to placement avoiding it.
+    ClusterFailure(cmds::cluster_failure::ClusterFailureArgs),
 }
 
 /// Where the platform is and what the sandboxes look like.
@@ -153,6 +157,8 @@ fn main() -> anyhow::Result<()> {
             Cmd::StoreGrant(a) => cmds::store_grant::run(a).await,
             Cmd::QuotaCheck(a) => cmds::quota_check::run(a).await,
             Cmd::Placement(a) => cmds::placement::run(a).await,
+            Cmd::ClusterJob(a) => cmds::cluster_job::run(a).await,
+            Cmd::ClusterFailure(a) => cmds::cluster_failure::run(a).await,
             Cmd::Counts(a) => {
                 let c = host::counts(a.dsec_pid, a.data_dir.as_deref(), a.node.as_deref());
                 println!("{}", serde_json::to_string_pretty(&c)?);

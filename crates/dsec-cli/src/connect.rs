@@ -7,7 +7,8 @@ use dsec_client::Client;
 
 #[derive(Args, Debug, Clone)]
 pub struct ConnectArgs {
-    /// API endpoint.
+    /// API endpoint, or several apiserver replicas separated by commas
+    /// (a request that cannot reach one goes to the next where that is safe).
     #[arg(long, env = "DSEC_ENDPOINT", default_value = "http://127.0.0.1:8080", global = true)]
     pub endpoint: String,
     /// Bearer token; default: $DSEC_TOKEN, else the local admin token file.

@@ -1,6 +1,15 @@
 //! A small async client of the dsec HTTP API, over one pooled keep-alive
 //! HTTP/1.1 connection set. The CLI and the compiled load generators use it;
 //! Python users have the SDK in sdk/python.
+//!
+//! It may know several endpoints (apiserver replicas, any of which serves
+//! any request, given as `http://a,http://b`): a request that cannot reach
+//! one goes to the next when sending it again is safe (idempotent methods,
+//! creations, which carry an idempotency key, trajectory steps) or it was
+//! refused at connect (never sent); the replica that answered stays current.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use bytes::Bytes;
 use dsec_api as api;
@@ -42,26 +51,50 @@ pub struct Client {
     http: HyperClient<HttpConnector, Full<Bytes>>,
     /// For request bodies sent as they are produced (`transfer`).
     streaming: HyperClient<HttpConnector, transfer::StreamedBody>,
-    endpoint: String,
+    /// Every endpoint, in order of preference.
+    endpoints: Arc<[String]>,
+    /// The index of the endpoint requests go to now (shared by clones).
+    current: Arc<AtomicUsize>,
     auth: Option<String>,
 }
 
+/// Headers that make a request safe to send again, to any replica: the
+/// server answers a repeat with the first request's result.
+const REPLAY_HEADERS: [&str; 2] = [api::IDEMPOTENCY_KEY_HEADER, "x-dsec-step-id"];
+
 impl Client {
-    /// `endpoint` like `http://127.0.0.1:8080`.
+    /// `endpoint` like `http://127.0.0.1:8080`, or several separated by
+    /// commas (replicas of one cluster).
     pub fn new(endpoint: &str, token: Option<&str>) -> Result<Client, ClientError> {
-        let endpoint = endpoint.trim_end_matches('/').to_string();
-        if !endpoint.starts_with("http://") {
-            return Err(ClientError::Endpoint(endpoint));
+        let endpoints: Vec<String> =
+            endpoint.split(',').map(|e| e.trim().trim_end_matches('/').to_string()).filter(|e| !e.is_empty()).collect();
+        if endpoints.is_empty() {
+            return Err(ClientError::Endpoint(endpoint.to_string()));
+        }
+        if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://")) {
+            return Err(ClientError::Endpoint(bad.clone()));
         }
         let mut connector = HttpConnector::new();
         connector.set_nodelay(true);
         let http = HyperClient::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build(connector.clone());
         let streaming = HyperClient::builder(TokioExecutor::new()).build(connector);
-        Ok(Client { http, streaming, endpoint, auth: token.map(|t| format!("Bearer {t}")) })
+        Ok(Client {
+            http,
+            streaming,
+            endpoints: endpoints.into(),
+            current: Arc::new(AtomicUsize::new(0)),
+            auth: token.map(|t| format!("Bearer {t}")),
+        })
     }
 
+    /// The endpoint requests go to now.
     pub fn endpoint(&self) -> &str {
-        &self.endpoint
+        &self.endpoints[self.current.load(Ordering::Relaxed) % self.endpoints.len()]
+    }
+
+    /// Every endpoint, in order of preference.
+    pub fn endpoints(&self) -> &[String] {
+        &self.endpoints
     }
 
     pub fn token(&self) -> Option<&str> {
@@ -88,24 +121,46 @@ impl Client {
         content_type: &str,
         headers: &[(&str, &str)],
     ) -> Result<(StatusCode, Bytes), ClientError> {
-        let mut req = Request::builder().method(method).uri(format!("{}{path}", self.endpoint));
-        if let Some(a) = &self.auth {
-            req = req.header(header::AUTHORIZATION, a);
+        let safe = matches!(method, Method::GET | Method::HEAD | Method::PUT | Method::DELETE | Method::OPTIONS)
+            || headers.iter().any(|(k, _)| REPLAY_HEADERS.iter().any(|r| k.eq_ignore_ascii_case(r)));
+        let has_body = body.is_some();
+        let body = Bytes::from(body.unwrap_or_default());
+        let first = self.current.load(Ordering::Relaxed);
+        let n = self.endpoints.len();
+        for attempt in 0..n {
+            let i = (first + attempt) % n;
+            let endpoint = &self.endpoints[i];
+            let mut req = Request::builder().method(method.clone()).uri(format!("{endpoint}{path}"));
+            if let Some(a) = &self.auth {
+                req = req.header(header::AUTHORIZATION, a);
+            }
+            for (k, v) in headers {
+                req = req.header(*k, *v);
+            }
+            if has_body {
+                req = req.header(header::CONTENT_TYPE, content_type);
+            }
+            let req = req.body(Full::new(body.clone())).map_err(|e| ClientError::Endpoint(e.to_string()))?;
+            let resp = match self.http.request(req).await {
+                Ok(resp) => resp,
+                // Refused at connect, the request never left; otherwise the
+                // replica may have acted on it.
+                Err(e) if attempt + 1 < n && (safe || e.is_connect()) => continue,
+                Err(e) => return Err(connect_error(endpoint, e)),
+            };
+            let status = resp.status();
+            let bytes = match resp.into_body().collect().await {
+                Ok(b) => b.to_bytes(),
+                Err(_) if attempt + 1 < n && safe => continue,
+                Err(e) => return Err(connect_error(endpoint, e)),
+            };
+            self.current.store(i, Ordering::Relaxed);
+            if !status.is_success() {
+                return Err(api_error(status, &bytes));
+            }
+            return Ok((status, bytes));
         }
-        for (k, v) in headers {
-            req = req.header(*k, *v);
-        }
-        if body.is_some() {
-            req = req.header(header::CONTENT_TYPE, content_type);
-        }
-        let req = req.body(Full::new(Bytes::from(body.unwrap_or_default()))).map_err(|e| ClientError::Endpoint(e.to_string()))?;
-        let resp = self.http.request(req).await.map_err(|e| self.connect_error(e))?;
-        let status = resp.status();
-        let body = self.read_body(resp.into_body()).await?;
-        if !status.is_success() {
-            return Err(api_error(status, &body));
-        }
-        Ok((status, body))
+        unreachable!("the last endpoint's failure returns")
     }
 
     async fn read_body(&self, body: hyper::body::Incoming) -> Result<Bytes, ClientError> {
@@ -113,7 +168,7 @@ impl Client {
     }
 
     fn connect_error(&self, e: impl std::fmt::Debug) -> ClientError {
-        ClientError::Connect { endpoint: self.endpoint.clone(), detail: format!("{e:?}") }
+        connect_error(self.endpoint(), e)
     }
 
     async fn json<B: Serialize, T: DeserializeOwned>(&self, method: Method, path: &str, body: Option<&B>) -> Result<T, ClientError> {
@@ -137,8 +192,13 @@ impl Client {
         self.json::<(), _>(Method::GET, "/healthz", None).await
     }
 
+    /// Creates a sandbox under a fresh idempotency key (none with a first
+    /// command, which a retry would run again), so a retry through another
+    /// replica makes one sandbox.
     pub async fn create(&self, req: &api::CreateSandboxRequest) -> Result<api::Sandbox, ClientError> {
-        self.json(Method::POST, "/v1/sandboxes", Some(req)).await
+        let key = fresh_key();
+        let headers: Vec<(&str, &str)> = if req.first_exec.is_none() { vec![(api::IDEMPOTENCY_KEY_HEADER, key.as_str())] } else { vec![] };
+        self.json_with(Method::POST, "/v1/sandboxes", Some(req), &headers).await
     }
 
     pub async fn get(&self, id: &str) -> Result<api::Sandbox, ClientError> {
@@ -279,12 +339,34 @@ impl Client {
 
     /// The WebSocket URL of a streaming route, and the auth header value.
     pub fn ws_url(&self, path: &str) -> String {
-        format!("ws://{}{path}", self.endpoint.trim_start_matches("http://"))
+        format!("ws://{}{path}", self.endpoint().trim_start_matches("http://"))
     }
 
     pub fn auth_header(&self) -> Option<&str> {
         self.auth.as_deref()
     }
+}
+
+fn connect_error(endpoint: &str, e: impl std::fmt::Debug) -> ClientError {
+    ClientError::Connect { endpoint: endpoint.to_string(), detail: format!("{e:?}") }
+}
+
+/// A creation's idempotency key, unique across calls and processes: std's
+/// randomly keyed hasher over the time, the process id and a counter.
+fn fresh_key() -> String {
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CALLS.fetch_add(1, Ordering::Relaxed);
+    let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+    let half = |i: u8| {
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u128(t);
+        h.write_u32(std::process::id());
+        h.write_u64(n);
+        h.write_u8(i);
+        h.finish()
+    };
+    format!("{:016x}{:016x}", half(0), half(1))
 }
 
 /// The error an unsuccessful answer carries (the API's error body, or the
@@ -293,5 +375,55 @@ fn api_error(status: StatusCode, body: &[u8]) -> ClientError {
     match serde_json::from_slice::<api::ErrorBody>(body) {
         Ok(e) => ClientError::Api { status: status.as_u16(), code: e.error.code, message: e.error.message },
         Err(_) => ClientError::Protocol { status: status.as_u16(), body: String::from_utf8_lossy(body).into_owned() },
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    #[test]
+    fn endpoints_are_a_comma_separated_list() {
+        let c = Client::new("http://10.0.0.1:8080/, http://10.0.0.2:8080", None).unwrap();
+        assert_eq!(c.endpoints(), ["http://10.0.0.1:8080", "http://10.0.0.2:8080"]);
+        assert_eq!(c.endpoint(), "http://10.0.0.1:8080");
+        assert!(matches!(Client::new(" , ", None), Err(ClientError::Endpoint(_))));
+        assert!(matches!(Client::new("http://a:1,https://b:2", None), Err(ClientError::Endpoint(e)) if e == "https://b:2"));
+    }
+
+    #[test]
+    fn creation_keys_differ() {
+        let keys: std::collections::HashSet<String> = (0..1000).map(|_| fresh_key()).collect();
+        assert_eq!(keys.len(), 1000);
+        assert!(keys.iter().all(|k| k.len() == 32));
+    }
+
+    /// A loopback port nothing listens on.
+    fn closed_port() -> u16 {
+        std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    }
+
+    #[tokio::test]
+    async fn a_replica_that_refuses_connections_is_passed_over_and_keys_are_sent() {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let live = format!("http://{}", listener.local_addr().unwrap());
+        let server = tokio::spawn(async move {
+            let (mut conn, _) = listener.accept().await.unwrap();
+            let mut buf = vec![0u8; 65536];
+            let n = conn.read(&mut buf).await.unwrap();
+            let body = br#"{"status":"ok","version":"t","nodes":[]}"#;
+            let head = format!("HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n", body.len());
+            conn.write_all(head.as_bytes()).await.unwrap();
+            conn.write_all(body).await.unwrap();
+            String::from_utf8_lossy(&buf[..n]).to_string()
+        });
+        let dead = format!("http://127.0.0.1:{}", closed_port());
+        let c = Client::new(&format!("{dead},{live}"), None).unwrap();
+        // A POST without a key: safe only because the connection was refused.
+        let (status, _) = c.raw(Method::POST, "/healthz", None, "").await.unwrap();
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(c.endpoint(), live, "the replica that answered is current");
+        assert!(server.await.unwrap().starts_with("POST /healthz"));
     }
 }

@@ -38,7 +38,7 @@ impl Client {
     ) -> Result<Bytes, ClientError> {
         let mut req = Request::builder()
             .method(Method::PUT)
-            .uri(format!("{}{path_and_query}", self.endpoint))
+            .uri(format!("{}{path_and_query}", self.endpoint()))
             .header(header::CONTENT_TYPE, content_type);
         if let Some(a) = &self.auth {
             req = req.header(header::AUTHORIZATION, a);
@@ -60,7 +60,7 @@ impl Client {
     /// the caller to take frame by frame. An error status is read whole and
     /// returned as the error.
     pub async fn get_stream(&self, path_and_query: &str) -> Result<Incoming, ClientError> {
-        let mut req = Request::builder().method(Method::GET).uri(format!("{}{path_and_query}", self.endpoint));
+        let mut req = Request::builder().method(Method::GET).uri(format!("{}{path_and_query}", self.endpoint()));
         if let Some(a) = &self.auth {
             req = req.header(header::AUTHORIZATION, a);
         }

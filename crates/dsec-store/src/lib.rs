@@ -11,6 +11,7 @@ use std::future::Future;
 use std::path::PathBuf;
 
 pub mod cluster;
+pub mod creation_keys;
 mod error;
 pub mod migrations;
 mod model;
@@ -23,6 +24,7 @@ mod sqlite_iam;
 pub mod testing;
 
 pub use cluster::{ClusterStore, Member, Membership};
+pub use creation_keys::{CreationKeys, CREATION_KEY_TTL_MS};
 pub use error::StoreError;
 pub use model::{Grant, NewToken, NodeRecord, NodeState, Principal, PrincipalKind, TokenHash};
 pub use postgres::PgStore;
@@ -252,6 +254,18 @@ impl ClusterStore for AnyStore {
     }
     async fn members(&self) -> Result<Vec<Member>> {
         dispatch!(self, s => s.members())
+    }
+}
+
+impl CreationKeys for AnyStore {
+    async fn place_creation(&self, tenant: &str, key: &str, node: &str, now_ms: u64) -> Result<String> {
+        dispatch!(self, s => s.place_creation(tenant, key, node, now_ms))
+    }
+    async fn move_creation(&self, tenant: &str, key: &str, from: &str, to: &str) -> Result<bool> {
+        dispatch!(self, s => s.move_creation(tenant, key, from, to))
+    }
+    async fn forget_creations(&self, before_ms: u64) -> Result<u64> {
+        dispatch!(self, s => s.forget_creations(before_ms))
     }
 }
 

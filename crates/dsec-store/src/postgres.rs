@@ -14,6 +14,7 @@ use tokio_postgres::error::SqlState;
 use tokio_postgres::{NoTls, Row};
 
 mod cluster;
+mod creation_keys;
 
 use crate::columns;
 use crate::migrations::{self, VERSION_TABLE};

@@ -13,6 +13,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use rusqlite::{params, Connection, OptionalExtension, TransactionBehavior};
 
 mod cluster;
+mod creation_keys;
 
 use crate::columns;
 use crate::migrations::{self, VERSION_TABLE};

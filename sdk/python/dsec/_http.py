@@ -4,7 +4,10 @@ and requests that raise typed errors.
 Everything that talks HTTP goes through :class:`Transport`, so the error
 mapping (HTTP answer -> exception class, connection failure ->
 :class:`DSecConnectionError`, deadline -> :class:`DSecTimeoutError`) lives in
-one place. The per-call path is kept short on purpose: exec of ``true`` must
+one place. A client may know several endpoints (apiserver replicas, any of which
+serves any request): a call that cannot reach one goes to the next when
+sending it again is safe (see :meth:`Transport.request`). The per-call path
+is kept short on purpose: exec of ``true`` must
 cost well under a millisecond of client time, so headers, URLs and timeout
 objects are built once and reused. Request/answer calls go through
 :mod:`._pool` (one pre-built write, the answer parsed in the protocol);
@@ -36,7 +39,8 @@ from .errors import (
     error_from_body,
 )
 
-__all__ = ["Transport", "Params", "DEFAULT_ENDPOINT", "resolve_endpoint", "resolve_token"]
+__all__ = ["Transport", "Params", "DEFAULT_ENDPOINT", "resolve_endpoint", "resolve_endpoints",
+           "resolve_token"]
 
 #: Used when neither the ``endpoint`` argument nor ``DSEC_ENDPOINT`` is set.
 DEFAULT_ENDPOINT = "http://127.0.0.1:8080"
@@ -51,6 +55,9 @@ _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 #: Methods a pooled call may send again on a fresh connection when the
 #: reused one turns out closed (RFC 9110 9.2.2).
 _IDEMPOTENT = frozenset({"GET", "HEAD", "PUT", "DELETE", "OPTIONS"})
+#: Headers that make any request safe to send again, to any replica: the
+#: server answers a repeat with the first request's result.
+_REPLAY_HEADERS = ("idempotency-key", "x-dsec-step-id")
 
 #: Request heads kept at most (see `request`).
 _HEAD_CACHE = 8192
@@ -59,14 +66,30 @@ _HEAD_CACHE = 8192
 Params = Union[Mapping[str, str], Sequence[tuple[str, str]], None]
 
 
-def resolve_endpoint(endpoint: str | None) -> str:
-    """The endpoint to use: the argument, else ``DSEC_ENDPOINT``, else the default."""
-    ep = endpoint or os.environ.get("DSEC_ENDPOINT") or DEFAULT_ENDPOINT
+def _normalize(ep: str) -> str:
     ep = ep.strip().rstrip("/")
     if "://" not in ep:
         # Let "host:port" work as people type it.
         ep = "http://" + ep
     return ep
+
+
+def resolve_endpoints(endpoint: str | Sequence[str] | None) -> list[str]:
+    """The endpoints to use, in order of preference: the argument (a URL,
+    several separated by commas, or a list of them), else ``DSEC_ENDPOINT``
+    (one or several, comma-separated), else the default."""
+    raw: str | Sequence[str] = endpoint or os.environ.get("DSEC_ENDPOINT") or DEFAULT_ENDPOINT
+    items = raw.split(",") if isinstance(raw, str) else list(raw)
+    eps = [_normalize(e) for e in items if e and e.strip()]
+    if not eps:
+        raise ValueError(f"no endpoint in {raw!r}")
+    return eps
+
+
+def resolve_endpoint(endpoint: str | None) -> str:
+    """The (first) endpoint to use: the argument, else ``DSEC_ENDPOINT``,
+    else the default."""
+    return resolve_endpoints(endpoint)[0]
 
 
 def resolve_token(token: str | None) -> str | None:
@@ -108,11 +131,33 @@ def _raise_nofile_limit(wanted: int) -> None:
         pass
 
 
+class _Origin:
+    """One endpoint: where its connections go and the head they carry."""
+
+    __slots__ = ("endpoint", "base", "host", "port", "fixed_head", "pool", "heads")
+
+    def __init__(self, endpoint: str, headers: Mapping[str, str]) -> None:
+        self.endpoint = endpoint
+        self.base = URL(endpoint)
+        host = self.base.host or "127.0.0.1"
+        port = self.base.port or (443 if self.base.scheme == "https" else 80)
+        authority = host if self.base.is_default_port() else f"{host}:{port}"
+        if ":" in host and not host.startswith("["):
+            authority = f"[{host}]" if self.base.is_default_port() else f"[{host}]:{port}"
+        self.host, self.port = host, port
+        # The headers every pooled request carries, encoded once.
+        self.fixed_head = "".join(
+            f"{k}: {v}\r\n" for k, v in {"Host": authority, **headers}.items())
+        self.pool: Pool | None = None
+        self.heads: dict[tuple[str, str, bool], bytes] = {}
+
+
 class Transport:
-    """An aiohttp session bound to one endpoint and token.
+    """An aiohttp session bound to a token and one or more endpoints.
 
     Args:
-        endpoint: base URL of the dsec API (``http://host:port``).
+        endpoint: base URL of the dsec API (``http://host:port``), or a list
+            of them (replicas of one cluster, tried in turn).
         token: bearer token, or ``None`` to send no Authorization header.
         timeout: default deadline in seconds for control calls (create, get,
             list, stop, files...). ``None`` waits forever.
@@ -120,10 +165,14 @@ class Transport:
         max_connections: size of the connection pool (0 = unlimited).
     """
 
-    def __init__(self, endpoint: str, token: str | None, *, timeout: float | None,
-                 connect_timeout: float, max_connections: int) -> None:
-        self.endpoint = endpoint
-        self.base = URL(endpoint)
+    def __init__(self, endpoint: str | Sequence[str], token: str | None, *,
+                 timeout: float | None, connect_timeout: float, max_connections: int) -> None:
+        endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
+        if not endpoints:
+            raise ValueError("no endpoint given")
+        #: Every endpoint, in order of preference.
+        self.endpoints = endpoints
+        self.base = URL(endpoints[0])
         self.token = token
         self.max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
@@ -139,17 +188,14 @@ class Transport:
         self.headers: dict[str, str] = {"User-Agent": _USER_AGENT}
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
-        self._pool: Pool | None = None
-        self._heads: dict[tuple[str, URL, bool], bytes] = {}
-        # The headers every pooled request carries, encoded once.
-        host = self.base.host or "127.0.0.1"
-        port = self.base.port or (443 if self.base.scheme == "https" else 80)
-        authority = host if self.base.is_default_port() else f"{host}:{port}"
-        if ":" in host and not host.startswith("["):
-            authority = f"[{host}]" if self.base.is_default_port() else f"[{host}]:{port}"
-        self._host, self._port = host, port
-        self._fixed_head = "".join(
-            f"{k}: {v}\r\n" for k, v in {"Host": authority, **self.headers}.items())
+        self._origins = [_Origin(e, self.headers) for e in endpoints]
+        # The endpoint calls go to: the last one that answered.
+        self._current = 0
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint calls go to now."""
+        return self._origins[self._current].endpoint
 
     # --- lifecycle -----------------------------------------------------------
 
@@ -172,9 +218,9 @@ class Transport:
             ttl_dns_cache=300,
         )
         self._session = self._new_session(connector)
-        self._pool = Pool(self._host, self._port,
-                          ssl=ssl.create_default_context() if self.base.scheme == "https"
-                          else None,
+        for o in self._origins:
+            o.pool = Pool(o.host, o.port,
+                          ssl=ssl.create_default_context() if o.base.scheme == "https" else None,
                           limit=self.max_connections, connect_timeout=self.connect_timeout)
 
     def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
@@ -207,9 +253,10 @@ class Transport:
 
     async def close(self) -> None:
         """Close the sessions and every pooled connection."""
-        if self._pool is not None:
-            self._pool.close()
-            self._pool = None
+        for o in self._origins:
+            if o.pool is not None:
+                o.pool.close()
+                o.pool = None
         for session in (self._session, self._streamed_session):
             if session is not None and not session.closed:
                 await session.close()
@@ -236,8 +283,28 @@ class Transport:
     # --- URLs ----------------------------------------------------------------
 
     def url(self, path: str) -> URL:
-        """An absolute URL for an API path that is already percent-encoded."""
+        """An absolute URL for an API path that is already percent-encoded
+        (on the first endpoint: calls send it to the current one)."""
         return self.base.with_path(self.base.path.rstrip("/") + path, encoded=True)
+
+    def _target(self, o: _Origin, url: URL) -> str:
+        """``url``'s path and query as endpoint ``o`` serves them."""
+        target = url.raw_path_qs
+        first = self.base.raw_path.rstrip("/")
+        here = o.base.raw_path.rstrip("/")
+        if here != first and target.startswith(first):
+            target = here + target[len(first):]
+        return target
+
+    def on_current(self, url: URL) -> URL:
+        """``url`` (built by :meth:`url`) sent to the current endpoint."""
+        return self._on(self._origins[self._current], url)
+
+    def _on(self, o: _Origin, url: URL) -> URL:
+        """``url`` (built by :meth:`url`) sent to endpoint ``o``."""
+        if o is self._origins[0] or url.origin() != self.base.origin():
+            return url
+        return URL(str(o.base.origin()) + self._target(o, url), encoded=True)
 
     @staticmethod
     def quote(segment: str) -> str:
@@ -281,29 +348,62 @@ class Transport:
         if json_body is not None:
             data = _json.dumps(json_body)
             headers = _JSON_HEADERS if headers is None else {**headers, **_JSON_HEADERS}
+        origins = self._origins
+        if len(origins) == 1:
+            return await self._send(origins[0], method, url, data, params, headers, timeout,
+                                    streamed)
+        # Several replicas: a call that cannot reach one goes to the next
+        # if sending it twice is harmless (or it was never sent at all).
+        safe = not streamed and (method in _IDEMPOTENT or (headers is not None and any(
+            h in headers for h in _REPLAY_HEADERS)))
+        first = self._current
+        for attempt in range(len(origins)):
+            i = (first + attempt) % len(origins)
+            try:
+                answer = await self._send(origins[i], method, url, data, params, headers,
+                                          timeout, streamed)
+            except DSecConnectionError as e:
+                # Refused at connect: the request never left.
+                unsent = isinstance(e.__cause__, (ConnectionRefusedError,
+                                                  aiohttp.ClientConnectorError))
+                if attempt + 1 == len(origins) or not (safe or unsent):
+                    raise
+                continue
+            except DSecError:
+                # The replica answered (with an error): it stays current.
+                self._current = i
+                raise
+            self._current = i
+            return answer
+        raise AssertionError("unreachable")
+
+    async def _send(self, o: _Origin, method: str, url: URL, data: Any, params: Params,
+                    headers: Mapping[str, str] | None, timeout: aiohttp.ClientTimeout | None,
+                    streamed: bool) -> Any:
+        """One request to endpoint ``o``."""
         if streamed or not (data is None or isinstance(data, (bytes, bytearray))):
-            return await self._request_aiohttp(method, url, data, params, headers, timeout,
-                                               streamed)
-        pool = self._pool
+            return await self._request_aiohttp(method, self._on(o, url), data, params, headers,
+                                               timeout, streamed)
+        pool = o.pool
         if pool is None:
             await self.ensure_open()
-            pool = self._pool
+            pool = o.pool
             assert pool is not None
         if params is None and (headers is None or headers is _JSON_HEADERS):
             # The request line and headers of a URL are the same every call:
             # built once (one entry per sandbox and call kind).
-            key = (method, url, headers is not None)
-            prefix = self._heads.get(key)
+            key = (method, url.raw_path_qs, headers is not None)
+            prefix = o.heads.get(key)
             if prefix is None:
-                if len(self._heads) >= _HEAD_CACHE:
-                    self._heads.clear()
-                prefix = self._heads[key] = self._head(method, url.raw_path_qs, headers)
+                if len(o.heads) >= _HEAD_CACHE:
+                    o.heads.clear()
+                prefix = o.heads[key] = self._head(o, method, self._target(o, url), headers)
         else:
-            target = url.raw_path_qs
+            target = self._target(o, url)
             if params:
                 target += (("&" if url.raw_query_string else "?") +
                            urlencode(params, quote_via=quote))
-            prefix = self._head(method, target, headers)
+            prefix = self._head(o, method, target, headers)
         if data:
             wire = b"%sContent-Length: %d\r\n\r\n%s" % (prefix, len(data), data)
         else:
@@ -316,7 +416,7 @@ class Transport:
         except asyncio.TimeoutError as e:
             raise DSecTimeoutError("timeout", f"{method} {url.path}: no answer in time") from e
         except (OSError, ProtocolError) as e:
-            raise self.connection_error(e) from e
+            raise self.connection_error(e, o.endpoint) from e
         if status >= 400:
             raise error_from_body(status, body, CIMultiDict(
                 (k.decode("latin-1"), v.decode("latin-1")) for k, v in raw_headers))
@@ -324,9 +424,10 @@ class Transport:
             return None
         return _json.loads(body)
 
-    def _head(self, method: str, target: str, headers: Mapping[str, str] | None) -> bytes:
+    @staticmethod
+    def _head(o: _Origin, method: str, target: str, headers: Mapping[str, str] | None) -> bytes:
         """The request line and headers, up to the body's length."""
-        head = f"{method} {target} HTTP/1.1\r\n{self._fixed_head}"
+        head = f"{method} {target} HTTP/1.1\r\n{o.fixed_head}"
         if headers:
             for k, v in headers.items():
                 if any(c in k or c in v for c in "\r\n"):
@@ -337,7 +438,8 @@ class Transport:
     async def _request_aiohttp(self, method: str, url: URL, data: Any, params: Params,
                                headers: Mapping[str, str] | None,
                                timeout: aiohttp.ClientTimeout | None, streamed: bool) -> Any:
-        """A request whose body is a stream or a file: through aiohttp."""
+        """A request whose body is a stream or a file: through aiohttp
+        (``url`` already on the endpoint it goes to)."""
         session = self._session
         if streamed:
             session = await self.streamed_session()
@@ -356,7 +458,7 @@ class Transport:
         except asyncio.TimeoutError as e:
             raise DSecTimeoutError("timeout", f"{method} {url.path}: no answer in time") from e
         except aiohttp.ClientError as e:
-            raise self.connection_error(e) from e
+            raise self.connection_error(e, str(url.origin())) from e
         if not body:
             return None
         return _json.loads(body)
@@ -378,7 +480,7 @@ class Transport:
         session = await self.ensure_open()
         try:
             async with session.request(
-                method, url, params=params, data=data, headers=headers,
+                method, self.on_current(url), params=params, data=data, headers=headers,
                 timeout=timeout or self.unbounded_timeout,
             ) as resp:
                 if resp.status >= 400:
@@ -391,10 +493,12 @@ class Transport:
         except aiohttp.ClientError as e:
             raise self.connection_error(e) from e
 
-    def connection_error(self, e: BaseException) -> DSecConnectionError:
-        """The SDK's error for a transport failure ``e``."""
+    def connection_error(self, e: BaseException, endpoint: str | None = None
+                         ) -> DSecConnectionError:
+        """The SDK's error for a transport failure ``e`` (at ``endpoint``,
+        by default the current one)."""
         return DSecConnectionError(
-            "edge_unavailable", f"cannot reach the dsec server at {self.endpoint}: "
+            "edge_unavailable", f"cannot reach the dsec server at {endpoint or self.endpoint}: "
             f"{type(e).__name__}: {e}")
 
     @staticmethod

@@ -11,7 +11,7 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
-from ._http import Transport, resolve_endpoint, resolve_token
+from ._http import Transport, resolve_endpoints, resolve_token
 from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
@@ -27,8 +27,13 @@ class DSecClient:
     """A connection to a dsec server.
 
     Args:
-        endpoint: base URL of the API. Default: ``DSEC_ENDPOINT``, else
-            ``http://127.0.0.1:8080``.
+        endpoint: base URL of the API, or several (a list, or one string
+            with commas: replicas of one cluster). Default: ``DSEC_ENDPOINT``
+            (the same forms), else ``http://127.0.0.1:8080``. With several,
+            a call that cannot reach one replica goes to the next when that
+            is safe: reads and other idempotent calls, creations (each
+            carries an idempotency key), trajectory steps, and anything
+            refused at connect; the replica that answered stays current.
         token: bearer token. Default: ``DSEC_TOKEN``, else the content of the
             file named by ``DSEC_TOKEN_FILE``.
         timeout: deadline in seconds for control calls (get, list, stop,
@@ -56,7 +61,7 @@ class DSecClient:
 
     def __init__(
         self,
-        endpoint: str | None = None,
+        endpoint: str | Sequence[str] | None = None,
         token: str | None = None,
         *,
         timeout: float | None = 60.0,
@@ -64,7 +69,7 @@ class DSecClient:
         max_connections: int = 1024,
     ) -> None:
         self._transport = Transport(
-            resolve_endpoint(endpoint), resolve_token(token), timeout=timeout,
+            resolve_endpoints(endpoint), resolve_token(token), timeout=timeout,
             connect_timeout=connect_timeout, max_connections=max_connections)
         self._sandboxes_url = self._transport.url("/v1/sandboxes")
         #: Projects and their quotas (:class:`dsec.iam.Projects`).
@@ -77,8 +82,13 @@ class DSecClient:
 
     @property
     def endpoint(self) -> str:
-        """The base URL of the API."""
+        """The base URL of the API (of the replica calls go to now)."""
         return self._transport.endpoint
+
+    @property
+    def endpoints(self) -> builtins.list[str]:
+        """Every endpoint this client may use, in order of preference."""
+        return builtins.list(self._transport.endpoints)
 
     @property
     def is_open(self) -> bool:
@@ -119,7 +129,9 @@ class DSecClient:
             idempotency_key: retrying with the same key (and the same
                 arguments) returns the sandbox the first call made instead of
                 making a second one; the same key with other arguments raises
-                :class:`IdempotencyConflict`.
+                :class:`IdempotencyConflict`. Default: a fresh random key for
+                this call (none with ``first_command``), so that the client's
+                own retry through another replica makes one sandbox.
             first_command: a command run as soon as the sandbox runs, in the
                 same request (one round trip instead of two): a command line
                 (as :meth:`Sandbox.run_shell`) or a list of arguments (as
@@ -132,13 +144,15 @@ class DSecClient:
         if not isinstance(args, BaseRunArgs):
             raise TypeError(f"run() takes DSecRunArgs or DSecContainerRunArgs, not "
                             f"{type(args).__name__}")
-        headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}
         body = args.to_json()
         if first_command is not None:
             if idempotency_key is not None:
                 raise ValueError("first_command cannot be combined with idempotency_key: "
                                  "a retry would run the command again")
             body["first_exec"] = first_exec_body(first_command)
+        elif idempotency_key is None:
+            idempotency_key = secrets.token_hex(16)
+        headers = None if idempotency_key is None else {"idempotency-key": idempotency_key}
         d = await self._transport.request("POST", self._sandboxes_url, json_body=body,
                                           headers=headers,
                                           timeout=self._transport.timeout_for(timeout))

@@ -483,7 +483,7 @@ class Sandbox:
         session = await self._t.ensure_open()
         try:
             return await session.ws_connect(
-                self._t.url(self._base + path), params=params, headers=headers,
+                self._t.on_current(self._t.url(self._base + path)), params=params, headers=headers,
                 max_msg_size=64 << 20, autoping=True, compress=0,
             )
         except aiohttp.WSServerHandshakeError as e:

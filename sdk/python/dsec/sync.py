@@ -151,7 +151,7 @@ class DSecClient:
 
     def __init__(
         self,
-        endpoint: str | None = None,
+        endpoint: str | Sequence[str] | None = None,
         token: str | None = None,
         *,
         timeout: float | None = 60.0,
@@ -182,8 +182,13 @@ class DSecClient:
 
     @property
     def endpoint(self) -> str:
-        """The base URL of the API."""
+        """The base URL of the API (of the replica calls go to now)."""
         return self.aio.endpoint
+
+    @property
+    def endpoints(self) -> builtins.list[str]:
+        """Every endpoint this client may use, in order of preference."""
+        return self.aio.endpoints
 
     @property
     def is_open(self) -> bool:

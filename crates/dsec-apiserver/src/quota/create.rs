@@ -34,10 +34,10 @@ pub async fn create(
     req: api::CreateSandboxRequest,
     key: Option<&str>,
 ) -> Result<api::CreatedSandbox, ApiError> {
-    let Some(tokens) = st.auth.tokens() else { return st.nodes.create(caller, req, key).await };
+    let Some(tokens) = st.auth.tokens() else { return st.nodes.create(caller, req, key, None).await };
     let ledger = tokens.ledger();
     let reservation = ledger.reserve(&caller.tenant, demand(&req), Instant::now())?;
-    let created = match st.nodes.create(caller, req, key).await {
+    let created = match st.nodes.create(caller, req, key, Some(tokens.store())).await {
         Ok(c) => c,
         Err(e) => {
             ledger.release(reservation);

@@ -1,8 +1,11 @@
 //! The benchmarks, one module each, and what they share.
 
 pub mod churn;
+pub mod cluster_failure;
+pub mod cluster_job;
 pub mod density;
 pub mod exec;
+mod fake_edges;
 pub mod fncall_baseline;
 pub mod latency;
 pub mod placement;

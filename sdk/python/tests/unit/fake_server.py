@@ -79,6 +79,8 @@ class FakeDSec:
         self.requests: list[tuple[str, str, Any]] = []  # (method, path_qs, body)
         self.headers: list[dict[str, str]] = []
         self.next_id = 0
+        #: Idempotency key -> the sandbox its first creation made.
+        self.keys: dict[str, str] = {}
         self.loop = asyncio.new_event_loop()
         self.url = ""
         #: The OpenAPI document's checks of this server's traffic.
@@ -229,9 +231,13 @@ class FakeDSec:
             return err(503, "no_capacity", "full", headers={"Retry-After": "3"})
         if body.get("image") == "future":
             return err(418, "teapot_overflow", "a code from the future")
+        key = request.headers.get("idempotency-key")
+        if key is not None and key in self.keys:
+            # A retry: the sandbox the first request made.
+            return web.json_response(self.sandboxes[self.keys[key]].record(), status=201)
         first = body.get("first_exec")
         if first is not None:
-            if request.headers.get("idempotency-key"):
+            if key:
                 return err(400, "invalid_request", "first_exec with an Idempotency-Key")
             if ("cmd" in first) == ("argv" in first):
                 return err(400, "invalid_request", "exactly one of cmd and argv")
@@ -239,6 +245,8 @@ class FakeDSec:
         sb = FakeSandbox(f"sb-{self.next_id}",
                          {k: v for k, v in body.items() if k != "first_exec"})
         self.sandboxes[sb.id] = sb
+        if key is not None:
+            self.keys[key] = sb.id
         if first is None:
             return web.json_response(sb.record(), status=201)
         answer = self._run(first)
