@@ -144,8 +144,8 @@ impl FakeEdges {
     }
 }
 
-fn node(edges: &FakeEdges, name: &str) -> Result<Arc<FakeNode>, Response> {
-    edges.nodes.get(name).cloned().ok_or_else(|| StatusCode::NOT_FOUND.into_response())
+fn node(edges: &FakeEdges, name: &str) -> Result<Arc<FakeNode>, StatusCode> {
+    edges.nodes.get(name).cloned().ok_or(StatusCode::NOT_FOUND)
 }
 
 async fn hang_if_silent(n: &FakeNode) {
@@ -155,13 +155,13 @@ async fn hang_if_silent(n: &FakeNode) {
 }
 
 async fn nodes(State(edges): State<FakeEdges>, Path(name): Path<String>) -> Result<Json<Vec<api::NodeStatus>>, Response> {
-    let n = node(&edges, &name)?;
+    let n = node(&edges, &name).map_err(IntoResponse::into_response)?;
     hang_if_silent(&n).await;
     Ok(Json(vec![n.status()]))
 }
 
 async fn list(State(edges): State<FakeEdges>, Path(name): Path<String>) -> Result<Json<api::SandboxList>, Response> {
-    let n = node(&edges, &name)?;
+    let n = node(&edges, &name).map_err(IntoResponse::into_response)?;
     hang_if_silent(&n).await;
     let ids = n.ids.lock().unwrap_or_else(|p| p.into_inner()).clone();
     let sandboxes = ids.iter().map(|id| n.sandbox(id, 1.0)).collect();
@@ -173,7 +173,7 @@ async fn create(
     Path(name): Path<String>,
     Json(req): Json<api::CreateSandboxRequest>,
 ) -> Result<(StatusCode, Json<api::CreatedSandbox>), Response> {
-    let n = node(&edges, &name)?;
+    let n = node(&edges, &name).map_err(IntoResponse::into_response)?;
     hang_if_silent(&n).await;
     let cpu = req.cpu_cores_limit.unwrap_or(1.0);
     let millis = (cpu * 1000.0) as u64;
