@@ -322,7 +322,13 @@ impl Nodes {
             _ => None,
         };
         let mut keyed_node = match recorded_key {
-            None => key.and_then(|k| Self::node_for_key(&self.view().nodes, &demand, caller, k)),
+            // Also a placement decision: timed into the same histogram.
+            None => key.and_then(|k| {
+                let t = Instant::now();
+                let node = Self::node_for_key(&self.view().nodes, &demand, caller, k);
+                self.placement_latency.observe(t.elapsed());
+                node
+            }),
             Some(_) => None,
         };
         // The node the store holds this key for, once recorded.
