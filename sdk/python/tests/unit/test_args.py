@@ -103,7 +103,7 @@ def test_field_names_match_the_api() -> None:
     # The Rust CreateSandboxRequest fields (crates/dsec-api/src/sandboxes.rs).
     api = {"backend", "image", "workspace", "toolkits", "memory_limit_mb", "cpu_cores_limit",
            "disk_limit_mb", "pids_limit", "qos_class", "ttl_running_stop", "max_lifetime_s",
-           "network_rules", "init_user", "env", "workdir", "labels", "job", "snapshot", "node_selector"}
+           "network_rules", "init_user", "env", "workdir", "labels", "job", "snapshot", "node_selector", "volumes"}
     assert {f.name for f in dataclasses.fields(DSecRunArgs)} == api
     container = {f.name for f in dataclasses.fields(DSecContainerRunArgs)}
     # A snapshot starts a microVM: not a container argument.

@@ -83,6 +83,9 @@ async def test_every_route_answers_as_the_document_says(client: DSecClient, fake
     await sb.delete()
     with pytest.raises(dsec.SandboxNotFound):
         await sb.refresh()
+    await client.create_volume("data", size_mb=64)
+    assert [v.name for v in await client.volumes()] == ["data"]
+    await client.delete_volume("data")
 
     reached = {(method, route) for method, route, _ in fake.contract.seen}
     assert sorted(fake_routes(fake) - reached) == []
