@@ -759,7 +759,19 @@ mod tests {
         let (client, _) = AgentClient::answer(a).await.unwrap();
         let (_, edge_hello) = agent.await.unwrap();
         assert_eq!(edge_hello, EdgeHello::ours(PROTOCOL_VERSION));
-        assert_eq!(client.negotiated(), Negotiated { version: PROTOCOL_VERSION, features: crate::Features::all() });
+        assert_eq!(client.negotiated(), Negotiated { version: PROTOCOL_VERSION, features: crate::Features::from_names(["vm_nic"]) });
+    }
+
+    /// An agent that does not announce port forwarding is never sent a
+    /// `ConnectPort` (it would drop the frame and never answer).
+    #[tokio::test]
+    async fn a_port_connect_needs_the_agents_feature() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let without = hello(PROTOCOL_VERSION, Some(crate::Offer { min_version: MIN_PROTOCOL_VERSION, features: vec!["vm_nic".into()] }));
+        let _agent = tokio::spawn(fake_agent_saying(b, without));
+        let (client, _) = AgentClient::answer(a).await.unwrap();
+        let err = client.open(Op::ConnectPort { port: 8000 }).await.err().expect("refused before it is sent");
+        assert!(matches!(err, ClientError::Unsupported { feature: Feature::PortForward, .. }), "{err}");
     }
 
     fn vm_setup(nic: Option<crate::VmNic>) -> Op {

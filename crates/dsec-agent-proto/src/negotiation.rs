@@ -66,6 +66,7 @@
 //! | 3 | `ContainerSetup::syscall_filter` (mid-struct), `Op::AuditEvents`, `Reply::Audit`; later, without a bump: `Op::SetupVm`, `Op::ChangedSince`, `Op::RecordAudit` | below the minimum, refused: a "3" may lack any of the later ops |
 //! | 4 | `FromAgent::Audited`, the container agent's parked descriptors of its masked paths; later, without a bump: `Op::Reidentify`, `ContainerSetup::resolv_conf` | the minimum: every agent has them (protocol 4 means its last state, before 5) |
 //! | 5 | `VmSetup::nic` (the last field of the last message of a `SetupVm` frame) | [`Feature::VmNic`]: a setup with a NIC is refused, one without is sent as is (a protocol 4 agent ignores the trailing `None`) |
+//! | 5 | later, without a bump: `Op::ConnectPort` | [`Feature::PortForward`]: refused before it is sent to an agent that does not announce it |
 
 use std::fmt;
 
@@ -82,6 +83,9 @@ use crate::{AgentState, Op, MIN_PROTOCOL_VERSION, PROTOCOL_VERSION};
 pub enum Feature {
     /// `VmSetup::nic`: a full VM's agent sets its NIC up during the setup.
     VmNic,
+    /// `Op::ConnectPort`: the agent relays a connection to a port of the
+    /// sandbox's loopback (how a VM's ports are reached).
+    PortForward,
 }
 
 /// One row of [`FEATURES`].
@@ -98,12 +102,21 @@ pub struct FeatureInfo {
 /// Every feature, as data, in the order of [`Feature`]. A name is never
 /// reused; a peer ignores names it does not know (a newer peer's features
 /// cost an older one nothing).
-pub const FEATURES: &[FeatureInfo] = &[FeatureInfo {
-    feature: Feature::VmNic,
-    name: "vm_nic",
-    implied_since: 5,
-    gates: "the setup of a networked full VM's NIC (VmSetup::nic)",
-}];
+pub const FEATURES: &[FeatureInfo] = &[
+    FeatureInfo {
+        feature: Feature::VmNic,
+        name: "vm_nic",
+        implied_since: 5,
+        gates: "the setup of a networked full VM's NIC (VmSetup::nic)",
+    },
+    FeatureInfo {
+        feature: Feature::PortForward,
+        name: "port_forward",
+        // Newer than every agent from before negotiation.
+        implied_since: u32::MAX,
+        gates: "connections to a port inside a VM (Op::ConnectPort)",
+    },
+];
 
 impl Feature {
     pub fn info(self) -> &'static FeatureInfo {
@@ -317,6 +330,7 @@ impl Op {
     pub fn requires(&self) -> Option<Feature> {
         match self {
             Op::SetupVm(setup) if setup.nic.is_some() => Some(Feature::VmNic),
+            Op::ConnectPort { .. } => Some(Feature::PortForward),
             _ => None,
         }
     }
@@ -412,10 +426,10 @@ pub(crate) mod tests {
 
     #[test]
     fn feature_table_is_complete() {
-        for f in [Feature::VmNic] {
+        for f in [Feature::VmNic, Feature::PortForward] {
             // Fails to compile when a variant is added: list it above too.
             match f {
-                Feature::VmNic => assert_eq!(f.info().feature, f),
+                Feature::VmNic | Feature::PortForward => assert_eq!(f.info().feature, f),
             }
         }
         for (i, f) in FEATURES.iter().enumerate() {
@@ -423,7 +437,8 @@ pub(crate) mod tests {
             assert!(FEATURES[..i].iter().all(|g| g.name != f.name), "{} twice", f.name);
             // A feature older than the minimum would be in every accepted
             // peer: it is part of the baseline instead.
-            assert!((MIN_PROTOCOL_VERSION + 1..=PROTOCOL_VERSION).contains(&f.implied_since), "{}", f.name);
+            // (u32::MAX: no peer from before negotiation has it.)
+            assert!(f.implied_since == u32::MAX || (MIN_PROTOCOL_VERSION + 1..=PROTOCOL_VERSION).contains(&f.implied_since), "{}", f.name);
         }
         assert_eq!(Features::from_names(Features::all().names().iter().map(String::as_str)), Features::all());
         assert_eq!(Features::from_names(["no_such_feature"]), Features::default());
@@ -465,7 +480,8 @@ pub(crate) mod tests {
         let edge = speaks(4, 5, Features::all());
         let agent = speaks(4, 9, Features::from_names(["vm_nic", "from_the_future"]));
         let n = edge.agree(&agent, None).unwrap();
-        assert_eq!(n, Negotiated { version: 5, features: Features::all() });
+        // The features of both: the agent's known ones.
+        assert_eq!(n, Negotiated { version: 5, features: Features::from_names(["vm_nic"]) });
         assert_eq!(agent.agree(&edge, Some(9)).unwrap().version, 5);
         // An agent that dropped the edge's version is too new for it.
         let e = edge.agree(&speaks(6, 9, Features::all()), None).unwrap_err();
@@ -479,7 +495,9 @@ pub(crate) mod tests {
         let edge = speaks(4, 6, Features::all());
         let n = edge.agree(&legacy(4), None).unwrap();
         assert_eq!(n, Negotiated { version: 4, features: Features::default() });
-        assert_eq!(edge.agree(&legacy(5), None).unwrap().features, Features::all());
+        // What version 5 implies; a feature newer than negotiation is never implied.
+        assert_eq!(edge.agree(&legacy(5), None).unwrap().features, Features::from_names(["vm_nic"]));
+        assert!(!edge.agree(&legacy(5), None).unwrap().features.has(Feature::PortForward));
         assert!(edge.agree(&legacy(4), Some(6)).is_err());
         assert!(edge.agree(&legacy(7), None).is_err(), "its version is above ours");
         assert!(edge.agree(&legacy(3), None).is_err(), "below the minimum");

@@ -74,6 +74,14 @@ pub enum Op {
     /// VM of one image would otherwise draw the same random numbers).
     /// Reply: `Done`.
     Reidentify(VmIdentity),
+    /// Connect to `127.0.0.1:port` of the sandbox (the agent's own network
+    /// namespace: a VM guest's loopback) and relay the connection: `Data`
+    /// from the edge is written to it, its bytes come back as
+    /// `Data(Content)`, `Eof` shuts its write side. Once connected, an
+    /// empty `Data(Content)` frame says so; a refused connect is an error
+    /// reply (`NotFound`) and nothing else. Reply: `Done` once both
+    /// directions have ended (or `Cancel`). Needs `Feature::PortForward`.
+    ConnectPort { port: u16 },
 }
 
 /// Who a microVM restored from a memory image is (`Op::Reidentify`).

@@ -26,6 +26,7 @@ mod launch;
 mod ops;
 mod paths;
 mod pgroup;
+mod port;
 mod pty;
 mod reaper;
 mod reattach;

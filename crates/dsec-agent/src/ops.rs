@@ -54,6 +54,7 @@ async fn handle(agent: &Rc<Agent>, ctx: &Rc<ReqCtx>, op: Op) -> Result<Reply, Ag
             Ok(Reply::Done)
         }
         Op::Reidentify(id) => crate::vm_identity::reidentify(agent, id),
+        Op::ConnectPort { port } => crate::port::connect(ctx, port).await,
         Op::Shutdown => {
             agent.kill_everything();
             // tmpfs has nothing to flush; a VM's disk does. syncfs, not

@@ -37,3 +37,38 @@ pub struct ExposedPort {
     /// (`--sandbox-domain`): requests to that host go to the port.
     pub host: Option<String>,
 }
+
+/// `POST /v1/sandboxes/{id}/forwards`: a port of the sandbox published as
+/// a plain TCP port of its node, for clients that can name neither a path
+/// nor a header.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct CreateForwardRequest {
+    /// The TCP port a server in the sandbox listens on (or will: each
+    /// connection is made when a client comes).
+    pub port: u16,
+    /// How long the forward stays open, in seconds (default 3600, at most
+    /// a week); it closes earlier when the sandbox stops.
+    #[serde(default)]
+    pub ttl_s: Option<u64>,
+    /// Source addresses or prefixes allowed to connect (`10.0.0.0/8`,
+    /// `192.0.2.7`, IPv6 too); empty: any source that reaches the node's
+    /// forward address.
+    #[serde(default)]
+    pub allow_from: Vec<String>,
+}
+
+/// Where the forward listens.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct TcpForward {
+    /// The sandbox's port.
+    pub port: u16,
+    /// `HOST:PORT` to connect to.
+    pub address: String,
+    pub host: String,
+    /// The node's port the forward listens on.
+    pub node_port: u16,
+    /// Unix seconds at which the forward closes.
+    pub expires_at: u64,
+    pub allow_from: Vec<String>,
+}

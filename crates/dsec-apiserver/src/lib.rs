@@ -98,6 +98,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/sandboxes/{id}/files/mkdir", post(files::mkdir))
         .route("/v1/sandboxes/{id}/archive", get(files::archive_get).put(files::archive_put))
         .route("/v1/sandboxes/{id}/expose", post(ports::expose))
+        .route("/v1/sandboxes/{id}/forwards", post(ports::tcp::create))
         .route("/v1/sandboxes/{id}/ports/{port}", any(ports::proxy))
         .route("/v1/sandboxes/{id}/ports/{port}/", any(ports::proxy))
         .route("/v1/sandboxes/{id}/ports/{port}/{*path}", any(ports::proxy))

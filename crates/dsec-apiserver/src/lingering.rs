@@ -48,6 +48,12 @@ impl axum::serve::Listener for LingeringListener {
 
     async fn accept(&mut self) -> (Self::Io, Self::Addr) {
         let (stream, addr) = axum::serve::Listener::accept(&mut self.0).await;
+        // Streamed answers (exec output, Connect envelopes, event streams)
+        // are many small writes: with Nagle's algorithm each one after the
+        // first waits for the client's delayed ACK, some 40 ms.
+        if let Err(e) = stream.set_nodelay(true) {
+            tracing::debug!(error = %e, "TCP_NODELAY not set on an accepted connection");
+        }
         (LingeringStream(Some(stream)), addr)
     }
 

@@ -83,6 +83,9 @@ pub struct ViewSnapshot {
 /// round announces (local edges' own counters, a node's last answer
 /// aging past `VIEW_TTL`).
 const VIEW_MAX_AGE: Duration = crate::remote::POLL_INTERVAL;
+/// A refusal for lack of a node rebuilds a view older than this first
+/// (so a full cluster does not rebuild per creation).
+const VIEW_RECHECK_AGE: Duration = Duration::from_millis(20);
 
 /// What identifies a creation request for its idempotency key.
 fn request_fingerprint(req: &api::CreateSandboxRequest) -> String {
@@ -345,6 +348,16 @@ impl Nodes {
             };
             let mut node = match choice.or_else(|| Self::fallback(&view.nodes, &demand, &refused)) {
                 Some(node) => node,
+                // Before refusing, make sure the refusal rests on what this
+                // replica knows now: a probe answered since the snapshot
+                // (a node that has just joined) may have opened a place.
+                None if view.built.is_none_or(|b| b.elapsed() >= VIEW_RECHECK_AGE) => {
+                    view = self.refresh_view();
+                    match self.placement.choose(&view.nodes, &demand, &refused).or_else(|| Self::fallback(&view.nodes, &demand, &refused)) {
+                        Some(node) => node,
+                        None => break,
+                    }
+                }
                 None => break,
             };
             if let Some((k, store)) = recorded_key {

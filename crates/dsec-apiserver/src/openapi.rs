@@ -31,7 +31,7 @@ use crate::routes::{
         files::archive_get, files::archive_put,
         trajectory::get, trajectory::replay,
         screen::screenshot, screen::keys, screen::type_text, screen::move_to, screen::click,
-        crate::ports::expose, crate::ports::proxy, crate::ports::proxy_by_token,
+        crate::ports::expose, crate::ports::tcp::create, crate::ports::proxy, crate::ports::proxy_by_token,
         fncall::call, fncall::batch, fncall::pools, fncall::sandboxfusion_run_code, fncall::open_run_code,
     ),
     components(schemas(dsec_api::ErrorCode, dsec_api::StreamMessage)),

@@ -52,6 +52,7 @@ fn membership(m: &Member) -> Membership {
 pub async fn sync_once(nodes: &Nodes, store: &AnyStore) -> Result<(), StoreError> {
     let members = store.members().await?;
     let mut present = HashSet::new();
+    let mut joined_now = Vec::new();
     for m in &members {
         let Some(joined) = &m.membership else { continue };
         if m.node.state == NodeState::Down {
@@ -67,7 +68,9 @@ pub async fn sync_once(nodes: &Nodes, store: &AnyStore) -> Result<(), StoreError
             _ => match RemoteNode::joined(&m.node.name, &m.node.url, &joined.secret, info) {
                 Ok(r) => {
                     tracing::info!(node = %r.name, url = %r.url(), "node joined");
-                    nodes.put_remote(Arc::new(r));
+                    let r = Arc::new(r);
+                    nodes.put_remote(r.clone());
+                    joined_now.push(r);
                 }
                 Err(e) => tracing::warn!(node = %m.node.name, error = %e, "registry row skipped"),
             },
@@ -78,6 +81,15 @@ pub async fn sync_once(nodes: &Nodes, store: &AnyStore) -> Result<(), StoreError
             tracing::info!(node = %r.name, "node left");
             nodes.remove_remote(&r.name);
         }
+    }
+    // A node this replica has just learned of is probed at once rather
+    // than at the next load round (or the watcher's next view of it):
+    // until a probe answers it counts as unreachable, and a creation that
+    // asks for its labels would be refused meanwhile. In the background:
+    // when the node joined through this replica, it answers the probe only
+    // once its join is answered.
+    for r in joined_now {
+        tokio::spawn(async move { r.poll().await });
     }
     // Labels and drains changed in place.
     nodes.refresh_view();

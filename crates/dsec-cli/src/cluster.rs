@@ -146,6 +146,16 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         (None, true) => String::new(),
     };
     let started = a.edge.start().await?;
+    // Bound before joining: the apiserver probes a node as soon as it
+    // joins, and that probe waits in the backlog until serving starts
+    // instead of being refused (which would mark the node unreachable).
+    let listener = match crate::up::bind(a.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            started.shutdown().await;
+            return Err(e);
+        }
+    };
     if let (Some(url), Some(token)) = (&a.join, &a.join_token) {
         let mut labels = crate::join::hardware_labels();
         labels.extend(a.labels.iter().cloned());
@@ -170,7 +180,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         http_metrics: Default::default(),
         sandbox_domain: None,
     };
-    serve(a.listen, state, &format!("edge of node {}", started.edge.node()), Some(started.edge.clone())).await?;
+    crate::up::serve_on(listener, state, &format!("edge of node {}", started.edge.node()), Some(started.edge.clone())).await?;
     started.shutdown().await;
     Ok(0)
 }

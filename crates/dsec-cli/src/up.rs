@@ -148,6 +148,11 @@ pub struct EdgeArgs {
     /// loop-mounted while the edge runs.
     #[arg(long)]
     pub writable_layer_source: Option<PathBuf>,
+    /// The address TCP forwards of sandbox ports listen on
+    /// (`POST /v1/sandboxes/ID/forwards`, `dsec port ID PORT --tcp`): loopback
+    /// by default; give the node's address (or 0.0.0.0) to publish them.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub port_forward_addr: std::net::IpAddr,
     /// Size of the image file the edge makes (sparse: it takes on the host
     /// what is written). Default: half the free space, at most 1 TiB.
     #[arg(long)]
@@ -326,6 +331,7 @@ impl EdgeArgs {
         config.syscall_filter = !self.no_syscall_filter;
         config.prewarm = self.prewarm;
         config.agent_exec = self.agent_exec;
+        config.port_forward_addr = self.port_forward_addr;
         config.writable_layer = match self.writable_layer {
             WritableLayerKind::Tmpfs => dsec_edge::disk::WritableLayer::Tmpfs,
             WritableLayerKind::Disk => dsec_edge::disk::WritableLayer::Disk(dsec_edge::disk::DiskConfig {
@@ -414,8 +420,17 @@ impl StartedEdge {
 /// any, first has its creations in flight cut short, so that none holds the
 /// shutdown for a VM's boot.
 pub async fn serve(listen: SocketAddr, state: AppState, what: &str, edge: Option<Edge>) -> anyhow::Result<()> {
+    serve_on(bind(listen).await?, state, what, edge).await
+}
+
+pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
+    tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))
+}
+
+/// Serves on a socket bound earlier: connections made between the bind and
+/// this call wait in its backlog and are answered.
+pub async fn serve_on(listener: tokio::net::TcpListener, state: AppState, what: &str, edge: Option<Edge>) -> anyhow::Result<()> {
     state.start_quota_watch();
-    let listener = tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))?;
     let addr = listener.local_addr()?;
     eprintln!("dsec is up at http://{addr} ({what})");
     let signalled = async move {

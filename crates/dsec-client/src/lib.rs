@@ -294,6 +294,10 @@ impl Client {
         self.json(Method::POST, &format!("/v1/sandboxes/{id}/expose"), Some(req)).await
     }
 
+    pub async fn forward_tcp(&self, id: &str, req: &api::CreateForwardRequest) -> Result<api::TcpForward, ClientError> {
+        self.json(Method::POST, &format!("/v1/sandboxes/{id}/forwards"), Some(req)).await
+    }
+
     pub async fn set_network_rules(&self, id: &str, req: &api::NetworkRules) -> Result<api::NetworkRules, ClientError> {
         self.json(Method::PUT, &format!("/v1/sandboxes/{id}/network"), Some(req)).await
     }

@@ -89,6 +89,9 @@ pub struct EdgeConfig {
     /// subvolume each, bounded by its quota), or a tmpfs in each sandbox's
     /// memory.
     pub writable_layer: crate::disk::WritableLayer,
+    /// The address TCP forwards of sandbox ports listen on (each on a port
+    /// the kernel picks); loopback unless the operator opens it.
+    pub port_forward_addr: std::net::IpAddr,
 }
 
 impl EdgeConfig {
@@ -125,6 +128,7 @@ impl EdgeConfig {
             network: None,
             fullvm: None,
             writable_layer: crate::disk::WritableLayer::Disk(crate::disk::DiskConfig::default()),
+            port_forward_addr: std::net::Ipv4Addr::LOCALHOST.into(),
         }
     }
 }

@@ -7,7 +7,8 @@
 //!   `198.18.0.0/24`, `198.18.0.7:443`, `udp:198.18.0.7:53`,
 //!   `tcp:198.18.0.0/24:8000-8999`;
 //! - a domain, answered by the node's resolver, with optional ports:
-//!   `files.example.org`, `*.example.org:443` (`*.` = any subdomain).
+//!   `files.example.org`, `*.example.org:443` (`*.` = any subdomain),
+//!   `*` (any name: with `0.0.0.0/0`, the open internet).
 //!
 //! `true` allows; `false` allows nothing (it states the intent, and is
 //! checked like an allow, so a typo is still an error). Everything no rule
@@ -124,7 +125,8 @@ pub fn is_service_name(s: &str) -> bool {
     !s.is_empty() && s.len() <= 64 && s.bytes().all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_')
 }
 
-/// A domain rule: `pattern` is lowercase, without the `*.` of a wildcard.
+/// A domain rule: `pattern` is lowercase, without the `*.` of a wildcard;
+/// empty with `subdomains` for `*`, any name.
 #[derive(Debug, Clone, PartialEq)]
 pub struct DomainRule {
     pub pattern: String,
@@ -135,7 +137,9 @@ pub struct DomainRule {
 impl DomainRule {
     pub fn matches(&self, name: &str) -> bool {
         let name = name.trim_end_matches('.').to_ascii_lowercase();
-        if self.subdomains {
+        if self.subdomains && self.pattern.is_empty() {
+            !name.is_empty()
+        } else if self.subdomains {
             name.len() > self.pattern.len() && name.ends_with(&self.pattern) && name.as_bytes()[name.len() - self.pattern.len() - 1] == b'.'
         } else {
             name == self.pattern
@@ -240,6 +244,9 @@ fn parse_key<'c>(key: &str, cfg: &'c NetConfig) -> Result<Parsed<'c>, RuleError>
 /// A domain (`files.example.org`) or its subdomains (`*.example.org`) with
 /// the ports it opens; Err says why it is not a domain.
 pub(crate) fn parse_domain(target: &str, ranges: Vec<PortRange>) -> Result<DomainRule, String> {
+    if target == "*" {
+        return Ok(DomainRule { pattern: String::new(), subdomains: true, ranges });
+    }
     let (subdomains, name) = match target.strip_prefix("*.") {
         Some(n) => (true, n),
         None => (false, target),
@@ -385,6 +392,15 @@ mod tests {
         assert!(set.domain("badexample.org").is_none());
         assert!(set.domain("a.example.com").is_some());
         assert!(set.domain("b.a.example.com").is_none());
+    }
+
+    #[test]
+    fn a_lone_star_allows_every_name() {
+        let set = parse(&rules(&[("*:443", true)]), &cfg()).unwrap();
+        assert!(set.domain("example.org").is_some() && set.domain("a.b.example.com.").is_some() && set.domain("localhost").is_some());
+        assert!(set.domain("").is_none() && set.domain(".").is_none());
+        assert_eq!(set.domains[0].ranges, vec![PortRange { lo: 443, hi: 443, protos: PROTO_TCP | PROTO_UDP }]);
+        assert!(parse(&rules(&[("*.", true)]), &cfg()).is_err() && parse(&rules(&[("**", true)]), &cfg()).is_err());
     }
 
     #[test]

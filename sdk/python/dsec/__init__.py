@@ -97,6 +97,7 @@ from .results import (
     SandboxMetrics,
     TenantInfo,
     TrajectoryStep,
+    TcpForward,
     VolumeInfo,
     WriteResult,
 )
@@ -142,6 +143,7 @@ __all__ = [
     "Health",
     "PackResult",
     "SnapshotInfo",
+    "TcpForward",
     "VolumeInfo",
     "PauseResult",
     "ResumeResult",

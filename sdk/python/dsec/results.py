@@ -438,6 +438,35 @@ class SnapshotInfo:
 
 
 @dataclass(slots=True)
+class TcpForward:
+    """A port of a sandbox published as a plain TCP port of its node
+    (:meth:`Sandbox.forward_tcp`).
+
+    Attributes:
+        port: the sandbox's port.
+        address: ``HOST:PORT`` to connect to.
+        host: the host part of it.
+        node_port: the node's port the forward listens on.
+        expires_at: Unix seconds at which it closes (earlier if the sandbox
+            stops).
+        allow_from: the source prefixes it accepts (empty: any).
+    """
+
+    port: int
+    address: str
+    host: str
+    node_port: int
+    expires_at: int
+    allow_from: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> TcpForward:
+        """Parse a ``TcpForward``."""
+        return cls(port=d["port"], address=d["address"], host=d["host"], node_port=d["node_port"],
+                   expires_at=d["expires_at"], allow_from=list(d.get("allow_from") or []))
+
+
+@dataclass(slots=True)
 class VolumeInfo:
     """A named volume (:meth:`DSecClient.create_volume`): a directory on the
     node's disk, bounded by its size, that sandboxes mount with

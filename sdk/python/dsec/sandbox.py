@@ -34,6 +34,7 @@ from .results import (
     SandboxEvent,
     SandboxInfo,
     SnapshotInfo,
+    TcpForward,
     TrajectoryStep,
     WriteResult,
 )
@@ -219,7 +220,7 @@ class Sandbox:
         until ``ttl_s`` seconds from now (default an hour, at most a week);
         with the token, ``/v1/sandboxes/ID/ports/PORT/...`` needs no
         signature. A request while nothing listens raises or answers
-        ``port_closed`` (502); containers only.
+        ``port_closed`` (502). Containers, microVMs and full VMs.
 
         With ``base``, the signature is in the path instead
         (``.../v1/port-urls/TOKEN``): a base URL for clients that append
@@ -235,6 +236,25 @@ class Sandbox:
         # proxy the server does not know of), with the server's signature.
         query = str(d["url"]).partition("?")[2]
         return f"{self._t.url(str(d['path']) + '/')}?{query}"
+
+    async def forward_tcp(self, port: int, ttl_s: int | None = None,
+                          allow_from: Sequence[str] | None = None) -> TcpForward:
+        """Publish TCP ``port`` of the sandbox as a plain ``HOST:PORT`` of its
+        node, for clients that speak something other than HTTP or cannot
+        add a header or a path (a database driver, SSH). Each connection to
+        ``address`` becomes a connection to the port on the sandbox's
+        loopback (nothing need listen yet). Open for ``ttl_s`` seconds
+        (default an hour, at most a week) or until the sandbox stops;
+        ``allow_from`` keeps it to those source addresses or prefixes
+        (``["10.0.0.0/8"]``). The node listens on its forward address
+        (loopback unless the operator opens it: ``--port-forward-addr``)."""
+        body: dict[str, Any] = {"port": int(port)}
+        if ttl_s is not None:
+            body["ttl_s"] = int(ttl_s)
+        if allow_from:
+            body["allow_from"] = list(allow_from)
+        d = await self._t.request("POST", self._t.url(self._base + "/forwards"), json_body=body)
+        return TcpForward.from_json(d)
 
     async def suspend(self, timeout: float | None = 120) -> PauseResult:
         """Suspend a VM (microVM or full VM) to disk: ``pause(mode="suspend")``."""

@@ -53,6 +53,7 @@ from .results import (
     SandboxEvent,
     SandboxMetrics,
     SandboxInfo,
+    TcpForward,
     TenantInfo,
     TrajectoryStep,
     WriteResult,
@@ -441,6 +442,11 @@ class Sandbox:
     def expose(self, port: int, ttl_s: int | None = None, *, base: bool = False) -> str:
         """See :meth:`dsec.Sandbox.expose`."""
         return self._run(self.aio.expose(port, ttl_s, base=base))
+
+    def forward_tcp(self, port: int, ttl_s: int | None = None,
+                    allow_from: Sequence[str] | None = None) -> TcpForward:
+        """See :meth:`dsec.Sandbox.forward_tcp`."""
+        return self._run(self.aio.forward_tcp(port, ttl_s, allow_from))
 
     def suspend(self, timeout: float | None = 120) -> PauseResult:
         """Suspend a microVM to disk."""

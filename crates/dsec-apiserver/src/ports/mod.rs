@@ -2,12 +2,14 @@
 //! WebSocket session) under `/v1/sandboxes/{id}/ports/{port}/...`, or to
 //! the host `PORT-ID.DOMAIN` when the API serves a sandbox domain, goes to
 //! `port` on the sandbox's own loopback. Authorized by the bearer token or
-//! by a signed URL (`POST /v1/sandboxes/{id}/expose`). Details: docs/api.md,
-//! "Ports".
+//! by a signed URL (`POST /v1/sandboxes/{id}/expose`); or a plain TCP port
+//! of the node (`POST /v1/sandboxes/{id}/forwards`, `tcp`). Details:
+//! docs/api.md, "Ports".
 
 pub mod forward;
 pub mod host;
 pub mod signed;
+pub mod tcp;
 
 use axum::body::Body;
 use axum::extract::{Path, Request, State};

@@ -1,7 +1,5 @@
 //! Cluster membership: join tokens, edges joining, drain and departure.
 
-use std::sync::Arc;
-
 use axum::extract::{Path, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::Json;
@@ -14,7 +12,6 @@ use crate::convert::rfc3339;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
 use crate::registry;
-use crate::remote::RemoteNode;
 use crate::state::AppState;
 
 const BACKENDS: &[&str] = &["container", "microvm", "vm"];
@@ -112,13 +109,9 @@ pub async fn join(
     };
     let rejoined = tokens.store().join_node(&record, &membership).await?;
     tracing::info!(node = %req.name, url = %req.url, backends = ?req.backends, rejoined, "edge joined");
-    // This replica knows at once; the others on their next registry read.
+    // This replica knows at once (and probes it); the others on their
+    // next registry read.
     registry::sync_once(&st.nodes, tokens.store()).await?;
-    if let Some(r) = st.nodes.remote_named(&req.name) {
-        // Probe now, so it takes work before the next poll.
-        let r: Arc<RemoteNode> = r;
-        tokio::spawn(async move { r.poll().await });
-    }
     Ok(Json(api::JoinAnswer { node: req.name, rejoined }))
 }
 

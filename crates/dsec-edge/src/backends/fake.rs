@@ -266,9 +266,16 @@ impl FakeBackend {
 
     /// Kills sandbox `id`'s process from outside the edge (a crash, the
     /// OOM killer); whoever holds its pidfd sees it end.
+    /// Kills sandbox `id`'s process and returns once it has died (a
+    /// SIGKILL is delivered at once but the exit completes a moment
+    /// later: a re-adoption right after must find it gone).
     pub(crate) fn crash(&self, id: &str) {
         if let Some(p) = lock(&self.procs).get(id) {
             let _ = dsec_spawn::pidfd_kill(&p.pidfd, libc::SIGKILL);
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+            while !ended(&p.pidfd) && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
         }
     }
 

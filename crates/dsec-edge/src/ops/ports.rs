@@ -6,14 +6,20 @@
 //! pidfd, creates and connects the socket there, and ends. A socket stays
 //! in the namespace it was created in, so the connection reaches the
 //! sandbox's loopback and nothing else: not the host, not another sandbox.
-//! A VM's ports are not reachable this way (its network stack is inside
-//! the guest kernel): refused as an unsupported backend.
+//!
+//! A VM's network stack is the guest kernel's, out of reach of `setns`:
+//! its agent connects to `127.0.0.1:PORT` inside and relays the bytes over
+//! the agent channel (`Op::ConnectPort`), with the channel's flow control
+//! both ways. The proxy sees one byte stream either way.
 
 use std::net::{Ipv4Addr, SocketAddrV4, TcpStream};
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Duration;
 
+use dsec_agent_proto::client::{AgentClient, CallEvent};
+use dsec_agent_proto::{ErrorKind, Op};
 use tokio::io::unix::AsyncFd;
+use tokio::io::{AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt};
 
 use crate::edge::{ActivityGuard, Edge};
 use crate::error::EdgeError;
@@ -23,9 +29,17 @@ use crate::model::{BackendKind, Caller};
 /// only covers a listener whose accept queue is full.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// Bytes both ways: a TCP stream (containers) or the relay through a VM's
+/// agent.
+pub trait PortIo: AsyncRead + AsyncWrite + Send + Unpin {}
+impl<T: AsyncRead + AsyncWrite + Send + Unpin> PortIo for T {}
+
+/// The bytes of the relay in flight between the proxy and the agent.
+const RELAY_BUFFER: usize = 256 << 10;
+
 /// An open connection to a port inside a sandbox.
 pub struct PortConnection {
-    pub stream: tokio::net::TcpStream,
+    pub stream: Box<dyn PortIo>,
     /// Resolves when the sandbox's process ends: the proxy then drops the
     /// connection (and whatever it carries).
     pub ended: SandboxEnded,
@@ -52,18 +66,21 @@ impl Edge {
             return Err(EdgeError::Invalid("port 0 is not a port".into()));
         }
         let (entry, inst) = self.running(caller, id).await?;
-        match entry.record().spec.backend {
-            BackendKind::Container => {}
-            other => {
-                return Err(EdgeError::UnsupportedBackend(format!("{id} is a {other:?} sandbox: port forwarding reaches containers only")))
-            }
-        }
+        let relayed = match entry.record().spec.backend {
+            BackendKind::Container => false,
+            BackendKind::Microvm | BackendKind::Vm => true,
+            other => return Err(EdgeError::UnsupportedBackend(format!("{id} is a {other:?} sandbox: it has no ports"))),
+        };
         let activity = entry.begin();
         let dup = |what: &str| inst.pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id} ({what}): {e}")));
         let (for_connect, for_watch) = (dup("connect")?, dup("watch")?);
         // SAFETY: the AsyncFd owns `for_watch`, so it stays open for as long
         // as it is registered.
         let ended = unsafe { AsyncFd::register(for_watch) }.map_err(|e| EdgeError::Internal(format!("watch the pidfd of {id}: {e}")))?;
+        if relayed {
+            let stream = relay(&inst.agent, id, port).await?;
+            return Ok(PortConnection { stream, ended: SandboxEnded(ended), activity });
+        }
         let connected = tokio::task::spawn_blocking(move || connect_inside(for_connect, port))
             .await
             .map_err(|e| EdgeError::Internal(format!("port connect task: {e}")))?;
@@ -77,7 +94,20 @@ impl Edge {
         stream.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let stream = tokio::net::TcpStream::from_std(stream).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        Ok(PortConnection { stream, ended: SandboxEnded(ended), activity })
+        Ok(PortConnection { stream: Box::new(stream), ended: SandboxEnded(ended), activity })
+    }
+}
+
+impl Edge {
+    /// The end of the current process of sandbox `id` (resumed first if
+    /// paused), as a future: what bounds a TCP forward.
+    pub(crate) async fn end_of(&self, caller: &Caller, id: &str) -> Result<SandboxEnded, EdgeError> {
+        let (_, inst) = self.running(caller, id).await?;
+        let fd = inst.pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id}: {e}")))?;
+        // SAFETY: the AsyncFd owns `fd`, so it stays open for as long as it
+        // is registered.
+        let watch = unsafe { AsyncFd::register(fd) }.map_err(|e| EdgeError::Internal(format!("watch the pidfd of {id}: {e}")))?;
+        Ok(SandboxEnded(watch))
     }
 }
 
@@ -104,5 +134,72 @@ fn connect_inside(pidfd: OwnedFd, port: u16) -> Result<TcpStream, ConnectError> 
     match worker {
         Ok(handle) => handle.join().unwrap_or_else(|_| Err(ConnectError::Setup(std::io::Error::other("connect thread panicked")))),
         Err(e) => Err(ConnectError::Setup(e)),
+    }
+}
+
+/// Asks the VM's agent to connect to `port` inside and relays the
+/// connection: one end of an in-memory pipe is the caller's stream, the
+/// other is pumped to and from the agent's request.
+async fn relay(agent: &AgentClient, id: &str, port: u16) -> Result<Box<dyn PortIo>, EdgeError> {
+    let mut call = agent.open(Op::ConnectPort { port }).await?;
+    match call.recv().await? {
+        // The empty frame that says the agent is connected.
+        Some(CallEvent::Data { .. }) => {}
+        Some(CallEvent::Reply(Err(e))) if e.kind == ErrorKind::NotFound => {
+            return Err(EdgeError::PortClosed(format!("{} in sandbox {id}", e.message)))
+        }
+        Some(CallEvent::Reply(Err(e))) => return Err(EdgeError::Agent(e)),
+        Some(CallEvent::Reply(Ok(_))) | None => {
+            return Err(EdgeError::PortClosed(format!("port {port} of sandbox {id} closed the connection at once")))
+        }
+    }
+    let (ours, theirs) = tokio::io::duplex(RELAY_BUFFER);
+    tokio::spawn(pump(call, theirs));
+    Ok(Box::new(ours))
+}
+
+/// Moves bytes between `pipe` and the agent's request until the agent's
+/// side ends (its reply) or the pipe's reader is gone. Dropping the
+/// request's receiver before its reply cancels it in the agent.
+async fn pump(call: dsec_agent_proto::client::Call, pipe: tokio::io::DuplexStream) {
+    let (sender, mut receiver) = call.into_split();
+    let (mut from_proxy, mut to_proxy) = tokio::io::split(pipe);
+    let to_guest = async {
+        let mut buf = vec![0u8; dsec_agent_proto::MAX_CHUNK_BYTES];
+        loop {
+            match from_proxy.read(&mut buf).await {
+                Ok(0) | Err(_) => {
+                    let _ = sender.send_eof();
+                    break;
+                }
+                Ok(n) => {
+                    if sender.send_data(&buf[..n]).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        // Input ended: the guest's side may still answer.
+        std::future::pending::<()>().await
+    };
+    let from_guest = async {
+        loop {
+            match receiver.recv().await {
+                Ok(Some(CallEvent::Data { data, .. })) => {
+                    if to_proxy.write_all(&data).await.is_err() {
+                        return;
+                    }
+                }
+                // The reply, or the channel gone: nothing more comes.
+                _ => {
+                    let _ = to_proxy.shutdown().await;
+                    return;
+                }
+            }
+        }
+    };
+    tokio::select! {
+        _ = to_guest => {}
+        _ = from_guest => {}
     }
 }

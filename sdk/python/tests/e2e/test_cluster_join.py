@@ -435,6 +435,8 @@ async def test_a_cluster_of_joined_edges(cluster: Cluster) -> None:
             # A node joins while the cluster runs, with the right token.
             cluster.start_edge(3, cluster.join_token, {"zone": "c"})
             await _eventually("n3 joined", lambda: _states(admin_b, {n3: "ready"}), 120)
+            # Replica A learns of it on its own registry read (within a second).
+            await _eventually("n3 ready on A", lambda: _states(admin_a, {n3: "ready"}), 30)
             on_c = await ua.run_container(_args(node_selector={"zone": "c"}), timeout=120)
             assert _node_of(on_c.id) == n3
             sandboxes.append(on_c)

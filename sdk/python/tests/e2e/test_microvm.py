@@ -7,23 +7,27 @@ resume, a later resume in a standby QEMU, a memory snapshot of the
 suspended VM and its deletion), and the last of them stops it and
 checks that nothing of it is left on the host; one more restores the node's
 template of its shape, two more are forks that continue the snapshot's
-memory, one more boots the python image, and one more is suspended
+memory, one more boots the python image and serves a port of the guest through
+the proxy, and one more is suspended
 under a platform of its own that is killed and started again."""
 
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import json
 import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 import dsec
 from dsec import DSecClient, DSecRunArgs
 
 from .conftest import Server, Tenant, _http
+from .test_ports import PORT, bearer, pattern, start_server
 
 pytestmark = pytest.mark.e2e
 
@@ -358,12 +362,34 @@ async def test_stop_leaves_nothing_behind(server: Server, client: DSecClient, vm
         await sb.run_shell("true")
 
 
-async def test_the_python_image_runs_as_a_microvm(client: DSecClient) -> None:
+async def test_the_python_image_runs_as_a_microvm_and_serves_a_port(client: DSecClient, server: Server,
+                                                                      tenant: Tenant) -> None:
     sb = await client.run(vm_args("python", memory_limit_mb=384), timeout=120)
     try:
         r = await sb.run_shell("python3 -c 'import sys, platform; print(6*7, platform.release())'")
         answer, release = r.stdout.split()
         assert answer == "42" and release.endswith("-cloud-amd64")
+        # A port of the guest, reached through the proxy: the guest's agent
+        # relays it (the guest kernel's loopback is out of the host's reach).
+        base = f"{server.url}/v1/sandboxes/{sb.id}/ports/{PORT}"
+        auth = bearer(tenant.token)
+        async with aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=300)) as http:
+            async with http.get(f"{server.url}/v1/sandboxes/{sb.id}/ports/{PORT + 1}/", headers=auth) as resp:
+                assert resp.status == 502 and (await resp.json())["error"]["code"] == "port_closed"
+            await start_server(sb, http, base, tenant.token)
+            n = 4 << 20
+            async with http.get(f"{base}/bytes", params={"n": str(n)}, headers=auth) as resp:
+                assert resp.status == 200
+                assert hashlib.sha256(await resp.read()).hexdigest() == hashlib.sha256(pattern(n)).hexdigest()
+            async with http.post(f"{base}/sha256", data=pattern(n), headers=auth) as resp:
+                assert resp.status == 200, await resp.text()
+                assert await resp.json() == {"sha256": hashlib.sha256(pattern(n)).hexdigest(), "length": n}
+            async with http.ws_connect(f"{base}/ws", headers=auth) as ws:
+                await ws.send_str("from outside the guest")
+                assert (await ws.receive(timeout=60)).data == "from outside the guest"
+            url = await sb.expose(PORT)
+            async with http.get(url.replace("/?", "/seen?", 1)) as resp:
+                assert resp.status == 200 and (await resp.json())["path"] == "/seen"
     finally:
         await sb.delete()
 

@@ -269,3 +269,80 @@ async def test_sync_client_and_cli_give_working_urls(served: tuple[Sandbox, str]
         async with http.get(url.replace("/?", "/from-url?", 1)) as resp:
             assert resp.status == 200, url
             assert json.loads(await resp.text())["path"] == "/from-url"
+
+
+def _raw_get(address: str, path: str) -> bytes:
+    """One HTTP/1.0 request over a plain socket: what a client that knows
+    only HOST:PORT does."""
+    host, port = address.rsplit(":", 1)
+    with socket.create_connection((host, int(port)), timeout=30) as s:
+        s.sendall(f"GET {path} HTTP/1.0\r\nHost: anything\r\n\r\n".encode())
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    return out
+
+
+def _dechunk(response: bytes) -> bytes:
+    """The body of a chunked HTTP response."""
+    head, _, rest = response.partition(b"\r\n\r\n")
+    assert b"chunked" in head.lower(), head
+    body = b""
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return body
+        body, rest = body + rest[:n], rest[n + 2:]
+
+
+async def test_a_tcp_forward_publishes_the_port_as_host_and_port(served: tuple[Sandbox, str],
+                                                                 server: Server,
+                                                                 tenant: Tenant) -> None:
+    sb, _ = served
+    fwd = await sb.forward_tcp(PORT, ttl_s=600)
+    assert fwd.port == PORT and fwd.host == "127.0.0.1" and fwd.address == f"127.0.0.1:{fwd.node_port}"
+    assert fwd.expires_at > time.time() + 500
+    # Several connections, one at a time and at once, each its own.
+    answer = await asyncio.to_thread(_raw_get, fwd.address, "/plain?n=1")
+    assert answer.startswith(b"HTTP/1.") and b'"/plain?n=1"' in answer, answer[:300]
+    many = await asyncio.gather(*(asyncio.to_thread(_raw_get, fwd.address, f"/c{i}") for i in range(8)))
+    assert all(f'"/c{i}"'.encode() in a for i, a in enumerate(many))
+    big = await asyncio.to_thread(_raw_get, fwd.address, f"/bytes?n={8 << 20}")
+    assert _dechunk(big) == pattern(8 << 20)
+    # A source it does not allow is dropped at once, before the sandbox.
+    only_elsewhere = await sb.forward_tcp(PORT, allow_from=["192.0.2.0/24"])
+    try:
+        dropped = await asyncio.to_thread(_raw_get, only_elsewhere.address, "/")
+    except ConnectionResetError:
+        dropped = b""
+    assert dropped == b"", dropped[:200]
+    mine = await sb.forward_tcp(PORT, allow_from=["127.0.0.0/8"])
+    assert b'"/ok"' in await asyncio.to_thread(_raw_get, mine.address, "/ok")
+    # The CLI prints the address; bad requests are refused clearly.
+    binary = os.environ.get("DSEC_BIN") or "dsec"
+    cli = subprocess.run([binary, "port", sb.id, str(PORT), "--tcp", "--ttl", "60", "--endpoint", server.url,
+                          "--token", tenant.token], capture_output=True, text=True, timeout=60)
+    assert cli.returncode == 0, cli.stderr
+    assert b'"/cli"' in await asyncio.to_thread(_raw_get, cli.stdout.strip(), "/cli")
+    for bad in ({"ttl_s": 0}, {"ttl_s": 8 * 24 * 3600}, {"allow_from": ["10.0.0.0/40"]},
+                {"allow_from": ["example.org"]}):
+        with pytest.raises(InvalidRequest):
+            await sb.forward_tcp(PORT, **bad)  # type: ignore[arg-type]
+    with pytest.raises(InvalidRequest):
+        await sb.forward_tcp(0)
+    # It closes at its expiry, and with the sandbox.
+    short = await sb.forward_tcp(PORT, ttl_s=1)
+    await asyncio.sleep(2.5)
+    with pytest.raises(OSError):
+        await asyncio.to_thread(_raw_get, short.address, "/")
+    await sb.stop()
+    for f in (fwd, mine):
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                await asyncio.to_thread(_raw_get, f.address, "/")
+            except OSError:
+                break
+            assert time.monotonic() < deadline, f"{f.address} still open after the sandbox stopped"
+            await asyncio.sleep(0.2)

@@ -11,6 +11,7 @@ or ``DSEC_TEST_VM_IMAGES_DIR``."""
 
 from __future__ import annotations
 
+import asyncio
 import concurrent.futures
 import hashlib
 import json
@@ -23,6 +24,7 @@ import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
+import aiohttp
 import pytest
 
 import dsec
@@ -125,6 +127,39 @@ async def test_commands_and_files_run_in_the_guest_os(client: DSecClient, vm_id:
     async with await sb.create_session() as session:
         await session.run("cd /tmp && export X=42")
         assert (await session.run('pwd; echo "$X"')).stdout == "/tmp\n42\n"
+
+
+#: A one-answer-per-connection HTTP server in Perl (the image has perl-base,
+#: not Python): the guest's port, reached from outside.
+PERL_SERVER = r"""
+use IO::Socket::INET;
+my $s = IO::Socket::INET->new(LocalAddr => "127.0.0.1:8000", Listen => 8, ReuseAddr => 1) or die "listen: $!";
+while (my $c = $s->accept) {
+    while (my $line = <$c>) { last if $line =~ /^\r?$/ }
+    print $c "HTTP/1.1 200 OK\r\nContent-Length: 13\r\nConnection: close\r\n\r\nfrom the vm\r\n";
+    close $c;
+}
+"""
+
+
+async def test_a_port_of_the_guest_is_reached_through_the_proxy(client: DSecClient, vm_id: str,
+                                                                 server: Server, tenant: Tenant) -> None:
+    sb = client.sandbox(vm_id)
+    await sb.write_file("/root/srv.pl", PERL_SERVER)
+    r = await sb.run_shell("(setsid perl /root/srv.pl >/root/srv.log 2>&1 &)")
+    assert r.exit_code == 0, r
+    url = f"{server.url}/v1/sandboxes/{vm_id}/ports/8000/hello"
+    deadline = time.monotonic() + 60
+    async with aiohttp.ClientSession() as http:
+        while True:
+            async with http.get(url, headers={"Authorization": f"Bearer {tenant.token}"}) as resp:
+                body = await resp.read()
+                if resp.status == 200:
+                    assert body == b"from the vm\r\n"
+                    break
+                assert resp.status == 502, body
+            assert time.monotonic() < deadline, (await sb.run_shell("cat /root/srv.log")).stdout
+            await asyncio.sleep(0.3)
 
 
 async def test_the_screen_shows_the_console_and_changes_after_typing(client: DSecClient, vm_id: str) -> None:

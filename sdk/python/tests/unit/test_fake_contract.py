@@ -129,6 +129,7 @@ async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, f
         sb.trajectory(), sb.replay(keep=True), sb.screenshot(), sb.send_keys(["ctrl-c", "ret"]),
         sb.type_text("hi"), sb.move(1, 2), sb.click(3, 4, "right", True), sb.click(),
         sb.expose(8000), sb.expose(8000, ttl_s=60, base=True),
+        sb.forward_tcp(8000, ttl_s=60, allow_from=["10.0.0.0/8"]),
         client.projects.create("team", {"sandboxes": 2, "cpu": 1.5}, overcommit=True),
         client.projects.list(), client.projects.show("team"),
         client.projects.set_quota("team", {"memory_mb": 512}), client.projects.set_quota("team", None),
