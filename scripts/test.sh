@@ -37,6 +37,9 @@ scripts/build-agent.sh
 # The SWE-ReX test's wheels for inside a sandbox (which has no network).
 DSEC_TEST_SWEREX_WHEELS=$(scripts/swerex-wheels.sh "${DSEC_DATA_DIR:-/var/lib/dsec}/cache/swerex-wheels")
 export DSEC_TEST_SWEREX_WHEELS
+# Harbor (Python >= 3.12) in a venv of its own, for the Harbor test.
+DSEC_TEST_HARBOR_VENV=$(scripts/harbor-venv.sh "${DSEC_DATA_DIR:-/var/lib/dsec}/cache/harbor-venv")
+export DSEC_TEST_HARBOR_VENV
 
 echo "==> Python SDK tests (unit and end-to-end against a real dsec up)"
 python3 -m pytest sdk/python/tests -q -p no:cacheprovider
