@@ -22,8 +22,9 @@ bench_build
     exit 1
 }
 
-# A burst of BURST small sandboxes at once: room for their CPU and memory.
-bench_start_dsec --cpu-overcommit 128 --memory-overcommit 8
+# A burst of BURST sandboxes at once at the server's default limits (an E2B
+# creation names none: 1 core, 512 MiB each): room for all of them.
+bench_start_dsec --cpu-overcommit 512 --memory-overcommit 32 --max-sandboxes 4096
 OUT=$WORK/phases.jsonl
 : >"$OUT"
 bench_log "lifecycle: $LIFECYCLE_N per SDK in $ROUNDS rounds"
