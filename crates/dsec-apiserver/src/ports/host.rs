@@ -18,9 +18,17 @@ pub fn name_of(id: &str, port: u16, domain: &str) -> String {
 }
 
 /// `(port, id)` of a host `PORT-ID.DOMAIN` (any `:port` suffix ignored).
+/// The host name of a `Host` header's authority, without its port
+/// (`a.b:8080` -> `a.b`, `[fd00::1]:8080` -> `fd00::1`).
+pub fn without_port(authority: &str) -> &str {
+    if let Some(rest) = authority.strip_prefix('[') {
+        return rest.split(']').next().unwrap_or(rest);
+    }
+    authority.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(authority, |(h, _)| h)
+}
+
 pub fn parse(host: &str, domain: &str) -> Option<(u16, String)> {
-    let host = host.rsplit_once(':').filter(|(_, p)| p.bytes().all(|b| b.is_ascii_digit())).map_or(host, |(h, _)| h);
-    let host = host.to_ascii_lowercase();
+    let host = without_port(host).to_ascii_lowercase();
     let name = host.strip_suffix(&domain.to_ascii_lowercase())?.strip_suffix('.')?;
     let (port, id) = name.split_once('-')?;
     let port = port.parse::<u16>().ok().filter(|p| *p > 0)?;
@@ -38,6 +46,13 @@ pub async fn by_host(State(st): State<AppState>, req: Request<Body>, next: Next)
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_host_of_an_authority() {
+        assert_eq!(without_port("node1.example:8080"), "node1.example");
+        assert_eq!(without_port("10.0.0.2"), "10.0.0.2");
+        assert_eq!(without_port("[fd00::1]:8080"), "fd00::1");
+    }
 
     #[test]
     fn hosts_of_the_domain_name_a_port_and_a_sandbox() {

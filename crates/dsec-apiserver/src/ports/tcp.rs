@@ -35,7 +35,7 @@ pub async fn create(
     // reached this API by.
     let host = if fwd.address.ip().is_unspecified() {
         let authority = headers.get(header::HOST).and_then(|h| h.to_str().ok()).unwrap_or("localhost");
-        host_of(authority).to_string()
+        super::host::without_port(authority).to_string()
     } else {
         fwd.address.ip().to_string()
     };
@@ -51,24 +51,4 @@ pub async fn create(
             allow_from: req.allow_from,
         }),
     ))
-}
-
-/// The host part of a `Host` header (`a.b:8080`, `[::1]:8080`, `a.b`).
-fn host_of(authority: &str) -> &str {
-    if let Some(rest) = authority.strip_prefix('[') {
-        return rest.split(']').next().unwrap_or(rest);
-    }
-    authority.rsplit_once(':').map_or(authority, |(h, _)| h)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::host_of;
-
-    #[test]
-    fn the_host_of_an_authority() {
-        assert_eq!(host_of("node1.example:8080"), "node1.example");
-        assert_eq!(host_of("10.0.0.2"), "10.0.0.2");
-        assert_eq!(host_of("[fd00::1]:8080"), "fd00::1");
-    }
 }

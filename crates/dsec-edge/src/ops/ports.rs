@@ -51,6 +51,15 @@ pub struct PortConnection {
 pub struct SandboxEnded(AsyncFd<OwnedFd>);
 
 impl SandboxEnded {
+    /// Watches the sandbox process behind `pidfd` (a duplicate of it).
+    fn of(pidfd: &OwnedFd, id: &str) -> Result<SandboxEnded, EdgeError> {
+        let fd = pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id}: {e}")))?;
+        // SAFETY: the AsyncFd owns `fd`, so it stays open for as long as it
+        // is registered.
+        let watch = unsafe { AsyncFd::register(fd) }.map_err(|e| EdgeError::Internal(format!("watch the pidfd of {id}: {e}")))?;
+        Ok(SandboxEnded(watch))
+    }
+
     pub async fn wait(&self) {
         // An error (the fd cannot be polled) counts as ended: the proxy
         // must never outlive a sandbox it cannot watch.
@@ -72,15 +81,12 @@ impl Edge {
             other => return Err(EdgeError::UnsupportedBackend(format!("{id} is a {other:?} sandbox: it has no ports"))),
         };
         let activity = entry.begin();
-        let dup = |what: &str| inst.pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id} ({what}): {e}")));
-        let (for_connect, for_watch) = (dup("connect")?, dup("watch")?);
-        // SAFETY: the AsyncFd owns `for_watch`, so it stays open for as long
-        // as it is registered.
-        let ended = unsafe { AsyncFd::register(for_watch) }.map_err(|e| EdgeError::Internal(format!("watch the pidfd of {id}: {e}")))?;
+        let ended = SandboxEnded::of(&inst.pidfd, id)?;
         if relayed {
             let stream = relay(&inst.agent, id, port).await?;
-            return Ok(PortConnection { stream, ended: SandboxEnded(ended), activity });
+            return Ok(PortConnection { stream, ended, activity });
         }
+        let for_connect = inst.pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id}: {e}")))?;
         let connected = tokio::task::spawn_blocking(move || connect_inside(for_connect, port))
             .await
             .map_err(|e| EdgeError::Internal(format!("port connect task: {e}")))?;
@@ -94,7 +100,7 @@ impl Edge {
         stream.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let stream = tokio::net::TcpStream::from_std(stream).map_err(|e| EdgeError::Internal(e.to_string()))?;
-        Ok(PortConnection { stream: Box::new(stream), ended: SandboxEnded(ended), activity })
+        Ok(PortConnection { stream: Box::new(stream), ended, activity })
     }
 }
 
@@ -103,11 +109,7 @@ impl Edge {
     /// paused), as a future: what bounds a TCP forward.
     pub(crate) async fn end_of(&self, caller: &Caller, id: &str) -> Result<SandboxEnded, EdgeError> {
         let (_, inst) = self.running(caller, id).await?;
-        let fd = inst.pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id}: {e}")))?;
-        // SAFETY: the AsyncFd owns `fd`, so it stays open for as long as it
-        // is registered.
-        let watch = unsafe { AsyncFd::register(fd) }.map_err(|e| EdgeError::Internal(format!("watch the pidfd of {id}: {e}")))?;
-        Ok(SandboxEnded(watch))
+        SandboxEnded::of(&inst.pidfd, id)
     }
 }
 
