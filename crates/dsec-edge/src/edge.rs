@@ -405,6 +405,14 @@ impl Edge {
         }
     }
 
+    /// Scratch space on the node's writable-layer filesystem, when it has
+    /// one: where the node's own work makes many small files (packs'
+    /// copies, unpacked build contexts) at the cost the sandboxes' own
+    /// writes have.
+    pub fn scratch_dir(&self) -> Option<PathBuf> {
+        self.inner.backends.disk().map(|d| d.scratch_dir().to_path_buf())
+    }
+
     /// The backends this node runs (`container`, and `microvm`, `vm` when
     /// they started), as placement matches them.
     pub fn backends(&self) -> Vec<String> {

@@ -141,15 +141,23 @@ pub struct PackScratch {
 
 impl PackScratch {
     /// Copies the upper's changes since `previous` (everything, for the
-    /// first pack) into a scratch root in the store's temp space. The
-    /// sandbox should be frozen meanwhile, for a consistent view.
+    /// first pack) into a scratch root in `scratch` (default: the store's
+    /// temp space). The sandbox should be frozen meanwhile, for a
+    /// consistent view. A scratch directory on the upper's own filesystem
+    /// makes the copy cheap: file creation there is what the sandbox's
+    /// writes already cost, and a btrfs clones file data instead of
+    /// copying it.
     pub fn collect(
         store: &ImageStore,
+        scratch: Option<&Path>,
         upper: &Path,
         previous: Option<&PackIndex>,
         scrub: &[ScrubPattern],
     ) -> Result<PackScratch, BuildError> {
-        let build = BuildDir::new(store, "pack")?;
+        let build = match scratch {
+            Some(dir) => BuildDir::new_in(dir, "pack")?,
+            None => BuildDir::new(store, "pack")?,
+        };
         let root = build.make_root()?;
         let mut walk =
             Walk { upper, root: &root, previous, scrub, index: PackIndex::default(), stats: DiffStats::default(), links: HashMap::new() };

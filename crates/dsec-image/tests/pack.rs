@@ -83,7 +83,7 @@ fn packs_stacked_on_the_base_show_what_the_sandbox_saw() {
     };
 
     // Pack 1: everything the upper holds, minus residue.
-    let p1 = PackScratch::collect(&env.store, &upper, None, &scrub).unwrap();
+    let p1 = PackScratch::collect(&env.store, None, &upper, None, &scrub).unwrap();
     assert_eq!(p1.stats.scrubbed, 1);
     let index1 = p1.index.clone();
     let l1 = p1.build(&env.store, &BuildOptions::default(), &NoProgress).unwrap();
@@ -95,7 +95,7 @@ fn packs_stacked_on_the_base_show_what_the_sandbox_saw() {
     fs::remove_file(sb.join("app/new")).unwrap(); // only ever in the upper
     fs::remove_dir_all(sb.join("doomed")).unwrap();
     fs::write(sb.join("etc/added"), "later").unwrap();
-    let p2 = PackScratch::collect(&env.store, &upper, Some(&index1), &scrub).unwrap();
+    let p2 = PackScratch::collect(&env.store, None, &upper, Some(&index1), &scrub).unwrap();
     let stats2 = p2.stats;
     let l2 = p2.build(&env.store, &BuildOptions::default(), &NoProgress).unwrap();
     let d2 = env.mounts.mount(&l2.digest, &l2.path).unwrap();

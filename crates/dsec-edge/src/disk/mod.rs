@@ -83,6 +83,9 @@ pub struct NodeDisk {
     sandboxes: PathBuf,
     /// Its subvolumes of named volumes.
     volumes: PathBuf,
+    /// Scratch space of packs: their copies of a sandbox's changes are
+    /// made on the same filesystem as the changes themselves.
+    scratch: PathBuf,
     /// `/sys/fs/btrfs/<fsid>/qgroups`: what each subvolume holds.
     qgroups: PathBuf,
     /// The mount the edge made (or found made by an earlier edge), which
@@ -127,12 +130,21 @@ impl NodeDisk {
         let fs = open_dir(root)?;
         btrfs::enable_quota(fs.as_fd()).map_err(io("turning quotas on for", root))?;
         let fsid = btrfs::fsid(fs.as_fd()).map_err(io("reading the filesystem id of", root))?;
-        let (sandboxes, volumes) = (root.join("sandboxes"), root.join("volumes"));
-        for d in [&sandboxes, &volumes] {
+        let (sandboxes, volumes, scratch) = (root.join("sandboxes"), root.join("volumes"), root.join("scratch"));
+        // What a pack left there when its edge died is nobody's.
+        if let Err(e) = crate::disk::remove_tree_if_present(&scratch) {
+            tracing::warn!(path = %scratch.display(), error = %e, "could not empty the packs' scratch space");
+        }
+        for d in [&sandboxes, &volumes, &scratch] {
             std::fs::create_dir_all(d).map_err(io("creating", d))?;
         }
         let qgroups = PathBuf::from(format!("/sys/fs/btrfs/{fsid}/qgroups"));
-        Ok(NodeDisk { sandboxes, volumes, qgroups, mount, ids: Mutex::new(HashMap::new()) })
+        Ok(NodeDisk { sandboxes, volumes, scratch, qgroups, mount, ids: Mutex::new(HashMap::new()) })
+    }
+
+    /// Where packs gather a sandbox's changes.
+    pub fn scratch_dir(&self) -> &Path {
+        &self.scratch
     }
 
     /// Makes sandbox `id`'s writable layer, bounded to `limit_bytes`;
@@ -322,4 +334,12 @@ fn make_image(image: &Path, size_gb: Option<u64>) -> Result<(), DiskError> {
         let _ = std::fs::remove_file(&tmp);
     }
     made
+}
+
+/// Removes `dir` and everything below it; a missing `dir` is no error.
+fn remove_tree_if_present(dir: &Path) -> std::io::Result<()> {
+    match std::fs::remove_dir_all(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        other => other,
+    }
 }

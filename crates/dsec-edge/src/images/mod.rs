@@ -70,6 +70,10 @@ pub struct PackInput<'a> {
     /// The sandbox's previous pack, for an incremental one.
     pub previous: Option<&'a PackState>,
     pub scrub: &'a [String],
+    /// Where the changes are gathered before the layer is built: the
+    /// node's writable-layer filesystem when it has one (`None`: the image
+    /// store's temp space).
+    pub scratch: Option<&'a Path>,
     pub built_by: &'a str,
     pub sandbox: &'a str,
 }

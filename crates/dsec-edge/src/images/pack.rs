@@ -113,6 +113,7 @@ impl Edge {
         let scrub = req.scrub.unwrap_or_else(|| dsec_image::pack::DEFAULT_SCRUB.iter().map(|s| s.to_string()).collect());
         let cgroups = self.inner.cgroups.clone();
         let rootfs = self.inner.rootfs.clone();
+        let scratch = self.scratch_dir();
         let id_owned = id.to_string();
         let out = tokio::task::spawn_blocking(move || {
             let path = std::path::PathBuf::from(format!("/proc/self/fd/{}", upper.as_raw_fd()));
@@ -136,6 +137,7 @@ impl Edge {
                 scrub: &scrub,
                 built_by: &record.tenant,
                 sandbox: &id_owned,
+                scratch: scratch.as_deref(),
             };
             let result = rootfs.pack(input, &mut thaw);
             thaw();
@@ -179,7 +181,7 @@ pub(crate) fn pack_into_store(layers: &ImageLayers, input: PackInput<'_>, copied
         }
     };
     let t0 = Instant::now();
-    let collected = PackScratch::collect(store, input.upper, input.previous.map(|p| &p.index), &scrub);
+    let collected = PackScratch::collect(store, input.scratch, input.upper, input.previous.map(|p| &p.index), &scrub);
     copied();
     let scratch = collected.map_err(LayerError::Pack)?;
     let copy_ms = t0.elapsed().as_secs_f64() * 1e3;

@@ -115,7 +115,11 @@ pub(crate) struct BuildDir {
 
 impl BuildDir {
     pub(crate) fn new(store: &ImageStore, what: &str) -> Result<BuildDir, BuildError> {
-        let tmp = store.temp_dir();
+        Self::new_in(store.temp_dir(), what)
+    }
+
+    /// A build directory under `tmp` instead of the store's temp space.
+    pub(crate) fn new_in(tmp: &Path, what: &str) -> Result<BuildDir, BuildError> {
         let dir = tempfile::Builder::new()
             .prefix(&format!("build-{what}-"))
             .tempdir_in(tmp)
