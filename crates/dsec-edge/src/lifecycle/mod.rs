@@ -58,6 +58,7 @@ impl Edge {
                 req.disk_mb = backend.default_disk_mb(&req.image);
             }
         }
+        let user_given = req.init_user.is_some();
         let mut spec = resolve(req, &inner.config.policy)?;
         spec.snapshot = snapshot;
         if let Some(rules) = network_rules {
@@ -66,6 +67,11 @@ impl Edge {
         // Refused before anything is reserved when this node cannot run it.
         inner.backends.get(spec.backend)?;
         let mut plan = self.plan_blocking(&spec).await?;
+        // As in Docker, the image's USER is the default user of its
+        // sandboxes (a creation may name another).
+        if !user_given && !plan.user.is_empty() {
+            spec.init_user = plan.user.clone();
+        }
         plan.volumes = self.resolve_volumes(&caller.tenant, &spec)?;
         let t_plan = t0.elapsed();
         inner.admission.reserve(&spec.limits)?;
