@@ -15,7 +15,7 @@
 set -euo pipefail
 cd "$(dirname "$0")"
 CONTAINERS="create_latency throughput exec_rtt density leaks"
-SUITE="$CONTAINERS sdk_cost e2b transfer pause trajectory fncall fncall_langs policy_cost egress_cost usage_sampler qos
+SUITE="$CONTAINERS sdk_cost e2b build transfer pause trajectory fncall fncall_langs policy_cost egress_cost usage_sampler qos
        layers lazy_burst toolkit_upgrade microvm microvm_snap vm"
 wait_quiet() {
     [ -n "${DSEC_BENCH_QUIET:-}" ] || return 0

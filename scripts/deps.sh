@@ -11,6 +11,8 @@ PACKAGES=(
   iproute2        # ip, used by tests to inspect sandboxes' network
   iptables        # the node's masquerading rule for sandbox egress ("nat": true)
   crun            # the peer runtime the benchmarks compare against
+  buildah         # the peer builder bench/build.sh compares Dockerfile builds against
+  runc            # ...whose RUN steps run in runc (this crun refuses hybrid cgroup layouts)
   wrk             # compiled HTTP load generator for server-capacity benchmarks
   hyperfine       # command timing in benchmarks
   file            # checks that the guest agent is statically linked

@@ -69,6 +69,7 @@ error_codes! {
     NoScreen = ("no_screen", 409, "The sandbox has no screen: screenshots and keyboard and mouse input need a full VM (backend \"vm\")."),
     SnapshotInUse = ("snapshot_in_use", 409, "The snapshot still backs other disks (a snapshot chained onto it, or a live sandbox started from it): delete those first."),
     ProjectNotEmpty = ("project_not_empty", 409, "The project still has sub-projects or live sandboxes: delete those first."),
+    BuildFailed = ("build_failed", 422, "A step of an image build failed (a RUN command exited with an error, a COPY source is missing); the message names the step's line and ends with the command's output."),
     PayloadTooLarge = ("payload_too_large", 413, "The upload is larger than the allowed maximum."),
     UnsupportedMediaType = ("unsupported_media_type", 415, "The request body must be JSON (Content-Type: application/json)."),
     QuotaExceeded = ("quota_exceeded", 429, "A quota of the sandbox's project or of a project above it is used up (sandboxes, cpu, memory, disk, creations_per_s or fncall_per_s); the message names the project and the limit."),

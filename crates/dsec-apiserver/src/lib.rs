@@ -36,8 +36,8 @@ pub use state::{ApiLimits, AppState, ImageCatalog};
 
 use crate::error::ApiError;
 use crate::routes::{
-    admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens,
-    trajectory, usage, volumes,
+    admin, audit, build, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream,
+    tokens, trajectory, usage, volumes,
 };
 
 pub fn router(state: AppState) -> Router {
@@ -62,6 +62,7 @@ pub fn router(state: AppState) -> Router {
         .route("/v1/tokens", post(tokens::create).get(tokens::list))
         .route("/v1/tokens/{id}", axum::routing::delete(tokens::revoke))
         .route("/v1/images", get(admin::list_images))
+        .route("/v1/images/build", post(build::build))
         .route("/v1/images/{*name}", axum::routing::delete(admin::delete_image))
         .route("/v1/sandboxes", post(sandboxes::create).get(sandboxes::list))
         .route("/v1/sandboxes/{id}", get(sandboxes::get).patch(sandboxes::update).delete(sandboxes::delete))

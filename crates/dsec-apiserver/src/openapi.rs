@@ -11,15 +11,15 @@ use utoipa::openapi::{Content, Ref, RefOr, ResponseBuilder};
 use utoipa::{Modify, OpenApi};
 
 use crate::routes::{
-    admin, audit, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream, tokens,
-    trajectory, usage, volumes,
+    admin, audit, build, cluster, events, files, fncall, jobs, metrics, pack, pause, projects, sandboxes, screen, snapshots, stream,
+    tokens, trajectory, usage, volumes,
 };
 
 #[derive(OpenApi)]
 #[openapi(
     info(title = "dsec API", description = "Sandboxes for agentic RL: create, exec, files, streaming. Errors use the codes in components.schemas.ErrorCode."),
     paths(
-        admin::healthz, metrics::metrics, admin::nodes, usage::node, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image,
+        admin::healthz, metrics::metrics, admin::nodes, usage::node, admin::create_tenant, admin::list_tenants, admin::list_images, admin::delete_image, build::build,
         projects::create, projects::list, projects::show, projects::update, projects::delete, tokens::create, tokens::list, tokens::revoke,
         cluster::create_join_token, cluster::join, cluster::drain, cluster::undrain, cluster::remove,
         sandboxes::create, sandboxes::list, sandboxes::get, sandboxes::update, sandboxes::stop, sandboxes::delete,

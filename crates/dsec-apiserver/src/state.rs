@@ -29,6 +29,9 @@ pub struct AppState {
     pub sandboxfusion_open: bool,
     /// Serve sandbox ports at the hosts `PORT-ID.DOMAIN` of this domain.
     pub sandbox_domain: Option<String>,
+    /// Dockerfile builds on this process's edge; `None`: an apiserver in
+    /// front of edges in other processes.
+    pub builder: Option<Arc<dsec_build::Builder>>,
     /// Request durations for `/metrics` (filled by the router's layer).
     pub http_metrics: Arc<HttpMetrics>,
 }
@@ -46,6 +49,7 @@ impl AppState {
             sandboxfusion_open: false,
             http_metrics: Default::default(),
             sandbox_domain: None,
+            builder: None,
         }
     }
 }

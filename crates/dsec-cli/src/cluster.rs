@@ -179,6 +179,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         sandboxfusion_open: false,
         http_metrics: Default::default(),
         sandbox_domain: None,
+        builder: Some(started.builder()?),
     };
     crate::up::serve_on(listener, state, &format!("edge of node {}", started.edge.node()), Some(started.edge.clone())).await?;
     started.shutdown().await;
@@ -221,6 +222,7 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         sandboxfusion_open: a.sandboxfusion_open,
         http_metrics: Default::default(),
         sandbox_domain: a.sandbox_domain.clone(),
+        builder: None,
     };
     let what = format!(
         "apiserver for {} edge(s) and those that join, on {database}; admin token in {}",

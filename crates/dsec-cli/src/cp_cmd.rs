@@ -123,13 +123,17 @@ fn pump(mut reader: impl Read + Send + 'static, bar: ProgressBar) -> Chunks {
 }
 
 /// A `Write` whose bytes go, in pieces of [`CHUNK`], to an upload.
-struct ChunkWriter {
+pub(crate) struct ChunkWriter {
     tx: mpsc::Sender<std::io::Result<Bytes>>,
     buf: Vec<u8>,
     bar: ProgressBar,
 }
 
 impl ChunkWriter {
+    pub(crate) fn new(tx: mpsc::Sender<std::io::Result<Bytes>>, bar: ProgressBar) -> Self {
+        ChunkWriter { tx, buf: Vec::with_capacity(CHUNK), bar }
+    }
+
     fn send(&mut self) -> std::io::Result<()> {
         if self.buf.is_empty() {
             return Ok(());

@@ -22,8 +22,9 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Subcommand, Debug)]
 pub enum ImageCmd {
-    /// Build an image from a directory, a tar(.gz) or a debootstrap run.
-    Build(BuildArgs),
+    /// Build an image from a Dockerfile (`-f Dockerfile [CONTEXT]`, on the
+    /// platform's API), a directory, a tar(.gz) or a debootstrap run.
+    Build(Box<BuildArgs>),
     /// Build the default images (busybox, python, judge) that are missing or
     /// were made from an older recipe.
     Setup(SetupArgs),
@@ -49,7 +50,14 @@ pub enum ImageCmd {
         store: StoreArgs,
     },
     /// Delete layer blobs no image names any more, and stale temp files.
-    Gc(StoreArgs),
+    Gc {
+        /// Empty the Dockerfile builds' step cache first (the next build of
+        /// each Dockerfile runs every step again).
+        #[arg(long)]
+        build_cache: bool,
+        #[command(flatten)]
+        store: StoreArgs,
+    },
     /// Push an image to an OCI registry (`dsec image push NAME
     /// [registry/]repo[:tag]`: one tar+gzip layer per dsec layer, readable by
     /// any OCI client), or with `--to` copy it into a store many nodes share
@@ -116,6 +124,29 @@ impl StoreArgs {
 pub struct BuildArgs {
     /// `name` or `name:tag`.
     pub name: String,
+    /// A Dockerfile: build on the platform (through its API, like any
+    /// client), each RUN in a sandbox, with CONTEXT as the build context.
+    #[arg(short = 'f', long = "file", group = "source")]
+    pub dockerfile: Option<PathBuf>,
+    /// The build context of a Dockerfile build (default: the current
+    /// directory).
+    #[arg(requires = "dockerfile")]
+    pub context: Option<PathBuf>,
+    /// `KEY=VALUE` for the Dockerfile's ARGs (repeatable).
+    #[arg(long = "build-arg", requires = "dockerfile")]
+    pub build_args: Vec<String>,
+    /// The stage to build (default: the last).
+    #[arg(long, requires = "dockerfile")]
+    pub target: Option<String>,
+    /// Run every step, even those the step cache holds.
+    #[arg(long, requires = "dockerfile")]
+    pub no_cache: bool,
+    /// RUN steps' network: default (the node's named services), none, or a
+    /// JSON object of rules.
+    #[arg(long, requires = "dockerfile")]
+    pub network: Option<String>,
+    #[command(flatten)]
+    pub conn: crate::connect::ConnectArgs,
     /// Root filesystem directory.
     #[arg(long, group = "source")]
     pub from_dir: Option<PathBuf>,
@@ -272,6 +303,13 @@ impl Progress for Bars {
 }
 
 pub async fn run(cmd: ImageCmd) -> anyhow::Result<u8> {
+    // A Dockerfile build is the platform's work; this only streams.
+    if let ImageCmd::Build(a) = cmd {
+        if a.dockerfile.is_some() {
+            return crate::dockerfile_cmd::build(*a).await;
+        }
+        return tokio::task::spawn_blocking(move || build(*a)).await?;
+    }
     // Builds are long blocking work (mkfs, debootstrap): keep them off the
     // async runtime's workers.
     tokio::task::spawn_blocking(move || run_blocking(cmd)).await?
@@ -279,7 +317,7 @@ pub async fn run(cmd: ImageCmd) -> anyhow::Result<u8> {
 
 fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
     match cmd {
-        ImageCmd::Build(a) => build(a),
+        ImageCmd::Build(a) => build(*a),
         ImageCmd::Setup(a) => setup(a),
         ImageCmd::ImportVm { name, disk, store } => import_vm(&name, &disk, &store),
         ImageCmd::Import(a) => {
@@ -329,8 +367,19 @@ fn run_blocking(cmd: ImageCmd) -> anyhow::Result<u8> {
             let shared = SharedStore::open(&from, &s3.options()).with_context(|| format!("opening the shared store {from}"))?;
             copy_between(Direction::Fetch(&shared, &local), &name)
         }
-        ImageCmd::Gc(s) => {
+        ImageCmd::Gc { build_cache, store: s } => {
             let store = s.open()?;
+            if build_cache {
+                let mut removed = 0;
+                for e in store.list()? {
+                    let name = e.reference.to_string();
+                    if dsec_build::is_cache_image(&name) {
+                        store.remove(&name)?;
+                        removed += 1;
+                    }
+                }
+                println!("removed {removed} step-cache images");
+            }
             let stats = store.gc(&std::collections::HashSet::new())?;
             println!("removed {} blobs ({})", stats.blobs_removed, human_bytes(stats.bytes_removed));
             Ok(0)
@@ -631,6 +680,7 @@ impl Catalog {
         let mut out: Vec<ImageInfo> = store
             .list()?
             .into_iter()
+            .filter(|e| !dsec_build::is_cache_image(&e.reference.to_string()))
             .map(|e| ImageInfo {
                 name: e.reference.to_string(),
                 layers: e.manifest.layers.iter().map(|l| format!("sha256:{}", l.digest.hex())).collect(),

@@ -3,6 +3,7 @@
 mod cluster;
 mod connect;
 mod cp_cmd;
+mod dockerfile_cmd;
 mod fncall_cmd;
 mod image_cmd;
 mod join;

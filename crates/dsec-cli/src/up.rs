@@ -394,6 +394,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
         sandboxfusion_open: a.sandboxfusion_open,
         http_metrics: Default::default(),
         sandbox_domain: a.sandbox_domain.clone(),
+        builder: Some(started.builder()?),
     };
     let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
     serve(a.listen, state, &what, Some(started.edge.clone())).await?;
@@ -402,6 +403,15 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
 }
 
 impl StartedEdge {
+    /// The Dockerfile builder of this edge (contexts unpack under its
+    /// state directory).
+    pub fn builder(&self) -> anyhow::Result<Arc<dsec_build::Builder>> {
+        let store = dsec_image::ImageStore::open(&self.images_dir).with_context(|| format!("opening {}", self.images_dir.display()))?;
+        // Contexts unpack where file creation is cheapest.
+        let scratch = self.edge.scratch_dir().unwrap_or_else(|| self.edge.config().state_dir.clone()).join("build");
+        Ok(Arc::new(dsec_build::Builder::new(self.edge.clone(), Arc::new(store), scratch)))
+    }
+
     pub fn fncall_backend(&self) -> Option<Arc<FnCallBackend>> {
         self.fncall.clone().map(|s| Arc::new(FnCallBackend::Local(s)))
     }

@@ -74,3 +74,27 @@ impl Client {
         Ok(resp.into_body())
     }
 }
+
+impl Client {
+    /// `POST path_and_query` with a body read from `chunks` (chunked),
+    /// answering with the response body unread, for the caller to take as
+    /// it arrives (a build's progress). An error status is read whole and
+    /// returned as the error.
+    pub async fn post_stream(&self, path_and_query: &str, content_type: &str, chunks: Chunks) -> Result<Incoming, ClientError> {
+        let mut req = Request::builder()
+            .method(Method::POST)
+            .uri(format!("{}{path_and_query}", self.endpoint()))
+            .header(header::CONTENT_TYPE, content_type);
+        if let Some(a) = &self.auth {
+            req = req.header(header::AUTHORIZATION, a);
+        }
+        let req = req.body(streamed(chunks)).map_err(|e| ClientError::Endpoint(e.to_string()))?;
+        let resp = self.streaming.request(req).await.map_err(|e| self.connect_error(e))?;
+        let status = resp.status();
+        if status != StatusCode::OK {
+            let body = self.read_body(resp.into_body()).await?;
+            return Err(api_error(status, &body));
+        }
+        Ok(resp.into_body())
+    }
+}

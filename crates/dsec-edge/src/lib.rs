@@ -67,7 +67,7 @@ pub use dsec_net::NetConfig;
 pub mod agent {
     pub use dsec_agent_proto::client::{Call, CallEvent, CallReceiver, CallSender, ClientError};
     pub use dsec_agent_proto::{
-        AuditEvent, Command, ExecResult, ExecSpec, FileKind, FileStat, PtySpec, Reply, SessionSpec, Stdin, Stream, WriteFileSpec,
-        MAX_CHUNK_BYTES,
+        AgentError, AuditEvent, Command, ErrorKind, ExecResult, ExecSpec, FileKind, FileStat, PtySpec, Reply, SessionSpec, Stdin, Stream,
+        WriteFileSpec, MAX_CHUNK_BYTES,
     };
 }

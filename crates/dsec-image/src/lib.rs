@@ -42,7 +42,7 @@ pub use defaults::{
     PYTHON_SUITE,
 };
 pub use digest::{Digest, DigestError};
-pub use manifest::{ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestError, Provenance, SCHEMA_VERSION};
+pub use manifest::{HealthcheckConfig, ImageConfig, LayerDescriptor, LayerKind, Manifest, ManifestError, Provenance, SCHEMA_VERSION};
 pub use mounts::{LayerMounts, MountError};
 pub use progress::{NoProgress, Progress, ProgressEvent, ProgressFn, Unit};
 pub use reference::{Reference, ReferenceError, DEFAULT_TAG};

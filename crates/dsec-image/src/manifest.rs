@@ -66,6 +66,47 @@ pub struct ImageConfig {
     pub workdir: String,
     #[serde(default = "default_user")]
     pub user: String,
+    /// What the image runs by default (`ENTRYPOINT`, then `CMD` as its
+    /// arguments), as an OCI config records them. dsec starts its own agent
+    /// as a sandbox's init, so these are recorded for the image's users
+    /// (and kept across export), not run by dsec.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cmd: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub labels: BTreeMap<String, String>,
+    /// `port/protocol` entries (`80/tcp`).
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub exposed_ports: Vec<String>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub volumes: Vec<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stop_signal: Option<String>,
+    /// The shell of shell-form commands in builds (`SHELL`); absent:
+    /// `/bin/sh -c`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub shell: Option<Vec<String>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub healthcheck: Option<HealthcheckConfig>,
+}
+
+/// A container health check as an OCI config records it: `test` is
+/// `["NONE"]`, `["CMD", args...]` or `["CMD-SHELL", command]`; durations
+/// in nanoseconds, 0 meaning the default.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct HealthcheckConfig {
+    pub test: Vec<String>,
+    #[serde(default)]
+    pub interval_ns: u64,
+    #[serde(default)]
+    pub timeout_ns: u64,
+    #[serde(default)]
+    pub start_period_ns: u64,
+    #[serde(default)]
+    pub start_interval_ns: u64,
+    #[serde(default)]
+    pub retries: u32,
 }
 
 fn default_workdir() -> String {
@@ -82,6 +123,14 @@ impl Default for ImageConfig {
             env: vec!["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin".to_string(), "LANG=C.UTF-8".to_string()],
             workdir: default_workdir(),
             user: default_user(),
+            entrypoint: None,
+            cmd: None,
+            labels: BTreeMap::new(),
+            exposed_ports: Vec::new(),
+            volumes: Vec::new(),
+            stop_signal: None,
+            shell: None,
+            healthcheck: None,
         }
     }
 }

@@ -6,17 +6,19 @@ import asyncio
 import builtins
 import dataclasses
 import json
+import os
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from . import _transfer
 from ._http import Transport, resolve_endpoints, resolve_token
 from .errors import DSecError, error_from_detail
 from .args import BaseRunArgs, DSecContainerRunArgs, DSecRunArgs
 from .fncall import FnCallResult, fncall_body
 from .iam import Projects, Tokens
-from .results import (ExecResult, Health, ImageInfo, JobActionResult, NodeInfo, NodeMetrics, SandboxEvent,
+from .results import (BuildResult, ExecResult, Health, ImageInfo, JobActionResult, NodeInfo, NodeMetrics, SandboxEvent,
                       SandboxInfo, SnapshotInfo, TenantInfo, VolumeInfo)
 from .sandbox import Sandbox, first_exec_body
 
@@ -417,6 +419,60 @@ class DSecClient:
         """The images this server can run."""
         d = await self._transport.request("GET", self._transport.url("/v1/images"))
         return [ImageInfo.from_json(i) for i in d.get("images", ())]
+
+    async def build_image(self, name: str, context: str | os.PathLike[str] = ".", *,
+                          dockerfile: str = "Dockerfile",
+                          build_args: Mapping[str, str] | None = None,
+                          target: str | None = None, no_cache: bool = False,
+                          network: str | Mapping[str, bool] | None = None,
+                          memory_mb: int | None = None, cpu_cores: float | None = None,
+                          disk_mb: int | None = None, step_timeout_s: int | None = None,
+                          on_progress: Callable[[dict[str, Any]], None] | None = None,
+                          ) -> BuildResult:
+        """Build the image ``name[:tag]`` from a Dockerfile, the way
+        ``docker build`` does: ``context`` is the local build context (sent
+        as a tar stream; ``.dockerignore`` applies on the server),
+        ``dockerfile`` its Dockerfile's path inside it. Each ``RUN`` runs in a
+        sandbox of the stage so far; unchanged steps come from the step
+        cache (``no_cache=True`` runs them all). ``network`` is the ``RUN``
+        steps' network: ``"default"`` (the node's named services),
+        ``"none"`` or a dict of rules. ``on_progress`` is called with each
+        progress event (``{"type": "step", "step", "steps", "text", ...}``
+        and ``{"type": "step_done", "cached", "ms", ...}``). A failing step
+        raises :class:`BuildFailed` (its message ends with the command's
+        output); cancelling the call cancels the build."""
+        params: list[tuple[str, str]] = [("name", name), ("dockerfile", dockerfile)]
+        for k, v in (build_args or {}).items():
+            params.append(("build_arg", f"{k}={v}"))
+        if target is not None:
+            params.append(("target", target))
+        if no_cache:
+            params.append(("no_cache", "true"))
+        if network is not None:
+            params.append(("network", network if isinstance(network, str) else json.dumps(dict(network))))
+        for key, val in (("memory_mb", memory_mb), ("cpu_cores", cpu_cores), ("disk_mb", disk_mb),
+                         ("step_timeout_s", step_timeout_s)):
+            if val is not None:
+                params.append((key, str(val)))
+        chunks = _transfer.tar_directory(context)
+        try:
+            async with self._transport.stream(
+                    "POST", self._transport.url("/v1/images/build"), params=params, data=chunks,
+                    headers=Transport.TAR_HEADERS) as resp:
+                async for raw in resp.content:
+                    if not raw.strip():
+                        continue
+                    event = json.loads(raw)
+                    kind = event.get("type")
+                    if kind == "done":
+                        return BuildResult.from_json(event)
+                    if kind == "error":
+                        raise error_from_detail(event)
+                    if on_progress is not None:
+                        on_progress(event)
+        finally:
+            await chunks.aclose()
+        raise DSecError("internal", "the build's answer ended without a result")
 
     async def delete_image(self, name: str) -> None:
         """Delete an image (admin token only)."""

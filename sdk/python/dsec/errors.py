@@ -62,6 +62,7 @@ __all__ = [
     "NoScreen",
     "SnapshotInUse",
     "ProjectNotEmpty",
+    "BuildFailed",
     "PayloadTooLarge",
     "UnsupportedMediaType",
     "QuotaExceeded",
@@ -318,6 +319,12 @@ class ProjectNotEmpty(DSecError):
     """The project still has sub-projects or live sandboxes: delete those first."""
 
     code = "project_not_empty"
+
+
+class BuildFailed(DSecError):
+    """A step of an image build failed (a RUN command exited with an error, a COPY source is missing); the message names the step's line and ends with the command's output."""
+
+    code = "build_failed"
 
 
 class PayloadTooLarge(DSecError):

@@ -299,6 +299,24 @@ class WriteResult:
 
 
 @dataclass(slots=True)
+class BuildResult:
+    """A finished Dockerfile build: the image and what it took."""
+
+    image: str
+    layers: int = 0
+    size_bytes: int = 0
+    steps: int = 0
+    cached_steps: int = 0
+    ms: float = 0.0
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> BuildResult:
+        """Parse a ``BuildResult`` from the build's ``done`` event."""
+        return cls(d.get("image", ""), d.get("layers", 0), d.get("size_bytes", 0),
+                   d.get("steps", 0), d.get("cached_steps", 0), float(d.get("ms", 0.0)))
+
+
+@dataclass(slots=True)
 class ImageInfo:
     """An image: an ordered list of read-only layers plus defaults."""
 

@@ -24,7 +24,7 @@ import os
 import signal as _signal
 import threading
 import weakref
-from collections.abc import AsyncGenerator, AsyncIterator, Coroutine, Iterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Callable, Coroutine, Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any, TypeVar
 
@@ -36,6 +36,7 @@ from .errors import DSecError, SandboxNotFound
 from .fncall import FnCallResult
 from .results import (
     AuditEvents,
+    BuildResult,
     ExecResult,
     FileInfo,
     Health,
@@ -314,6 +315,21 @@ class DSecClient:
     def images(self) -> builtins.list[ImageInfo]:
         """The images this server can run."""
         return self._run(self.aio.images())
+
+    def build_image(self, name: str, context: str | os.PathLike[str] = ".", *,
+                    dockerfile: str = "Dockerfile",
+                    build_args: Mapping[str, str] | None = None,
+                    target: str | None = None, no_cache: bool = False,
+                    network: str | Mapping[str, bool] | None = None,
+                    memory_mb: int | None = None, cpu_cores: float | None = None,
+                    disk_mb: int | None = None, step_timeout_s: int | None = None,
+                    on_progress: Callable[[dict[str, Any]], None] | None = None,
+                    ) -> BuildResult:
+        """Build an image from a Dockerfile (see :meth:`DSecClient.build_image`)."""
+        return self._run(self.aio.build_image(
+            name, context, dockerfile=dockerfile, build_args=build_args, target=target,
+            no_cache=no_cache, network=network, memory_mb=memory_mb, cpu_cores=cpu_cores,
+            disk_mb=disk_mb, step_timeout_s=step_timeout_s, on_progress=on_progress))
 
     def delete_image(self, name: str) -> None:
         """Delete an image (admin only)."""

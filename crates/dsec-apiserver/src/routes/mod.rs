@@ -1,5 +1,6 @@
 pub mod admin;
 pub mod audit;
+pub mod build;
 pub mod cluster;
 pub mod events;
 pub mod files;

@@ -120,6 +120,21 @@ pub(crate) fn image_config(blob: &ImageConfigBlob) -> ImageConfig {
     if let Some(user) = run.user.as_deref().filter(|u| !u.is_empty()) {
         config.user = user.to_string();
     }
+    config.entrypoint = run.entrypoint.clone();
+    config.cmd = run.cmd.clone();
+    config.labels = run.labels.clone().unwrap_or_default();
+    config.exposed_ports = run.exposed_ports.iter().flat_map(|m| m.keys().cloned()).collect();
+    config.volumes = run.volumes.iter().flat_map(|m| m.keys().cloned()).collect();
+    config.stop_signal = run.stop_signal.clone().filter(|s| !s.is_empty());
+    config.shell = run.shell.clone().filter(|s| !s.is_empty());
+    config.healthcheck = run.healthcheck.as_ref().filter(|h| !h.test.is_empty()).map(|h| crate::manifest::HealthcheckConfig {
+        test: h.test.clone(),
+        interval_ns: h.interval,
+        timeout_ns: h.timeout,
+        start_period_ns: h.start_period,
+        start_interval_ns: h.start_interval,
+        retries: h.retries,
+    });
     config
 }
 

@@ -196,11 +196,7 @@ fn config_json(image: &ResolvedImage, layers: &[(LayerKind, Digest, u64, Digest)
         "created": manifest.created_at,
         "architecture": platform.architecture,
         "os": platform.os,
-        "config": {
-            "Env": manifest.config.env,
-            "WorkingDir": manifest.config.workdir,
-            "User": manifest.config.user,
-        },
+        "config": run_config(&manifest.config),
         "rootfs": {
             "type": "layers",
             "diff_ids": layers.iter().map(|l| l.3.to_string()).collect::<Vec<_>>(),
@@ -211,6 +207,52 @@ fn config_json(image: &ResolvedImage, layers: &[(LayerKind, Digest, u64, Digest)
         })).collect::<Vec<_>>(),
     });
     serde_json::to_vec(&value).expect("a JSON value serialises")
+}
+
+/// The OCI `config` object: what dsec records of an image's defaults,
+/// in the names Docker and OCI use.
+fn run_config(c: &crate::ImageConfig) -> serde_json::Value {
+    let mut v = json!({ "Env": c.env, "WorkingDir": c.workdir, "User": c.user });
+    let set = |v: &mut serde_json::Value, key: &str, value: serde_json::Value| {
+        v[key] = value;
+    };
+    if let Some(e) = &c.entrypoint {
+        set(&mut v, "Entrypoint", json!(e));
+    }
+    if let Some(cmd) = &c.cmd {
+        set(&mut v, "Cmd", json!(cmd));
+    }
+    if !c.labels.is_empty() {
+        set(&mut v, "Labels", json!(c.labels));
+    }
+    let keys = |list: &[String]| serde_json::Value::Object(list.iter().map(|k| (k.clone(), json!({}))).collect());
+    if !c.exposed_ports.is_empty() {
+        set(&mut v, "ExposedPorts", keys(&c.exposed_ports));
+    }
+    if !c.volumes.is_empty() {
+        set(&mut v, "Volumes", keys(&c.volumes));
+    }
+    if let Some(s) = &c.stop_signal {
+        set(&mut v, "StopSignal", json!(s));
+    }
+    if let Some(s) = &c.shell {
+        set(&mut v, "Shell", json!(s));
+    }
+    if let Some(h) = &c.healthcheck {
+        set(
+            &mut v,
+            "Healthcheck",
+            json!({
+                "Test": h.test,
+                "Interval": h.interval_ns,
+                "Timeout": h.timeout_ns,
+                "StartPeriod": h.start_period_ns,
+                "StartInterval": h.start_interval_ns,
+                "Retries": h.retries,
+            }),
+        );
+    }
+    v
 }
 
 fn manifest_json(config: &[u8], config_digest: &Digest, layers: &[(LayerKind, Digest, u64, Digest)]) -> Vec<u8> {

@@ -83,6 +83,40 @@ pub struct RunConfig {
     pub working_dir: Option<String>,
     #[serde(rename = "User", default)]
     pub user: Option<String>,
+    #[serde(rename = "Entrypoint", default)]
+    pub entrypoint: Option<Vec<String>>,
+    #[serde(rename = "Cmd", default)]
+    pub cmd: Option<Vec<String>>,
+    #[serde(rename = "Labels", default)]
+    pub labels: Option<std::collections::BTreeMap<String, String>>,
+    /// Keys only (`"80/tcp": {}`).
+    #[serde(rename = "ExposedPorts", default)]
+    pub exposed_ports: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    #[serde(rename = "Volumes", default)]
+    pub volumes: Option<std::collections::BTreeMap<String, serde_json::Value>>,
+    #[serde(rename = "StopSignal", default)]
+    pub stop_signal: Option<String>,
+    #[serde(rename = "Shell", default)]
+    pub shell: Option<Vec<String>>,
+    #[serde(rename = "Healthcheck", default)]
+    pub healthcheck: Option<OciHealthcheck>,
+}
+
+/// Docker's health check (durations in nanoseconds).
+#[derive(Debug, Clone, Deserialize, Default)]
+pub struct OciHealthcheck {
+    #[serde(rename = "Test", default)]
+    pub test: Vec<String>,
+    #[serde(rename = "Interval", default)]
+    pub interval: u64,
+    #[serde(rename = "Timeout", default)]
+    pub timeout: u64,
+    #[serde(rename = "StartPeriod", default)]
+    pub start_period: u64,
+    #[serde(rename = "StartInterval", default)]
+    pub start_interval: u64,
+    #[serde(rename = "Retries", default)]
+    pub retries: u32,
 }
 
 #[derive(Debug, Clone, Deserialize, Default)]

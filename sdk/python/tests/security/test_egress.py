@@ -686,6 +686,32 @@ for spec in sys.argv[1:]:
 """
 
 
+async def test_a_builds_run_steps_reach_the_nodes_named_services_only(
+        nclient: DSecClient, net_server: tuple[Server, str, str], tmp_path: Path) -> None:
+    """A Dockerfile's RUN steps get the node's named services by default
+    (so `pip install` reaches the mirror the node is configured with), and
+    nothing else; `RUN --network=none` gets nothing at all."""
+    (tmp_path / "probe.py").write_text(PROBE)
+    (tmp_path / "Dockerfile").write_text(f"""\
+FROM {IMAGE}
+COPY probe.py /probe.py
+RUN python3 /probe.py tcp {PYPI} {MIRROR_PORT} > /reach-pypi && python3 /probe.py tcp {OTHER_DOMAIN_IP} {MIRROR_PORT} > /reach-other # {uuid.uuid4().hex}
+RUN --network=none python3 /probe.py tcp {PYPI} {MIRROR_PORT} > /reach-none
+""")
+    name = f"egress-build-{uuid.uuid4().hex[:8]}:1"
+    await nclient.build_image(name, tmp_path)
+    sb = await nclient.run_container(run_args(name, memory_limit_mb=128), timeout=120)
+    try:
+        out = (await sb.run_shell("cat /reach-pypi /reach-other /reach-none")).stdout.split("\n")
+    finally:
+        await sb.stop()
+        async with DSecClient(net_server[0].url, net_server[0].admin_token) as admin:
+            await admin.delete_image(name)
+    assert out[0] == f"ok mirror {PYPI}", out
+    assert out[1].startswith("err"), out
+    assert out[2].startswith("err"), out
+
+
 async def probes(sb: Sandbox, *specs: tuple[str, str, int]) -> list[str]:
     r = await sb.run_shell("python3 /tmp/multi.py " + " ".join(f"'{k} {h} {p}'" for k, h, p in specs), timeout=120)
     assert r.exit_code == 0, r

@@ -112,6 +112,8 @@ def attribute_type(cls: type, name: str) -> Any:
 def shape(tp: Any, blocking: bool) -> Any:
     """A comparable form of a type; with ``blocking``, of its blocking
     equivalent."""
+    if isinstance(tp, list):  # the parameter list of a Callable
+        return tuple(shape(a, blocking) for a in tp)
     if blocking and tp in TWINS:
         tp = TWINS[tp]
     origin, args = typing.get_origin(tp), typing.get_args(tp)
