@@ -7,17 +7,19 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::body::Body;
-use axum::extract::State;
+use axum::extract::{Request, State};
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
 use dsec_api::{self as api, ErrorCode};
 use dsec_build::{BuildError, BuildEvent, BuildRequest, BuildSummary, Builder, Context};
+use dsec_edge::Caller;
 use futures_util::StreamExt;
 use tokio::io::AsyncWriteExt;
 
 use crate::auth::Auth;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::QueryPairs;
+use crate::nodes::NodeRef;
 use crate::state::AppState;
 
 /// The public code of a build's failure.
@@ -68,7 +70,9 @@ fn build_request(q: &QueryPairs) -> ApiResult<BuildRequest> {
 /// them all). The response is `application/x-ndjson`: `step` and
 /// `step_done` events, then `{"type": "done", ...}` with the image, or
 /// `{"type": "error", "code", "message"}`. Closing the connection cancels
-/// the build.
+/// the build. A cluster's apiserver sends the build to a node (`node`, or
+/// a healthy one with the most free memory), whose store then holds the
+/// image.
 #[utoipa::path(post, path = "/v1/images/build", tag = "images",
     params(
         ("name" = String, Query, description = "name[:tag] of the image"),
@@ -79,17 +83,17 @@ fn build_request(q: &QueryPairs) -> ApiResult<BuildRequest> {
         ("network" = Option<String>, Query, description = "RUN steps' network: default (the node's named services), none, or a JSON object of rules"),
         ("memory_mb" = Option<u64>, Query), ("cpu_cores" = Option<f64>, Query), ("disk_mb" = Option<u64>, Query),
         ("step_timeout_s" = Option<u64>, Query, description = "longest a RUN step may take"),
+        ("node" = Option<String>, Query, description = "the node that builds (a cluster's apiserver; default: a healthy one with the most free memory)"),
     ),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
     responses((status = 200, description = "progress, one JSON object per line", content_type = "application/x-ndjson"),
         (status = 400, body = api::ErrorBody), (status = 413, body = api::ErrorBody)))]
-pub async fn build(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs, body: Body) -> ApiResult<Response> {
+pub async fn build(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs, req: Request<Body>) -> ApiResult<Response> {
     let Some(builder) = st.builder.clone() else {
-        return Err(ApiError::new(
-            ErrorCode::UnsupportedBackend,
-            "image builds run on an edge: send the build to a node's own address (this apiserver has no edge in its process)",
-        ));
+        // An apiserver in front of edges: a node builds, into its store.
+        return forward(&st, &caller, &q, req).await;
     };
+    let body = req.into_body();
     let req = build_request(&q)?;
     let dockerfile = q.get("dockerfile").unwrap_or("Dockerfile").to_string();
     let ctx = receive_context(&builder, body, st.limits.max_upload_bytes, &dockerfile).await?;
@@ -127,6 +131,29 @@ pub async fn build(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs
 
 /// How often a build's progress stream proves the client is still there.
 const HEARTBEAT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Sends the build, streams and all, to the node `node` names, else to a
+/// healthy node with the most free memory (builds are memory-hungry, and
+/// the image lands in that node's store).
+async fn forward(st: &AppState, caller: &Caller, q: &QueryPairs, req: Request<Body>) -> ApiResult<Response> {
+    let remote = match q.get("node") {
+        Some(name) => match st.nodes.by_name(name) {
+            Some(NodeRef::Remote(r)) => r,
+            _ => return Err(ApiError::new(ErrorCode::NotFound, format!("no node named {name:?}"))),
+        },
+        None => st
+            .nodes
+            .remotes()
+            .into_iter()
+            .filter(|r| r.status().healthy)
+            .max_by_key(|r| {
+                let s = r.status();
+                s.memory_capacity_mb.saturating_sub(s.memory_reserved_mb)
+            })
+            .ok_or_else(|| ApiError::new(ErrorCode::EdgeUnavailable, "no healthy node to build on"))?,
+    };
+    Ok(remote.forward(caller, req).await?.into_response())
+}
 
 /// Aborts the build when the response is dropped (the client went away).
 struct AbortOnDrop(tokio::task::JoinHandle<Result<BuildSummary, BuildError>>);

@@ -13,12 +13,16 @@ through ``exec`` and the file transfers, exactly as on Docker::
 ``endpoint`` and ``token`` default to ``DSEC_ENDPOINT`` / ``DSEC_TOKEN``.
 The task names its image with ``docker_image`` in ``task.toml`` (a dsec
 image: ``python``, or one imported with ``dsec image pull``), or ``--ek
-image=NAME`` names it for every task. docs/integrations.md has the rest.
+image=NAME`` names it for every task; a task with neither is built from its
+``environment/Dockerfile`` by dsec (once: unchanged steps come from the
+step cache). docs/integrations.md has the rest.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +106,8 @@ class DsecEnvironment(BaseEnvironment):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         self._client: DSecClient | None = None
+        # The image built from the task's Dockerfile, once built.
+        self._built: str | None = None
         self._sandbox: Sandbox | None = None
         self._with_network = False
         super().__init__(*args, **kwargs)
@@ -139,14 +145,18 @@ class DsecEnvironment(BaseEnvironment):
     # -- definition -----------------------------------------------------
 
     def _image(self) -> str | None:
-        return self.options.image or self.task_env_config.docker_image
+        return self.options.image or self.task_env_config.docker_image or getattr(self, "_built", None)
+
+    def _dockerfile(self) -> Path | None:
+        p = Path(self.environment_dir) / "Dockerfile"
+        return p if p.is_file() else None
 
     def _validate_definition(self) -> None:
-        if self._image() is None:
+        if self._image() is None and self._dockerfile() is None:
             raise ValueError(
                 f"task {self.environment_name}: the dsec environment starts from an "
                 "image: give the task a docker_image in task.toml naming a dsec image "
-                "(dsec image ls), or --ek image=NAME"
+                "(dsec image ls), an environment/Dockerfile, or --ek image=NAME"
             )
         if self.options.backend not in ("container", "microvm", "vm"):
             raise ValueError(
@@ -192,13 +202,32 @@ class DsecEnvironment(BaseEnvironment):
 
     # -- lifecycle ------------------------------------------------------
 
+    async def _build(self, client: DSecClient, force_build: bool) -> None:
+        """Builds the task's environment/Dockerfile (when it names no image)
+        into an image named for the task and its environment's content."""
+        if self.options.image or self.task_env_config.docker_image or self._dockerfile() is None:
+            if force_build:
+                self.logger.debug("dsec runs the task's image as it is: nothing to build")
+            return
+        digest = hashlib.sha256()
+        root = Path(self.environment_dir)
+        for path in sorted(p for p in root.rglob("*") if p.is_file()):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes())
+        task = re.sub(r"[^a-z0-9._-]+", "-", self.environment_name.lower()).strip("-._")[:64] or "task"
+        name = f"harbor/{task}:{digest.hexdigest()[:16]}"
+        result = await client.build_image(
+            name, root, no_cache=force_build,
+            on_progress=lambda e: self.logger.debug(f"dsec build: {e}") if e.get("type") == "step" else None,
+        )
+        self.logger.debug(f"dsec built {result.image} ({result.cached_steps} of {result.steps} steps cached)")
+        self._built = result.image
+
     async def start(self, force_build: bool) -> None:
-        if force_build:
-            self.logger.debug("dsec runs the task's image as it is: nothing to build")
         client = DSecClient(self.options.endpoint, self.options.token)
         await client.open()
         self._client = client
         try:
+            await self._build(client, force_build)
             args = self._run_args()
             self._with_network = bool(args.network_rules)
             self._sandbox = await client.run(args, timeout=self.options.create_timeout_sec)

@@ -52,12 +52,13 @@ def _checks(venv: Path, server: Server, token: str, *extra: str) -> None:
     assert "harbor checks passed" in r.stdout
 
 
-def _harbor_run(venv: Path, server: Server, token: str, agent: str, jobs: Path) -> dict:
-    """``harbor run`` of the task with ``agent``; its one trial's result."""
+def _harbor_run(venv: Path, server: Server, token: str, agent: str, jobs: Path,
+                task: Path = TASK) -> dict:
+    """``harbor run`` of ``task`` with ``agent``; its one trial's result."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("DSEC_")}
     env["HOME"] = str(jobs)  # Harbor's caches and settings stay in the test's dir
     r = subprocess.run(
-        [str(venv / "bin" / "harbor"), "run", "-p", str(TASK), "-a", agent, "-e", ENVIRONMENT,
+        [str(venv / "bin" / "harbor"), "run", "-p", str(task), "-a", agent, "-e", ENVIRONMENT,
          "--ek", f"endpoint={server.url}", "--ek", f"token={token}", "-o", str(jobs),
          "--job-name", agent, "-n", "1", "-y", "-q"],
         capture_output=True, text=True, timeout=900, env=env, cwd=jobs)
@@ -112,3 +113,25 @@ def net_server() -> Iterator[Server]:
 def test_the_network_modes(venv: Path, net_server: Server) -> None:
     tenant = _create_tenant(net_server, "harbor-net")
     _checks(venv, net_server, tenant.token, "--network")
+
+
+async def test_a_task_with_a_dockerfile_is_built_then_scored(venv: Path, server: Server,
+                                                             tenant: Tenant, tmp_path: Path) -> None:
+    """A task that names no image but ships environment/Dockerfile: dsec
+    builds it (Harbor's Docker environment would too), then the trial runs
+    in a sandbox of the built image."""
+    task = tmp_path / "answer-built"
+    shutil.copytree(TASK, task)
+    toml = task / "task.toml"
+    toml.write_text(toml.read_text().replace('docker_image = "python"\n', ""))
+    (task / "environment" / "Dockerfile").write_text(
+        f"FROM python\nWORKDIR /app\nCOPY README /app/README\nRUN echo {uuid.uuid4().hex} > /app/built.txt\n")
+    jobs = tmp_path / "jobs"
+    jobs.mkdir()
+    oracle = _harbor_run(venv, server, tenant.token, "oracle", jobs, task)
+    assert oracle.get("exception_info") is None, oracle.get("exception_info")
+    assert _reward(oracle) == 1, json.dumps(oracle, indent=1)[:4000]
+    async with DSecClient(server.url, server.admin_token) as admin:
+        built = [i.name for i in await admin.images() if i.name.startswith("harbor/") and "answer-built" in i.name]
+        assert len(built) == 1, built
+        await admin.delete_image(built[0])

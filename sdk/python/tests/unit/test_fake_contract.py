@@ -104,12 +104,16 @@ NOT_CALLED_BY_THE_SDK = {
 }
 
 
-async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, fake: FakeDSec
-                                                           ) -> None:
+async def test_every_request_of_the_sdk_is_in_the_document(client: DSecClient, fake: FakeDSec,
+                                                           tmp_path: Path) -> None:
     # The calls the fake does not serve: their requests are still checked
     # (route, query parameters, body), and the fake's 404 is an error.
     sb = await client.run(DSecRunArgs(image="python"))
+    (tmp_path / "Dockerfile").write_text("FROM python\n")
     calls = [
+        client.build_image("img:1", tmp_path, build_args={"A": "1"}, target="t", no_cache=True,
+                           network={"pypi": True}, memory_mb=64, cpu_cores=0.5, disk_mb=128,
+                           step_timeout_s=10),
         client.fncall("python", "print(input())", stdin="x", files={"a.txt": "a"},
                       fetch_files=["a.txt"], env={"A": "1"}, time_limit=1.5, memory_limit_mb=64,
                       output_limit_bytes=100, compile_time_limit=2.0),
