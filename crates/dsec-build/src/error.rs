@@ -43,9 +43,6 @@ pub enum BuildError {
         #[source]
         source: std::io::Error,
     },
-    /// The caller went away or cancelled.
-    #[error("the build was cancelled")]
-    Cancelled,
 }
 
 pub(crate) fn io_err(what: &'static str, path: &std::path::Path) -> impl FnOnce(std::io::Error) -> BuildError {

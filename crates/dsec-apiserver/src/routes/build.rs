@@ -28,7 +28,7 @@ pub fn error_code(e: &BuildError) -> ErrorCode {
         BuildError::Parse(_) | BuildError::Word { .. } | BuildError::Invalid(_) | BuildError::Step { .. } => ErrorCode::InvalidRequest,
         BuildError::RunFailed { .. } => ErrorCode::BuildFailed,
         BuildError::Edge { source, .. } => source.code(),
-        BuildError::Store(_) | BuildError::Io { .. } | BuildError::Cancelled => ErrorCode::Internal,
+        BuildError::Store(_) | BuildError::Io { .. } => ErrorCode::Internal,
     }
 }
 
@@ -145,7 +145,7 @@ async fn forward(st: &AppState, caller: &Caller, q: &QueryPairs, req: Request<Bo
             .nodes
             .remotes()
             .into_iter()
-            .filter(|r| r.status().healthy)
+            .filter(|r| r.reachable() && r.status().healthy)
             .max_by_key(|r| {
                 let s = r.status();
                 s.memory_capacity_mb.saturating_sub(s.memory_reserved_mb)

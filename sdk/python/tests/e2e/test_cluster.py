@@ -345,6 +345,27 @@ async def test_a_job_pauses_and_resumes_on_every_node(cluster: Cluster) -> None:
         await asyncio.gather(*(s.delete() for s in sandboxes))
 
 
+async def test_a_build_through_the_apiserver_runs_on_a_node(cluster: Cluster, tmp_path: Path) -> None:
+    """The apiserver has no builder of its own: it sends the build to a
+    node; the image is then in that node's store (here shared by both)."""
+    tenant = _create_tenant(cluster.api, "clb")
+    marker = uuid.uuid4().hex
+    (tmp_path / "Dockerfile").write_text(f"FROM busybox\nRUN echo {marker} > /built.txt\n")
+    name = f"cluster-build-{marker[:8]}:1"
+    async with DSecClient(cluster.api.url, tenant.token) as c:
+        result = await c.build_image(name, tmp_path)
+        assert result.image == name and result.steps == 2
+        sb = await c.run_container(_args(container_image=name), timeout=60)
+        try:
+            assert (await sb.run_shell("cat /built.txt")).stdout.strip() == marker
+        finally:
+            await sb.stop()
+    images = os.environ["DSEC_TEST_IMAGES_DIR"]
+    binary = os.environ.get("DSEC_BIN") or str(REPO / "target" / "release" / "dsec")
+    subprocess.run([binary, "image", "rm", name, "--images-dir", images], check=True,
+                   capture_output=True, timeout=60)
+
+
 async def test_a_node_that_goes_away_is_unavailable_and_skipped(cluster: Cluster) -> None:
     tenant = _create_tenant(cluster.api, "cl-down")
     async with DSecClient(cluster.api.url, tenant.token) as c:
@@ -369,23 +390,3 @@ async def test_a_node_that_goes_away_is_unavailable_and_skipped(cluster: Cluster
             if not s.id.startswith(victim_name + "."):
                 await s.delete()
 
-
-async def test_a_build_through_the_apiserver_runs_on_a_node(cluster: Cluster, tmp_path: Path) -> None:
-    """The apiserver has no builder of its own: it sends the build to a
-    node; the image is then in that node's store (here shared by both)."""
-    tenant = _create_tenant(cluster.api, "clb")
-    marker = uuid.uuid4().hex
-    (tmp_path / "Dockerfile").write_text(f"FROM busybox\nRUN echo {marker} > /built.txt\n")
-    name = f"cluster-build-{marker[:8]}:1"
-    async with DSecClient(cluster.api.url, tenant.token) as c:
-        result = await c.build_image(name, tmp_path)
-        assert result.image == name and result.steps == 2
-        sb = await c.run_container(_args(container_image=name), timeout=60)
-        try:
-            assert (await sb.run_shell("cat /built.txt")).stdout.strip() == marker
-        finally:
-            await sb.stop()
-    images = os.environ["DSEC_TEST_IMAGES_DIR"]
-    binary = os.environ.get("DSEC_BIN") or str(REPO / "target" / "release" / "dsec")
-    subprocess.run([binary, "image", "rm", name, "--images-dir", images], check=True,
-                   capture_output=True, timeout=60)
