@@ -65,6 +65,16 @@ impl Layout {
         }
         parts.join("/")
     }
+
+    /// The archive name of `inner`, a path below a directory source (empty:
+    /// the source itself, which the destination directory stands for).
+    pub fn inside(&self, inner: &str) -> String {
+        if inner.is_empty() {
+            String::new()
+        } else {
+            self.name(true, "", inner)
+        }
+    }
 }
 
 /// `/a/b` -> (`/a`, Some(`b`)); `/` -> (`/`, None).
@@ -127,15 +137,7 @@ impl ArchiveOut {
                 let mut h = self.header(tar::EntryType::Directory, meta.permissions().mode(), 0, mtime);
                 self.tar.append_data(&mut h, format!("{name}/"), std::io::empty()).map_err(archive_err)?;
             }
-            let mut children: Vec<_> =
-                fs::read_dir(path).map_err(io_err("listing", path))?.collect::<Result<_, _>>().map_err(io_err("listing", path))?;
-            children.sort_by_key(|e| e.file_name());
-            for c in children {
-                let child = c.file_name().to_string_lossy().into_owned();
-                let child_name = if name.is_empty() { child } else { format!("{name}/{child}") };
-                self.add_path(&child_name, &c.path())?;
-            }
-            return Ok(());
+            return self.add_contents(name, path);
         }
         if ft.is_file() {
             let file = fs::File::open(path).map_err(io_err("opening", path))?;
@@ -143,6 +145,20 @@ impl ArchiveOut {
             return self.tar.append_data(&mut h, name, file).map_err(archive_err);
         }
         // Sockets, fifos and devices are not part of an image's content.
+        Ok(())
+    }
+
+    /// What directory `dir` holds (not the directory itself), under `name`
+    /// (`""`: at the top of the archive).
+    pub fn add_contents(&mut self, name: &str, dir: &Path) -> Result<(), BuildError> {
+        let mut children: Vec<_> =
+            fs::read_dir(dir).map_err(io_err("listing", dir))?.collect::<Result<_, _>>().map_err(io_err("listing", dir))?;
+        children.sort_by_key(|e| e.file_name());
+        for c in children {
+            let child = c.file_name().to_string_lossy().into_owned();
+            let child_name = if name.is_empty() { child } else { format!("{name}/{child}") };
+            self.add_path(&child_name, &c.path())?;
+        }
         Ok(())
     }
 

@@ -99,11 +99,6 @@ impl Progress<'_> {
     }
 }
 
-/// A finished stage, for `FROM stage` and `COPY --from`.
-pub(crate) struct Built {
-    pub state: StageState,
-}
-
 pub(crate) struct Run<'a> {
     pub builder: &'a Builder,
     pub caller: &'a Caller,
@@ -112,8 +107,8 @@ pub(crate) struct Run<'a> {
     pub file: &'a Dockerfile,
     pub escape: char,
     pub global_args: BTreeMap<String, String>,
-    /// Finished stages by index.
-    pub built: BTreeMap<usize, Built>,
+    /// Finished stages by index, for `FROM stage` and `COPY --from`.
+    pub built: BTreeMap<usize, StageState>,
     pub build_id: String,
     /// Where `ADD` puts what it downloads; removed when the build ends.
     pub downloads: tempfile::TempDir,
@@ -164,16 +159,16 @@ impl Builder {
             escape,
             global_args: global_args(&file, &req.build_args, escape)?,
             built: BTreeMap::new(),
-            build_id: crate::ids::build_id(),
+            // A sandbox id's random part: unique across builds and nodes.
+            build_id: dsec_edge::ids::short_id(&dsec_edge::ids::new_sandbox_id("build")).to_string(),
             downloads: downloads_dir(&self.scratch)?,
         };
         let mut progress = Progress { events, step: 0, steps, cached: 0, started: Instant::now() };
         for &i in &needed {
             let state = run.stage(&file.stages[i], &mut progress).await?;
-            run.built.insert(i, Built { state });
+            run.built.insert(i, state);
         }
-        let last = run.built.remove(&target).ok_or_else(|| BuildError::Invalid("the target stage was not built".into()))?;
-        let state = last.state;
+        let state = run.built.remove(&target).ok_or_else(|| BuildError::Invalid("the target stage was not built".into()))?;
         let mut manifest = Manifest::new(state.layers.clone(), state.config.clone());
         manifest.provenance = Some(Provenance {
             built_by: caller.tenant.clone(),
@@ -184,10 +179,7 @@ impl Builder {
         });
         let store = self.store.clone();
         let (r, m) = (reference.clone(), manifest.clone());
-        tokio::task::spawn_blocking(move || store.put_image(&r, &m))
-            .await
-            .map_err(|e| BuildError::Store(e.to_string()))?
-            .map_err(|e| BuildError::Store(e.to_string()))?;
+        crate::blocking(move || store.put_image(&r, &m)).await?.map_err(|e| BuildError::Store(e.to_string()))?;
         Ok(BuildSummary {
             image: reference.to_string(),
             layers: manifest.layers.len(),
@@ -218,7 +210,7 @@ impl Run<'_> {
                 text: format!("(create WORKDIR {})", state.config.workdir),
                 instruction: Instruction::Workdir(String::new()),
             };
-            crate::steps::filesystem(self, &mut state, &step, "workdir").await?;
+            crate::steps::filesystem(self, &mut state, &step).await?;
         }
         Ok(state)
     }
@@ -314,8 +306,7 @@ impl Run<'_> {
                     }
                 }
             }
-            Instruction::Run { .. } => return crate::steps::filesystem(self, state, step, "run").await,
-            Instruction::Copy(_) => return crate::steps::filesystem(self, state, step, "copy").await,
+            Instruction::Run { .. } | Instruction::Copy(_) => return crate::steps::filesystem(self, state, step).await,
         }
         Ok(true)
     }
@@ -336,7 +327,7 @@ impl Run<'_> {
         let earlier = self.file.stages[..stage.index].iter().position(|s| s.name.as_deref() == Some(lower.as_str()));
         if let Some(i) = earlier {
             let earlier = self.built.get(&i).ok_or_else(|| BuildError::Invalid(format!("stage {base} was not built")))?;
-            let mut s = earlier.state.clone();
+            let mut s = earlier.clone();
             s.args.clear();
             s.workdir_pending = false;
             s.cmd_set = false;

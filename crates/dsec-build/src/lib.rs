@@ -10,7 +10,6 @@ mod copy;
 pub mod dockerfile;
 pub mod engine;
 pub mod error;
-mod ids;
 pub mod ignore;
 mod stage;
 mod steps;
@@ -19,3 +18,8 @@ pub use cache::is_cache_image;
 pub use context::Context;
 pub use engine::{BuildEvent, BuildRequest, BuildSummary, Builder};
 pub use error::BuildError;
+
+/// Runs blocking work (the image store, file walks) off the async workers.
+pub(crate) async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, BuildError> {
+    tokio::task::spawn_blocking(f).await.map_err(|e| BuildError::Store(format!("a blocking task failed: {e}")))
+}

@@ -80,8 +80,7 @@ impl StageState {
 
     /// `WORKDIR path`: relative paths are taken from the current one.
     pub fn set_workdir(&mut self, path: &str) {
-        let joined = if path.starts_with('/') { path.to_string() } else { format!("{}/{path}", self.config.workdir) };
-        self.config.workdir = clean_absolute(&joined);
+        self.config.workdir = resolve_in(&self.config.workdir, path);
         self.workdir_pending = true;
     }
 
@@ -134,6 +133,15 @@ impl StageState {
 /// `value` of `name` in a `KEY=value` list.
 pub fn env_get(env: &[String], name: &str) -> Option<String> {
     env.iter().filter_map(|e| e.split_once('=')).find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+}
+
+/// `path` as an absolute, clean path: relative ones are taken from `base`.
+pub fn resolve_in(base: &str, path: &str) -> String {
+    if path.starts_with('/') {
+        clean_absolute(path)
+    } else {
+        clean_absolute(&format!("{base}/{path}"))
+    }
 }
 
 /// An absolute path with `.`, `..` and repeated slashes resolved.

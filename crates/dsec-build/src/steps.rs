@@ -13,14 +13,15 @@ use dsec_image::oci::{derive_reference, ImportOptions};
 use dsec_image::{BuildOptions, ImageConfig, Manifest, NoProgress, Reference, ResolvedImage};
 
 use crate::agent_io::{self, Exec};
+use crate::blocking;
 use crate::cache::{digest_path, Key, CACHE_REPOSITORY};
 use crate::context::Source;
 use crate::copy::{parse_chmod, resolve_owner, ArchiveOut, Layout, Owner};
 use crate::dockerfile::{CopySpec, Instruction, Step};
 use crate::engine::Run;
 use crate::error::BuildError;
-use crate::ignore::has_wildcards as has_wildcard;
-use crate::stage::{clean_absolute, StageState};
+use crate::ignore::has_wildcards;
+use crate::stage::{resolve_in, StageState};
 
 /// A tar archive with no entries: extracting it creates the target
 /// directory (a pending WORKDIR) and nothing else.
@@ -29,9 +30,9 @@ const EMPTY_TAR: [u8; 1024] = [0; 1024];
 /// A URL that `ADD` downloads is at most this large.
 const MAX_DOWNLOAD: u64 = 4 << 30;
 
-/// Carries out a filesystem step (`kind`: "run", "copy" or "workdir");
-/// returns whether its result came from the cache.
-pub(crate) async fn filesystem(run: &Run<'_>, state: &mut StageState, step: &Step, kind: &str) -> Result<bool, BuildError> {
+/// Carries out a filesystem step (RUN, COPY, ADD, or the creation of a
+/// pending WORKDIR); returns whether its result came from the cache.
+pub(crate) async fn filesystem(run: &Run<'_>, state: &mut StageState, step: &Step) -> Result<bool, BuildError> {
     let fail = |message: String| BuildError::Step { line: step.line, text: step.text.clone(), message };
     let word = |raw: &str| state.expand(raw, run.escape).map_err(|source| BuildError::Word { line: step.line, source });
     // What the step is, for its cache key, and what it needs to run.
@@ -56,7 +57,7 @@ pub(crate) async fn filesystem(run: &Run<'_>, state: &mut StageState, step: &Ste
             let plan = CopyPlan::new(run, state, spec, &word, &fail).await?;
             (plan.descriptor(), Action::Copy(Box::new(plan)))
         }
-        _ if kind == "workdir" => (format!("WORKDIR-CREATE {}", state.config.workdir), Action::Nothing),
+        Instruction::Workdir(_) => (format!("WORKDIR-CREATE {}", state.config.workdir), Action::Nothing),
         _ => return Err(fail("not a filesystem step".into())),
     };
     let key = state.key.then(&descriptor);
@@ -101,7 +102,7 @@ pub(crate) async fn filesystem(run: &Run<'_>, state: &mut StageState, step: &Ste
                 return Err(BuildError::RunFailed { line: step.line, text: step.text.clone(), how, output });
             }
         }
-        Action::Copy(plan) => plan.apply(run, state, &sandbox.id, step).await?,
+        Action::Copy(plan) => plan.apply(run, &sandbox.id, step).await?,
         Action::Nothing => {}
     }
     let reference = key.reference();
@@ -157,10 +158,6 @@ fn tail(stdout: &[u8], stderr: &[u8]) -> String {
         out.push_str(&format!("\n--- {name}{} ---\n{}", if start > 0 { " (end)" } else { "" }, text.trim_end()));
     }
     out
-}
-
-async fn blocking<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Result<T, BuildError> {
-    tokio::task::spawn_blocking(f).await.map_err(|e| BuildError::Store(format!("a blocking task failed: {e}")))
 }
 
 /// A sandbox of one step, deleted when the step is done with it, and also
@@ -296,8 +293,7 @@ impl CopyPlan {
     ) -> Result<CopyPlan, BuildError> {
         let what = if spec.add { "ADD" } else { "COPY" };
         let dest_raw = word(&spec.dest)?;
-        let dest =
-            clean_absolute(&if dest_raw.starts_with('/') { dest_raw.clone() } else { format!("{}/{dest_raw}", state.config.workdir) });
+        let dest = resolve_in(&state.config.workdir, &dest_raw);
         let owner_spec = spec.chown.as_deref().map(word).transpose()?;
         let chmod = spec.chmod.as_deref().map(|c| word(c).and_then(|c| parse_chmod(&c).map_err(fail))).transpose()?;
         let words: Vec<String> = spec.sources.iter().map(|s| word(s)).collect::<Result<_, _>>()?;
@@ -330,10 +326,10 @@ impl CopyPlan {
                 let (image, identity) = from_image(run, from, fail).await?;
                 let mut paths = Vec::new();
                 for w in &words {
-                    if has_wildcard(w) {
+                    if has_wildcards(w) {
                         return Err(fail(format!("{what} --from: wildcards in {w:?} are not supported; name the path")));
                     }
-                    paths.push(clean_absolute(&if w.starts_with('/') { w.clone() } else { format!("/{w}") }));
+                    paths.push(resolve_in("/", w));
                 }
                 if paths.len() > 1 && !says_dir(&dest_raw) {
                     return Err(fail(format!("{what} with more than one source needs a destination directory ending in '/'")));
@@ -355,7 +351,7 @@ impl CopyPlan {
         )
     }
 
-    async fn apply(self, run: &Run<'_>, _state: &StageState, id: &str, step: &Step) -> Result<(), BuildError> {
+    async fn apply(self, run: &Run<'_>, id: &str, step: &Step) -> Result<(), BuildError> {
         let edge = run.builder.edge();
         let edge_err = |source| BuildError::Edge { line: step.line, text: step.text.clone(), source };
         let fail = |message: String| BuildError::Step { line: step.line, text: step.text.clone(), message };
@@ -385,10 +381,10 @@ impl CopyPlan {
                 }
                 for (s, _) in list {
                     if s.is_dir {
-                        add_dir_contents(&mut out, &layout, &s.path)?;
+                        out.add_contents(&layout.prefix, &s.path)?;
                     } else if archive_source(s) {
                         let bytes = decompressed(&s.path).map_err(|e| fail(format!("ADD {}: {e}", s.rel)))?;
-                        out.add_archive(&bytes, &|inner| if inner.is_empty() { String::new() } else { layout.name(true, "", inner) })?;
+                        out.add_archive(&bytes, &|inner| layout.inside(inner))?;
                     } else {
                         let base = s.rel.rsplit('/').next().unwrap_or(&s.rel);
                         out.add_path(&layout.name(false, base, ""), &s.path)?;
@@ -413,17 +409,7 @@ impl CopyPlan {
                 for (p, is_dir) in paths.iter().zip(kinds) {
                     let archive = agent_io::tar_out(edge, run.caller, &source.id, p).await.map_err(edge_err)?;
                     let base = p.rsplit('/').next().unwrap_or(p).to_string();
-                    let rename = |inner: &str| {
-                        if is_dir {
-                            if inner.is_empty() {
-                                String::new()
-                            } else {
-                                layout.name(true, "", inner)
-                            }
-                        } else {
-                            layout.name(false, &base, "")
-                        }
-                    };
+                    let rename = |inner: &str| if is_dir { layout.inside(inner) } else { layout.name(false, &base, "") };
                     out.add_archive(&archive, &rename)?;
                 }
                 source.remove().await;
@@ -440,20 +426,6 @@ fn says_dir(dest: &str) -> bool {
     dest.ends_with('/') || dest == "." || dest.ends_with("/.")
 }
 
-fn add_dir_contents(out: &mut ArchiveOut, layout: &Layout, dir: &std::path::Path) -> Result<(), BuildError> {
-    let mut children: Vec<_> = std::fs::read_dir(dir).and_then(|d| d.collect::<Result<Vec<_>, _>>()).map_err(|source| BuildError::Io {
-        what: "listing",
-        path: dir.display().to_string(),
-        source,
-    })?;
-    children.sort_by_key(|e| e.file_name());
-    for c in children {
-        let name = c.file_name().to_string_lossy().into_owned();
-        out.add_path(&layout.name(true, "", &name), &c.path())?;
-    }
-    Ok(())
-}
-
 /// The image a `COPY --from` reads: an earlier stage's state, or an image.
 async fn from_image(run: &Run<'_>, from: &str, fail: &(dyn Fn(String) -> BuildError + Sync)) -> Result<(String, String), BuildError> {
     let lower = from.to_ascii_lowercase();
@@ -465,7 +437,7 @@ async fn from_image(run: &Run<'_>, from: &str, fail: &(dyn Fn(String) -> BuildEr
         .or_else(|| from.parse::<usize>().ok().filter(|i| *i < run.file.stages.len()));
     if let Some(i) = stage {
         let built = run.built.get(&i).ok_or_else(|| fail(format!("--from={from} names a stage that is not built before this one")))?;
-        return Ok((built.state.image.clone(), built.state.key.0.clone()));
+        return Ok((built.image.clone(), built.key.0.clone()));
     }
     let image = resolve_image(run.builder, from, 0).await?;
     let identity = serde_json::to_string(&image.manifest.layers).unwrap_or_default();

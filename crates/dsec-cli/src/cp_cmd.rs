@@ -123,17 +123,13 @@ fn pump(mut reader: impl Read + Send + 'static, bar: ProgressBar) -> Chunks {
 }
 
 /// A `Write` whose bytes go, in pieces of [`CHUNK`], to an upload.
-pub(crate) struct ChunkWriter {
+struct ChunkWriter {
     tx: mpsc::Sender<std::io::Result<Bytes>>,
     buf: Vec<u8>,
     bar: ProgressBar,
 }
 
 impl ChunkWriter {
-    pub(crate) fn new(tx: mpsc::Sender<std::io::Result<Bytes>>, bar: ProgressBar) -> Self {
-        ChunkWriter { tx, buf: Vec::with_capacity(CHUNK), bar }
-    }
-
     fn send(&mut self) -> std::io::Result<()> {
         if self.buf.is_empty() {
             return Ok(());
@@ -193,16 +189,25 @@ async fn upload_stdin(client: &Client, id: &str, path: &str) -> anyhow::Result<u
     Ok(written.bytes)
 }
 
-async fn upload_dir(client: &Client, from: &Path, id: &str, path: &str) -> anyhow::Result<u64> {
-    let bar = bar(None, &format!("{} -> {id}:{path}", from.display()));
+/// A tar stream of directory `root`'s contents (and of `extra`, a file
+/// added under the name it gives), made on a blocking thread as the upload
+/// takes it. The task's error, if any, says what could not be read.
+pub(crate) fn tar_stream(
+    root: PathBuf,
+    extra: Option<(PathBuf, &'static str)>,
+    bar: ProgressBar,
+) -> (Chunks, tokio::task::JoinHandle<anyhow::Result<()>>) {
     let (tx, chunks) = mpsc::channel(4);
-    let root = from.to_path_buf();
-    let mut writer = ChunkWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK), bar: bar.clone() };
+    let mut writer = ChunkWriter { tx: tx.clone(), buf: Vec::with_capacity(CHUNK), bar };
     let packer = tokio::task::spawn_blocking(move || {
         let mut tar = tar::Builder::new(&mut writer);
         // Links stay links, as in the sandbox.
         tar.follow_symlinks(false);
-        let built = tar.append_dir_all(".", &root).and_then(|()| tar.finish());
+        let mut built = tar.append_dir_all(".", &root);
+        if let (Ok(()), Some((path, name))) = (&built, &extra) {
+            built = tar.append_path_with_name(path, name);
+        }
+        let built = built.and_then(|()| tar.finish());
         drop(tar);
         let sent = built.and_then(|()| writer.flush());
         if let Err(e) = &sent {
@@ -211,6 +216,12 @@ async fn upload_dir(client: &Client, from: &Path, id: &str, path: &str) -> anyho
         }
         sent.with_context(|| format!("reading {}", root.display()))
     });
+    (chunks, packer)
+}
+
+async fn upload_dir(client: &Client, from: &Path, id: &str, path: &str) -> anyhow::Result<u64> {
+    let bar = bar(None, &format!("{} -> {id}:{path}", from.display()));
+    let (chunks, packer) = tar_stream(from.to_path_buf(), None, bar.clone());
     let body = client.put_stream(&files_path(id, "archive", &[("path", path)]), "application/x-tar", None, chunks).await;
     bar.finish_and_clear();
     // A local error explains a cut upload better than the server's answer.

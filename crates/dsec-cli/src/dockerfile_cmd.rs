@@ -9,9 +9,7 @@ use std::time::Instant;
 use anyhow::{bail, Context};
 use http_body_util::BodyExt;
 use indicatif::{ProgressBar, ProgressStyle};
-use tokio::sync::mpsc;
 
-use crate::cp_cmd::ChunkWriter;
 use crate::image_cmd::BuildArgs;
 
 /// Where the Dockerfile goes in the context when it lives outside it.
@@ -45,25 +43,8 @@ pub async fn build(a: BuildArgs) -> anyhow::Result<u8> {
 
     let upload =
         ProgressBar::no_length().with_style(ProgressStyle::with_template("{spinner} sending the context {bytes}").expect("valid template"));
-    let (tx, chunks) = mpsc::channel(4);
-    let root = context.clone();
-    let bar = upload.clone();
-    let packer = tokio::task::spawn_blocking(move || {
-        let mut writer = ChunkWriter::new(tx.clone(), bar);
-        let mut tar = tar::Builder::new(&mut writer);
-        tar.follow_symlinks(false);
-        let mut built = tar.append_dir_all(".", &root);
-        if let (Ok(()), Some(path)) = (&built, &extra) {
-            built = tar.append_path_with_name(path, OUTSIDE_DOCKERFILE);
-        }
-        let built = built.and_then(|()| tar.finish());
-        drop(tar);
-        let sent = built.and_then(|()| writer.flush());
-        if let Err(e) = &sent {
-            let _ = tx.blocking_send(Err(std::io::Error::new(e.kind(), e.to_string())));
-        }
-        sent.with_context(|| format!("reading {}", root.display()))
-    });
+    let extra = extra.map(|path| (path, OUTSIDE_DOCKERFILE));
+    let (chunks, packer) = crate::cp_cmd::tar_stream(context.clone(), extra, upload.clone());
     let started = Instant::now();
     let body = client.post_stream(&format!("/v1/images/build?{q}"), "application/x-tar", chunks).await;
     upload.finish_and_clear();

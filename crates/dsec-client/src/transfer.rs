@@ -36,8 +36,26 @@ impl Client {
         len: Option<u64>,
         chunks: Chunks,
     ) -> Result<Bytes, ClientError> {
+        let resp = self.send_stream(Method::PUT, path_and_query, content_type, len, chunks).await?;
+        let status = resp.status();
+        let body = self.read_body(resp.into_body()).await?;
+        if !status.is_success() {
+            return Err(api_error(status, &body));
+        }
+        Ok(body)
+    }
+
+    /// A request whose body is read from `chunks`, to the current endpoint.
+    async fn send_stream(
+        &self,
+        method: Method,
+        path_and_query: &str,
+        content_type: &str,
+        len: Option<u64>,
+        chunks: Chunks,
+    ) -> Result<http::Response<Incoming>, ClientError> {
         let mut req = Request::builder()
-            .method(Method::PUT)
+            .method(method)
             .uri(format!("{}{path_and_query}", self.endpoint()))
             .header(header::CONTENT_TYPE, content_type);
         if let Some(a) = &self.auth {
@@ -47,13 +65,7 @@ impl Client {
             req = req.header(header::CONTENT_LENGTH, n);
         }
         let req = req.body(streamed(chunks)).map_err(|e| ClientError::Endpoint(e.to_string()))?;
-        let resp = self.streaming.request(req).await.map_err(|e| self.connect_error(e))?;
-        let status = resp.status();
-        let body = self.read_body(resp.into_body()).await?;
-        if !status.is_success() {
-            return Err(api_error(status, &body));
-        }
-        Ok(body)
+        self.streaming.request(req).await.map_err(|e| self.connect_error(e))
     }
 
     /// `GET path_and_query`, answering with the response body unread, for
@@ -66,30 +78,21 @@ impl Client {
         }
         let req = req.body(Full::new(Bytes::new())).map_err(|e| ClientError::Endpoint(e.to_string()))?;
         let resp = self.http.request(req).await.map_err(|e| self.connect_error(e))?;
-        let status = resp.status();
-        if status != StatusCode::OK {
-            let body = self.read_body(resp.into_body()).await?;
-            return Err(api_error(status, &body));
-        }
-        Ok(resp.into_body())
+        self.unread_ok(resp).await
     }
-}
 
-impl Client {
     /// `POST path_and_query` with a body read from `chunks` (chunked),
     /// answering with the response body unread, for the caller to take as
     /// it arrives (a build's progress). An error status is read whole and
     /// returned as the error.
     pub async fn post_stream(&self, path_and_query: &str, content_type: &str, chunks: Chunks) -> Result<Incoming, ClientError> {
-        let mut req = Request::builder()
-            .method(Method::POST)
-            .uri(format!("{}{path_and_query}", self.endpoint()))
-            .header(header::CONTENT_TYPE, content_type);
-        if let Some(a) = &self.auth {
-            req = req.header(header::AUTHORIZATION, a);
-        }
-        let req = req.body(streamed(chunks)).map_err(|e| ClientError::Endpoint(e.to_string()))?;
-        let resp = self.streaming.request(req).await.map_err(|e| self.connect_error(e))?;
+        let resp = self.send_stream(Method::POST, path_and_query, content_type, None, chunks).await?;
+        self.unread_ok(resp).await
+    }
+
+    /// The body of a `200 OK`, unread; any other answer read whole as the
+    /// error.
+    async fn unread_ok(&self, resp: http::Response<Incoming>) -> Result<Incoming, ClientError> {
         let status = resp.status();
         if status != StatusCode::OK {
             let body = self.read_body(resp.into_body()).await?;

@@ -145,7 +145,7 @@ class DsecEnvironment(BaseEnvironment):
     # -- definition -----------------------------------------------------
 
     def _image(self) -> str | None:
-        return self.options.image or self.task_env_config.docker_image or getattr(self, "_built", None)
+        return self.options.image or self.task_env_config.docker_image or self._built
 
     def _dockerfile(self) -> Path | None:
         p = Path(self.environment_dir) / "Dockerfile"
