@@ -44,6 +44,7 @@ MAX_UPLOAD_MB = 64
 #: The session server's sandbox domain: the host `PORT-ID.SANDBOX_DOMAIN`
 #: reaches a sandbox's port (tests/e2e/test_ports.py).
 SANDBOX_DOMAIN = "sandboxes.test"
+DSEC = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
 
 
 @dataclass
@@ -247,6 +248,21 @@ def serve_dsec(extra_args: list[str], data_dir: Path | None = None, node: str | 
                 print(f"dsec e2e: leaving {data_dir}: still mounted: {left[:5]}")
             else:
                 shutil.rmtree(data_dir, ignore_errors=True)
+
+
+def dsec_image(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
+    """``dsec image ARGS`` on the image store the tests' servers share
+    (DSEC_TEST_IMAGES_DIR, else ``server``'s own)."""
+    images = os.environ.get("DSEC_TEST_IMAGES_DIR") or str(server.data_dir / "images")
+    return subprocess.run([str(DSEC), "image", *args, "--images-dir", images],
+                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+
+
+def drop_build_cache(server: Server) -> None:
+    """Empties the Dockerfile builds' step cache of the shared store (and
+    collects the blobs only it named): a test that builds leaves nothing."""
+    r = dsec_image(server, "gc", "--build-cache")
+    assert r.returncode == 0, r.stderr
 
 
 def _create_tenant(server: Server, prefix: str) -> Tenant:

@@ -24,9 +24,7 @@ import pytest
 
 from dsec import BuildFailed, DSecClient, InvalidRequest
 
-from .conftest import REPO, Server, Tenant, _http, run_args
-
-DSEC = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
+from .conftest import DSEC, Server, Tenant, _http, drop_build_cache, dsec_image, run_args
 
 TASK_DOCKERFILE = """\
 # A task environment of the usual shape.
@@ -51,20 +49,14 @@ CMD ["-m", "http.server"]
 """
 
 
-def _images(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
-    images = os.environ.get("DSEC_TEST_IMAGES_DIR") or str(server.data_dir / "images")
-    return subprocess.run([str(DSEC), "image", *args, "--images-dir", images],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-
-
 @pytest.fixture(scope="module")
 def names(server: Server) -> Iterator[list[str]]:
     """Image names the tests build; removed (with the step cache) after."""
     made: list[str] = []
     yield made
     if made:
-        _images(server, "rm", *made)
-    _images(server, "gc", "--build-cache")
+        dsec_image(server, "rm", *made)
+    drop_build_cache(server)
 
 
 def _name(names: list[str]) -> str:
@@ -132,7 +124,7 @@ async def test_a_task_dockerfile_builds_and_its_image_runs(client: DSecClient, s
     finally:
         await sb.stop()
 
-    manifest = json.loads(_images(server, "inspect", name).stdout)["manifest"]
+    manifest = json.loads(dsec_image(server, "inspect", name).stdout)["manifest"]
     config = manifest["config"]
     assert config["user"] == "agent" and config["workdir"] == "/app"
     assert "GREETING=bonjour" in config["env"] and not any(e.startswith("ARG") for e in config["env"])

@@ -27,7 +27,7 @@ import dsec
 from dsec import DSecClient, DSecContainerRunArgs, JobAlreadyPaused, Sandbox
 
 from . import test_ports as ports
-from .conftest import SANDBOX_DOMAIN, REPO, Proc, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
+from .conftest import SANDBOX_DOMAIN, REPO, Proc, drop_build_cache, dsec_image, _create_tenant, _free_port, _http, _mounts_under, _stop, Server
 
 
 @dataclass
@@ -360,10 +360,8 @@ async def test_a_build_through_the_apiserver_runs_on_a_node(cluster: Cluster, tm
             assert (await sb.run_shell("cat /built.txt")).stdout.strip() == marker
         finally:
             await sb.stop()
-    images = os.environ["DSEC_TEST_IMAGES_DIR"]
-    binary = os.environ.get("DSEC_BIN") or str(REPO / "target" / "release" / "dsec")
-    subprocess.run([binary, "image", "rm", name, "--images-dir", images], check=True,
-                   capture_output=True, timeout=60)
+    assert dsec_image(cluster.api, "rm", name).returncode == 0
+    drop_build_cache(cluster.api)
 
 
 async def test_a_node_that_goes_away_is_unavailable_and_skipped(cluster: Cluster) -> None:

@@ -24,7 +24,7 @@ import pytest
 
 from dsec import DSecClient
 
-from .conftest import Server, Tenant, _create_tenant, serve_dsec
+from .conftest import Server, Tenant, _create_tenant, drop_build_cache, serve_dsec
 
 HERE = Path(__file__).parent
 TASK = HERE / "harbor_tasks" / "answer"
@@ -135,3 +135,4 @@ async def test_a_task_with_a_dockerfile_is_built_then_scored(venv: Path, server:
         built = [i.name for i in await admin.images() if i.name.startswith("harbor/") and "answer-built" in i.name]
         assert len(built) == 1, built
         await admin.delete_image(built[0])
+    drop_build_cache(server)

@@ -5,27 +5,15 @@ sandboxes start from it, and fork starts many at once without the parent."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import uuid
 from collections.abc import AsyncIterator, Iterator
-from pathlib import Path
 
 import pytest
 
 from dsec import DSecClient, IdempotencyConflict, InvalidRequest, SandboxEnded, SandboxNotRunning
 from dsec.sandbox import Sandbox
 
-from .conftest import REPO, Server, run_args
-
-DSEC = Path(os.environ.get("DSEC_BIN") or REPO / "target" / "release" / "dsec")
-
-
-def _images(server: Server, *args: str) -> subprocess.CompletedProcess[str]:
-    images = os.environ.get("DSEC_TEST_IMAGES_DIR") or str(server.data_dir / "images")
-    return subprocess.run([str(DSEC), "image", *args, "--images-dir", images],
-                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
-
+from .conftest import Server, dsec_image, run_args
 
 @pytest.fixture(scope="module")
 def names(server: Server) -> Iterator[list[str]]:
@@ -33,8 +21,8 @@ def names(server: Server) -> Iterator[list[str]]:
     made: list[str] = []
     yield made
     if made:
-        _images(server, "rm", *made)
-        _images(server, "gc")
+        dsec_image(server, "rm", *made)
+        dsec_image(server, "gc")
 
 
 def _name(names: list[str], tag: str) -> str:
@@ -84,7 +72,7 @@ async def test_pack_then_pack_again_incrementally(client: DSecClient, parent: Sa
     assert second.bytes == 4 and second.whiteouts == 1, second  # b.txt; a.txt gone
 
     # The image says who built it from what.
-    inspect = _images(server, "inspect", second.image)
+    inspect = dsec_image(server, "inspect", second.image)
     assert inspect.returncode == 0, inspect.stderr
     prov = json.loads(inspect.stdout)["manifest"]["provenance"]
     assert prov["sandbox"] == parent.id and prov["previous"] == first.image

@@ -35,7 +35,7 @@ from dsec import DSecClient, DSecContainerRunArgs, DSecRunArgs
 from dsec import errors as E
 from dsec.sandbox import Sandbox
 
-from ..e2e.conftest import IMAGE, Server, _create_tenant, _mounts_under, run_args, serve_dsec
+from ..e2e.conftest import IMAGE, Server, _create_tenant, _mounts_under, drop_build_cache, run_args, serve_dsec
 
 PYPI, NPM, MIRROR_DOMAIN_IP, OTHER_DOMAIN_IP = "198.18.7.1", "198.18.7.2", "198.18.7.3", "198.18.7.4"
 MIRROR_PORT = 8080
@@ -707,6 +707,7 @@ RUN --network=none python3 /probe.py tcp {PYPI} {MIRROR_PORT} > /reach-none
         await sb.stop()
         async with DSecClient(net_server[0].url, net_server[0].admin_token) as admin:
             await admin.delete_image(name)
+        drop_build_cache(net_server[0])
     assert out[0] == f"ok mirror {PYPI}", out
     assert out[1].startswith("err"), out
     assert out[2].startswith("err"), out
