@@ -61,6 +61,8 @@ pub fn create_request(r: api::CreateSandboxRequest) -> SandboxRequest {
             .into_iter()
             .map(|(path, m)| (path, dsec_edge::model::VolumeRef { name: m.name().to_string(), read_only: m.read_only() }))
             .collect(),
+        // Only the edge's own FnCall runners keep it in memory.
+        writable_layer_in_memory: false,
     }
 }
 

@@ -21,6 +21,11 @@ use crate::dockerfile::{self, Dockerfile, Instruction, Stage, Step};
 use crate::error::BuildError;
 use crate::stage::StageState;
 
+/// The label every sandbox of a build carries, its value the build's id:
+/// what finds a build's sandboxes (and keeps quota accounting from counting
+/// them twice: the build holds its project's quota for them).
+pub const BUILD_LABEL: &str = "dsec.build";
+
 /// What to build.
 #[derive(Debug, Clone, Default)]
 pub struct BuildRequest {
@@ -355,7 +360,7 @@ impl Run<'_> {
             cpu_cores: self.req.cpu_cores,
             disk_mb: self.req.disk_mb,
             init_user: Some("root".into()),
-            labels: BTreeMap::from([("dsec.build".to_string(), self.build_id.clone())]),
+            labels: BTreeMap::from([(BUILD_LABEL.to_string(), self.build_id.clone())]),
             network_rules: rules,
             ..Default::default()
         }

@@ -16,7 +16,7 @@ mod steps;
 
 pub use cache::is_cache_image;
 pub use context::Context;
-pub use engine::{BuildEvent, BuildRequest, BuildSummary, Builder};
+pub use engine::{BuildEvent, BuildRequest, BuildSummary, Builder, BUILD_LABEL};
 pub use error::BuildError;
 
 /// Runs blocking work (the image store, file walks) off the async workers.

@@ -14,9 +14,9 @@ use crate::state::AppState;
 
 /// The defaults a node applies to a request that leaves a limit out
 /// (reserved first; the commit takes the node's actual figures).
-const DEFAULT_CPU: f64 = 1.0;
-const DEFAULT_MEMORY_MB: u64 = 512;
-const DEFAULT_DISK_MB: u64 = 1024;
+pub(super) const DEFAULT_CPU: f64 = 1.0;
+pub(super) const DEFAULT_MEMORY_MB: u64 = 512;
+pub(super) const DEFAULT_DISK_MB: u64 = 1024;
 
 fn demand(req: &api::CreateSandboxRequest) -> Held {
     Held::sandbox(

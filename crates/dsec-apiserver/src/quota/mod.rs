@@ -1,8 +1,9 @@
 //! Project quotas as the apiserver enforces them: the ledger of what each
-//! project holds, token buckets for rates, and the watch that gives back
-//! what ended sandboxes held.
+//! project holds, token buckets for rates, the watch that gives back what
+//! ended sandboxes held, and the hold a Dockerfile build keeps.
 
 mod bucket;
+pub mod build;
 mod create;
 mod ledger;
 #[cfg(test)]

@@ -42,6 +42,8 @@ pub async fn reconcile(nodes: &Nodes, ledger: &Ledger) {
     let live: Vec<(String, String, Held)> = all
         .into_iter()
         .filter(|s| !s.state.is_terminal() && s.state != SandboxState::Unknown)
+        // A build's step sandboxes are held by the build (quota::build).
+        .filter(|s| !s.labels.contains_key(dsec_build::BUILD_LABEL))
         .map(|s| {
             let held = Held::sandbox(s.limits.cpu_cores_limit, s.limits.memory_limit_mb, s.limits.disk_limit_mb);
             (s.id, s.project, held)

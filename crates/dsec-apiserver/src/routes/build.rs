@@ -72,7 +72,9 @@ fn build_request(q: &QueryPairs) -> ApiResult<BuildRequest> {
 /// `{"type": "error", "code", "message"}`. Closing the connection cancels
 /// the build. A cluster's apiserver sends the build to a node (`node`, or
 /// a healthy one with the most free memory), whose store then holds the
-/// image.
+/// image. While it runs, a build holds one sandbox of its step limits
+/// against the caller's project quotas (429 `quota_exceeded` if that does
+/// not fit).
 #[utoipa::path(post, path = "/v1/images/build", tag = "images",
     params(
         ("name" = String, Query, description = "name[:tag] of the image"),
@@ -87,7 +89,7 @@ fn build_request(q: &QueryPairs) -> ApiResult<BuildRequest> {
     ),
     request_body(content = Vec<u8>, content_type = "application/x-tar"),
     responses((status = 200, description = "progress, one JSON object per line", content_type = "application/x-ndjson"),
-        (status = 400, body = api::ErrorBody), (status = 413, body = api::ErrorBody)))]
+        (status = 400, body = api::ErrorBody), (status = 413, body = api::ErrorBody), (status = 429, body = api::ErrorBody)))]
 pub async fn build(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs, req: Request<Body>) -> ApiResult<Response> {
     let Some(builder) = st.builder.clone() else {
         // An apiserver in front of edges: a node builds, into its store.
@@ -100,9 +102,15 @@ pub async fn build(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs
     // Refuse what cannot start before answering 200 and streaming.
     dsec_build::dockerfile::parse(ctx.dockerfile()).map_err(|e| ApiError::invalid(format!("Dockerfile: {e}")))?;
     req.name.parse::<dsec_image::Reference>().map_err(|e| ApiError::invalid(format!("image name: {e}")))?;
+    let hold = crate::quota::build::hold(&st, &caller, &req)?;
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<BuildEvent>();
-    let job = tokio::spawn(async move { builder.build(&caller, &req, &ctx, &tx).await });
+    // The hold is given back when the build ends, or when the task is
+    // aborted because the client went away.
+    let job = tokio::spawn(async move {
+        let _hold = hold;
+        builder.build(&caller, &req, &ctx, &tx).await
+    });
     // A long step sends nothing for minutes: an empty line every few
     // seconds finds a client that went away (the write fails), which drops
     // this stream and so cancels the build.
@@ -152,7 +160,15 @@ async fn forward(st: &AppState, caller: &Caller, q: &QueryPairs, req: Request<Bo
             })
             .ok_or_else(|| ApiError::new(ErrorCode::EdgeUnavailable, "no healthy node to build on"))?,
     };
-    Ok(remote.forward(caller, req).await?.into_response())
+    // The node that builds keeps no ledger: this apiserver holds the
+    // build's sandbox for as long as the node's answer streams.
+    let hold = crate::quota::build::hold(st, caller, &build_request(q)?)?;
+    let (parts, body) = remote.forward(caller, req).await?.into_response().into_parts();
+    let body = Body::from_stream(body.into_data_stream().map(move |chunk| {
+        let _held = &hold;
+        chunk
+    }));
+    Ok(Response::from_parts(parts, body))
 }
 
 /// Aborts the build when the response is dropped (the client went away).

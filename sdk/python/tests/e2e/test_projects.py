@@ -6,6 +6,7 @@ of the issue is a clear 4xx."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -13,13 +14,14 @@ import urllib.error
 import urllib.request
 import uuid
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 
 import dsec
 from dsec import DSecClient
 
-from .conftest import REPO, Server, run_args
+from .conftest import REPO, Server, drop_build_cache, run_args
 
 
 def http(server: Server, method: str, path: str, token: str, body: object = None) -> tuple[int, dict]:
@@ -174,3 +176,40 @@ def test_the_cli_manages_projects_and_tokens(server: Server) -> None:
     assert r.returncode != 0 and "sub-projects" in r.stderr
     r = cli(server, admin, "project", "rm", f"{name}/exp-42", name)
     assert r.returncode == 0, r.stderr
+
+
+async def test_a_build_holds_its_sandbox_against_the_projects_quota(
+        server: Server, admin: DSecClient, team: str, image: str, tmp_path: Path) -> None:
+    """A build runs its steps in sandboxes of the caller's project: one
+    sandbox of its step limits is held for as long as it runs, a build that
+    does not fit is refused before it starts, and the hold is given back
+    when it ends."""
+    await admin.projects.create(f"{team}/build", {"sandboxes": 1, "memory_mb": 600})
+    token = (await admin.tokens.create(f"{team}/build", role="builder"))["token"]
+    (tmp_path / "Dockerfile").write_text(f"FROM {image}\nRUN sleep 4 && echo {uuid.uuid4().hex} > /built\n")
+    name = f"quota-build-{uuid.uuid4().hex[:8]}:1"
+    async with DSecClient(server.url, token) as builder:
+        with pytest.raises(dsec.QuotaExceeded, match="memory_mb"):
+            await builder.build_image(name, tmp_path, memory_mb=1024)
+        build = asyncio.create_task(builder.build_image(name, tmp_path, memory_mb=256))
+        try:
+            # Once its step runs, the project's one sandbox is the build's.
+            for _ in range(200):
+                if any("dsec.build" in s.labels for s in await admin.list(project=f"{team}/build")):
+                    break
+                await asyncio.sleep(0.05)
+            else:
+                pytest.fail("the build's step sandbox never showed")
+            with pytest.raises(dsec.QuotaExceeded, match="sandboxes"):
+                await builder.run_container(run_args(image, memory_limit_mb=128), timeout=60)
+            await build
+            # The build is over: its hold is given back at once.
+            sb = await builder.run_container(run_args(image, memory_limit_mb=128), timeout=120)
+            await sb.delete()
+        finally:
+            build.cancel()
+            with contextlib.suppress(asyncio.CancelledError, dsec.DSecError):
+                await build
+            with contextlib.suppress(dsec.ImageNotFound):
+                await admin.delete_image(name)
+            drop_build_cache(server)
