@@ -58,6 +58,10 @@ pub struct SandboxSpec {
     /// Named volumes of the owner's, by sandbox path.
     #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
     pub volumes: BTreeMap<String, VolumeRef>,
+    /// A container whose writable layer is a tmpfs on a node that keeps
+    /// layers on its disk (`SandboxRequest::writable_layer_in_memory`).
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub writable_layer_in_memory: bool,
 }
 
 /// A named volume a sandbox mounts.

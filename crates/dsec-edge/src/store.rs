@@ -220,6 +220,7 @@ mod tests {
                 snapshot: None,
                 qos_class: QosClass::BestEffort,
                 volumes: Default::default(),
+                writable_layer_in_memory: false,
             },
             state: State::Running,
             reason: None,

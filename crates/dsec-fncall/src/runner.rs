@@ -157,6 +157,9 @@ impl Runner {
             idle_ttl_s: Some(0),
             max_lifetime_s: Some(0),
             labels: BTreeMap::from([(RUNNER_LABEL.to_string(), language.to_string())]),
+            // Each call's scratch files come and go in the writable layer:
+            // in memory they cost less than on the node's disk.
+            writable_layer_in_memory: true,
             ..Default::default()
         };
         let rec = edge.create(&caller, req).await?;

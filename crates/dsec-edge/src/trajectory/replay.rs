@@ -73,6 +73,7 @@ fn request_from(spec: &SandboxSpec, source: &str) -> SandboxRequest {
         snapshot: None,
         qos_class: Some(spec.qos_class),
         volumes: spec.volumes.clone(),
+        writable_layer_in_memory: spec.writable_layer_in_memory,
     }
 }
 

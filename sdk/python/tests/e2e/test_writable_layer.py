@@ -83,6 +83,19 @@ async def test_a_256_mib_sandbox_holds_a_4_gib_layer_and_leaves_nothing(
     assert not (disk / "sandboxes" / sb.id).exists()
 
 
+async def test_fncall_runners_keep_their_writable_layer_in_memory(admin: DSecClient, server: Server) -> None:
+    """A FnCall call's scratch files come and go in its runner's writable
+    layer: runners keep it in a tmpfs even where sandboxes' layers are on
+    the node's disk (cheaper per call), so none has a subvolume there."""
+    r = await admin.fncall("python", "print(6 * 7)")
+    assert r.stdout == "42\n", r
+    runners = await admin.list(labels={"dsec.fncall": "python"})
+    assert runners, "a call ran, so a python runner is up"
+    disk = _node_disk(server)
+    for sb in runners:
+        assert not (disk / "sandboxes" / sb.id).exists(), f"runner {sb.id} has its layer on the node's disk"
+
+
 async def test_a_write_past_the_limit_fails_inside_and_the_host_does_not_fill(
         client: DSecClient, image: str, server: Server) -> None:
     disk = _node_disk(server)

@@ -147,8 +147,10 @@ impl ContainerBackend {
         let t0 = std::time::Instant::now();
         self.cgroups.create(id, &crate::backends::cgroup_limits(spec, 0))?;
         // The writable layer on disk: a subvolume of its own, bounded by
-        // the sandbox's disk limit (two ioctls).
-        let layer = match self.disk.as_ref().map(|d| d.create_layer(id, spec.limits.disk_mb << 20)).transpose() {
+        // the sandbox's disk limit (two ioctls). Without one, the agent
+        // mounts a tmpfs.
+        let disk = self.disk.as_ref().filter(|_| !spec.writable_layer_in_memory);
+        let layer = match disk.map(|d| d.create_layer(id, spec.limits.disk_mb << 20)).transpose() {
             Ok(l) => l,
             Err(e) => {
                 let _ = self.cgroups.remove(id);
@@ -156,7 +158,7 @@ impl ContainerBackend {
             }
         };
         let remove_layer = || {
-            if let Some(d) = &self.disk {
+            if let Some(d) = disk {
                 if let Err(e) = d.remove_layer(id) {
                     tracing::warn!(error = %e, id, "could not remove a writable layer (the reaper retries)");
                 }
@@ -405,10 +407,11 @@ impl crate::backends::Backend for ContainerBackend {
     }
 
     /// What the writable layer holds: its quota group's count on the node's
-    /// disk, or the upper tmpfs's, through the agent's fd of it.
+    /// disk, or the upper tmpfs's (no layer on the disk, or one kept in
+    /// memory), through the agent's fd of it.
     fn disk_used_bytes(&self, id: &str, pid: i32) -> Option<u64> {
-        if let Some(d) = &self.disk {
-            return d.layer_used_bytes(id);
+        if let Some(used) = self.disk.as_ref().and_then(|d| d.layer_used_bytes(id)) {
+            return Some(used);
         }
         let st = rustix::fs::statvfs(format!("/proc/{pid}/fd/{AGENT_UPPER_FD}")).ok()?;
         Some(st.f_blocks.saturating_sub(st.f_bfree).saturating_mul(st.f_frsize))
