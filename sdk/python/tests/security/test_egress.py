@@ -14,6 +14,9 @@ behind (veths, cgroup2 directories, eBPF programs, pinned maps).
 from __future__ import annotations
 
 import asyncio
+import base64
+import contextlib
+import hashlib
 import json
 import os
 import random
@@ -26,6 +29,7 @@ import tempfile
 import threading
 import time
 import uuid
+import zipfile
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -39,6 +43,9 @@ from ..e2e.conftest import IMAGE, Server, _create_tenant, _mounts_under, drop_bu
 
 PYPI, NPM, MIRROR_DOMAIN_IP, OTHER_DOMAIN_IP = "198.18.7.1", "198.18.7.2", "198.18.7.3", "198.18.7.4"
 MIRROR_PORT = 8080
+#: The stand-in package indexes: a Debian repository (the `debian` service)
+#: and a PEP 503 index on the `pypi` service's second port.
+DEBIAN, DEBIAN_PORT, INDEX_PORT = "198.18.8.1", 8083, 8082
 #: A second mirror port that answers with the address the connection came
 #: from: the sandbox's own without masquerading, the host's with it.
 MIRROR_PEER_PORT = 8081
@@ -259,9 +266,9 @@ def write_config(cfg_dir: Path, subnet: str, dns_upstream: socketserver.UDPServe
         "services": {
             # A service by name, as `dsec network-config init` writes them.
             "byname": [{"domain": "mirror.dsec.test", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
-            "pypi": [{"cidr": f"{PYPI}/32", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
+            "pypi": [{"cidr": f"{PYPI}/32", "ports": f"{MIRROR_PORT},{INDEX_PORT}", "protocols": ["tcp"]}],
             "npm": [{"cidr": f"{NPM}/32", "ports": str(MIRROR_PORT), "protocols": ["tcp"]}],
-            "debian": [{"cidr": "198.18.8.0/24", "ports": "80,443"}],
+            "debian": [{"cidr": "198.18.8.0/24", "ports": f"80,443,{DEBIAN_PORT}"}],
         },
     }))
     return cfg
@@ -711,6 +718,129 @@ RUN --network=none python3 /probe.py tcp {PYPI} {MIRROR_PORT} > /reach-none
     assert out[0] == f"ok mirror {PYPI}", out
     assert out[1].startswith("err"), out
     assert out[2].startswith("err"), out
+
+
+def _debian_repository(root: Path) -> None:
+    """A flat Debian repository holding one package, `dsec-hello`, built
+    with dpkg-deb; its Packages and Release indexes as apt reads them."""
+    pkg = root / "pkg"
+    (pkg / "DEBIAN").mkdir(parents=True)
+    (pkg / "usr/bin").mkdir(parents=True)
+    (pkg / "DEBIAN/control").write_text(
+        "Package: dsec-hello\nVersion: 1.0\nArchitecture: all\nMaintainer: dsec tests <tests@dsec.test>\n"
+        "Description: a package from the stand-in mirror\n")
+    tool = pkg / "usr/bin/dsec-hello"
+    tool.write_text("#!/bin/sh\necho hello from the debian mirror\n")
+    tool.chmod(0o755)
+    deb = root / "dsec-hello_1.0_all.deb"
+    sh("dpkg-deb", "--root-owner-group", "-Zgzip", "--build", str(pkg), str(deb))
+    shutil.rmtree(pkg)
+    blob = deb.read_bytes()
+    control = (sh("dpkg-deb", "--field", str(deb)).rstrip("\n") + "\n"
+               f"Filename: ./{deb.name}\nSize: {len(blob)}\nSHA256: {hashlib.sha256(blob).hexdigest()}\n\n")
+    (root / "Packages").write_text(control)
+    packages = (root / "Packages").read_bytes()
+    (root / "Release").write_text(
+        "Origin: dsec-tests\nLabel: dsec-tests\nArchitectures: all amd64\n"
+        f"Date: {time.strftime('%a, %d %b %Y %H:%M:%S UTC', time.gmtime())}\n"
+        f"SHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n")
+
+
+def _python_index(root: Path) -> None:
+    """A PEP 503 index holding one pure-Python wheel, `dsec-probe`."""
+    files = {"dsec_probe/__init__.py": b'VALUE = "from the pypi mirror"\n',
+             "dsec_probe-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: dsec-probe\nVersion: 1.0\n",
+             "dsec_probe-1.0.dist-info/WHEEL":
+                 b"Wheel-Version: 1.0\nGenerator: dsec-tests\nRoot-Is-Purelib: true\nTag: py3-none-any\n"}
+    record = "".join(
+        f"{name},sha256={base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b'=').decode()},{len(data)}\n"
+        for name, data in files.items()) + "dsec_probe-1.0.dist-info/RECORD,,\n"
+    root.mkdir(parents=True)
+    wheel = root / "dsec_probe-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        for name, data in files.items():
+            z.writestr(name, data)
+        z.writestr("dsec_probe-1.0.dist-info/RECORD", record)
+    (root / "simple/dsec-probe").mkdir(parents=True)
+    (root / "simple/dsec-probe/index.html").write_text(f'<a href="../../{wheel.name}">{wheel.name}</a>\n')
+
+
+INDEX_SERVER = r'''
+import functools, http.server, sys, threading
+root = sys.argv[1]
+def serve(port, d):
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=f"{root}/{d}")
+    http.server.ThreadingHTTPServer(("0.0.0.0", port), handler).serve_forever()
+threading.Thread(target=serve, args=(%d, "pypi"), daemon=True).start()
+serve(%d, "debian")
+''' % (INDEX_PORT, DEBIAN_PORT)
+
+
+@pytest.fixture(scope="module")
+def package_mirrors(mirrors: str) -> Iterator[None]:
+    """A Debian repository on DEBIAN:DEBIAN_PORT and a Python index on
+    PYPI:INDEX_PORT, served from the mirrors' namespace."""
+    root = Path(tempfile.mkdtemp(prefix="dsec-pkg-mirrors-"))
+    procs: list[subprocess.Popen[bytes]] = []
+    routed = False
+    try:
+        _debian_repository(root / "debian")
+        _python_index(root / "pypi")
+        sh("ip", "-n", mirrors, "addr", "add", f"{DEBIAN}/32", "dev", "lo")
+        sh("ip", "route", "add", f"{DEBIAN}/32", "via", "198.18.9.2")
+        routed = True
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", mirrors, "python3", "-c", INDEX_SERVER, str(root)],
+            stdout=subprocess.DEVNULL, stderr=open(root / "index.log", "wb")))
+        for addr, port in ((DEBIAN, DEBIAN_PORT), (PYPI, INDEX_PORT)):
+            deadline = time.monotonic() + 10
+            while True:
+                try:
+                    socket.create_connection((addr, port), timeout=1).close()
+                    break
+                except OSError:
+                    if time.monotonic() > deadline:
+                        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in root.glob("*.log")}
+                        pytest.fail(f"the stand-in index at {addr}:{port} did not come up: {logs}")
+                    time.sleep(0.1)
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        if routed:
+            sh("ip", "route", "del", f"{DEBIAN}/32", check=False)
+        shutil.rmtree(root, ignore_errors=True)
+
+
+async def test_a_build_installs_from_the_nodes_package_mirrors(
+        nclient: DSecClient, net_server: tuple[Server, str, str], package_mirrors: None, tmp_path: Path) -> None:
+    """The shape task Dockerfiles have: `apt-get update && apt-get install`
+    from the node's Debian mirror and `pip install` from its Python index,
+    both reached through the node's named services during RUN."""
+    (tmp_path / "Dockerfile").write_text(f"""\
+FROM {IMAGE}
+RUN printf 'deb [trusted=yes] http://{DEBIAN}:{DEBIAN_PORT}/ ./\\n' > /etc/apt/sources.list \\
+ && rm -f /etc/apt/sources.list.d/* \\
+ && apt-get update && apt-get install -y --no-install-recommends dsec-hello && rm -rf /var/lib/apt/lists/*
+RUN pip install --no-cache-dir --index-url http://{PYPI}:{INDEX_PORT}/simple/ --trusted-host {PYPI} dsec-probe
+""")
+    name = f"egress-pkgs-{uuid.uuid4().hex[:8]}:1"
+    try:
+        await nclient.build_image(name, tmp_path)
+        sb = await nclient.run_container(run_args(name, memory_limit_mb=128), timeout=120)
+        try:
+            hello = await sb.run_shell("dsec-hello && dpkg-query -W -f '${Status}' dsec-hello")
+            probe_ = await sb.run_shell("python3 -c 'import dsec_probe; print(dsec_probe.VALUE)'")
+        finally:
+            await sb.stop()
+    finally:
+        async with DSecClient(net_server[0].url, net_server[0].admin_token) as admin:
+            with contextlib.suppress(E.ImageNotFound):
+                await admin.delete_image(name)
+        drop_build_cache(net_server[0])
+    assert hello.exit_code == 0 and hello.stdout == "hello from the debian mirror\ninstall ok installed", hello
+    assert probe_.exit_code == 0 and probe_.stdout == "from the pypi mirror\n", probe_
 
 
 async def probes(sb: Sandbox, *specs: tuple[str, str, int]) -> list[str]:
