@@ -20,6 +20,8 @@ SECS=${1:-8}
 ROUNDS=${2:-3}
 WORKLOAD=${DSEC_BENCH_AB_WORKLOAD:-python}
 CONNS=${3:-16}
+# wrk needs at least as many connections as threads.
+THREADS=$(( CONNS < 2 ? 1 : 2 ))
 A=${DSEC_BENCH_A:?set DSEC_BENCH_A to the dsec binary to compare against}
 B=${DSEC_BENCH_B:-$REPO/target/release/dsec}
 bench_init fncall_ab
@@ -73,10 +75,10 @@ one_run() { # LABEL DSEC [extra `dsec up` flags]
     bench_start_dsec --fncall-pools "$LANG_=$RUNNERS:$RUNNERS" --cpu-overcommit 64 "$@"
     bench_wait_python_pool "$RUNNERS" "$LANG_" || { echo "$label: the $LANG_ pool did not warm up" >&2; exit 1; }
     # Warm-up: a second of load, not counted (it also fills the compile cache).
-    DSEC_BENCH_BODY=$WORK/body.json DSEC_BENCH_NONCE=${NONCE:-} wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
+    DSEC_BENCH_BODY=$WORK/body.json DSEC_BENCH_NONCE=${NONCE:-} wrk -t"$THREADS" -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
     local c0 c1 out j
     c0=$(cpu_ns)
-    out=$(DSEC_BENCH_BODY=$WORK/body.json DSEC_BENCH_NONCE=${NONCE:-} wrk -t2 -c"$CONNS" -d"${SECS}s" --timeout 30s \
+    out=$(DSEC_BENCH_BODY=$WORK/body.json DSEC_BENCH_NONCE=${NONCE:-} wrk -t"$THREADS" -c"$CONNS" -d"${SECS}s" --timeout 30s \
         -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" 2>&1)
     c1=$(cpu_ns)
     j=$(printf '%s\n' "$out" | sed -n 's/^WRKJSON //p')

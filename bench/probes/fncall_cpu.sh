@@ -12,10 +12,12 @@
 source "$(dirname "$0")/../lib.sh"
 SECS=${1:-8}
 CONNS=${2:-16}
+# wrk needs at least as many connections as threads.
+THREADS=$(( CONNS < 2 ? 1 : 2 ))
 bench_init fncall_cpu
 bench_build
 bench_start_python_pool
-DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
+DSEC_BENCH_BODY=$WORK/py.json wrk -t"$THREADS" -c"$CONNS" -d1s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" >/dev/null 2>&1
 
 # One line per process of the node (and dsec): pid role utime stime cutime cstime.
 snapshot() {
@@ -41,7 +43,7 @@ snapshot() {
     done
 }
 snapshot >"$WORK/before"
-out=$(DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d"${SECS}s" --timeout 30s \
+out=$(DSEC_BENCH_BODY=$WORK/py.json wrk -t"$THREADS" -c"$CONNS" -d"${SECS}s" --timeout 30s \
     -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT" 2>&1)
 snapshot >"$WORK/after"
 j=$(printf '%s\n' "$out" | sed -n 's/^WRKJSON //p')

@@ -14,12 +14,14 @@
 # Usage: bench/probes/fncall_perf.sh [CLIENTS]   (default 64)
 source "$(dirname "$0")/../lib.sh"
 CONNS=${1:-64}
+# wrk needs at least as many connections as threads.
+THREADS=$(( CONNS < 2 ? 1 : 2 ))
 command -v perf >/dev/null || { echo "needs perf (Debian: linux-perf)" >&2; exit 1; }
 bench_init fncall_perf
 bench_build
 bench_start_python_pool
 load() {
-    DSEC_BENCH_BODY=$WORK/py.json wrk -t2 -c"$CONNS" -d"$1" --timeout 30s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT"
+    DSEC_BENCH_BODY=$WORK/py.json wrk -t"$THREADS" -c"$CONNS" -d"$1" --timeout 30s -s "$BENCH_DIR/fncall.lua" "$DSEC_ENDPOINT"
 }
 load 1s >/dev/null 2>&1
 
