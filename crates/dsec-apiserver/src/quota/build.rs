@@ -12,8 +12,8 @@ use std::time::Instant;
 use dsec_build::BuildRequest;
 use dsec_edge::model::Caller;
 
-use super::create::{DEFAULT_CPU, DEFAULT_DISK_MB, DEFAULT_MEMORY_MB};
-use super::{Held, Ledger, Reservation};
+use super::create::asked;
+use super::{Ledger, Reservation};
 use crate::error::ApiError;
 use crate::state::AppState;
 
@@ -31,13 +31,9 @@ impl Drop for BuildHold {
     }
 }
 
-/// What one step sandbox of `req` holds.
-pub fn demand(req: &BuildRequest) -> Held {
-    Held::sandbox(req.cpu_cores.unwrap_or(DEFAULT_CPU), req.memory_mb.unwrap_or(DEFAULT_MEMORY_MB), req.disk_mb.unwrap_or(DEFAULT_DISK_MB))
-}
-
 fn held_by(ledger: &Arc<Ledger>, project: &str, req: &BuildRequest) -> Result<BuildHold, super::QuotaExceeded> {
-    let reservation = ledger.reserve(project, demand(req), Instant::now())?;
+    // One step sandbox at a time.
+    let reservation = ledger.reserve(project, asked(req.cpu_cores, req.memory_mb, req.disk_mb), Instant::now())?;
     Ok(BuildHold { ledger: ledger.clone(), reservation: Some(reservation) })
 }
 
@@ -53,6 +49,8 @@ pub fn hold(st: &AppState, caller: &Caller, req: &BuildRequest) -> Result<Option
 mod tests {
     use dsec_store::{Limit, Quota};
 
+    use super::super::create::DEFAULT_DISK_MB;
+    use super::super::Held;
     use super::*;
 
     #[test]

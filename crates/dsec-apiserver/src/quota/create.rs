@@ -14,16 +14,18 @@ use crate::state::AppState;
 
 /// The defaults a node applies to a request that leaves a limit out
 /// (reserved first; the commit takes the node's actual figures).
-pub(super) const DEFAULT_CPU: f64 = 1.0;
-pub(super) const DEFAULT_MEMORY_MB: u64 = 512;
+const DEFAULT_CPU: f64 = 1.0;
+const DEFAULT_MEMORY_MB: u64 = 512;
 pub(super) const DEFAULT_DISK_MB: u64 = 1024;
 
+/// One sandbox with the limits asked for, the node's defaults for the
+/// ones left out.
+pub(super) fn asked(cpu_cores: Option<f64>, memory_mb: Option<u64>, disk_mb: Option<u64>) -> Held {
+    Held::sandbox(cpu_cores.unwrap_or(DEFAULT_CPU), memory_mb.unwrap_or(DEFAULT_MEMORY_MB), disk_mb.unwrap_or(DEFAULT_DISK_MB))
+}
+
 fn demand(req: &api::CreateSandboxRequest) -> Held {
-    Held::sandbox(
-        req.cpu_cores_limit.unwrap_or(DEFAULT_CPU),
-        req.memory_limit_mb.unwrap_or(DEFAULT_MEMORY_MB),
-        req.disk_limit_mb.unwrap_or(DEFAULT_DISK_MB),
-    )
+    asked(req.cpu_cores_limit, req.memory_limit_mb, req.disk_limit_mb)
 }
 
 /// Creates a sandbox for `caller`'s project within its quotas. An edge

@@ -97,12 +97,14 @@ pub async fn build(State(st): State<AppState>, Auth(caller): Auth, q: QueryPairs
     };
     let body = req.into_body();
     let req = build_request(&q)?;
+    // Before the context is received: a build that cannot fit its
+    // project's quota is refused before the client sends it.
+    let hold = crate::quota::build::hold(&st, &caller, &req)?;
     let dockerfile = q.get("dockerfile").unwrap_or("Dockerfile").to_string();
     let ctx = receive_context(&builder, body, st.limits.max_upload_bytes, &dockerfile).await?;
     // Refuse what cannot start before answering 200 and streaming.
     dsec_build::dockerfile::parse(ctx.dockerfile()).map_err(|e| ApiError::invalid(format!("Dockerfile: {e}")))?;
     req.name.parse::<dsec_image::Reference>().map_err(|e| ApiError::invalid(format!("image name: {e}")))?;
-    let hold = crate::quota::build::hold(&st, &caller, &req)?;
 
     let (tx, rx) = tokio::sync::mpsc::unbounded_channel::<BuildEvent>();
     // The hold is given back when the build ends, or when the task is

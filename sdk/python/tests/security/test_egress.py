@@ -781,7 +781,7 @@ def package_mirrors(mirrors: str) -> Iterator[None]:
     """A Debian repository on DEBIAN:DEBIAN_PORT and a Python index on
     PYPI:INDEX_PORT, served from the mirrors' namespace."""
     root = Path(tempfile.mkdtemp(prefix="dsec-pkg-mirrors-"))
-    procs: list[subprocess.Popen[bytes]] = []
+    proc = log = None
     routed = False
     try:
         _debian_repository(root / "debian")
@@ -789,9 +789,9 @@ def package_mirrors(mirrors: str) -> Iterator[None]:
         sh("ip", "-n", mirrors, "addr", "add", f"{DEBIAN}/32", "dev", "lo")
         sh("ip", "route", "add", f"{DEBIAN}/32", "via", "198.18.9.2")
         routed = True
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", mirrors, "python3", "-c", INDEX_SERVER, str(root)],
-            stdout=subprocess.DEVNULL, stderr=open(root / "index.log", "wb")))
+        log = open(root / "index.log", "wb")
+        proc = subprocess.Popen(["ip", "netns", "exec", mirrors, "python3", "-c", INDEX_SERVER, str(root)],
+                                stdout=subprocess.DEVNULL, stderr=log)
         for addr, port in ((DEBIAN, DEBIAN_PORT), (PYPI, INDEX_PORT)):
             deadline = time.monotonic() + 10
             while True:
@@ -800,14 +800,16 @@ def package_mirrors(mirrors: str) -> Iterator[None]:
                     break
                 except OSError:
                     if time.monotonic() > deadline:
-                        logs = {p.name: p.read_text(errors="replace")[-2000:] for p in root.glob("*.log")}
-                        pytest.fail(f"the stand-in index at {addr}:{port} did not come up: {logs}")
+                        log_text = (root / "index.log").read_text(errors="replace")[-2000:]
+                        pytest.fail(f"the stand-in index at {addr}:{port} did not come up: {log_text}")
                     time.sleep(0.1)
         yield
     finally:
-        for p in procs:
-            p.kill()
-            p.wait()
+        if proc is not None:
+            proc.kill()
+            proc.wait()
+        if log is not None:
+            log.close()
         if routed:
             sh("ip", "route", "del", f"{DEBIAN}/32", check=False)
         shutil.rmtree(root, ignore_errors=True)
