@@ -40,7 +40,7 @@ pub async fn exec(edge: &Edge, caller: &Caller, id: &str, e: Exec<'_>) -> Result
 pub async fn stat(edge: &Edge, caller: &Caller, id: &str, path: &str) -> Result<Option<FileStat>, EdgeError> {
     match edge.call(caller, id, AgentRequest::Stat { path: path.to_string() }).await {
         Ok(Reply::Stat(s)) => Ok(Some(s)),
-        Ok(other) => Err(EdgeError::Internal(format!("unexpected reply to stat: {other:?}"))),
+        Ok(other) => Err(EdgeError::UnexpectedReply { peer: "the agent", op: "stat", reply: format!("{other:?}") }),
         Err(EdgeError::Agent(e)) if matches!(e.kind, ErrorKind::NotFound | ErrorKind::NotADirectory) => Ok(None),
         Err(e) => Err(e),
     }
@@ -81,7 +81,7 @@ pub async fn tar_in(edge: &Edge, caller: &Caller, id: &str, path: &str, archive:
     let op = StepOp::ExtractArchive { path: path.to_string(), max_bytes: archive.len() as u64 + 1, digest: String::new(), bytes: 0 };
     let (ticket, call, activity) = match edge.begin_upload(caller, id, None, &op).await? {
         UploadStart::Fresh { ticket, call, activity } => (ticket, call, activity),
-        UploadStart::Recorded(_) => return Err(EdgeError::Internal("an upload without a step id was found recorded".into())),
+        UploadStart::Recorded(_) => return Err(EdgeError::Invariant("an upload without a step id is never recorded")),
     };
     let (tx, mut rx) = call.into_split();
     let send = async move {

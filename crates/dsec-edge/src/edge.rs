@@ -356,7 +356,7 @@ impl Edge {
             sandboxes: config.max_sandboxes,
         });
         let swap = match &config.swap {
-            Some(cfg) => Some(crate::pause::swap::NodeSwap::enable(cfg).map_err(|e| EdgeError::Internal(e.to_string()))?),
+            Some(cfg) => Some(crate::pause::swap::NodeSwap::enable(cfg)?),
             None => None,
         };
         let create_queue = crate::lifecycle::create_queue::CreateQueue::new(config.max_creating, config.max_queued_creations);
@@ -594,10 +594,10 @@ fn start_egress(
     config: &EdgeConfig,
     cgroups: &Cgroups,
 ) -> Result<(dsec_net::Egress, tokio::sync::mpsc::Receiver<dsec_net::Denial>), EdgeError> {
-    let mounts =
-        crate::cgroup::find_cgroup_mounts(std::path::Path::new("/proc/self/mountinfo")).map_err(|e| EdgeError::Internal(e.to_string()))?;
-    let v2_root =
-        mounts.v2.ok_or_else(|| EdgeError::Internal("egress needs a cgroup2 mount (on cgroup v1 hosts: /sys/fs/cgroup/unified)".into()))?;
+    let mounts = crate::cgroup::find_cgroup_mounts(std::path::Path::new("/proc/self/mountinfo"))?;
+    let v2_root = mounts
+        .v2
+        .ok_or_else(|| EdgeError::NodeSetup("egress needs a cgroup2 mount (on cgroup v1 hosts: /sys/fs/cgroup/unified)".into()))?;
     let layout = dsec_net::CgroupLayout { v2_root, parent: config.cgroup_parent.clone(), hybrid: cgroups.version() == 1 };
-    dsec_net::Egress::start(net.clone(), &config.node, layout, &config.state_dir).map_err(|e| EdgeError::Internal(format!("egress: {e}")))
+    dsec_net::Egress::start(net.clone(), &config.node, layout, &config.state_dir).map_err(|e| EdgeError::Net(Box::new(e)))
 }

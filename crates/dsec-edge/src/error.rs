@@ -40,8 +40,60 @@ pub enum EdgeError {
     Agent(AgentError),
     #[error("sandbox setup failed: {0}")]
     SetupFailed(String),
-    #[error("internal error: {0}")]
-    Internal(String),
+    /// A system call about one sandbox (its pidfd, its network
+    /// namespace, a socket of its own) failed.
+    #[error("{call} of {id}: {source}")]
+    SandboxSys {
+        id: String,
+        call: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+    /// A program the edge runs for a sandbox (qemu-img, a command in the
+    /// guest) failed.
+    #[error("{program} failed: {detail}")]
+    Command { program: &'static str, detail: String },
+    /// A peer of the edge's own (the guest agent, QEMU) answered with
+    /// what the protocol does not allow at that point.
+    #[error("{peer} answered {op} with {reply}")]
+    UnexpectedReply { peer: &'static str, op: &'static str, reply: String },
+    /// The process recorded for a sandbox is no longer its own (it ended
+    /// and its pid may be reused).
+    #[error("pid {pid} is no longer the {what} of {id}")]
+    ProcessReplaced { id: String, pid: i32, what: &'static str },
+    /// No process was recorded for a sandbox that should have one.
+    #[error("sandbox {0} has no recorded process")]
+    NoProcess(String),
+    /// QEMU ended a migration (suspend to disk, a memory snapshot) with
+    /// a failure of its own.
+    #[error("QEMU migration {state}: {why}")]
+    Migration { state: String, why: String },
+    /// The QEMU kept ready for the next microVM did not start.
+    #[error("the standby QEMU did not come up: {0}")]
+    StandbyFailed(String),
+    /// Work was refused because the edge is stopping.
+    #[error("the edge is shutting down")]
+    ShuttingDown,
+    /// Something the node must have for this sandbox is missing (the
+    /// guest agent binary, a cgroup2 mount, a mounted layer).
+    #[error("{0}")]
+    NodeSetup(String),
+    /// The node's egress machinery (eBPF programs, resolver, warm pool).
+    #[error("egress: {0}")]
+    Net(Box<dsec_net::NetError>),
+    /// The node's swap file for paused sandboxes.
+    #[error(transparent)]
+    Swap(#[from] crate::pause::swap::SwapError),
+    /// The DAX copy of a layer a full VM maps as pmem could not be made.
+    #[error("making the pmem copy of a layer: {0}")]
+    PmemCopy(Box<dsec_image::BuildError>),
+    /// A full VM's screen could not be captured.
+    #[error(transparent)]
+    Screen(Box<crate::backends::fullvm::screen::ScreenError>),
+    /// A broken invariant of the edge's own: a bug, never the caller's
+    /// fault.
+    #[error("internal invariant broken: {0}")]
+    Invariant(&'static str),
     /// A file system call of the edge's own (its state, run and scratch
     /// directories, logs, images of suspended VMs).
     #[error("{action} {}: {source}", .path.display())]
@@ -146,6 +198,11 @@ impl EdgeError {
         move |source| EdgeError::Sys { call, source }
     }
 
+    /// For `map_err` on a system call about sandbox `id`.
+    pub fn sandbox_sys<'a>(id: &'a str, call: &'static str) -> impl FnOnce(std::io::Error) -> EdgeError + 'a {
+        move |source| EdgeError::SandboxSys { id: id.to_string(), call, source }
+    }
+
     /// For `map_err` on the join of a spawned task.
     pub fn task(what: &'static str) -> impl FnOnce(tokio::task::JoinError) -> EdgeError {
         move |source| EdgeError::Task { what, source }
@@ -171,7 +228,20 @@ impl EdgeError {
             EdgeError::AgentUnavailable(_) => ErrorCode::AgentUnavailable,
             EdgeError::Agent(e) => agent_code(e.kind),
             EdgeError::SetupFailed(_)
-            | EdgeError::Internal(_)
+            | EdgeError::SandboxSys { .. }
+            | EdgeError::Command { .. }
+            | EdgeError::UnexpectedReply { .. }
+            | EdgeError::ProcessReplaced { .. }
+            | EdgeError::NoProcess(_)
+            | EdgeError::Migration { .. }
+            | EdgeError::StandbyFailed(_)
+            | EdgeError::ShuttingDown
+            | EdgeError::NodeSetup(_)
+            | EdgeError::Net(_)
+            | EdgeError::Swap(_)
+            | EdgeError::Screen(_)
+            | EdgeError::PmemCopy(_)
+            | EdgeError::Invariant(_)
             | EdgeError::Io { .. }
             | EdgeError::Sys { .. }
             | EdgeError::Stored { .. }

@@ -3,6 +3,7 @@
 //! is the call user's, and nothing else; the kernel walks the process list
 //! atomically, so a fork bomb cannot outrun it.
 
+use crate::error::{broken, os, RunnerError};
 use std::os::fd::{AsFd, OwnedFd};
 use std::time::{Duration, Instant};
 
@@ -15,12 +16,12 @@ const DEATH_DEADLINE: Duration = Duration::from_secs(5);
 
 /// kill(-1, SIGKILL) as the call user. Both the real and the effective uid
 /// change (the kernel also matches on the sender's real uid).
-pub fn kill_all_of_call_user() -> Result<(), String> {
+pub fn kill_all_of_call_user() -> Result<(), RunnerError> {
     as_call_user(|| {
         // SAFETY: kill takes integers; ESRCH (none left) is fine.
         unsafe { libc::kill(-1, libc::SIGKILL) };
     })
-    .map_err(|e| format!("becoming the call user to kill its processes: {e}"))
+    .map_err(os("becoming the call user to kill its processes"))
 }
 
 /// Whose child a process of ours is; what the cleanup must never reap.
@@ -34,7 +35,7 @@ pub struct Family {
 }
 
 impl Family {
-    pub fn new(zygote: i32, compiler: Option<i32>) -> Result<Self, String> {
+    pub fn new(zygote: i32, compiler: Option<i32>) -> Result<Self, RunnerError> {
         Ok(Family { children: children_list()?, zygote, compiler })
     }
 
@@ -67,7 +68,7 @@ impl Family {
     /// SIGKILLs every process of the call user and returns once none is
     /// left (orphans come to us, a subreaper, and are reaped here): true,
     /// or false if one would not die in time. Err if the zygote died.
-    pub fn kill_call_processes(&self) -> Result<bool, String> {
+    pub fn kill_call_processes(&self) -> Result<bool, RunnerError> {
         kill_all_of_call_user()?;
         let deadline = Instant::now() + DEATH_DEADLINE;
         while Instant::now() < deadline {
@@ -92,7 +93,7 @@ impl Family {
     }
 
     /// Reaps the calls' orphans that have ended (never the zygote).
-    pub fn reap_orphans(&self) -> Result<(), String> {
+    pub fn reap_orphans(&self) -> Result<(), RunnerError> {
         loop {
             let mut status = 0;
             // SAFETY: waitpid writes only `status`.
@@ -105,10 +106,10 @@ impl Family {
     }
 
     /// Err if `pid`, just reaped, was the zygote or the compiler.
-    fn not_a_helper(&self, pid: i32) -> Result<(), String> {
+    fn not_a_helper(&self, pid: i32) -> Result<(), RunnerError> {
         match pid {
-            p if p == self.zygote => Err("the zygote died".into()),
-            p if Some(p) == self.compiler => Err("the compiler died".into()),
+            p if p == self.zygote => Err(broken("the zygote died")),
+            p if Some(p) == self.compiler => Err(broken("the compiler died")),
             _ => Ok(()),
         }
     }

@@ -22,6 +22,7 @@
 //! compile that ran out of stack or memory here: the worker then fails the
 //! same way, within the call's limits). It says `r` once, when ready.
 
+use crate::error::{broken, os, RunnerError};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 
 use super::compiled_cache::{CompiledCache, MAX_SOURCE};
@@ -75,14 +76,14 @@ const MAX_ANSWER: usize = 64 << 20;
 impl Compiler {
     /// Starts the compiler from `script` (zygote.py) with `python`. It
     /// compiles for `path` (the file name tracebacks show).
-    pub fn start(python: &str, script: &str, path: &str) -> Result<Compiler, String> {
-        let (src_theirs, to) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
-        let (from, out_theirs) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(|e| format!("pipe: {e}"))?;
+    pub fn start(python: &str, script: &str, path: &str) -> Result<Compiler, RunnerError> {
+        let (src_theirs, to) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(os("pipe"))?;
+        let (from, out_theirs) = rustix::pipe::pipe_with(rustix::pipe::PipeFlags::CLOEXEC).map_err(os("pipe"))?;
         // Writes nowhere: a ruleset handling every write right, with no rule.
-        let ruleset = landlock::ruleset(&[]).map_err(|e| e.to_string())?;
+        let ruleset = landlock::ruleset(&[]).map_err(os("confining the compiler"))?;
         // The script is root's: opened here, read by Python from stdin.
         let script = rustix::fs::open(script, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-            .map_err(|e| format!("{script}: {e}"))?;
+            .map_err(os(script))?;
         let confinement = Confinement {
             ruleset: ruleset.as_ref().map(|r| r.as_raw_fd()),
             user: Some((COMPILER_UID, COMPILER_GID)),
@@ -96,19 +97,19 @@ impl Compiler {
         c.send(path.as_bytes())?;
         match c.answer()? {
             (b'r', _) => Ok(c),
-            (kind, _) => Err(format!("the compiler started with {:?}", kind as char)),
+            (kind, _) => Err(broken(format!("the compiler started with {:?}", kind as char))),
         }
     }
 
-    fn send(&self, data: &[u8]) -> Result<(), String> {
+    fn send(&self, data: &[u8]) -> Result<(), RunnerError> {
         let mut msg = Vec::with_capacity(8 + data.len());
         msg.extend_from_slice(&(data.len() as u64).to_le_bytes());
         msg.extend_from_slice(data);
-        write_all(self.to.as_fd(), &msg).map_err(|e| format!("the compiler is gone: {e}"))
+        write_all(self.to.as_fd(), &msg).map_err(os("the compiler is gone"))
     }
 
     #[cfg(test)]
-    fn compile(&mut self, source: &[u8]) -> Result<Compiled, String> {
+    fn compile(&mut self, source: &[u8]) -> Result<Compiled, RunnerError> {
         self.submit(source)?;
         self.result()
     }
@@ -116,16 +117,16 @@ impl Compiler {
     /// The next answer: kind and payload. The compiler writes each answer
     /// at once and nothing before it is asked, so one read usually takes
     /// it all.
-    fn answer(&mut self) -> Result<(u8, Vec<u8>), String> {
+    fn answer(&mut self) -> Result<(u8, Vec<u8>), RunnerError> {
         let mut got = Vec::new();
         read_at_least(&self.from, &mut got, HEADER)?;
         let len = u64::from_le_bytes(got[1..HEADER].try_into().expect("8 bytes")) as usize;
         if len > MAX_ANSWER {
-            return Err(format!("the compiler announced {len} bytes"));
+            return Err(broken(format!("the compiler announced {len} bytes")));
         }
         read_at_least(&self.from, &mut got, HEADER + len)?;
         if got.len() != HEADER + len {
-            return Err("the compiler answered more than it announced".into());
+            return Err(broken("the compiler answered more than it announced"));
         }
         Ok((got[0], got.split_off(HEADER)))
     }
@@ -135,7 +136,7 @@ impl Compiler {
     /// meanwhile (on another core, if free). An answer nobody asked for
     /// (the call failed before it needed its code) is read first, and
     /// remembered. Err means the compiler is gone.
-    pub fn submit(&mut self, source: &[u8]) -> Result<(), String> {
+    pub fn submit(&mut self, source: &[u8]) -> Result<(), RunnerError> {
         if self.pending {
             self.take_answer()?;
         }
@@ -151,24 +152,24 @@ impl Compiler {
 
     /// What became of the source last submitted. Err means the compiler is
     /// gone or confused (the runner is then retired).
-    pub fn result(&mut self) -> Result<Compiled, String> {
+    pub fn result(&mut self) -> Result<Compiled, RunnerError> {
         if let Some(known) = self.known.take() {
             return Ok(known);
         }
         if !self.pending {
-            return Err("no source was submitted to the compiler".into());
+            return Err(broken("no source was submitted to the compiler"));
         }
         self.take_answer()
     }
 
     /// Reads the pending answer and remembers it.
-    fn take_answer(&mut self) -> Result<Compiled, String> {
+    fn take_answer(&mut self) -> Result<Compiled, RunnerError> {
         self.pending = false;
         let compiled = match self.answer()? {
             (b'c', code) => Compiled::Code(code),
             (b'e', text) => Compiled::SyntaxError(text),
             (b'f', _) => Compiled::InWorker,
-            (kind, _) => return Err(format!("the compiler answered {:?}", kind as char)),
+            (kind, _) => return Err(broken(format!("the compiler answered {:?}", kind as char))),
         };
         if let Some(source) = self.submitted.take() {
             self.cache.put(source, compiled.clone());
@@ -178,16 +179,16 @@ impl Compiler {
 }
 
 /// Reads into `buf` until it holds at least `want` bytes.
-fn read_at_least(fd: &OwnedFd, buf: &mut Vec<u8>, want: usize) -> Result<(), String> {
+fn read_at_least(fd: &OwnedFd, buf: &mut Vec<u8>, want: usize) -> Result<(), RunnerError> {
     while buf.len() < want {
         let have = buf.len();
         buf.resize(have + (want - have).max(READ_CHUNK), 0);
         let r = rustix::io::read(fd, &mut buf[have..]);
         buf.truncate(have + *r.as_ref().unwrap_or(&0));
         match r {
-            Ok(0) => return Err("the compiler is gone".into()),
+            Ok(0) => return Err(broken("the compiler is gone")),
             Ok(_) | Err(rustix::io::Errno::INTR) => {}
-            Err(e) => return Err(format!("reading from the compiler: {e}")),
+            Err(e) => return Err(os("reading from the compiler")(e)),
         }
     }
     Ok(())

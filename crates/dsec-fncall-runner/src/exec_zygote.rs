@@ -17,6 +17,7 @@
 //! the worker receives the step, drops to the call user with the step's
 //! rlimits and execs the program. It never sees a call's input or output.
 
+use crate::error::{last_os, malformed, os, refused, RunnerError};
 use std::convert::Infallible;
 use std::ffi::CString;
 use std::io;
@@ -41,9 +42,10 @@ pub const BASE_ENV: [(&str, &str); 5] = [
     ("PYTHONDONTWRITEBYTECODE", "1"),
 ];
 
-pub fn run(args: &[String]) -> Result<(), String> {
-    let fds: Vec<RawFd> = args.iter().map(|a| a.parse().map_err(|_| format!("not a descriptor: {a:?}"))).collect::<Result<_, _>>()?;
-    let [ctl, rep, cmd] = fds[..] else { return Err("usage: dsec-agent fncall-exec-zygote CTL REP CMD".into()) };
+pub fn run(args: &[String]) -> Result<(), RunnerError> {
+    let fds: Vec<RawFd> =
+        args.iter().map(|a| a.parse().map_err(|_| RunnerError::Usage(format!("not a descriptor: {a:?}")))).collect::<Result<_, _>>()?;
+    let [ctl, rep, cmd] = fds[..] else { return Err(RunnerError::Usage("usage: dsec-agent fncall-exec-zygote CTL REP CMD".into())) };
     // SAFETY: the monitor passed these three descriptors for us to own.
     let (ctl, rep, cmd) = unsafe { (OwnedFd::from_raw_fd(ctl), OwnedFd::from_raw_fd(rep), OwnedFd::from_raw_fd(cmd)) };
     // Rust's runtime ignores SIGPIPE, and an exec keeps an ignored signal
@@ -54,7 +56,7 @@ pub fn run(args: &[String]) -> Result<(), String> {
     }
     let children = children_list()?;
     // Ready: no modules preloaded.
-    write_all(rep.as_fd(), b"\n").map_err(|e| format!("the monitor is gone: {e}"))?;
+    write_all(rep.as_fd(), b"\n").map_err(os("the monitor is gone"))?;
     loop {
         let pid = fork_once_pids_free()?;
         if pid == 0 {
@@ -67,10 +69,10 @@ pub fn run(args: &[String]) -> Result<(), String> {
         let strays = read_to_end_at(children.as_fd(), 0).map(|l| !l.is_empty()).unwrap_or(true);
         let secs = |t: libc::timeval| t.tv_sec as f64 + t.tv_usec as f64 / 1e6;
         let line = format!("{pid} {status} {:.6} {:.6} {} {}\n", secs(usage.ru_utime), secs(usage.ru_stime), usage.ru_maxrss, strays as u8);
-        write_all(rep.as_fd(), line.as_bytes()).map_err(|e| format!("the monitor is gone: {e}"))?;
+        write_all(rep.as_fd(), line.as_bytes()).map_err(os("the monitor is gone"))?;
         if strays {
             let mut b = [0u8; 1];
-            if rustix::io::read(&ctl, &mut b).map_err(|e| format!("reading from the monitor: {e}"))? == 0 {
+            if rustix::io::read(&ctl, &mut b).map_err(os("reading from the monitor"))? == 0 {
                 return Ok(()); // the monitor is gone
             }
             reap_strays();
@@ -86,7 +88,7 @@ const FORK_RETRY: Duration = Duration::from_secs(30);
 /// other processes (a fork bomb's) may fill the pids limit until the
 /// monitor has killed and reaped them, moments later. Giving up at once
 /// would end the zygote, and with it the runner, under the next call.
-fn fork_once_pids_free() -> Result<i32, String> {
+fn fork_once_pids_free() -> Result<i32, RunnerError> {
     let deadline = Instant::now() + FORK_RETRY;
     let mut delay = Duration::from_millis(1);
     loop {
@@ -99,7 +101,7 @@ fn fork_once_pids_free() -> Result<i32, String> {
         let e = io::Error::last_os_error();
         let transient = matches!(e.raw_os_error(), Some(libc::EAGAIN | libc::ENOMEM));
         if !transient || Instant::now() >= deadline {
-            return Err(format!("fork: {e}"));
+            return Err(os("fork")(e));
         }
         std::thread::sleep(delay);
         delay = (delay * 2).min(Duration::from_millis(50));
@@ -107,7 +109,7 @@ fn fork_once_pids_free() -> Result<i32, String> {
 }
 
 /// Waits for the worker `pid`: its wait status and resource usage.
-fn wait_for(pid: i32) -> Result<(i32, libc::rusage), String> {
+fn wait_for(pid: i32) -> Result<(i32, libc::rusage), RunnerError> {
     loop {
         let mut status = 0;
         let mut usage = MaybeUninit::<libc::rusage>::zeroed();
@@ -119,7 +121,7 @@ fn wait_for(pid: i32) -> Result<(i32, libc::rusage), String> {
         }
         let e = io::Error::last_os_error();
         if e.kind() != io::ErrorKind::Interrupted {
-            return Err(format!("waiting for the worker: {e}"));
+            return Err(os("waiting for the worker")(e));
         }
     }
 }
@@ -156,7 +158,7 @@ fn worker(cmd: BorrowedFd<'_>) -> ! {
                 Ok(never) => match never {},
             }
         }
-        Err(e) => format!("receiving the call: {e}"),
+        Err(e) => os("receiving the call")(e),
     };
     let _ = write_all(io::stderr().as_fd(), format!("dsec: cannot start the program: {err}\n").as_bytes());
     exit(127)
@@ -178,26 +180,26 @@ struct ExecStep<'a> {
     file_bytes: u64,
 }
 
-fn parse(msg: &[u8]) -> Result<ExecStep<'_>, String> {
+fn parse(msg: &[u8]) -> Result<ExecStep<'_>, RunnerError> {
     let mut r = Reader::new(msg);
     if r.tuple()? != 6 {
-        return Err("a worker message is a 6-tuple".into());
+        return Err(malformed("a worker message is a 6-tuple"));
     }
     let scratch = r.str()?;
     let argv = if r.none() { Vec::new() } else { r.str_list()? };
     if !r.none() {
-        return Err("this runner runs no Python in its zygote".into());
+        return Err(malformed("this runner runs no Python in its zygote"));
     }
     let env = r.str_dict()?;
     if r.tuple()? != 3 {
-        return Err("the limits are a 3-tuple".into());
+        return Err(malformed("the limits are a 3-tuple"));
     }
     let (time_ms, memory_bytes, file_bytes) = (r.int()?, r.int()?, r.int()?);
     if !r.none() {
-        return Err("a code object for a program to exec".into());
+        return Err(malformed("a code object for a program to exec"));
     }
     if argv.is_empty() {
-        return Err("no program to run".into());
+        return Err(malformed("no program to run"));
     }
     Ok(ExecStep { scratch, argv, env, time_ms, memory_bytes, file_bytes })
 }
@@ -210,37 +212,36 @@ fn environment<'a>(step_env: &[(&'a str, &'a str)]) -> Vec<(&'a str, &'a str)> {
     env
 }
 
-fn cstrings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, String> {
-    items.map(|s| CString::new(s).map_err(|_| "a NUL byte in the program's arguments or environment".to_string())).collect()
+fn cstrings(items: impl Iterator<Item = String>) -> Result<Vec<CString>, RunnerError> {
+    items.map(|s| CString::new(s).map_err(|_| refused("a NUL byte in the program's arguments or environment"))).collect()
 }
 
 /// become_call_process and the exec of zygote.py's worker_main: the
 /// call's stdio, a session of its own, its limits, the call user, the
 /// scratch directory, the program. Returns only on failure.
-fn become_call(msg: &[u8], fds: &[OwnedFd]) -> Result<Infallible, String> {
+fn become_call(msg: &[u8], fds: &[OwnedFd]) -> Result<Infallible, RunnerError> {
     let step = parse(msg)?;
-    let [stdin, stdout, stderr] = fds else { return Err(format!("{} descriptors instead of the call's three", fds.len())) };
+    let [stdin, stdout, stderr] = fds else { return Err(malformed(format!("{} descriptors instead of the call's three", fds.len()))) };
     let argv = cstrings(step.argv.iter().map(|a| a.to_string()))?;
     let env = cstrings(environment(&step.env).into_iter().map(|(k, v)| format!("{k}={v}")))?;
-    let scratch = CString::new(step.scratch).map_err(|_| "a NUL byte in the scratch path")?;
+    let scratch = CString::new(step.scratch).map_err(|_| refused("a NUL byte in the scratch path"))?;
     let ptrs = |v: &[CString]| v.iter().map(|c| c.as_ptr()).chain(std::iter::once(std::ptr::null())).collect::<Vec<_>>();
     let (argv_p, env_p) = (ptrs(&argv), ptrs(&env));
-    let os = |what: &str| format!("{what}: {}", io::Error::last_os_error());
     let cpu_s = (step.time_ms / 1000 + 1).max(1);
     let limit = |resource, soft: u64, hard: u64| {
         let l = libc::rlimit { rlim_cur: soft, rlim_max: hard };
         // SAFETY: setrlimit reads one rlimit that lives across the call.
-        (unsafe { libc::setrlimit(resource, &l) } == 0).then_some(()).ok_or_else(|| os("setrlimit"))
+        (unsafe { libc::setrlimit(resource, &l) } == 0).then_some(()).ok_or_else(|| last_os("setrlimit"))
     };
     // SAFETY: plain system calls on this process's only thread, with
     // descriptors we hold and C strings that outlive them.
     unsafe {
         if libc::setsid() < 0 {
-            return Err(os("setsid"));
+            return Err(last_os("setsid"));
         }
         for (fd, target) in [(stdin, 0), (stdout, 1), (stderr, 2)] {
             if libc::dup2(std::os::fd::AsRawFd::as_raw_fd(fd), target) < 0 {
-                return Err(os("dup2"));
+                return Err(last_os("dup2"));
             }
         }
         // Everything else is closed: the received descriptors (their
@@ -259,14 +260,14 @@ fn become_call(msg: &[u8], fds: &[OwnedFd]) -> Result<Infallible, String> {
             || libc::syscall(libc::SYS_setresgid, CALL_GID, CALL_GID, CALL_GID) != 0
             || libc::syscall(libc::SYS_setresuid, CALL_UID, CALL_UID, CALL_UID) != 0
         {
-            return Err(os("dropping to the call user"));
+            return Err(last_os("dropping to the call user"));
         }
         if libc::chdir(scratch.as_ptr()) != 0 {
-            return Err(os("chdir"));
+            return Err(last_os("chdir"));
         }
         libc::execve(argv_p[0], argv_p.as_ptr(), env_p.as_ptr());
     }
-    Err(format!("{}: {}", step.argv[0], io::Error::last_os_error()))
+    Err(last_os(step.argv[0]))
 }
 
 #[cfg(test)]
@@ -305,8 +306,8 @@ mod tests {
         let env = environment(&step.env);
         assert!(env.contains(&("HOME", "/elsewhere")) && !env.contains(&("HOME", super::super::SCRATCH)), "{env:?}");
         assert!(env.contains(&("GOMEMLIMIT", "64MiB")) && env.contains(&("LANG", "C.UTF-8")));
-        assert!(parse(&message(None, Some("/scratch/main.py"))).unwrap_err().contains("no Python"));
-        assert!(parse(&message(None, None)).unwrap_err().contains("no program"));
+        assert!(parse(&message(None, Some("/scratch/main.py"))).unwrap_err().to_string().contains("no Python"));
+        assert!(parse(&message(None, None)).unwrap_err().to_string().contains("no program"));
         assert!(parse(&msg[..msg.len() - 3]).is_err());
     }
 

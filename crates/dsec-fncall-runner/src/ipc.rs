@@ -2,6 +2,7 @@
 //! monitor makes none, so every object there is a call's.
 
 use super::sys::{as_call_user, read_small};
+use crate::error::{os, RunnerError};
 
 /// The *_INFO commands that count a namespace's objects: shmctl SHM_INFO
 /// (struct shm_info: used_ids first), msgctl MSG_INFO (struct msginfo:
@@ -55,7 +56,7 @@ fn ids_of_table(table: &[u8]) -> Vec<i32> {
 /// creator as effective uid, so it runs as the call user (whose objects
 /// record it as creator even after an IPC_SET handed them to another uid).
 /// Returns whether none is left.
-pub fn remove_all() -> Result<bool, String> {
+pub fn remove_all() -> Result<bool, RunnerError> {
     if !objects_exist() {
         return Ok(true);
     }
@@ -77,7 +78,7 @@ pub fn remove_all() -> Result<bool, String> {
             }
         }
     })
-    .map_err(|e| format!("becoming the call user to remove its IPC objects: {e}"))?;
+    .map_err(os("becoming the call user to remove its IPC objects"))?;
     Ok(!objects_exist())
 }
 

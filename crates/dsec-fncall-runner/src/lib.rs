@@ -42,6 +42,7 @@ mod cleanup;
 mod compiled_cache;
 mod compiler;
 mod edge_link;
+mod error;
 mod exec_zygote;
 mod ipc;
 mod java_class;
@@ -59,6 +60,7 @@ mod sys;
 mod worker;
 mod zygote;
 
+pub use error::RunnerError;
 pub use langs::{is_compiled, languages, CPP_FLAGS, JAVAC_CDS_ARCHIVE, JAVAC_JVM_FLAGS, JAVA_CDS_ARCHIVE};
 
 /// zygote.py, the Python zygote and compiler: the edge writes it into each
@@ -77,7 +79,7 @@ const EXEC_ZYGOTE_MODE: &str = "fncall-exec-zygote";
 
 /// A mode's entry point: it takes the arguments after the mode's name, and
 /// its error is what the process says before it exits with a failure.
-pub type Entry = fn(&[String]) -> Result<(), String>;
+pub type Entry = fn(&[String]) -> Result<(), RunnerError>;
 
 /// The entry point of the mode `name`, or None if it is no mode of this
 /// crate.

@@ -5,6 +5,7 @@
 //! is a page copied from the zygote). The codes below are those of every
 //! marshal version since Python 3.4 (Python/marshal.c).
 
+use crate::error::{malformed, RunnerError};
 const TYPE_NONE: u8 = b'N';
 const TYPE_INT: u8 = b'i';
 const TYPE_LONG: u8 = b'l';
@@ -100,29 +101,29 @@ impl<'a> Reader<'a> {
         Reader { data }
     }
 
-    fn take(&mut self, n: usize) -> Result<&'a [u8], String> {
+    fn take(&mut self, n: usize) -> Result<&'a [u8], RunnerError> {
         if self.data.len() < n {
-            return Err("the message ends early".into());
+            return Err(malformed("the message ends early"));
         }
         let (head, rest) = self.data.split_at(n);
         self.data = rest;
         Ok(head)
     }
 
-    fn code(&mut self) -> Result<u8, String> {
+    fn code(&mut self) -> Result<u8, RunnerError> {
         Ok(self.take(1)?[0])
     }
 
-    fn expect(&mut self, want: u8) -> Result<(), String> {
+    fn expect(&mut self, want: u8) -> Result<(), RunnerError> {
         match self.code()? {
             c if c == want => Ok(()),
-            c => Err(format!("expected marshal type {:?}, found {:?}", want as char, c as char)),
+            c => Err(malformed(format!("expected marshal type {:?}, found {:?}", want as char, c as char))),
         }
     }
 
-    fn len32(&mut self) -> Result<usize, String> {
+    fn len32(&mut self) -> Result<usize, RunnerError> {
         let n = i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"));
-        usize::try_from(n).map_err(|_| "a negative length".to_string())
+        usize::try_from(n).map_err(|_| malformed("a negative length"))
     }
 
     /// Whether the next item is None (skipped if so).
@@ -134,22 +135,22 @@ impl<'a> Reader<'a> {
         false
     }
 
-    pub fn tuple(&mut self) -> Result<usize, String> {
+    pub fn tuple(&mut self) -> Result<usize, RunnerError> {
         self.expect(TYPE_TUPLE)?;
         self.len32()
     }
 
-    pub fn str(&mut self) -> Result<&'a str, String> {
+    pub fn str(&mut self) -> Result<&'a str, RunnerError> {
         self.expect(TYPE_UNICODE)?;
         let n = self.len32()?;
-        std::str::from_utf8(self.take(n)?).map_err(|_| "a string that is not UTF-8".to_string())
+        std::str::from_utf8(self.take(n)?).map_err(|_| malformed("a string that is not UTF-8"))
     }
 
-    pub fn int(&mut self) -> Result<u64, String> {
+    pub fn int(&mut self) -> Result<u64, RunnerError> {
         match self.code()? {
             TYPE_INT => {
                 let v = i32::from_le_bytes(self.take(4)?.try_into().expect("4 bytes"));
-                u64::try_from(v).map_err(|_| "a negative number".to_string())
+                u64::try_from(v).map_err(|_| malformed("a negative number"))
             }
             TYPE_LONG => {
                 let n = self.len32()?;
@@ -158,7 +159,7 @@ impl<'a> Reader<'a> {
                     let d = u16::from_le_bytes(self.take(2)?.try_into().expect("2 bytes")) as u64;
                     let shift = LONG_SHIFT * i as u32;
                     if d != 0 && (shift >= 64 || (d << shift) >> shift != d) {
-                        return Err("a number past 64 bits".into());
+                        return Err(malformed("a number past 64 bits"));
                     }
                     if d != 0 {
                         v |= d << shift;
@@ -166,17 +167,17 @@ impl<'a> Reader<'a> {
                 }
                 Ok(v)
             }
-            c => Err(format!("expected a number, found marshal type {:?}", c as char)),
+            c => Err(malformed(format!("expected a number, found marshal type {:?}", c as char))),
         }
     }
 
-    pub fn str_list(&mut self) -> Result<Vec<&'a str>, String> {
+    pub fn str_list(&mut self) -> Result<Vec<&'a str>, RunnerError> {
         self.expect(TYPE_LIST)?;
         let n = self.len32()?;
         (0..n).map(|_| self.str()).collect()
     }
 
-    pub fn str_dict(&mut self) -> Result<Vec<(&'a str, &'a str)>, String> {
+    pub fn str_dict(&mut self) -> Result<Vec<(&'a str, &'a str)>, RunnerError> {
         self.expect(TYPE_DICT)?;
         let mut items = Vec::new();
         loop {
@@ -211,9 +212,9 @@ mod tests {
         assert!(r.none());
         assert_eq!(r.str_dict().unwrap(), [("K", "v"), ("L", "")]);
         assert_eq!((r.int().unwrap(), r.int().unwrap()), (7, u64::MAX));
-        assert!(r.str().unwrap_err().contains("ends early"));
-        assert!(Reader::new(b"u\x05\x00\x00\x00ab").str().unwrap_err().contains("ends early"));
-        assert!(Reader::new(b"i\xff\xff\xff\xff").int().unwrap_err().contains("negative"));
+        assert!(r.str().unwrap_err().to_string().contains("ends early"));
+        assert!(Reader::new(b"u\x05\x00\x00\x00ab").str().unwrap_err().to_string().contains("ends early"));
+        assert!(Reader::new(b"i\xff\xff\xff\xff").int().unwrap_err().to_string().contains("negative"));
         assert!(Reader::new(b"N").str().is_err());
     }
 

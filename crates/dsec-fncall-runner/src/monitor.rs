@@ -31,6 +31,7 @@
 //! calls) skips the searches: see Family::only_helpers_left, SweepWatch and
 //! ipc::objects_exist.
 
+use crate::error::{broken, last_os, os, refused, RunnerError};
 use std::os::fd::AsFd;
 use std::os::unix::fs::{DirBuilderExt, PermissionsExt};
 
@@ -55,7 +56,7 @@ enum Failure {
     Answer(String),
     /// The runner cannot be trusted any more: the monitor exits (the edge
     /// sees the runner's command end and retires it).
-    Fatal(String),
+    Fatal(RunnerError),
 }
 
 fn answerable(e: impl std::fmt::Display) -> Failure {
@@ -72,11 +73,11 @@ fn unb64(what: &str, s: &str) -> Result<Vec<u8>, Failure> {
 /// out by counting from the zygote's size.
 const PYTHON_EXEC_AS_BYTES: u64 = 32 << 20;
 
-pub fn run(args: &[String]) -> Result<(), String> {
+pub fn run(args: &[String]) -> Result<(), RunnerError> {
     let (script, exec_zygote) = match args {
         [script] => (script, false),
         [script, flag] if flag == EXEC_ZYGOTE_FLAG => (script, true),
-        _ => return Err(format!("usage: dsec-agent {MONITOR_MODE} ZYGOTE_PY [{EXEC_ZYGOTE_FLAG}]")),
+        _ => return Err(RunnerError::Usage(format!("usage: dsec-agent {MONITOR_MODE} ZYGOTE_PY [{EXEC_ZYGOTE_FLAG}]"))),
     };
     Monitor::start(script, exec_zygote)?.serve()
 }
@@ -94,14 +95,14 @@ struct Monitor {
 }
 
 impl Monitor {
-    fn start(script: &str, exec_zygote: bool) -> Result<Monitor, String> {
-        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(BASE).map_err(|e| format!("{BASE}: {e}"))?;
-        std::fs::set_permissions(BASE, std::fs::Permissions::from_mode(0o711)).map_err(|e| format!("{BASE}: {e}"))?;
+    fn start(script: &str, exec_zygote: bool) -> Result<Monitor, RunnerError> {
+        std::fs::DirBuilder::new().recursive(true).mode(0o711).create(BASE).map_err(os(BASE))?;
+        std::fs::set_permissions(BASE, std::fs::Permissions::from_mode(0o711)).map_err(os(BASE))?;
         let sweep = sweep::writable_dirs();
         // Orphans of calls are reparented to us, and reaped here.
         // SAFETY: prctl with integer arguments.
         if unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1 as libc::c_ulong, 0, 0, 0) } != 0 {
-            return Err(format!("PR_SET_CHILD_SUBREAPER: {}", std::io::Error::last_os_error()));
+            return Err(last_os("PR_SET_CHILD_SUBREAPER"));
         }
         // Rust ignores SIGPIPE; the edge gone means we are done.
         // SAFETY: restores a signal's default action; no handler runs.
@@ -110,7 +111,7 @@ impl Monitor {
         let (zygote, compiler) = if exec_zygote {
             (zygote::start_exec()?, None)
         } else {
-            let python = python.as_deref().ok_or("the image has no python3")?;
+            let python = python.as_deref().ok_or_else(|| refused("the image has no python3"))?;
             let compiler = Compiler::start(python, script, &format!("{SCRATCH}/{}", langs::PYTHON_FILE))?;
             (zygote::start(python, script)?, Some(compiler))
         };
@@ -119,9 +120,9 @@ impl Monitor {
         Ok(Monitor { zygote, compiler, python, family, sweep, watch })
     }
 
-    fn serve(mut self) -> Result<(), String> {
+    fn serve(mut self) -> Result<(), RunnerError> {
         // Bound before the ready line, so the edge finds it at once.
-        let listener = edge_link::Listener::bind().map_err(|e| format!("{}: {e}", edge_link::MONITOR_SOCKET))?;
+        let listener = edge_link::Listener::bind().map_err(os(edge_link::MONITOR_SOCKET))?;
         // SAFETY: fd 1 is the agent's stream of our stdout, open for our life.
         let stdout = unsafe { std::os::fd::BorrowedFd::borrow_raw(1) };
         let ready = serde_json::json!({
@@ -132,8 +133,8 @@ impl Monitor {
         });
         let mut line = ready.to_string().into_bytes();
         line.push(b'\n');
-        sys::write_all(stdout, &line).map_err(|e| format!("writing to the edge: {e}"))?;
-        let edge = listener.accept().map_err(|e| format!("waiting for the edge's connection: {e}"))?;
+        sys::write_all(stdout, &line).map_err(os("writing to the edge"))?;
+        let edge = listener.accept().map_err(os("waiting for the edge's connection"))?;
         let link = edge.as_fd();
         let mut requests = RequestReader::new(link);
         loop {
@@ -141,8 +142,8 @@ impl Monitor {
                 Ok(Some(d)) => d,
                 Ok(None) => return Ok(()), // the edge is done with this runner
                 Err(e) => {
-                    let answer = Answer { fatal: true, ..Answer::error(e) };
-                    return answer::send(link, &answer, &[]).map_err(|e| format!("writing to the edge: {e}"));
+                    let answer = Answer { fatal: true, ..Answer::error(e.to_string()) };
+                    return answer::send(link, &answer, &[]).map_err(os("writing to the edge"));
                 }
             };
             let (answer, parts) = match request::parse(&data) {
@@ -153,7 +154,7 @@ impl Monitor {
                     Err(Failure::Fatal(e)) => return Err(e),
                 },
             };
-            answer::send(link, &answer, &parts).map_err(|e| format!("writing to the edge: {e}"))?;
+            answer::send(link, &answer, &parts).map_err(os("writing to the edge"))?;
         }
     }
 
@@ -258,7 +259,7 @@ impl Monitor {
             file_bytes: limits.file_bytes,
             output_bytes: limits.output_bytes,
         };
-        let msg = worker::message(&step).map_err(Failure::Answer)?;
+        let msg = worker::message(&step).map_err(answerable)?;
         let done = worker::run(&mut self.zygote, &self.family, &msg, stdio, step.time_ms, step.output_bytes).map_err(Failure::Fatal)?;
         let mut outcome = done.outcome;
         outcome.memory_exceeded = lang.exceeded(limits.memory_bytes, outcome.peak_memory_kb);
@@ -300,7 +301,7 @@ impl Monitor {
             self.watch.give_up();
         }
         if !ipc::remove_all().map_err(Failure::Fatal)? {
-            return Err(Failure::Fatal("System V IPC objects of a call could not be removed".into()));
+            return Err(Failure::Fatal(broken("System V IPC objects of a call could not be removed")));
         }
         scratch::remove(written);
         Ok(())

@@ -1,6 +1,7 @@
 //! The zygote's lines on its report pipe: first the modules it preloaded,
 //! then one line per worker that ended.
 
+use crate::error::{broken, os, RunnerError};
 use std::os::fd::{AsFd, OwnedFd};
 
 /// What the zygote says about one worker once it has reaped it.
@@ -50,28 +51,28 @@ impl Reports {
 
     /// The next line, without its newline. Err at the end of the pipe
     /// (the zygote is gone) or on a read error.
-    pub fn line(&mut self) -> Result<String, String> {
+    pub fn line(&mut self) -> Result<String, RunnerError> {
         loop {
             if let Some(nl) = self.buf.iter().position(|b| *b == b'\n') {
                 let rest = self.buf.split_off(nl + 1);
                 let mut line = std::mem::replace(&mut self.buf, rest);
                 line.pop();
-                return String::from_utf8(line).map_err(|_| "a report that is not text".to_string());
+                return String::from_utf8(line).map_err(|_| broken("a report that is not text"));
             }
             let mut chunk = [0u8; 4096];
             match rustix::io::read(self.fd.as_fd(), &mut chunk) {
-                Ok(0) => return Err("the zygote is gone".into()),
+                Ok(0) => return Err(broken("the zygote is gone")),
                 Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
                 Err(rustix::io::Errno::INTR) => {}
-                Err(e) => return Err(format!("reading the zygote's reports: {e}")),
+                Err(e) => return Err(os("reading the zygote's reports")(e)),
             }
         }
     }
 
     /// The next worker's end.
-    pub fn worker_end(&mut self) -> Result<WorkerEnd, String> {
+    pub fn worker_end(&mut self) -> Result<WorkerEnd, RunnerError> {
         let line = self.line()?;
-        parse_report(&line).ok_or_else(|| format!("a bad report from the zygote: {line:?}"))
+        parse_report(&line).ok_or_else(|| broken(format!("a bad report from the zygote: {line:?}")))
     }
 }
 
@@ -99,6 +100,6 @@ mod tests {
         rustix::io::write(&w, b".0 0.0 5 0\n").unwrap();
         drop(w);
         assert_eq!(reports.worker_end().unwrap().maxrss_kb, 5);
-        assert_eq!(reports.line().unwrap_err(), "the zygote is gone");
+        assert_eq!(reports.line().unwrap_err().to_string(), "the zygote is gone");
     }
 }

@@ -1,6 +1,7 @@
 //! The edge's requests: a decimal length, a newline, then that many bytes
 //! of JSON (see dsec-fncall's protocol.rs, which writes them).
 
+use crate::error::{malformed, os, RunnerError};
 use std::os::fd::BorrowedFd;
 
 use serde::Deserialize;
@@ -58,7 +59,7 @@ impl<'fd> RequestReader<'fd> {
 
     /// Reads the next chunk after what is kept; false at the end of the
     /// input.
-    fn more(&mut self) -> Result<bool, String> {
+    fn more(&mut self) -> Result<bool, RunnerError> {
         if self.end == self.buf.len() {
             // Full: move what is kept to the front, or grow.
             if self.start > 0 {
@@ -73,7 +74,7 @@ impl<'fd> RequestReader<'fd> {
         let n = loop {
             match rustix::io::read(self.fd, &mut self.buf[self.end..]) {
                 Err(rustix::io::Errno::INTR) => continue,
-                r => break r.map_err(|e| format!("reading requests: {e}"))?,
+                r => break r.map_err(os("reading requests"))?,
             }
         };
         self.end += n;
@@ -82,7 +83,7 @@ impl<'fd> RequestReader<'fd> {
 
     /// The next request's bytes; None at a clean end of the input. Any
     /// error means the stream cannot be trusted any more (fatal).
-    pub fn next(&mut self) -> Result<Option<Vec<u8>>, String> {
+    pub fn next(&mut self) -> Result<Option<Vec<u8>>, RunnerError> {
         let nl = loop {
             let kept = &self.buf[self.start..self.end];
             let head = &kept[..kept.len().min(MAX_HEADER)];
@@ -90,21 +91,22 @@ impl<'fd> RequestReader<'fd> {
                 break nl;
             }
             if kept.len() >= MAX_HEADER {
-                return Err("bad request header".into());
+                return Err(malformed("bad request header"));
             }
             if !self.more()? {
                 if self.start == self.end {
                     return Ok(None);
                 }
-                return Err("truncated request".into());
+                return Err(malformed("truncated request"));
             }
         };
         let header = &self.buf[self.start..self.start + nl];
-        let n: usize = std::str::from_utf8(header).ok().and_then(|s| s.trim().parse().ok()).ok_or("bad request header")?;
-        let end = (nl + 1).checked_add(n).ok_or("bad request header")?;
+        let n: usize =
+            std::str::from_utf8(header).ok().and_then(|s| s.trim().parse().ok()).ok_or_else(|| malformed("bad request header"))?;
+        let end = (nl + 1).checked_add(n).ok_or_else(|| malformed("bad request header"))?;
         while self.end - self.start < end {
             if !self.more()? {
-                return Err("truncated request".into());
+                return Err(malformed("truncated request"));
             }
         }
         let data = self.buf[self.start + nl + 1..self.start + end].to_vec();
@@ -199,7 +201,7 @@ mod tests {
         ] {
             let (file, _keep) = reader_over(input);
             let mut r = RequestReader::new(file.as_fd());
-            assert_eq!(r.next().unwrap_err(), want, "{:?}", String::from_utf8_lossy(input));
+            assert_eq!(r.next().unwrap_err().to_string(), want, "{:?}", String::from_utf8_lossy(input));
         }
     }
 

@@ -1,6 +1,7 @@
 //! The call's working directory (BASE/call, one call at a time per
 //! runner) and the compiled program's (BASE/prog).
 
+use crate::error::{refused, RunnerError};
 use std::io;
 use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt, PermissionsExt};
@@ -22,12 +23,12 @@ fn chown_to_call_user(path: &str) -> io::Result<()> {
     Ok(())
 }
 
-fn context(what: &str, path: &str, e: impl std::fmt::Display) -> String {
-    format!("{what} {path}: {e}")
+fn context(what: &str, path: &str, e: impl Into<io::Error>) -> RunnerError {
+    RunnerError::Sys { what: format!("{what} {path}"), source: e.into() }
 }
 
 /// Creates the empty scratch directory, owned by the call user.
-pub fn prepare() -> Result<&'static str, String> {
+pub fn prepare() -> Result<&'static str, RunnerError> {
     let mut builder = std::fs::DirBuilder::new();
     builder.mode(0o700);
     if let Err(e) = builder.create(SCRATCH) {
@@ -45,9 +46,10 @@ pub fn prepare() -> Result<&'static str, String> {
 /// Writes the request's extra files (relative path -> content) into the
 /// fresh scratch directory, each file and directory the call user's. The
 /// call has not run yet, so nothing in scratch is the call's doing.
-pub fn write_files(files: &[(String, Vec<u8>)]) -> Result<(), String> {
+pub fn write_files(files: &[(String, Vec<u8>)]) -> Result<(), RunnerError> {
     for (name, content) in files {
-        let rel = safe_rel(name).ok_or_else(|| format!("file path {name:?} must be relative and stay inside the working directory"))?;
+        let rel =
+            safe_rel(name).ok_or_else(|| refused(format!("file path {name:?} must be relative and stay inside the working directory")))?;
         let mut dir = SCRATCH.to_string();
         let parts: Vec<&str> = rel.split('/').collect();
         for p in &parts[..parts.len() - 1] {
@@ -106,7 +108,7 @@ pub fn remove(written: &[String]) {
 /// Replaces the installed compiled program (BASE/prog/prog, executable and
 /// readable by the call user, whose own program it is: a JVM reads its
 /// jar; writable by nobody but root).
-pub fn install_program(data: &[u8]) -> Result<(), String> {
+pub fn install_program(data: &[u8]) -> Result<(), RunnerError> {
     let path = format!("{PROG_DIR}/prog");
     let _ = std::fs::remove_dir_all(PROG_DIR);
     std::fs::DirBuilder::new().mode(0o711).create(PROG_DIR).map_err(|e| context("creating", PROG_DIR, e))?;

@@ -10,6 +10,7 @@
 //! directory on sys.path) and an environment without any other PYTHON*
 //! or GLIBC_TUNABLES variable.
 
+use crate::error::{last_os, refused, RunnerError};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::AsFd;
@@ -88,7 +89,7 @@ pub fn python_helper(
     keep: &[i32],
     confinement: &Confinement,
     extra_env: &[(&str, &str)],
-) -> Result<i32, String> {
+) -> Result<i32, RunnerError> {
     let mut argv = vec![python.to_string(), "-s".into(), script.into(), format!("--{mode}")];
     argv.extend(keep.iter().map(|fd| fd.to_string()));
     helper(argv, mode, keep, confinement, extra_env)
@@ -97,9 +98,17 @@ pub fn python_helper(
 /// Forks and execs `argv` (its program a path) with `keep` open in it and
 /// `extra_env` in its environment; returns its pid. `mode` names it in
 /// errors.
-pub fn helper(argv: Vec<String>, mode: &str, keep: &[i32], confinement: &Confinement, extra_env: &[(&str, &str)]) -> Result<i32, String> {
-    let argv: Vec<CString> =
-        argv.into_iter().map(|a| CString::new(a).map_err(|_| format!("a NUL in the {mode}'s command"))).collect::<Result<_, _>>()?;
+pub fn helper(
+    argv: Vec<String>,
+    mode: &str,
+    keep: &[i32],
+    confinement: &Confinement,
+    extra_env: &[(&str, &str)],
+) -> Result<i32, RunnerError> {
+    let argv: Vec<CString> = argv
+        .into_iter()
+        .map(|a| CString::new(a).map_err(|_| refused(format!("a NUL in the {mode}'s command"))))
+        .collect::<Result<_, _>>()?;
     let argv_ptrs = null_terminated(&argv);
     let env = helper_env(std::env::vars_os(), extra_env);
     let env_ptrs = null_terminated(&env);
@@ -109,7 +118,7 @@ pub fn helper(argv: Vec<String>, mode: &str, keep: &[i32], confinement: &Confine
     // in execv or _exit.
     let pid = unsafe { libc::fork() };
     if pid < 0 {
-        return Err(format!("fork: {}", io::Error::last_os_error()));
+        return Err(last_os("fork"));
     }
     if pid == 0 {
         let err = child(monitor, keep, confinement, &argv_ptrs, &env_ptrs);

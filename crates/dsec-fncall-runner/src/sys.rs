@@ -1,5 +1,6 @@
 //! Small system-call helpers of the monitor.
 
+use crate::error::{os, RunnerError};
 use std::ffi::CString;
 use std::io;
 use std::os::fd::{AsFd, BorrowedFd, FromRawFd, OwnedFd};
@@ -34,11 +35,11 @@ pub fn as_call_user<T>(f: impl FnOnce() -> T) -> io::Result<T> {
 /// This single-threaded process's list of children
 /// (`/proc/self/task/PID/children`), opened once to be read by
 /// `read_to_end_at`: whether any child is left without a scan of /proc.
-pub fn children_list() -> Result<OwnedFd, String> {
+pub fn children_list() -> Result<OwnedFd, RunnerError> {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let path = format!("/proc/self/task/{me}/children");
     rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(|e| format!("{path}: {e}"))
+        .map_err(os(path.clone()))
 }
 
 /// A small file's bytes (one open, a read or two, one close).

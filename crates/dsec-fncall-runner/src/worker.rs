@@ -8,6 +8,7 @@
 //! compiler's marshalled code object, or None to compile the file) or
 //! execs `argv`. zygote.py's worker_main reads it.
 
+use crate::error::{os, refused, RunnerError};
 use std::collections::BTreeMap;
 use std::io::IoSlice;
 use std::mem::MaybeUninit;
@@ -72,7 +73,7 @@ pub struct Finished {
 
 /// The worker's message for `step`; a code object that does not fit is
 /// left out (the worker then compiles the file).
-pub fn message(step: &Step<'_>) -> Result<Vec<u8>, String> {
+pub fn message(step: &Step<'_>) -> Result<Vec<u8>, RunnerError> {
     let encode = |inline: bool| {
         let mut m = Marshal::default();
         m.tuple(6);
@@ -104,7 +105,7 @@ pub fn message(step: &Step<'_>) -> Result<Vec<u8>, String> {
     }
     let msg = encode(false);
     if msg.len() > MAX_WORKER_MSG {
-        return Err(format!("the call's environment and arguments take {} bytes, more than {MAX_WORKER_MSG}", msg.len()));
+        return Err(refused(format!("the call's environment and arguments take {} bytes, more than {MAX_WORKER_MSG}", msg.len())));
     }
     Ok(msg)
 }
@@ -128,7 +129,14 @@ enum Wait {
 /// Runs one step in the pre-forked worker (`msg`, from `message`, with
 /// `stdio`); the outputs stay in their memfds. Err means the runner is
 /// broken (the zygote is gone, or we cannot act as the call user).
-pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_ms: u64, output_bytes: u64) -> Result<Finished, String> {
+pub fn run(
+    zygote: &mut Zygote,
+    family: &Family,
+    msg: &[u8],
+    stdio: Stdio,
+    time_ms: u64,
+    output_bytes: u64,
+) -> Result<Finished, RunnerError> {
     let Stdio { stdin, stdout, stderr } = stdio;
     let t0 = Instant::now();
     // The zygote forked the worker that receives this after the previous
@@ -137,10 +145,12 @@ pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_
     let mut anc = SendAncillaryBuffer::new(&mut space);
     let fds = [stdin.as_fd(), stdout.as_fd(), stderr.as_fd()];
     if !anc.push(SendAncillaryMessage::ScmRights(&fds)) {
-        return Err("no room for the call's descriptors".into());
+        return Err(RunnerError::Sys {
+            what: "handing the call to the worker".into(),
+            source: std::io::Error::other("no room for the call's descriptors"),
+        });
     }
-    sendmsg(&zygote.cmd, &[IoSlice::new(msg)], &mut anc, SendFlags::NOSIGNAL)
-        .map_err(|e| format!("handing the call to the worker: {e}"))?;
+    sendmsg(&zygote.cmd, &[IoSlice::new(msg)], &mut anc, SendFlags::NOSIGNAL).map_err(os("handing the call to the worker"))?;
     drop(stdin);
     let over = || [&stdout, &stderr].iter().any(|fd| rustix::fs::fstat(fd).is_ok_and(|st| st.st_size as u64 > output_bytes));
     let waited = wait_for_end(&zygote.reports, Duration::from_millis(time_ms), over)?;
@@ -153,7 +163,7 @@ pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_
     let clean = family.only_helpers_left(end.strays) || family.kill_call_processes()?;
     if end.strays {
         // Killed now: the zygote may reap them and fork the next worker.
-        write_all(zygote.ctl.as_fd(), b"r").map_err(|e| format!("the zygote is gone: {e}"))?;
+        write_all(zygote.ctl.as_fd(), b"r").map_err(os("the zygote is gone"))?;
     }
     result.unclean = !clean;
     Ok(Finished { outcome: result, stdout, stderr })
@@ -161,7 +171,7 @@ pub fn run(zygote: &mut Zygote, family: &Family, msg: &[u8], stdio: Stdio, time_
 
 /// Waits until the zygote's next report can be read, at most `limit`,
 /// looking every OUTPUT_CHECK_EVERY whether `over_output`.
-fn wait_for_end(reports: &Reports, limit: Duration, over_output: impl Fn() -> bool) -> Result<Wait, String> {
+fn wait_for_end(reports: &Reports, limit: Duration, over_output: impl Fn() -> bool) -> Result<Wait, RunnerError> {
     if reports.has_line() {
         return Ok(Wait::Ended);
     }
@@ -187,7 +197,7 @@ fn wait_for_end(reports: &Reports, limit: Duration, over_output: impl Fn() -> bo
         }
         let e = std::io::Error::last_os_error();
         if e.kind() != std::io::ErrorKind::Interrupted {
-            return Err(format!("waiting for the worker: {e}"));
+            return Err(os("waiting for the worker")(e));
         }
     }
 }
@@ -216,6 +226,6 @@ mod tests {
     fn an_oversized_environment_is_refused() {
         let env = BTreeMap::from([("A".to_string(), "x".repeat(MAX_WORKER_MSG))]);
         let e = message(&step(Program::Exec { argv: vec!["/bin/true".into()] }, &env)).unwrap_err();
-        assert!(e.contains("environment"), "{e}");
+        assert!(e.to_string().contains("environment"), "{e}");
     }
 }

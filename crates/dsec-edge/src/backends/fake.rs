@@ -193,11 +193,12 @@ fn ended(pidfd: &OwnedFd) -> bool {
 fn watch_exit(pidfd: OwnedFd) -> Result<AsyncFd<OwnedFd>, EdgeError> {
     // SAFETY: the AsyncFd owns `pidfd`, so it stays open for as long as
     // it is registered.
-    unsafe { AsyncFd::register(pidfd) }.map_err(internal)
+    unsafe { AsyncFd::register(pidfd) }.map_err(|e| EdgeError::sys("watch a fake sandbox's pidfd")(e.into()))
 }
 
-fn internal(e: impl std::fmt::Display) -> EdgeError {
-    EdgeError::Internal(e.to_string())
+/// A failure a test scripted for a hook.
+fn scripted(why: String) -> EdgeError {
+    EdgeError::Command { program: "the fake backend's script", detail: why }
 }
 
 pub(crate) struct FakeBackend {
@@ -305,7 +306,7 @@ impl FakeBackend {
         self.cgroups.create(id, &cgroup_limits(spec, self.memory_overhead_mb()))?;
         self.fs.populate(id);
         let started = async {
-            durable.await.map_err(internal)?;
+            durable.await?;
             let pid = self.spawn(id)?;
             // A stop cuts the start short by killing its process.
             let exit = watch_exit(self.pidfd(id)?)?;
@@ -325,10 +326,10 @@ impl FakeBackend {
     async fn adopt_sandbox(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
         let plan = self.plan(Scripted::Adopt);
         self.record(Call::Adopt(id.to_string(), pid));
-        Self::follow(plan).await.map_err(|why| internal(format!("re-attaching to {id}: {why}")))?;
+        Self::follow(plan).await.map_err(EdgeError::AgentUnavailable)?;
         let alive = lock(&self.procs).get(id).is_some_and(|p| p.pid == pid && !ended(&p.pidfd));
         if !alive {
-            return Err(internal(format!("pid {pid} is no longer the agent of {id}")));
+            return Err(EdgeError::ProcessReplaced { id: id.to_string(), pid, what: "agent" });
         }
         self.connect(id, pid, AgentState::Ready { sandbox_id: id.to_string() }).await
     }
@@ -342,7 +343,7 @@ impl FakeBackend {
             .stdout(std::process::Stdio::null())
             .stderr(std::process::Stdio::null())
             .spawn()
-            .map_err(|e| internal(format!("spawning sleep: {e}")))?;
+            .map_err(EdgeError::sys("spawning sleep"))?;
         let pid = child.id() as i32;
         // Not reaped yet, so the pid is still this child's.
         let pidfd = match dsec_spawn::pidfd_open(pid) {
@@ -350,7 +351,7 @@ impl FakeBackend {
             Err(e) => {
                 let _ = child.kill();
                 let _ = child.wait();
-                return Err(internal(format!("pidfd_open({pid}): {e}")));
+                return Err(EdgeError::SandboxSys { id: id.to_string(), call: "pidfd_open", source: e });
             }
         };
         // Dropping `child` neither kills nor reaps it: the pidfd does both.
@@ -360,14 +361,14 @@ impl FakeBackend {
 
     fn pidfd(&self, id: &str) -> Result<OwnedFd, EdgeError> {
         let procs = lock(&self.procs);
-        let p = procs.get(id).ok_or_else(|| internal(format!("{id} has no process")))?;
-        p.pidfd.try_clone().map_err(internal)
+        let p = procs.get(id).ok_or_else(|| EdgeError::NoProcess(id.to_string()))?;
+        p.pidfd.try_clone().map_err(EdgeError::sandbox_sys(id, "dup the pidfd"))
     }
 
     /// Opens an agent channel to sandbox `id`, served by a task that ends
     /// it when the process ends, and shakes hands over it.
     async fn connect(&self, id: &str, pid: i32, state: AgentState) -> Result<Instance, EdgeError> {
-        let (ours, theirs) = tokio::net::UnixStream::pair().map_err(internal)?;
+        let (ours, theirs) = tokio::net::UnixStream::pair().map_err(EdgeError::sys("socketpair for a fake agent"))?;
         tokio::spawn(serve_agent(theirs, state, self.pidfd(id)?));
         let (agent, _hello) = AgentClient::connect(ours).await?;
         match agent.call(Op::Ping).await? {
@@ -436,7 +437,7 @@ impl Backend for FakeBackend {
         Box::pin(async move {
             let plan = self.plan(Scripted::BeforeFreeze);
             self.record(Call::BeforeFreeze(id.to_string()));
-            Self::follow(plan).await.map_err(internal)?;
+            Self::follow(plan).await.map_err(scripted)?;
             self.fs.report_frozen(id, true);
             Ok(())
         })

@@ -26,6 +26,7 @@ pub mod microvm;
 pub mod qemu;
 pub mod screen;
 pub mod snapshot;
+pub mod unavailable;
 
 use std::collections::HashSet;
 use std::future::Future;
@@ -46,6 +47,7 @@ use crate::images::{RootfsPlan, RootfsProvider};
 use crate::model::{BackendKind, SandboxSpec};
 use crate::ops::audit_forward::Refused;
 use crate::store::StoreError;
+pub use unavailable::{NoNetwork, Unavailable};
 
 pub use fullvm::FullVmConfig;
 pub use microvm::VmConfig as MicroVmConfig;
@@ -180,7 +182,7 @@ pub trait Backend: Send + Sync + 'static {
 
     /// Whether this node can give a sandbox of this backend a network under
     /// its rules; if not, why.
-    fn network_ready(&self) -> Result<(), String> {
+    fn network_ready(&self) -> Result<(), NoNetwork> {
         Ok(())
     }
 
@@ -292,9 +294,9 @@ pub struct Backends {
     container: Arc<dyn Backend>,
     /// `Err` when the node cannot run microVMs (no QEMU, no kernel): the
     /// reason is kept for the error a request gets.
-    microvm: Result<Arc<MicroVmBackend>, String>,
+    microvm: Result<Arc<MicroVmBackend>, Unavailable>,
     /// Likewise for full VMs (no QEMU, no qemu-img, no OVMF when asked).
-    fullvm: Result<Arc<FullVmBackend>, String>,
+    fullvm: Result<Arc<FullVmBackend>, Unavailable>,
     /// The node's disk of containers' writable layers and named volumes
     /// (None: writable layers are tmpfs, and there are no volumes).
     disk: Option<Arc<crate::disk::NodeDisk>>,
@@ -351,7 +353,7 @@ impl Backends {
         };
         let container = Arc::new(container);
         let microvm = match &config.vm {
-            None => Err("the edge was started without microVM support".to_string()),
+            None => Err(Unavailable::NotConfigured("microVM")),
             Some(vm) => {
                 MicroVmBackend::new(s.cgroups.clone(), vm, &config.node, &config.agent_path, &config.state_dir, config.vm_boot_timeout)
                     .map(|m| match s.egress {
@@ -365,7 +367,7 @@ impl Backends {
             tracing::info!(%why, "microVMs unavailable on this node");
         }
         let fullvm = match &config.fullvm {
-            None => Err("the edge was started without full VM support".to_string()),
+            None => Err(Unavailable::NotConfigured("full VM")),
             Some(cfg) => FullVmBackend::new(s.cgroups.clone(), cfg, &config.node, &config.state_dir, microvm.as_ref().ok().cloned())
                 .map(|f| match s.egress {
                     Some(e) => f.with_egress(e.clone()),
@@ -383,8 +385,12 @@ impl Backends {
     /// only, as the unit tests' fake backend does.
     #[cfg(test)]
     pub(crate) fn containers_only(container: Arc<dyn Backend>) -> Backends {
-        let none = |what: &str| format!("the edge was started without {what} support");
-        Backends { container, microvm: Err(none("microVM")), fullvm: Err(none("full VM")), disk: None }
+        Backends {
+            container,
+            microvm: Err(Unavailable::NotConfigured("microVM")),
+            fullvm: Err(Unavailable::NotConfigured("full VM")),
+            disk: None,
+        }
     }
 
     /// The node's disk of writable layers and named volumes.
@@ -482,6 +488,6 @@ impl Backends {
 }
 
 /// A VM backend, or why this node has none (`what`: "microVMs", "full VMs").
-fn available<'a, T>(backend: &'a Result<Arc<T>, String>, what: &str) -> Result<&'a Arc<T>, EdgeError> {
+fn available<'a, T>(backend: &'a Result<Arc<T>, Unavailable>, what: &str) -> Result<&'a Arc<T>, EdgeError> {
     backend.as_ref().map_err(|why| EdgeError::UnsupportedBackend(format!("{what} are not available on this node: {why}")))
 }

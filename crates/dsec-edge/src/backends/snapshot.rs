@@ -34,6 +34,7 @@ use std::process::Command;
 
 use serde::{Deserialize, Serialize};
 
+use crate::backends::Unavailable;
 use crate::error::EdgeError;
 use crate::model::BackendKind;
 
@@ -99,8 +100,8 @@ impl SnapshotDir {
     /// Opens (makes) the directory and removes what an interrupted write
     /// or deletion left: temporary metadata, layers without metadata.
     /// Called at edge start, before any snapshot is written.
-    pub fn open(dir: PathBuf) -> Result<Self, String> {
-        std::fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    pub fn open(dir: PathBuf) -> Result<Self, Unavailable> {
+        std::fs::create_dir_all(&dir).map_err(Unavailable::state_dir(&dir))?;
         let snaps = Self { dir };
         let removed = snaps.remove_orphans();
         if removed > 0 {
@@ -184,7 +185,7 @@ impl SnapshotDir {
         copied.map_err(|e| {
             let _ = std::fs::remove_file(self.ram(id));
             let _ = std::fs::remove_file(self.vmstate(id));
-            EdgeError::Internal(format!("copying the memory of {} into snapshot {id}: {e}", ram.display()))
+            EdgeError::Io { action: "copying into a snapshot", path: ram.to_path_buf(), source: e }
         })
     }
 
@@ -219,18 +220,17 @@ impl SnapshotDir {
     /// only once it is whole).
     pub fn write(&self, overlay: &Path, mut meta: SnapshotMeta) -> Result<SnapshotMeta, EdgeError> {
         let layer = self.layer(&meta.id);
-        super::qemu::disk::sparse_copy(overlay, &layer)
-            .map_err(|e| EdgeError::Internal(format!("copying {} to {}: {e}", overlay.display(), layer.display())))?;
+        super::qemu::disk::sparse_copy(overlay, &layer).map_err(EdgeError::io("copying into a snapshot", overlay))?;
         meta.bytes = super::qemu::suspend::allocated(&layer);
         let tmp = self.dir.join(format!(".{}.json.tmp", meta.id));
         let written = serde_json::to_vec_pretty(&meta)
-            .map_err(|e| e.to_string())
-            .and_then(|bytes| std::fs::write(&tmp, bytes).map_err(|e| e.to_string()))
-            .and_then(|()| std::fs::rename(&tmp, self.meta_path(&meta.id)).map_err(|e| e.to_string()));
+            .map_err(|source| EdgeError::Stored { what: format!("snapshot {}", meta.name), source })
+            .and_then(|bytes| std::fs::write(&tmp, bytes).map_err(EdgeError::io("writing", &tmp)))
+            .and_then(|()| std::fs::rename(&tmp, self.meta_path(&meta.id)).map_err(EdgeError::io("renaming", &tmp)));
         if let Err(e) = written {
             let _ = std::fs::remove_file(&tmp);
             let _ = std::fs::remove_file(&layer);
-            return Err(EdgeError::Internal(format!("recording snapshot {}: {e}", meta.name)));
+            return Err(e);
         }
         Ok(meta)
     }
@@ -252,10 +252,10 @@ pub fn create_overlay_of_size(backing: &Path, dst: &Path, size: Option<u64>) -> 
     if let Some(size) = size {
         cmd.arg(size.to_string());
     }
-    let out = cmd.output().map_err(|e| EdgeError::Internal(format!("running qemu-img (Debian package qemu-utils): {e}")))?;
+    let out = cmd.output().map_err(EdgeError::sys("running qemu-img (Debian package qemu-utils)"))?;
     if !out.status.success() {
         let _ = std::fs::remove_file(dst);
-        return Err(EdgeError::Internal(format!("qemu-img create {}: {}", dst.display(), String::from_utf8_lossy(&out.stderr).trim())));
+        return Err(EdgeError::Command { program: "qemu-img create", detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
     }
     Ok(())
 }

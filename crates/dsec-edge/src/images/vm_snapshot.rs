@@ -214,7 +214,7 @@ impl Edge {
         let r = self.exec_on(&inst, spec).await?;
         match r.exit_code {
             Some(0) => Ok(()),
-            _ => Err(EdgeError::Internal(format!("sync in the guest failed: {}", String::from_utf8_lossy(&r.stderr)))),
+            _ => Err(EdgeError::Command { program: "sync in the guest", detail: String::from_utf8_lossy(&r.stderr).trim().to_string() }),
         }
     }
 

@@ -75,7 +75,7 @@ impl Edge {
                 Claim::New => {
                     // A key is claimed New at most once per request (the
                     // branch returns), so the work is always there.
-                    let Some(work) = work.take() else { return Err(EdgeError::Internal("idempotent work ran twice".into())) };
+                    let Some(work) = work.take() else { return Err(EdgeError::Invariant("idempotent work runs at most once")) };
                     return match work.await {
                         Ok((out, target)) => {
                             journal.settle(tenant, scope, key, &target).map_err(journal_err)?;

@@ -28,10 +28,7 @@ impl Edge {
         if rec.state != State::Queued && !rec.suspended {
             let cgroups = self.inner.cgroups.clone();
             let name = id.to_string();
-            tokio::task::spawn_blocking(move || cgroups.set_qos(&name, class))
-                .await
-                .map_err(|e| EdgeError::Internal(format!("QoS task failed: {e}")))?
-                .map_err(|e| EdgeError::Internal(format!("setting QoS class {}: {e}", class.as_str())))?;
+            tokio::task::spawn_blocking(move || cgroups.set_qos(&name, class)).await.map_err(EdgeError::task("QoS"))??;
         }
         tracing::info!(id, class = class.as_str(), "QoS class set");
         Ok(entry.record())

@@ -58,7 +58,7 @@ impl Edge {
                     Ok(backend) => backend.adopt(&rec.id, pid).await,
                     Err(e) => Err(e),
                 },
-                None => Err(crate::error::EdgeError::Internal("no agent was recorded".into())),
+                None => Err(crate::error::EdgeError::NoProcess(rec.id.clone())),
             };
             match adopted {
                 Ok(instance) if self.inner.admission.reserve(&rec.spec.limits).is_ok() => {

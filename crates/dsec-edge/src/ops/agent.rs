@@ -109,7 +109,7 @@ impl Edge {
         let reply = reply?;
         match reply {
             Reply::Exited(r) => Ok(r),
-            other => Err(EdgeError::Internal(format!("unexpected reply to exec: {other:?}"))),
+            other => Err(EdgeError::UnexpectedReply { peer: "the agent", op: "exec", reply: format!("{other:?}") }),
         }
     }
 

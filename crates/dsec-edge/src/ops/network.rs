@@ -24,7 +24,7 @@ impl From<NetError> for EdgeError {
             NetError::NotNetworked(id) => EdgeError::NetworkNotEnabled(format!(
                 "sandbox {id} was created without network rules (loopback only); create it with rules, even all false, to change them later"
             )),
-            other => EdgeError::Internal(other.to_string()),
+            other => EdgeError::Net(Box::new(other)),
         }
     }
 }

@@ -53,10 +53,10 @@ pub struct SandboxEnded(AsyncFd<OwnedFd>);
 impl SandboxEnded {
     /// Watches the sandbox process behind `pidfd` (a duplicate of it).
     fn of(pidfd: &OwnedFd, id: &str) -> Result<SandboxEnded, EdgeError> {
-        let fd = pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id}: {e}")))?;
+        let fd = pidfd.try_clone().map_err(EdgeError::sandbox_sys(id, "dup the pidfd"))?;
         // SAFETY: the AsyncFd owns `fd`, so it stays open for as long as it
         // is registered.
-        let watch = unsafe { AsyncFd::register(fd) }.map_err(|e| EdgeError::Internal(format!("watch the pidfd of {id}: {e}")))?;
+        let watch = unsafe { AsyncFd::register(fd) }.map_err(|e| EdgeError::sandbox_sys(id, "watch the pidfd")(e.into()))?;
         Ok(SandboxEnded(watch))
     }
 
@@ -86,20 +86,19 @@ impl Edge {
             let stream = relay(&inst.agent, id, port).await?;
             return Ok(PortConnection { stream, ended, activity });
         }
-        let for_connect = inst.pidfd.try_clone().map_err(|e| EdgeError::Internal(format!("dup the pidfd of {id}: {e}")))?;
-        let connected = tokio::task::spawn_blocking(move || connect_inside(for_connect, port))
-            .await
-            .map_err(|e| EdgeError::Internal(format!("port connect task: {e}")))?;
+        let for_connect = inst.pidfd.try_clone().map_err(EdgeError::sandbox_sys(id, "dup the pidfd"))?;
+        let connected =
+            tokio::task::spawn_blocking(move || connect_inside(for_connect, port)).await.map_err(EdgeError::task("port connect"))?;
         let stream = match connected {
             Ok(s) => s,
             Err(ConnectError::Refused(e)) => {
                 return Err(EdgeError::PortClosed(format!("nothing accepts connections on port {port} of sandbox {id} ({e})")))
             }
-            Err(ConnectError::Setup(e)) => return Err(EdgeError::Internal(format!("reach the network of {id}: {e}"))),
+            Err(ConnectError::Setup(e)) => return Err(EdgeError::SandboxSys { id: id.to_string(), call: "reach the network", source: e }),
         };
-        stream.set_nonblocking(true).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        stream.set_nonblocking(true).map_err(EdgeError::sys("set a port connection non-blocking"))?;
         let _ = stream.set_nodelay(true);
-        let stream = tokio::net::TcpStream::from_std(stream).map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let stream = tokio::net::TcpStream::from_std(stream).map_err(EdgeError::sys("register a port connection"))?;
         Ok(PortConnection { stream: Box::new(stream), ended, activity })
     }
 }

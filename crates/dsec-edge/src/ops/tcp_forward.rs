@@ -103,8 +103,8 @@ impl Edge {
         // made when a client comes.
         let ended = self.end_of(caller, id).await?;
         let bind = self.inner.config.port_forward_addr;
-        let listener = TcpListener::bind((bind, 0)).await.map_err(|e| EdgeError::Internal(format!("bind a TCP forward on {bind}: {e}")))?;
-        let address = listener.local_addr().map_err(|e| EdgeError::Internal(e.to_string()))?;
+        let listener = TcpListener::bind((bind, 0)).await.map_err(EdgeError::sandbox_sys(id, "bind a TCP forward"))?;
+        let address = listener.local_addr().map_err(EdgeError::sys("the address of a TCP forward"))?;
         let expires_at_ms = now_ms() + ttl * 1000;
         let (edge, caller, id_owned) = (self.clone(), caller.clone(), id.to_string());
         let mut shutdown = self.inner.shutdown.subscribe();

@@ -231,7 +231,7 @@ impl Edge {
     /// restart. Right after the thaw the agent has not yet seen that its
     /// old edge is gone and has no re-attach channel to offer: retry.
     async fn adopt_thawed(&self, entry: &Arc<Entry>, rec: &SandboxRecord) -> Result<(), EdgeError> {
-        let pid = rec.pid.ok_or_else(|| EdgeError::Internal("no agent was recorded".into()))?;
+        let pid = rec.pid.ok_or_else(|| EdgeError::NoProcess(rec.id.clone()))?;
         let deadline = Instant::now() + self.inner.config.resume_timeout;
         loop {
             match self.inner.backends.for_cleanup(rec.spec.backend).adopt(&rec.id, pid).await {

@@ -257,7 +257,7 @@ impl Edge {
             Ok(t) => t,
             Err(recorded) => return self.settle_recorded(recorded, &op).await,
         };
-        let agent_op = op.agent_op().ok_or_else(|| EdgeError::Internal("uploads go through begin_upload".into()))?;
+        let agent_op = op.agent_op().ok_or(EdgeError::Invariant("uploads go through begin_upload"))?;
         let result = match agent_op {
             Op::Exec(spec) => self.exec_on(&inst, spec).await.map(Reply::Exited),
             other => inst.agent.call(other).await.map_err(EdgeError::from),
@@ -283,7 +283,7 @@ impl Edge {
         let agent_op = match op.clone() {
             StepOp::WriteFile { spec, .. } => Op::WriteFile(spec),
             StepOp::ExtractArchive { path, max_bytes, .. } => Op::TarExtract { path, max_bytes },
-            other => return Err(EdgeError::Internal(format!("{} is not an upload", other.kind()))),
+            _ => return Err(EdgeError::Invariant("begin_upload is given an upload")),
         };
         let (ticket, call) = self.open_logged(ticket, &inst, agent_op).await?;
         Ok(UploadStart::Fresh { ticket, call, activity })
@@ -374,7 +374,7 @@ impl Edge {
             _ => match self.outcome(&row)? {
                 Some(Ok(reply)) => Ok(reply),
                 Some(Err((code, message))) => Err(EdgeError::Recorded { code, message }),
-                None => Err(EdgeError::Internal(format!("step {step_id} has no recorded outcome"))),
+                None => Err(EdgeError::Invariant("a finished step has a recorded outcome")),
             },
         }
     }

@@ -225,10 +225,10 @@ impl Edge {
                 }
                 _ => self.run_step(caller, target, step_id, op.clone()).await,
             };
-            if matches!(outcome, Err(EdgeError::SandboxNotFound(_) | EdgeError::NotRunning { .. } | EdgeError::AgentUnavailable(_))) {
+            if let Err(e @ (EdgeError::SandboxNotFound(_) | EdgeError::NotRunning { .. } | EdgeError::AgentUnavailable(_))) = outcome {
                 // The replay sandbox itself is gone: nothing after this
                 // step can be compared.
-                return Err(outcome.err().unwrap_or_else(|| EdgeError::Internal("replay sandbox lost".into())));
+                return Err(e);
             }
             let outcome = as_recorded(outcome);
             if let (Ok(Reply::Session { session_id: old }), Ok(Reply::Session { session_id: new })) = (recorded, &outcome) {

@@ -70,13 +70,12 @@ impl ContainerBackend {
         let scratch_dir = state_dir.join("scratch");
         // Everything that can fail comes before the node's sysfs mount.
         if !agent_path.is_file() {
-            return Err(EdgeError::Internal(format!("guest agent binary not found at {}", agent_path.display())));
+            return Err(EdgeError::NodeSetup(format!("guest agent binary not found at {}", agent_path.display())));
         }
         std::fs::create_dir_all(&scratch_dir).map_err(EdgeError::io("creating", &scratch_dir))?;
-        let agent_path =
-            CString::new(agent_path.as_os_str().as_encoded_bytes()).map_err(|_| EdgeError::Internal("agent path contains NUL".into()))?;
-        let spawner =
-            spawn::Spawner::new(agent_path, agent_exec).map_err(|e| EdgeError::Internal(format!("starting the spawn helper: {e}")))?;
+        let agent_path = CString::new(agent_path.as_os_str().as_encoded_bytes())
+            .map_err(|_| EdgeError::Invalid("the agent's path contains NUL".into()))?;
+        let spawner = spawn::Spawner::new(agent_path, agent_exec).map_err(EdgeError::sys("starting the spawn helper"))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
         Ok(Self {
             cgroups,
@@ -204,7 +203,7 @@ impl ContainerBackend {
                 if let (Some(eg), Some(w)) = (egress, warm) {
                     eg.give_back(w);
                 }
-                return Err(EdgeError::Internal(format!("starting the guest agent: {e}")));
+                return Err(EdgeError::SandboxSys { id: id.to_string(), call: "start the guest agent", source: e });
             }
         };
         // The agent holds the namespace now.
@@ -279,10 +278,7 @@ impl ContainerBackend {
         let t_setup = t0.elapsed();
         // Whatever the handshake did, the attach ends before anything else.
         let attached = match attaching {
-            Some(task) => task
-                .await
-                .map_err(|e| EdgeError::Internal(format!("attaching the allowlist: {e}")))
-                .and_then(|r| r.map_err(EdgeError::from)),
+            Some(task) => task.await.map_err(EdgeError::task("allowlist attach")).and_then(|r| r.map_err(EdgeError::from)),
             None => Ok(()),
         };
         if let Err(e) = attached {
@@ -317,7 +313,7 @@ impl ContainerBackend {
     /// Re-attaches to a running agent after an edge restart.
     pub async fn adopt(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
         if !self.cgroups.contains(id, pid) {
-            return Err(EdgeError::Internal(format!("pid {pid} is no longer the agent of {id}")));
+            return Err(EdgeError::ProcessReplaced { id: id.to_string(), pid, what: "agent" });
         }
         let pidfd = spawn::pidfd_open(pid).map_err(EdgeError::sys("pidfd_open of the agent"))?;
         // The agent parks a fresh channel at fd 4 only once it has seen its
@@ -325,13 +321,15 @@ impl ContainerBackend {
         // run yet, and fd 4 is still its placeholder: wait a little for it.
         let deadline = std::time::Instant::now() + REATTACH_WAIT;
         let fd = loop {
-            let fd = spawn::pidfd_getfd(&pidfd, AGENT_REATTACH_FD)
-                .map_err(|e| EdgeError::Internal(format!("taking the agent's re-attach channel: {e}")))?;
+            let fd =
+                spawn::pidfd_getfd(&pidfd, AGENT_REATTACH_FD).map_err(EdgeError::sandbox_sys(id, "take the agent's re-attach channel"))?;
             if is_socket(&fd) {
                 break fd;
             }
             if std::time::Instant::now() >= deadline {
-                return Err(EdgeError::Internal(format!("the agent of {id} offered no re-attach channel within {REATTACH_WAIT:?}")));
+                return Err(EdgeError::AgentUnavailable(format!(
+                    "the agent of {id} offered no re-attach channel within {REATTACH_WAIT:?}"
+                )));
             }
             tokio::time::sleep(Duration::from_millis(5)).await;
         };
@@ -352,7 +350,7 @@ impl ContainerBackend {
                 }
                 Ok(Instance::new(pid, pidfd, agent))
             }
-            other => Err(EdgeError::Internal(format!("agent of {id} answered re-attach with {other:?}"))),
+            other => Err(EdgeError::UnexpectedReply { peer: "the agent", op: "re-attach", reply: format!("{other:?}") }),
         }
     }
 }

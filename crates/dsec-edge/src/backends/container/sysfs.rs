@@ -39,13 +39,13 @@ pub fn ensure(dir: &Path) -> Result<SharedSysfs, EdgeError> {
     // a short-lived thread of its own does it; the mount lands in the
     // process's (host) mount namespace, tagged with the new network
     // namespace, which the mount keeps alive.
-    let mounted = std::thread::spawn(move || -> Result<std::os::fd::OwnedFd, String> {
+    let mounted = std::thread::spawn(move || -> Result<std::os::fd::OwnedFd, EdgeError> {
         // SAFETY: unshare(2) of the network namespace for this thread only;
         // it touches no memory and no fd of the process.
         if unsafe { libc::unshare(libc::CLONE_NEWNET) } != 0 {
-            return Err(format!("unshare(CLONE_NEWNET): {}", std::io::Error::last_os_error()));
+            return Err(EdgeError::Sys { call: "unshare(CLONE_NEWNET) for the node's sysfs", source: std::io::Error::last_os_error() });
         }
-        let netns = std::fs::File::open("/proc/thread-self/ns/net").map_err(|e| format!("open our netns: {e}"))?;
+        let netns = std::fs::File::open("/proc/thread-self/ns/net").map_err(EdgeError::sys("open the sysfs thread's netns"))?;
         rustix::mount::mount(
             "sysfs",
             &target,
@@ -56,13 +56,12 @@ pub fn ensure(dir: &Path) -> Result<SharedSysfs, EdgeError> {
                 | rustix::mount::MountFlags::NOEXEC,
             None::<&std::ffi::CStr>,
         )
-        .map_err(|e| format!("mount sysfs at {}: {e}", target.display()))?;
+        .map_err(|e| EdgeError::Io { action: "mounting sysfs at", path: target.clone(), source: e.into() })?;
         Ok(netns.into())
     })
     .join()
-    .map_err(|_| EdgeError::Internal("the sysfs thread panicked".into()))?;
-    let netns = mounted.map_err(EdgeError::Internal)?;
-    Ok(SharedSysfs { dir: dir.to_path_buf(), _netns: netns })
+    .map_err(|_| EdgeError::Invariant("the sysfs thread does not panic"))??;
+    Ok(SharedSysfs { dir: dir.to_path_buf(), _netns: mounted })
 }
 
 /// Unmounts it when the edge shuts down (sandboxes left running keep theirs).

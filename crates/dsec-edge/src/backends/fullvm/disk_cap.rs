@@ -31,7 +31,7 @@ const FULL_MARGIN: u64 = 4 << 20;
 /// raw node QEMU reads it through must not be larger than the file. Never
 /// shrinks (an overlay written before the cap existed may hold more).
 pub fn cap(overlay: &Path, limit: u64) -> Result<(), EdgeError> {
-    let err = |e: std::io::Error| EdgeError::Internal(format!("capping {} at {limit} bytes: {e}", overlay.display()));
+    let err = |e| EdgeError::io("capping the size of", overlay)(e);
     let f = std::fs::OpenOptions::new().write(true).open(overlay).map_err(err)?;
     if f.metadata().map_err(err)?.len() < limit {
         f.set_len(limit).map_err(err)?;

@@ -49,7 +49,7 @@ use crate::backends::qemu::agent::{self, BootWait};
 use crate::backends::qemu::cmdline::{self as qemu_cmdline, Accel, AccelChoice, VmFiles};
 use crate::backends::qemu::undo::Undo;
 use crate::backends::qemu::{cleanup, disk, net as qemu_net, process, qmp, suspend};
-use crate::backends::{Backend, BoxFuture, Durable};
+use crate::backends::{Backend, BoxFuture, Durable, NoNetwork, Unavailable};
 use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
 use crate::images::{RootfsPlan, RootfsProvider};
@@ -126,17 +126,18 @@ impl FullVmBackend {
         node: &str,
         state_dir: &Path,
         probe: Option<Arc<MicroVmBackend>>,
-    ) -> Result<Self, String> {
-        let qemu =
-            process::find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
-        process::find_program(Path::new("qemu-img")).ok_or("qemu-img not found (Debian package qemu-utils)")?;
+    ) -> Result<Self, Unavailable> {
+        let qemu = process::find_program(&cfg.qemu)
+            .ok_or_else(|| Unavailable::MissingProgram { program: cfg.qemu.clone(), package: "qemu-system-x86" })?;
+        process::find_program(Path::new("qemu-img"))
+            .ok_or_else(|| Unavailable::MissingProgram { program: "qemu-img".into(), package: "qemu-utils" })?;
         if cfg.firmware == Firmware::Ovmf && !Path::new(cmdline::OVMF_CODE).is_file() {
-            return Err(format!("{} not found (Debian package ovmf)", cmdline::OVMF_CODE));
+            return Err(Unavailable::MissingFile { path: cmdline::OVMF_CODE.into(), package: "ovmf" });
         }
         let vm_state = state_dir.join("vm");
         let (overlay_dir, pmem_dir, suspend_dir) = (vm_state.join("overlays"), vm_state.join("pmem"), vm_state.join("suspend"));
         for d in [&overlay_dir, &suspend_dir, &cfg.run_root] {
-            std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+            std::fs::create_dir_all(d).map_err(Unavailable::state_dir(d))?;
         }
         let snapshots = crate::backends::snapshot::SnapshotDir::open(vm_state.join("snapshots"))?;
         Ok(Self {
@@ -160,8 +161,8 @@ impl FullVmBackend {
     }
 
     /// Whether this node can give a full VM a network under its rules.
-    pub(crate) fn network_ready(&self) -> Result<(), String> {
-        self.egress.as_ref().map(drop).ok_or_else(|| "outbound network is not enabled on this node".into())
+    pub(crate) fn network_ready(&self) -> Result<(), NoNetwork> {
+        self.egress.as_ref().map(drop).ok_or(NoNetwork::EgressOff)
     }
 
     /// The suspend image of `id`.
@@ -242,7 +243,7 @@ impl FullVmBackend {
         }
         if self.cfg.layer_bus == LayerBus::Pmem {
             if plan.lower_dirs.len() != plan.layer_files.len() {
-                return Err(EdgeError::Internal("the toolkit layers are not all mounted on the host".into()));
+                return Err(EdgeError::NodeSetup("the toolkit layers are not all mounted on the host".into()));
             }
             let (dir, mounts) = (&self.pmem_dir, &plan.lower_dirs);
             plan.layer_files = plan.layer_files.iter().zip(mounts).map(|(f, m)| pmem::dax_copy(dir, f, m)).collect::<Result<_, _>>()?;
@@ -360,7 +361,7 @@ fn prepare_files(files: &VmFiles, backing: Backing, limit: u64, firmware: Firmwa
     disk_cap::cap(&files.disk, limit)?;
     if firmware == Firmware::Ovmf {
         let vars = cmdline::ovmf_vars(files);
-        std::fs::copy(cmdline::OVMF_VARS, &vars).map_err(|e| EdgeError::Internal(format!("copying {}: {e}", cmdline::OVMF_VARS)))?;
+        std::fs::copy(cmdline::OVMF_VARS, &vars).map_err(EdgeError::io("copying the UEFI variables", Path::new(cmdline::OVMF_VARS)))?;
     }
     Ok(())
 }
@@ -424,7 +425,7 @@ impl Backend for FullVmBackend {
         FullVmBackend::plan(self, rootfs, spec)
     }
 
-    fn network_ready(&self) -> Result<(), String> {
+    fn network_ready(&self) -> Result<(), NoNetwork> {
         FullVmBackend::network_ready(self)
     }
 

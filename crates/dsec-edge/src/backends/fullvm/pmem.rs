@@ -36,8 +36,7 @@ static MAKING: std::sync::Mutex<()> = std::sync::Mutex::new(());
 /// named like the layer (which is content-addressed), made if absent
 /// (temp + rename).
 pub fn dax_copy(dir: &Path, layer: &Path, mounted: &Path) -> Result<PathBuf, EdgeError> {
-    let err = |what: &str, e: String| EdgeError::Internal(format!("{what} the pmem copy of {}: {e}", layer.display()));
-    let name = layer.file_name().ok_or_else(|| EdgeError::Internal(format!("layer path {} has no name", layer.display())))?;
+    let name = layer.file_name().ok_or(EdgeError::Invariant("a layer's path ends in its file name"))?;
     // `.dax`: copies made before inline data was turned off are not reused.
     let out = dir.join(format!("{}.dax", name.to_string_lossy()));
     let ready = || std::fs::metadata(&out).is_ok_and(|m| m.len() > 0 && m.len() % ALIGN == 0);
@@ -48,18 +47,19 @@ pub fn dax_copy(dir: &Path, layer: &Path, mounted: &Path) -> Result<PathBuf, Edg
     if ready() {
         return Ok(out);
     }
-    std::fs::create_dir_all(dir).map_err(|e| err("creating the directory of", e.to_string()))?;
+    std::fs::create_dir_all(dir).map_err(EdgeError::io("creating the directory of pmem copies", dir))?;
     let tmp = dir.join(format!(".{}.{}.tmp", name.to_string_lossy(), std::process::id()));
     let _ = std::fs::remove_file(&tmp);
     // The source record first: a copy is never there without one (a crash
     // in between leaves a record the reaper removes with its missing copy).
-    let made = std::fs::write(source_record(&out), layer.as_os_str().as_bytes())
-        .map_err(|e| e.to_string())
-        .and_then(|()| dsec_image::build::build_dax_image(mounted, &tmp, ALIGN).map_err(|e| e.to_string()))
-        .and_then(|()| std::fs::rename(&tmp, &out).map_err(|e| e.to_string()));
+    let record = source_record(&out);
+    let made = std::fs::write(&record, layer.as_os_str().as_bytes())
+        .map_err(EdgeError::io("writing the source record of a pmem copy", &record))
+        .and_then(|()| dsec_image::build::build_dax_image(mounted, &tmp, ALIGN).map_err(|e| EdgeError::PmemCopy(Box::new(e))))
+        .and_then(|()| std::fs::rename(&tmp, &out).map_err(EdgeError::io("renaming the pmem copy", &tmp)));
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
-        return Err(err("making", e));
+        return Err(e);
     }
     Ok(out)
 }

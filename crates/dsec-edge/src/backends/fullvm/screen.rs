@@ -18,17 +18,17 @@ use crate::error::EdgeError;
 /// for the moment the file exists.
 pub async fn capture(socket: &Path, dir: &Path) -> Result<Screenshot, EdgeError> {
     let file = dir.join(format!("screen-{}.img", rand::random::<u64>()));
-    let name = file.to_str().ok_or_else(|| EdgeError::Internal("non-UTF-8 run directory".into()))?.to_string();
+    let name = file.to_str().ok_or(ScreenError::NonUtf8Path)?.to_string();
     let png = qmp::execute_with(socket, "screendump", json!({"filename": name, "format": "png"})).await;
     let result = match png {
         Ok(_) => read(&file).and_then(|png| {
-            let (width, height) = png_size(&png).ok_or_else(|| EdgeError::Internal("QEMU wrote an invalid PNG".into()))?;
+            let (width, height) = png_size(&png).ok_or(ScreenError::BadPng)?;
             Ok(Screenshot { png, width, height })
         }),
         // An older QEMU: no format argument, PPM only.
         Err(QmpError::Failed { error, .. }) if error.to_string().contains("format") => {
             qmp::execute_with(socket, "screendump", json!({"filename": name})).await?;
-            read(&file).and_then(|ppm| ppm_to_png(&ppm).map_err(|e| EdgeError::Internal(format!("converting the screen: {e}"))))
+            read(&file).and_then(|ppm| Ok(ppm_to_png(&ppm)?))
         }
         Err(e) => Err(e.into()),
     };
@@ -38,6 +38,25 @@ pub async fn capture(socket: &Path, dir: &Path) -> Result<Screenshot, EdgeError>
 
 fn read(file: &Path) -> Result<Vec<u8>, EdgeError> {
     std::fs::read(file).map_err(EdgeError::io("reading the screendump", file))
+}
+
+/// Why a screendump could not be taken or read.
+#[derive(Debug, thiserror::Error)]
+pub enum ScreenError {
+    #[error("the run directory's path is not UTF-8")]
+    NonUtf8Path,
+    #[error("QEMU wrote an invalid PNG")]
+    BadPng,
+    #[error("QEMU wrote an invalid PPM: {0}")]
+    BadPpm(String),
+    #[error("encoding the screen as PNG: {0}")]
+    Encode(#[from] png::EncodingError),
+}
+
+impl From<ScreenError> for EdgeError {
+    fn from(e: ScreenError) -> EdgeError {
+        EdgeError::Screen(Box::new(e))
+    }
 }
 
 /// Width and height from a PNG's IHDR chunk.
@@ -51,7 +70,8 @@ pub fn png_size(png: &[u8]) -> Option<(u32, u32)> {
 }
 
 /// Parses a binary PPM (P6, maxval 255: what QEMU writes).
-pub fn parse_ppm(ppm: &[u8]) -> Result<(u32, u32, &[u8]), String> {
+pub fn parse_ppm(ppm: &[u8]) -> Result<(u32, u32, &[u8]), ScreenError> {
+    let bad = ScreenError::BadPpm;
     // Header: "P6" whitespace width whitespace height whitespace maxval
     // one whitespace byte, then the pixels. Comments (#...) may appear.
     let mut fields = Vec::with_capacity(4);
@@ -71,28 +91,28 @@ pub fn parse_ppm(ppm: &[u8]) -> Result<(u32, u32, &[u8]), String> {
             i += 1;
         }
         if start == i {
-            return Err("truncated PPM header".into());
+            return Err(bad("truncated header".into()));
         }
-        fields.push(std::str::from_utf8(&ppm[start..i]).map_err(|_| "bad PPM header")?);
+        fields.push(std::str::from_utf8(&ppm[start..i]).map_err(|_| bad("a header field is not text".into()))?);
     }
     if fields[0] != "P6" {
-        return Err(format!("not a binary PPM (magic {:?})", fields[0]));
+        return Err(bad(format!("not a binary PPM (magic {:?})", fields[0])));
     }
-    let num = |s: &str| s.parse::<u32>().map_err(|_| format!("bad PPM number {s:?}"));
+    let num = |s: &str| s.parse::<u32>().map_err(|_| bad(format!("bad number {s:?}")));
     let (w, h, max) = (num(fields[1])?, num(fields[2])?, num(fields[3])?);
     if max != 255 {
-        return Err(format!("PPM maxval {max} (only 255 is supported)"));
+        return Err(bad(format!("maxval {max} (only 255 is supported)")));
     }
     let pixels = &ppm[(i + 1).min(ppm.len())..];
-    let want = (w as usize).checked_mul(h as usize).and_then(|n| n.checked_mul(3)).ok_or("PPM too large")?;
+    let want = (w as usize).checked_mul(h as usize).and_then(|n| n.checked_mul(3)).ok_or_else(|| bad("too large".into()))?;
     if w == 0 || h == 0 || pixels.len() < want {
-        return Err(format!("PPM of {w}x{h} has {} bytes of pixels", pixels.len()));
+        return Err(bad(format!("{w}x{h} with {} bytes of pixels", pixels.len())));
     }
     Ok((w, h, &pixels[..want]))
 }
 
 /// PPM to PNG (RGB, 8 bits, fast compression: a screen is mostly flat).
-pub fn ppm_to_png(ppm: &[u8]) -> Result<Screenshot, String> {
+pub fn ppm_to_png(ppm: &[u8]) -> Result<Screenshot, ScreenError> {
     let (width, height, pixels) = parse_ppm(ppm)?;
     let mut out = Vec::new();
     {
@@ -100,8 +120,8 @@ pub fn ppm_to_png(ppm: &[u8]) -> Result<Screenshot, String> {
         enc.set_color(png::ColorType::Rgb);
         enc.set_depth(png::BitDepth::Eight);
         enc.set_compression(png::Compression::Fast);
-        let mut w = enc.write_header().map_err(|e| e.to_string())?;
-        w.write_image_data(pixels).map_err(|e| e.to_string())?;
+        let mut w = enc.write_header()?;
+        w.write_image_data(pixels)?;
     }
     Ok(Screenshot { png: out, width, height })
 }

@@ -21,23 +21,23 @@ pub fn template(dir: &Path, size_mb: u64) -> Result<PathBuf, EdgeError> {
     }
     std::fs::create_dir_all(dir).map_err(EdgeError::io("creating", dir))?;
     let tmp = dir.join(format!(".ext4-{size_mb}M.{}.tmp", std::process::id()));
-    let made = (|| -> Result<(), String> {
-        let f = File::create(&tmp).map_err(|e| e.to_string())?;
-        f.set_len(size_mb << 20).map_err(|e| e.to_string())?;
+    let made = (|| -> Result<(), EdgeError> {
+        let f = File::create(&tmp).map_err(EdgeError::io("creating the disk template", &tmp))?;
+        f.set_len(size_mb << 20).map_err(EdgeError::io("sizing the disk template", &tmp))?;
         drop(f);
         let out = Command::new("mkfs.ext4")
             .args(["-q", "-F", "-m", "0", "-E", "lazy_itable_init=1,lazy_journal_init=1,nodiscard"])
             .arg(&tmp)
             .output()
-            .map_err(|e| format!("running mkfs.ext4 (Debian package e2fsprogs): {e}"))?;
+            .map_err(EdgeError::sys("running mkfs.ext4 (Debian package e2fsprogs)"))?;
         if !out.status.success() {
-            return Err(format!("mkfs.ext4 failed: {}", String::from_utf8_lossy(&out.stderr).trim()));
+            return Err(EdgeError::Command { program: "mkfs.ext4", detail: String::from_utf8_lossy(&out.stderr).trim().to_string() });
         }
-        std::fs::rename(&tmp, &path).map_err(|e| e.to_string())
+        std::fs::rename(&tmp, &path).map_err(EdgeError::io("renaming the disk template", &tmp))
     })();
     if let Err(e) = made {
         let _ = std::fs::remove_file(&tmp);
-        return Err(EdgeError::Internal(format!("making the {size_mb} MiB disk template: {e}")));
+        return Err(e);
     }
     Ok(path)
 }

@@ -40,7 +40,7 @@ use crate::backends::qemu::suspend::{restore_qemu, suspend_qemu};
 use crate::backends::qemu::undo::Undo;
 use crate::backends::qemu::{disk::snapshot_disk, qmp, suspend};
 use crate::backends::snapshot;
-use crate::backends::{Backend, BoxFuture, Durable};
+use crate::backends::{Backend, BoxFuture, Durable, NoNetwork, Unavailable};
 use crate::cgroup::Cgroups;
 use crate::error::EdgeError;
 use crate::images::RootfsPlan;
@@ -137,18 +137,21 @@ impl MicroVmBackend {
         agent: &Path,
         state_dir: &Path,
         boot_timeout: Duration,
-    ) -> Result<Self, String> {
-        let qemu = find_program(&cfg.qemu).ok_or_else(|| format!("{} not found (Debian package qemu-system-x86)", cfg.qemu.display()))?;
-        let kernel = dsec_image::vm::find_kernel(&cfg.vm_dir).map_err(|e| e.to_string())?;
+    ) -> Result<Self, Unavailable> {
+        let qemu =
+            find_program(&cfg.qemu).ok_or_else(|| Unavailable::MissingProgram { program: cfg.qemu.clone(), package: "qemu-system-x86" })?;
+        let kernel =
+            dsec_image::vm::find_kernel(&cfg.vm_dir).map_err(|source| Unavailable::Image { what: "the microVM kernel", source })?;
         let vm_state = state_dir.join("vm");
-        let initramfs = dsec_image::vm::build_initramfs(&kernel, agent, &vm_state).map_err(|e| format!("building the initramfs: {e}"))?;
+        let initramfs = dsec_image::vm::build_initramfs(&kernel, agent, &vm_state)
+            .map_err(|source| Unavailable::Image { what: "building the initramfs", source })?;
         let guest_nic = !kernel.net_modules.is_empty();
         let disk_dir = vm_state.join("disks");
         let (ram_dir, suspend_dir) = (vm_state.join("ram"), vm_state.join("suspend"));
         for d in [&disk_dir, &ram_dir, &suspend_dir] {
-            std::fs::create_dir_all(d).map_err(|e| format!("creating {}: {e}", d.display()))?;
+            std::fs::create_dir_all(d).map_err(Unavailable::state_dir(d))?;
         }
-        std::fs::create_dir_all(&cfg.run_root).map_err(|e| format!("creating {}: {e}", cfg.run_root.display()))?;
+        std::fs::create_dir_all(&cfg.run_root).map_err(Unavailable::state_dir(&cfg.run_root))?;
         let standbys = Arc::new(standby::Standbys::new(cgroups.clone(), qemu.clone(), cfg.run_root.clone(), node));
         Ok(Self {
             standbys,
@@ -185,15 +188,12 @@ impl MicroVmBackend {
 
     /// Whether this node can give a microVM a network under its rules;
     /// if not, why.
-    pub(crate) fn network_ready(&self) -> Result<(), String> {
+    pub(crate) fn network_ready(&self) -> Result<(), NoNetwork> {
         if self.egress.is_none() {
-            return Err("outbound network is not enabled on this node".into());
+            return Err(NoNetwork::EgressOff);
         }
         if !self.guest_nic {
-            return Err(format!(
-                "the microVM kernel in {} has no NIC driver (virtio_net): run `dsec image setup` again to fetch it",
-                self.kernel.dir.display()
-            ));
+            return Err(NoNetwork::NoNicDriver(self.kernel.dir.clone()));
         }
         Ok(())
     }
@@ -475,7 +475,7 @@ impl Backend for MicroVmBackend {
         QEMU_OVERHEAD_MB
     }
 
-    fn network_ready(&self) -> Result<(), String> {
+    fn network_ready(&self) -> Result<(), NoNetwork> {
         MicroVmBackend::network_ready(self)
     }
 

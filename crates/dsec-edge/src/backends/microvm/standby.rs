@@ -174,7 +174,7 @@ impl Standbys {
     /// waits until it answers on QMP. Leaves nothing behind on error.
     fn start(&self, name: &str, run_dir: &Path, args: Vec<String>, limits: &CgroupLimits) -> Result<Standby, EdgeError> {
         if self.closed.load(Ordering::Acquire) {
-            return Err(EdgeError::Internal("the edge is shutting down".into()));
+            return Err(EdgeError::ShuttingDown);
         }
         lock(&self.names).insert(name.to_string());
         let started = (|| {
@@ -189,14 +189,14 @@ impl Standbys {
                     if self.closed.load(Ordering::Acquire) {
                         // The edge shut down while it started.
                         self.discard(sb);
-                        return Err(EdgeError::Internal("the edge is shutting down".into()));
+                        return Err(EdgeError::ShuttingDown);
                     }
                     return Ok(sb);
                 }
                 if process_exited(&sb.pidfd) || t0.elapsed() > READY_TIMEOUT {
                     let why = std::fs::read_to_string(run_dir.join("qemu.log")).unwrap_or_default();
                     self.discard(sb);
-                    return Err(EdgeError::Internal(format!("the standby QEMU did not come up: {}", why.trim())));
+                    return Err(EdgeError::StandbyFailed(why.trim().to_string()));
                 }
                 std::thread::sleep(Duration::from_millis(5));
             }
@@ -239,12 +239,9 @@ impl Standbys {
     pub fn take_over(&self, sb: Standby, to: &Takeover) -> Result<(i32, OwnedFd, TakeoverTimes), EdgeError> {
         let t0 = Instant::now();
         let moved = (|| {
-            self.cgroups
-                .attach(&to.id, sb.pid)
-                .map_err(|e| EdgeError::Internal(format!("moving the standby QEMU into {}'s cgroup: {e}", to.id)))?;
+            self.cgroups.attach(&to.id, sb.pid)?;
             let _ = std::fs::remove_dir_all(&to.run_dir);
-            std::fs::rename(&sb.run_dir, &to.run_dir)
-                .map_err(|e| EdgeError::Internal(format!("renaming {} to {}: {e}", sb.run_dir.display(), to.run_dir.display())))
+            std::fs::rename(&sb.run_dir, &to.run_dir).map_err(EdgeError::io("renaming the standby's run directory", &sb.run_dir))
         })();
         if let Err(e) = moved {
             self.discard(sb);
@@ -314,8 +311,7 @@ fn load(to: &Takeover) -> Result<TakeoverTimes, EdgeError> {
     s.call("x-exit-preconfig", serde_json::Value::Null)?;
     let machine_ms = ms(t1);
     let t2 = Instant::now();
-    let state =
-        std::fs::File::open(&to.image).map_err(|e| EdgeError::Internal(format!("the suspend image {}: {e}", to.image.display())))?;
+    let state = std::fs::File::open(&to.image).map_err(EdgeError::io("opening the suspend image", &to.image))?;
     s.call_with_fd("getfd", serde_json::json!({ "fdname": "incoming" }), state.as_fd())?;
     drop(state);
     suspend::load_and_continue(&mut s, "fd:incoming", true)?;

@@ -223,7 +223,7 @@ impl MicroVmBackend {
         launch: &VmLaunch<'_>,
         snap: &crate::backends::snapshot::SnapshotMeta,
     ) -> Result<Instance, EdgeError> {
-        let Some(mem) = &snap.memory else { return Err(EdgeError::Internal(format!("snapshot {} holds no memory", snap.name))) };
+        let Some(mem) = &snap.memory else { return Err(EdgeError::Invariant("a snapshot started from memory holds memory")) };
         if mem.layer_files != launch.layers
             || mem.memory_mb != launch.memory_mb
             || crate::backends::qemu::cmdline::vcpus_for(mem.cpu_cores) != launch.vcpus
@@ -237,11 +237,12 @@ impl MicroVmBackend {
         }
         let (ram, vmstate, memory_mb) = (self.snapshots.ram(&snap.id), self.snapshots.vmstate(&snap.id), mem.memory_mb);
         let load = || async move {
+            let ram_path = ram.clone();
             tokio::task::spawn_blocking(move || load_image(&ram, &vmstate, memory_mb))
                 .await
                 .map_err(EdgeError::task("snapshot memory load"))?
                 .map(Arc::new)
-                .map_err(|e| EdgeError::Internal(format!("loading the memory of snapshot {}: {e}", snap.name)))
+                .map_err(EdgeError::io("loading the memory of a snapshot", &ram_path))
         };
         let image = match self.snapshot_images.cell(&snap.id) {
             Some(cell) => cell.get_or_try_init(load).await?.clone(),
@@ -320,7 +321,7 @@ impl MicroVmBackend {
         l.ram_file = Some(&ram_path);
         l.ram_private = true;
         l.incoming_fd = Some(suspend::INCOMING_FD);
-        let state = image.vmstate_fd().map_err(|e| EdgeError::Internal(format!("device state memfd: {e}")))?;
+        let state = image.vmstate_fd().map_err(EdgeError::sys("a memfd of the device state"))?;
         let args = super::cmdline::qemu_args(&l);
         let (pid, pidfd) = spawn_qemu_fds(
             &self.cgroups,

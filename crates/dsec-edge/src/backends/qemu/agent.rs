@@ -94,7 +94,7 @@ pub(crate) async fn reattach(
     socket: &Path,
 ) -> Result<Instance, EdgeError> {
     if !cgroups.contains(id, pid) {
-        return Err(EdgeError::Internal(format!("pid {pid} is no longer the QEMU of {id}")));
+        return Err(EdgeError::ProcessReplaced { id: id.to_string(), pid, what: "QEMU" });
     }
     let pidfd = pidfd_open(pid).map_err(EdgeError::sys("pidfd_open of QEMU"))?;
     let agent = attach_ready(id, &pidfd, socket).await?;
@@ -112,7 +112,7 @@ pub(crate) async fn attach_ready(id: &str, pidfd: &OwnedFd, socket: &Path) -> Re
         let (agent, hello) = AgentClient::connect(stream).await?;
         match hello.state {
             AgentState::Ready { sandbox_id } if sandbox_id == id => Ok(agent),
-            other => Err(EdgeError::Internal(format!("the agent of {id} answered re-attach with {other:?}"))),
+            other => Err(EdgeError::UnexpectedReply { peer: "the agent", op: "re-attach", reply: format!("{other:?}") }),
         }
     };
     tokio::time::timeout(REATTACH_WAIT, attach).await.map_err(|_| EdgeError::Timeout(format!("re-attaching to the VM {id}")))?

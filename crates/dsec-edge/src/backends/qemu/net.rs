@@ -106,8 +106,7 @@ pub(crate) fn prepare_network(eg: &dsec_net::Egress, id: &str, spec: &SandboxSpe
 /// After an edge restart, the namespace of a networked VM's running QEMU
 /// (`pid`): QEMU holds it; the edge keeps it too, for a later suspend.
 pub(crate) fn keep_netns_of(eg: &dsec_net::Egress, id: &str, pid: i32) -> Result<(), EdgeError> {
-    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net"))
-        .map_err(|e| EdgeError::Internal(format!("the network namespace of {id}: {e}")))?;
+    let ns = std::fs::File::open(format!("/proc/{pid}/ns/net")).map_err(EdgeError::sandbox_sys(id, "open the network namespace"))?;
     eg.keep_netns(id, ns.into());
     Ok(())
 }

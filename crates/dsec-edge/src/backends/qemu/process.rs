@@ -47,7 +47,7 @@ pub(crate) fn spawn_qemu_fds(
 ) -> Result<(i32, std::os::fd::OwnedFd), EdgeError> {
     use std::os::fd::AsRawFd;
     if fds.len() > 4 {
-        return Err(EdgeError::Internal("QEMU inherits at most 4 descriptors".into()));
+        return Err(EdgeError::Invariant("QEMU inherits at most 4 descriptors"));
     }
     // Fixed-size and copied before the fork: the child only reads it.
     let mut inherit = [(-1i32, -1i32); 4];

@@ -105,7 +105,7 @@ fn wait_migration(s: &mut Session) -> Result<(), EdgeError> {
             "completed" => return Ok(()),
             st @ ("failed" | "cancelled") => {
                 let why = r.get("error-desc").and_then(|v| v.as_str()).unwrap_or("no reason given");
-                return Err(EdgeError::Internal(format!("QEMU migration {st}: {why}")));
+                return Err(EdgeError::Migration { state: st.to_string(), why: why.to_string() });
             }
             _ if Instant::now() > deadline => return Err(EdgeError::Timeout(format!("QEMU migration after {MIGRATE_TIMEOUT:?}"))),
             _ => std::thread::sleep(Duration::from_millis(1)),
@@ -203,8 +203,7 @@ pub(crate) async fn restore_qemu(
     ignore_shared: bool,
     net: Option<&net::QemuNet>,
 ) -> Result<Instance, EdgeError> {
-    let state =
-        std::fs::File::open(image).map_err(|e| EdgeError::Internal(format!("the suspend image of {id} ({}): {e}", image.display())))?;
+    let state = std::fs::File::open(image).map_err(EdgeError::io("opening the suspend image", image))?;
     // Sockets of the previous QEMU: the new one makes its own.
     for stale in [files.agent_socket(), files.qmp_socket()] {
         let _ = std::fs::remove_file(stale);

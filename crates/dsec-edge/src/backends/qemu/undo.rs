@@ -76,7 +76,7 @@ impl<'a> Undo<'a> {
         self.cleanup = None;
         match self.qemu.take() {
             Some((pid, pidfd)) => Ok(Instance::new(pid, pidfd, agent)),
-            None => Err(EdgeError::Internal("a VM start finished without a QEMU".into())),
+            None => Err(EdgeError::Invariant("a VM start that finished has a QEMU")),
         }
     }
 }
