@@ -15,7 +15,7 @@ bench_wait_kernel_settled
 # Small sandboxes: 16 MiB, 0.05 CPU, 16 MiB disk, 32 pids. Admission is
 # sized for big ones by default; overcommit and raise the count limit.
 "$BENCH" counts --data-dir "$WORK/data" --node "$NODE" >"$WORK/counts-before.json"
-bench_start_dsec --memory-overcommit 16 --cpu-overcommit 256 --max-sandboxes $((N + 100)) ${DSEC_BENCH_UP_FLAGS:-}
+bench_start_dsec --memory-overcommit 16 --cpu-overcommit 256 --max-sandboxes $((N + 100))
 "$BENCH" density --dsec-pid "$DSEC_PID" --node "$NODE" --count "$N" --concurrency "$CONC" \
     --memory-mb 16 --cpu 0.05 --disk-mb 16 --pids 32 --out "$RESULTS/density.json"
 bench_log "stopping the platform with $N sandboxes running (--stop-sandboxes-on-exit)"

@@ -57,6 +57,8 @@ bench_build() {
 }
 
 # bench_start_dsec [extra `dsec up` flags...]
+# DSEC_BENCH_UP_FLAGS adds flags to every benchmark's `dsec up` (say
+# `--writable-layer tmpfs`, to compare with a build that had no disk layer).
 # FnCall runners are off unless the flags configure them (--fncall-*): the
 # sandbox benchmarks count and measure the node's sandboxes, and warm
 # runners would be among them.
@@ -70,7 +72,7 @@ bench_start_dsec() {
     # it room (the edge raises its soft limit to the hard one).
     (ulimit -Hn 1048576 2>/dev/null || true; ulimit -Sn "$(ulimit -Hn)";
      exec "$DSEC" up --data-dir "$DATA_DIR" --images-dir "$IMAGES_DIR" --listen 127.0.0.1:0 \
-        --node "$NODE" --stop-sandboxes-on-exit $fncall "$@") >"$log" 2>&1 &
+        --node "$NODE" --stop-sandboxes-on-exit $fncall ${DSEC_BENCH_UP_FLAGS:-} "$@") >"$log" 2>&1 &
     DSEC_PID=$!
     local addr=""
     for _ in $(seq 1 300); do
