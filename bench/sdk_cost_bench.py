@@ -159,6 +159,8 @@ async def phase_make(n: int, path: str) -> dict:
 
 async def phase_fanout(path: str, seconds: float, conc: int) -> dict:
     ids = open(path).read().split()
+    # Each client takes its own sandboxes: no more clients than sandboxes.
+    conc = min(conc, len(ids))
     async with DSecClient(max_connections=max(1024, conc)) as client:
         sandboxes = [client.sandbox(i) for i in ids]
         for sb in sandboxes[:conc]:  # open the connections before the clock

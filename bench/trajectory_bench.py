@@ -93,14 +93,14 @@ async def rtt(a: argparse.Namespace) -> dict:
             for _ in range(100):
                 await sb.exec(["true"])
             plain, stepped = [], []
-            for block in range(a.n // 100):
-                for i in range(100):
-                    t = time.perf_counter()
-                    await sb.exec(["true"])
-                    plain.append((time.perf_counter() - t) * 1000)
-                    t = time.perf_counter()
-                    await sb.exec(["true"], step_id=f"rtt-{block}-{i}")
-                    stepped.append((time.perf_counter() - t) * 1000)
+            for j in range(a.n):
+                block, i = divmod(j, 100)
+                t = time.perf_counter()
+                await sb.exec(["true"])
+                plain.append((time.perf_counter() - t) * 1000)
+                t = time.perf_counter()
+                await sb.exec(["true"], step_id=f"rtt-{block}-{i}")
+                stepped.append((time.perf_counter() - t) * 1000)
         finally:
             await sb.delete()
 
