@@ -31,6 +31,12 @@ pub use postgres::PgStore;
 pub use projects::{Limit, Quota, QuotaError, Role, TokenInfo};
 pub use sqlite::SqliteStore;
 
+/// Milliseconds since the Unix epoch: the stamp both engines put on rows
+/// no caller dated (a migration applied, older tokens revoked).
+pub(crate) fn now_ms() -> i64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
+}
+
 pub type Result<T> = std::result::Result<T, StoreError>;
 
 /// The shared state, as every engine serves it.

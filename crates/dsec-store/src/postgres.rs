@@ -57,10 +57,6 @@ pub(crate) fn is_unique_violation(e: &tokio_postgres::Error) -> bool {
     e.code() == Some(&SqlState::UNIQUE_VIOLATION)
 }
 
-fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 /// The URL without its password, for logs and errors.
 pub(crate) fn redact(url: &str) -> String {
     let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
@@ -90,8 +86,11 @@ async fn migrate(client: &mut Object) -> Result<()> {
             return Ok(());
         };
         tx.batch_execute(m.sql).await?;
-        tx.execute("INSERT INTO schema_version (version, name, applied_at_ms) VALUES ($1, $2, $3)", &[&m.version, &m.name, &now_ms()])
-            .await?;
+        tx.execute(
+            "INSERT INTO schema_version (version, name, applied_at_ms) VALUES ($1, $2, $3)",
+            &[&m.version, &m.name, &crate::now_ms()],
+        )
+        .await?;
         tx.commit().await?;
         tracing::info!(version = m.version, name = m.name, "applied schema migration");
     }
@@ -214,7 +213,7 @@ impl Store for PgStore {
         if exclusive {
             tx.execute(
                 "UPDATE tokens SET revoked_at_ms = $1 WHERE principal = $2 AND token_sha256 <> $3 AND revoked_at_ms IS NULL",
-                &[&now_ms(), &name, &token.hash.as_slice()],
+                &[&crate::now_ms(), &name, &token.hash.as_slice()],
             )
             .await?;
         }

@@ -62,10 +62,6 @@ fn is_constraint(e: &rusqlite::Error) -> bool {
     matches!(e, rusqlite::Error::SqliteFailure(f, _) if f.code == rusqlite::ErrorCode::ConstraintViolation)
 }
 
-pub(crate) fn now_ms() -> i64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64)
-}
-
 /// Brings the schema to this build's version, one transaction per step.
 fn migrate(conn: &mut Connection) -> Result<()> {
     conn.execute_batch(VERSION_TABLE)?;
@@ -80,7 +76,10 @@ fn migrate(conn: &mut Connection) -> Result<()> {
             continue;
         }
         tx.execute_batch(m.sql)?;
-        tx.execute("INSERT INTO schema_version (version, name, applied_at_ms) VALUES (?1, ?2, ?3)", params![m.version, m.name, now_ms()])?;
+        tx.execute(
+            "INSERT INTO schema_version (version, name, applied_at_ms) VALUES (?1, ?2, ?3)",
+            params![m.version, m.name, crate::now_ms()],
+        )?;
         tx.commit()?;
         tracing::info!(version = m.version, name = m.name, "applied schema migration");
     }
@@ -247,7 +246,7 @@ impl Store for SqliteStore {
             if exclusive {
                 tx.execute(
                     "UPDATE tokens SET revoked_at_ms = ?1 WHERE principal = ?2 AND token_sha256 <> ?3 AND revoked_at_ms IS NULL",
-                    params![now_ms(), name, token.hash.to_vec()],
+                    params![crate::now_ms(), name, token.hash.to_vec()],
                 )?;
             }
             // The token file's token is live whatever happened to it before.

@@ -63,11 +63,14 @@ async def test_a_256_mib_sandbox_holds_a_4_gib_layer_and_leaves_nothing(
         r = await sb.run_shell("dd if=/dev/zero of=/root/big bs=1M count=4096 2>&1 | tail -1; "
                                "sync; stat -c %s /root/big", timeout=900)
         assert r.exit_code == 0 and r.stdout.split()[-1] == str(4 * GIB), r
-        # The sandbox is alive, its memory below its limit, and the layer's
-        # use (its quota group's count) is the 4 GiB it wrote.
+        # The sandbox is alive, its memory within its limit, and the layer's
+        # use (its quota group's count) is the 4 GiB it wrote. The memory
+        # count includes the page cache dd's writes went through, which the
+        # kernel reclaims at the limit: right after the write it may stand
+        # at the limit exactly.
         assert (await sb.run_shell("echo alive")).stdout == "alive\n"
         m = await sb.metrics(seconds=5)
-        assert m.latest is not None and m.latest.memory_bytes < 256 * MIB, m.latest
+        assert m.latest is not None and m.latest.memory_bytes <= 256 * MIB, m.latest
         # btrfs updates a quota group's count as its transactions commit,
         # which a busy host may put off for a while after the sync.
         seen = [s.disk_bytes or 0 for s in m.samples]
