@@ -83,7 +83,7 @@ impl Compiler {
         let ruleset = landlock::ruleset(&[]).map_err(os("confining the compiler"))?;
         // The script is root's: opened here, read by Python from stdin.
         let script = rustix::fs::open(script, rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-            .map_err(os(script))?;
+            .map_err(|e| os(script.to_string())(e))?;
         let confinement = Confinement {
             ruleset: ruleset.as_ref().map(|r| r.as_raw_fd()),
             user: Some((COMPILER_UID, COMPILER_GID)),

@@ -5,13 +5,16 @@
 //! Written out rather than derived: the crate is linked into the static
 //! agent and keeps its dependencies to the few the crate docs list.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io;
 
 #[derive(Debug)]
 pub enum RunnerError {
-    /// A system call or file operation of the runner's own.
-    Sys { what: String, source: io::Error },
+    /// A system call or file operation of the runner's own. `what` is
+    /// borrowed when constant: `os` is made before the call it maps, on
+    /// every call's path, and must not allocate when nothing fails.
+    Sys { what: Cow<'static, str>, source: io::Error },
     /// A helper process (the zygote, the compiler, a worker, the monitor
     /// on the other end) died or broke its protocol.
     Helper(String),
@@ -45,13 +48,13 @@ impl std::error::Error for RunnerError {
 }
 
 /// For `map_err` on a system call (std's or rustix's error): "`what`: why".
-pub fn os<E: Into<io::Error>>(what: impl Into<String>) -> impl FnOnce(E) -> RunnerError {
+pub fn os<E: Into<io::Error>>(what: impl Into<Cow<'static, str>>) -> impl FnOnce(E) -> RunnerError {
     let what = what.into();
     move |e| RunnerError::Sys { what, source: e.into() }
 }
 
 /// A libc call that just failed: "`what`: errno's message".
-pub fn last_os(what: impl Into<String>) -> RunnerError {
+pub fn last_os(what: impl Into<Cow<'static, str>>) -> RunnerError {
     RunnerError::Sys { what: what.into(), source: io::Error::last_os_error() }
 }
 

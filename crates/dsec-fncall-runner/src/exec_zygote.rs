@@ -267,7 +267,7 @@ fn become_call(msg: &[u8], fds: &[OwnedFd]) -> Result<Infallible, RunnerError> {
         }
         libc::execve(argv_p[0], argv_p.as_ptr(), env_p.as_ptr());
     }
-    Err(last_os(step.argv[0]))
+    Err(last_os(step.argv[0].to_string()))
 }
 
 #[cfg(test)]

@@ -24,7 +24,7 @@ fn chown_to_call_user(path: &str) -> io::Result<()> {
 }
 
 fn context(what: &str, path: &str, e: impl Into<io::Error>) -> RunnerError {
-    RunnerError::Sys { what: format!("{what} {path}"), source: e.into() }
+    RunnerError::Sys { what: format!("{what} {path}").into(), source: e.into() }
 }
 
 /// Creates the empty scratch directory, owned by the call user.

@@ -38,8 +38,7 @@ pub fn as_call_user<T>(f: impl FnOnce() -> T) -> io::Result<T> {
 pub fn children_list() -> Result<OwnedFd, RunnerError> {
     let me = rustix::process::getpid().as_raw_nonzero().get();
     let path = format!("/proc/self/task/{me}/children");
-    rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty())
-        .map_err(os(path.clone()))
+    rustix::fs::open(path.as_str(), rustix::fs::OFlags::RDONLY | rustix::fs::OFlags::CLOEXEC, rustix::fs::Mode::empty()).map_err(os(path))
 }
 
 /// A small file's bytes (one open, a read or two, one close).

@@ -326,7 +326,7 @@ impl FakeBackend {
     async fn adopt_sandbox(&self, id: &str, pid: i32) -> Result<Instance, EdgeError> {
         let plan = self.plan(Scripted::Adopt);
         self.record(Call::Adopt(id.to_string(), pid));
-        Self::follow(plan).await.map_err(EdgeError::AgentUnavailable)?;
+        Self::follow(plan).await.map_err(scripted)?;
         let alive = lock(&self.procs).get(id).is_some_and(|p| p.pid == pid && !ended(&p.pidfd));
         if !alive {
             return Err(EdgeError::ProcessReplaced { id: id.to_string(), pid, what: "agent" });

@@ -74,7 +74,7 @@ impl ContainerBackend {
         }
         std::fs::create_dir_all(&scratch_dir).map_err(EdgeError::io("creating", &scratch_dir))?;
         let agent_path = CString::new(agent_path.as_os_str().as_encoded_bytes())
-            .map_err(|_| EdgeError::Invalid("the agent's path contains NUL".into()))?;
+            .map_err(|_| EdgeError::NodeSetup("the agent's path contains NUL".into()))?;
         let spawner = spawn::Spawner::new(agent_path, agent_exec).map_err(EdgeError::sys("starting the spawn helper"))?;
         let sysfs = sysfs::ensure(&state_dir.join("sys"))?;
         Ok(Self {

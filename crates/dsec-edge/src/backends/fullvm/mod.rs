@@ -127,10 +127,8 @@ impl FullVmBackend {
         state_dir: &Path,
         probe: Option<Arc<MicroVmBackend>>,
     ) -> Result<Self, Unavailable> {
-        let qemu = process::find_program(&cfg.qemu)
-            .ok_or_else(|| Unavailable::MissingProgram { program: cfg.qemu.clone(), package: "qemu-system-x86" })?;
-        process::find_program(Path::new("qemu-img"))
-            .ok_or_else(|| Unavailable::MissingProgram { program: "qemu-img".into(), package: "qemu-utils" })?;
+        let qemu = process::require_program(&cfg.qemu, "qemu-system-x86")?;
+        process::require_program(Path::new("qemu-img"), "qemu-utils")?;
         if cfg.firmware == Firmware::Ovmf && !Path::new(cmdline::OVMF_CODE).is_file() {
             return Err(Unavailable::MissingFile { path: cmdline::OVMF_CODE.into(), package: "ovmf" });
         }

@@ -35,7 +35,7 @@ use crate::backends::qemu::agent::{attach_ready, boot_to_ready, reattach, BootWa
 use crate::backends::qemu::cleanup::{abort_boot, cleanup_vm, reap_dir};
 use crate::backends::qemu::cmdline::{Accel, AccelChoice, VmFiles};
 use crate::backends::qemu::net::{network_of, prepare_network};
-use crate::backends::qemu::process::{console_tail, find_program, spawn_qemu};
+use crate::backends::qemu::process::{console_tail, require_program, spawn_qemu};
 use crate::backends::qemu::suspend::{restore_qemu, suspend_qemu};
 use crate::backends::qemu::undo::Undo;
 use crate::backends::qemu::{disk::snapshot_disk, qmp, suspend};
@@ -138,8 +138,7 @@ impl MicroVmBackend {
         state_dir: &Path,
         boot_timeout: Duration,
     ) -> Result<Self, Unavailable> {
-        let qemu =
-            find_program(&cfg.qemu).ok_or_else(|| Unavailable::MissingProgram { program: cfg.qemu.clone(), package: "qemu-system-x86" })?;
+        let qemu = require_program(&cfg.qemu, "qemu-system-x86")?;
         let kernel =
             dsec_image::vm::find_kernel(&cfg.vm_dir).map_err(|source| Unavailable::Image { what: "the microVM kernel", source })?;
         let vm_state = state_dir.join("vm");

@@ -149,8 +149,14 @@ pub fn wait_exit(pidfd: &std::os::fd::OwnedFd, wait: Duration) -> bool {
     unsafe { libc::poll(&mut p, 1, ms) > 0 }
 }
 
+/// `find_program`, or why the backend is unavailable: `p` is missing,
+/// and Debian's `package` installs it.
+pub(crate) fn require_program(p: &Path, package: &'static str) -> Result<PathBuf, crate::backends::Unavailable> {
+    find_program(p).ok_or_else(|| crate::backends::Unavailable::MissingProgram { program: p.to_path_buf(), package })
+}
+
 /// `p` if it names a file, else the first `p` on `PATH`.
-pub(crate) fn find_program(p: &Path) -> Option<PathBuf> {
+fn find_program(p: &Path) -> Option<PathBuf> {
     if p.components().count() > 1 {
         return p.is_file().then(|| p.to_path_buf());
     }
