@@ -136,8 +136,49 @@ pub fn error_table_json() -> String {
     s
 }
 
+/// An error and each of its causes, as a message for people ("client error
+/// (Connect): invalid peer certificate: UnknownIssuer"): an HTTP client's
+/// own message names only the stage that failed, the reason is further down
+/// its chain. A cause whose text its parent already ends with is not
+/// repeated.
+pub fn with_causes(e: &dyn std::error::Error) -> String {
+    let mut text = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        let msg = c.to_string();
+        if !text.ends_with(&msg) {
+            text.push_str(": ");
+            text.push_str(&msg);
+        }
+        cause = c.source();
+    }
+    text
+}
+
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn an_error_is_worded_with_its_causes_once_each() {
+        let inner = std::io::Error::other("invalid peer certificate: UnknownIssuer");
+        let outer = std::io::Error::new(std::io::ErrorKind::InvalidData, inner);
+        // io::Error shows its inner error's text: not repeated.
+        assert_eq!(super::with_causes(&outer), "invalid peer certificate: UnknownIssuer");
+        #[derive(Debug)]
+        struct Stage(std::io::Error);
+        impl std::fmt::Display for Stage {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("client error (Connect)")
+            }
+        }
+        impl std::error::Error for Stage {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let e = Stage(std::io::Error::other("connection refused"));
+        assert_eq!(super::with_causes(&e), "client error (Connect): connection refused");
+    }
+
     use super::*;
 
     #[test]

@@ -6,6 +6,7 @@
 //! Invariant: no per-sandbox state lives here; a sandbox id names its node.
 
 pub mod auth;
+pub mod cluster_tls;
 mod convert;
 mod e2b;
 pub mod error;
@@ -24,6 +25,7 @@ pub mod remote;
 mod routes;
 mod sandboxfusion;
 pub mod state;
+pub mod tls_listener;
 mod ui;
 pub mod watcher;
 

@@ -16,6 +16,7 @@ use dsec_edge::{ids, Caller, Edge, JobAction, ListFilter};
 use dsec_placement::{Demand, NodeView, Placement};
 use dsec_store::{AnyStore, CreationKeys};
 
+use crate::cluster_tls::ClusterTls;
 use crate::convert;
 use crate::error::ApiError;
 use crate::remote::RemoteNode;
@@ -70,6 +71,9 @@ pub struct Nodes {
     /// creation takes a reference, never a copy. What this replica placed
     /// since is overlaid by `placement` itself.
     view: RwLock<Arc<ViewSnapshot>>,
+    /// How remotes that join are reached (plain HTTP or the cluster CA's
+    /// HTTPS).
+    tls: ClusterTls,
 }
 
 /// One build of the node view.
@@ -158,7 +162,19 @@ impl Nodes {
             placement_latency: Histogram::new(REQUEST_BOUNDS),
             placement_refusals: AtomicU64::new(0),
             view: RwLock::new(Arc::new(ViewSnapshot { nodes: Vec::new(), built: None })),
+            tls: ClusterTls::plain(),
         }
+    }
+
+    /// Reaches the nodes that join with `tls`.
+    pub fn with_tls(mut self, tls: ClusterTls) -> Self {
+        self.tls = tls;
+        self
+    }
+
+    /// How this server reaches remote nodes.
+    pub fn tls(&self) -> &ClusterTls {
+        &self.tls
     }
 
     /// The node view as placement reads it: the current snapshot, rebuilt
@@ -584,7 +600,7 @@ mod tests {
     #[test]
     fn creations_share_one_view_until_a_round_rebuilds_it() {
         let nodes = Nodes::new(vec![]);
-        let r = Arc::new(RemoteNode::new("n1", "http://127.0.0.1:9", "s").unwrap());
+        let r = Arc::new(RemoteNode::new("n1", "http://127.0.0.1:9", "s", &crate::cluster_tls::ClusterTls::plain()).unwrap());
         nodes.put_remote(r.clone());
         let first = nodes.view();
         assert!(Arc::ptr_eq(&first, &nodes.view()), "a second creation takes the same snapshot");
@@ -606,7 +622,7 @@ mod tests {
     #[test]
     fn remote_nodes_come_and_go() {
         let nodes = Nodes::new(vec![]);
-        let r = Arc::new(RemoteNode::new("n1", "http://127.0.0.1:9", "s").unwrap());
+        let r = Arc::new(RemoteNode::new("n1", "http://127.0.0.1:9", "s", &crate::cluster_tls::ClusterTls::plain()).unwrap());
         nodes.put_remote(r);
         assert!(matches!(nodes.node_of("n1.abcdefabcdef"), Ok(NodeRef::Remote(_))));
         assert_eq!(nodes.status()[0].state, "unreachable");

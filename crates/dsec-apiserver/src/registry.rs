@@ -15,10 +15,11 @@ use axum::http::{header, Request};
 use dsec_api as api;
 use dsec_store::{AnyStore, ClusterStore, CreationKeys, Member, NodeState, StoreError};
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 
 use crate::auth::Authenticator;
+use crate::cluster_tls::{ClusterTls, PeerConnector};
 use crate::nodes::Nodes;
 use crate::remote::{Membership, RemoteNode, POLL_INTERVAL};
 
@@ -65,7 +66,7 @@ pub async fn sync_once(nodes: &Nodes, store: &AnyStore) -> Result<(), StoreError
             Some(r) if !r.membership().joined => {
                 tracing::warn!(node = %r.name, "a joined node has the name of an --edge node; keeping the --edge one")
             }
-            _ => match RemoteNode::joined(&m.node.name, &m.node.url, &joined.secret, info) {
+            _ => match RemoteNode::joined(&m.node.name, &m.node.url, &joined.secret, info, nodes.tls()) {
                 Ok(r) => {
                     tracing::info!(node = %r.name, url = %r.url(), "node joined");
                     let r = Arc::new(r);
@@ -100,20 +101,17 @@ pub async fn sync_once(nodes: &Nodes, store: &AnyStore) -> Result<(), StoreError
 pub struct WatcherClient {
     url: String,
     bearer: String,
-    http: Client<HttpConnector, Body>,
+    http: Client<PeerConnector, Body>,
 }
 
 impl WatcherClient {
-    /// `url` like `http://10.0.0.2:8090`; `token` an admin token of the
-    /// shared store (the watcher checks it there).
-    pub fn new(url: &str, token: &str) -> Result<Self, String> {
+    /// `url` like `http://10.0.0.2:8090` (`https://` in a cluster with a
+    /// CA); `token` an admin token of the shared store (the watcher checks
+    /// it there).
+    pub fn new(url: &str, token: &str, tls: &ClusterTls) -> Result<Self, String> {
         let url = url.trim_end_matches('/').to_string();
-        if !url.starts_with("http://") {
-            return Err(format!("watcher URL {url:?} must start with http://"));
-        }
-        let mut connector = HttpConnector::new();
-        connector.set_connect_timeout(Some(Duration::from_secs(1)));
-        let http = Client::builder(TokioExecutor::new()).build(connector);
+        tls.check_url("watcher", &url)?;
+        let http = Client::builder(TokioExecutor::new()).build(tls.connector(Duration::from_secs(1)));
         Ok(WatcherClient { url, bearer: format!("Bearer {token}"), http })
     }
 

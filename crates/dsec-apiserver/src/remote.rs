@@ -15,10 +15,11 @@ use bytes::Bytes;
 use dsec_api::{self as api, ErrorCode};
 use dsec_edge::Caller;
 use http_body_util::BodyExt;
-use hyper_util::client::legacy::{connect::HttpConnector, Client};
+use hyper_util::client::legacy::Client;
 use hyper_util::rt::{TokioExecutor, TokioIo};
 
 use crate::auth::{ADMIN_HEADER, TENANT_HEADER};
+use crate::cluster_tls::{ClusterTls, PeerConnector};
 use crate::error::ApiError;
 
 /// How long a node's last answered probe stays trustworthy: older, the
@@ -53,7 +54,7 @@ pub struct RemoteNode {
     pub name: String,
     url: String,
     bearer: HeaderValue,
-    http: Client<HttpConnector, Body>,
+    http: Client<PeerConnector, Body>,
     /// The last answered probe of the node and when it was answered.
     view: RwLock<Option<(Instant, api::NodeStatus)>>,
     /// Whether the last probe failed outright (not merely slow).
@@ -66,15 +67,12 @@ pub struct RemoteNode {
 }
 
 impl RemoteNode {
-    pub fn new(name: &str, url: &str, cluster_secret: &str) -> Result<Self, String> {
+    /// The edge at `url` (`http://` or, in a cluster with a CA, `https://`).
+    pub fn new(name: &str, url: &str, cluster_secret: &str, tls: &ClusterTls) -> Result<Self, String> {
         let url = url.trim_end_matches('/').to_string();
-        if !url.starts_with("http://") {
-            return Err(format!("edge URL {url:?} must start with http://"));
-        }
+        tls.check_url("edge", &url)?;
         let bearer = HeaderValue::from_str(&format!("Bearer {cluster_secret}")).map_err(|e| e.to_string())?;
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
-        connector.set_connect_timeout(Some(Duration::from_secs(3)));
+        let connector = tls.connector(Duration::from_secs(3));
         let http = Client::builder(TokioExecutor::new()).pool_max_idle_per_host(256).build(connector);
         Ok(Self {
             name: name.to_string(),
@@ -89,8 +87,8 @@ impl RemoteNode {
     }
 
     /// A node of the registry.
-    pub fn joined(name: &str, url: &str, secret: &str, member: Membership) -> Result<Self, String> {
-        let node = Self::new(name, url, secret)?;
+    pub fn joined(name: &str, url: &str, secret: &str, member: Membership, tls: &ClusterTls) -> Result<Self, String> {
+        let node = Self::new(name, url, secret, tls)?;
         *node.member.write().unwrap_or_else(|p| p.into_inner()) = Membership { joined: true, ..member };
         Ok(node)
     }
@@ -112,8 +110,8 @@ impl RemoteNode {
         *self.member.write().unwrap_or_else(|p| p.into_inner()) = m;
     }
 
-    fn unreachable(&self, e: impl std::fmt::Display) -> ApiError {
-        ApiError::new(ErrorCode::EdgeUnavailable, format!("node {} ({}) cannot be reached: {e}", self.name, self.url))
+    fn unreachable(&self, e: impl std::error::Error) -> ApiError {
+        ApiError::new(ErrorCode::EdgeUnavailable, format!("node {} ({}) cannot be reached: {}", self.name, self.url, api::with_causes(&e)))
     }
 
     fn sign(&self, h: &mut axum::http::HeaderMap, caller: &Caller) -> Result<(), ApiError> {
@@ -419,7 +417,7 @@ mod tests {
             draining: false,
             joined: false,
         };
-        RemoteNode::joined("n1", "http://10.0.0.1:8081/", "s", member).unwrap()
+        RemoteNode::joined("n1", "http://10.0.0.1:8081/", "s", member, &ClusterTls::plain()).unwrap()
     }
 
     #[test]

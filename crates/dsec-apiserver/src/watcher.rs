@@ -20,6 +20,7 @@ use dsec_edge::model::now_ms;
 use dsec_store::{AnyStore, Database, Store, StoreError};
 
 use crate::auth::{hash, TokenStore};
+use crate::cluster_tls::ClusterTls;
 use crate::error::ApiError;
 use crate::nodes::Nodes;
 use crate::registry;
@@ -34,9 +35,9 @@ pub struct Watcher {
 impl Watcher {
     /// Opens the shared store (PostgreSQL: the watcher is a process beside
     /// the apiservers) and reads the registry once.
-    pub async fn open(db: &Database, period: Duration) -> Result<Arc<Watcher>, StoreError> {
+    pub async fn open(db: &Database, period: Duration, tls: ClusterTls) -> Result<Arc<Watcher>, StoreError> {
         let store = AnyStore::open(db).await?;
-        let watcher = Watcher { nodes: Nodes::new(vec![]), tokens: TokenStore::from_store(store), period };
+        let watcher = Watcher { nodes: Nodes::new(vec![]).with_tls(tls), tokens: TokenStore::from_store(store), period };
         registry::sync_once(&watcher.nodes, watcher.tokens.store()).await?;
         Ok(Arc::new(watcher))
     }

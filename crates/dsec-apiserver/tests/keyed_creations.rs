@@ -69,7 +69,7 @@ async fn edges() -> (String, Made) {
 async fn replica(url: &str, full: &str) -> Nodes {
     let nodes = Nodes::new(vec![]);
     for name in ["n1", "n2"] {
-        let r = RemoteNode::new(name, &format!("{url}/e/{name}"), "s").unwrap();
+        let r = RemoteNode::new(name, &format!("{url}/e/{name}"), "s", &dsec_apiserver::cluster_tls::ClusterTls::plain()).unwrap();
         let mut s: api::NodeStatus = serde_json::from_value(status(Path(name.to_string())).await.0[0].clone()).unwrap();
         if name == full {
             s.cpu_reserved = s.cpu_capacity;

@@ -17,6 +17,7 @@ use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
 use dsec_store::Database;
 
 use crate::image_cmd::Catalog;
+use crate::tls_args::{cluster_tls, Bound, ServeTlsArgs};
 use crate::up::{serve, EdgeArgs};
 
 #[derive(Args, Debug)]
@@ -26,21 +27,30 @@ pub struct EdgeCmdArgs {
     /// Address apiservers reach this edge at.
     #[arg(long, default_value = "127.0.0.1:8081")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub tls: ServeTlsArgs,
+    /// The cluster CA (PEM, `dsec cluster init`): peers are reached over
+    /// HTTPS and must present a certificate it issued; without it, plain
+    /// HTTP.
+    #[arg(long, env = "DSEC_CLUSTER_CA")]
+    pub cluster_ca: Option<PathBuf>,
     /// The secret apiservers present; created (mode 0600) if missing.
     #[arg(long)]
     pub cluster_secret_file: PathBuf,
     /// Largest file or archive upload, in MiB.
     #[arg(long, default_value_t = 4096)]
     pub max_upload_mb: u64,
-    /// Join the cluster through this apiserver (`http://HOST:PORT`): the
-    /// node registers its URL, backends, labels and capacity.
+    /// Join the cluster through this apiserver (`https://HOST:PORT`, or
+    /// `http://` in a cluster without a CA): the node registers its URL,
+    /// backends, labels and capacity.
     #[arg(long, requires = "join_token")]
     pub join: Option<String>,
     /// The join token an admin made (`dsec node join-token`).
     #[arg(long, env = "DSEC_JOIN_TOKEN", hide_env_values = true)]
     pub join_token: Option<String>,
-    /// The URL apiservers reach this edge at; default: http://LISTEN (which
-    /// must then not be a wildcard address).
+    /// The URL apiservers reach this edge at; default: https://LISTEN with
+    /// --tls-cert, else http://LISTEN (LISTEN must then not be a wildcard
+    /// address).
     #[arg(long)]
     pub advertise_url: Option<String>,
     /// An operator label KEY=VALUE for placement (`--label zone=a`,
@@ -60,6 +70,13 @@ pub struct WatcherArgs {
     pub database: Database,
     #[arg(long, default_value = "127.0.0.1:8090")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub tls: ServeTlsArgs,
+    /// The cluster CA (PEM, `dsec cluster init`): peers are reached over
+    /// HTTPS and must present a certificate it issued; without it, plain
+    /// HTTP.
+    #[arg(long, env = "DSEC_CLUSTER_CA")]
+    pub cluster_ca: Option<PathBuf>,
     /// How often each edge is probed, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub period_ms: u64,
@@ -78,6 +95,13 @@ pub struct ApiserverArgs {
     pub database: Option<Database>,
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub tls: ServeTlsArgs,
+    /// The cluster CA (PEM, `dsec cluster init`): peers are reached over
+    /// HTTPS and must present a certificate it issued; without it, plain
+    /// HTTP.
+    #[arg(long, env = "DSEC_CLUSTER_CA")]
+    pub cluster_ca: Option<PathBuf>,
     /// An edge as NAME=URL (repeatable), e.g. node1=http://10.0.0.5:8081;
     /// edges may also join while it runs (`dsec edge --join`).
     #[arg(long = "edge", value_parser = parse_edge, requires = "cluster_secret_file")]
@@ -86,7 +110,8 @@ pub struct ApiserverArgs {
     /// join bring their own.
     #[arg(long)]
     pub cluster_secret_file: Option<PathBuf>,
-    /// Read the nodes' load from this `dsec watcher` (`http://HOST:PORT`);
+    /// Read the nodes' load from this `dsec watcher` (`https://HOST:PORT`,
+    /// or `http://` without --cluster-ca);
     /// default: probe every node itself (and whenever the watcher does not
     /// answer).
     #[arg(long, env = "DSEC_WATCHER")]
@@ -139,9 +164,14 @@ fn read_secret(path: &Path, create: bool) -> anyhow::Result<String> {
 
 pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
     let secret = read_secret(&a.cluster_secret_file, true)?;
+    let server_tls = a.tls.server_config()?;
+    if a.cluster_ca.is_some() && server_tls.is_none() {
+        anyhow::bail!("--cluster-ca needs --tls-cert and --tls-key: apiservers of a cluster with a CA reach its edges over HTTPS");
+    }
+    let scheme = if server_tls.is_some() { "https" } else { "http" };
     let advertise = match (&a.advertise_url, a.listen.ip().is_unspecified()) {
         (Some(u), _) => u.trim_end_matches('/').to_string(),
-        (None, false) => format!("http://{}", a.listen),
+        (None, false) => format!("{scheme}://{}", a.listen),
         (None, true) if a.join.is_some() => anyhow::bail!("--listen {} is a wildcard address: give --advertise-url", a.listen),
         (None, true) => String::new(),
     };
@@ -149,7 +179,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
     // Bound before joining: the apiserver probes a node as soon as it
     // joins, and that probe waits in the backlog until serving starts
     // instead of being refused (which would mark the node unreachable).
-    let listener = match crate::up::bind(a.listen).await {
+    let listener = match Bound::bind(a.listen, server_tls).await {
         Ok(l) => l,
         Err(e) => {
             started.shutdown().await;
@@ -159,7 +189,15 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
     if let (Some(url), Some(token)) = (&a.join, &a.join_token) {
         let mut labels = crate::join::hardware_labels();
         labels.extend(a.labels.iter().cloned());
-        let spec = crate::join::JoinSpec { apiserver: url, token, url: advertise, secret: secret.clone(), labels, pool: a.pool.clone() };
+        let spec = crate::join::JoinSpec {
+            apiserver: url,
+            token,
+            cluster_ca: a.cluster_ca.as_deref(),
+            url: advertise,
+            secret: secret.clone(),
+            labels,
+            pool: a.pool.clone(),
+        };
         match crate::join::join(&started.edge, spec).await {
             Ok(answer) => {
                 eprintln!("node {} {} the cluster at {url}", answer.node, if answer.rejoined { "rejoined" } else { "joined" })
@@ -194,12 +232,14 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
     std::fs::create_dir_all(&a.data_dir).with_context(|| format!("creating {}", a.data_dir.display()))?;
     let database = a.database.clone().unwrap_or_else(|| Database::Sqlite(a.data_dir.join("apiserver.db")));
     let tokens = TokenStore::open(&database, &a.data_dir.join("admin-token")).await.with_context(|| format!("opening {database}"))?;
+    let server_tls = a.tls.server_config()?;
+    let peers = cluster_tls(a.cluster_ca.as_deref())?;
     let mut nodes = Vec::new();
     for (name, url) in &a.edges {
-        nodes.push(Node::Remote(Arc::new(RemoteNode::new(name, url, &secret).map_err(anyhow::Error::msg)?)));
+        nodes.push(Node::Remote(Arc::new(RemoteNode::new(name, url, &secret, &peers).map_err(anyhow::Error::msg)?)));
     }
     let config = PlacementConfig { k: a.placement_k as usize, max_attempts: a.placement_attempts as usize };
-    let nodes = Arc::new(Nodes::with_placement(nodes, config));
+    let nodes = Arc::new(Nodes::with_placement(nodes, config).with_tls(peers.clone()));
     let auth = Arc::new(Authenticator::Tokens(tokens));
     if let Some(store) = auth.tokens().map(|t| t.store()) {
         dsec_apiserver::registry::sync_once(&nodes, store).await.context("reading the node registry")?;
@@ -208,7 +248,7 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
     let watcher = match &a.watcher {
         Some(url) => {
             let token = std::fs::read_to_string(a.data_dir.join("admin-token")).context("reading the admin token for the watcher")?;
-            Some(WatcherClient::new(url, token.trim()).map_err(anyhow::Error::msg)?)
+            Some(WatcherClient::new(url, token.trim(), &peers).map_err(anyhow::Error::msg)?)
         }
         None => None,
     };
@@ -229,7 +269,7 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
         a.edges.len(),
         a.data_dir.join("admin-token").display()
     );
-    serve(a.listen, state, &what, None).await?;
+    serve(a.listen, server_tls, state, &what, None).await?;
     Ok(0)
 }
 
@@ -237,12 +277,14 @@ pub async fn watcher(a: WatcherArgs) -> anyhow::Result<u8> {
     if a.period_ms < 50 {
         anyhow::bail!("--period-ms must be at least 50");
     }
-    let w = Watcher::open(&a.database, std::time::Duration::from_millis(a.period_ms))
+    let server_tls = a.tls.server_config()?;
+    let peers = cluster_tls(a.cluster_ca.as_deref())?;
+    let w = Watcher::open(&a.database, std::time::Duration::from_millis(a.period_ms), peers)
         .await
         .with_context(|| format!("opening {}", a.database))?;
     w.spawn();
-    let listener = tokio::net::TcpListener::bind(a.listen).await.with_context(|| format!("listening on {}", a.listen))?;
-    eprintln!("dsec is up at http://{} (watcher on {}, probing every {} ms)", listener.local_addr()?, a.database, a.period_ms);
-    axum::serve(listener, w.router()).with_graceful_shutdown(crate::up::shutdown_signal()).await.context("serving the watcher")?;
+    let listener = Bound::bind(a.listen, server_tls).await?;
+    eprintln!("dsec is up at {} (watcher on {}, probing every {} ms)", listener.url()?, a.database, a.period_ms);
+    listener.serve(w.router(), crate::up::shutdown_signal()).await.context("serving the watcher")?;
     Ok(0)
 }

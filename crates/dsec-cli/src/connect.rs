@@ -11,6 +11,10 @@ pub struct ConnectArgs {
     /// (a request that cannot reach one goes to the next where that is safe).
     #[arg(long, env = "DSEC_ENDPOINT", default_value = "http://127.0.0.1:8080", global = true)]
     pub endpoint: String,
+    /// The CA an https:// endpoint's certificate must chain to (PEM: the
+    /// cluster CA of `dsec cluster init`); default: the public web's roots.
+    #[arg(long, env = "DSEC_CA_CERT", global = true)]
+    pub ca_cert: Option<std::path::PathBuf>,
     /// Bearer token; default: $DSEC_TOKEN, else the local admin token file.
     #[arg(long, env = "DSEC_TOKEN", hide_env_values = true, global = true)]
     pub token: Option<String>,
@@ -24,6 +28,6 @@ impl ConnectArgs {
                 .unwrap_or_else(|| crate::default_data_dir().join("admin-token"));
             std::fs::read_to_string(file).ok().map(|t| t.trim().to_string())
         });
-        Ok(Client::new(&self.endpoint, token.as_deref())?)
+        Ok(Client::with_ca(&self.endpoint, token.as_deref(), self.ca_cert.as_deref())?)
     }
 }

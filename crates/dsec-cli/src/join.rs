@@ -33,6 +33,8 @@ pub fn hardware_labels() -> BTreeMap<String, String> {
 pub struct JoinSpec<'a> {
     pub apiserver: &'a str,
     pub token: &'a str,
+    /// The CA the apiserver's certificate must chain to (an https:// one).
+    pub cluster_ca: Option<&'a std::path::Path>,
     pub url: String,
     pub secret: String,
     pub labels: BTreeMap<String, String>,
@@ -58,7 +60,8 @@ pub async fn join(edge: &Edge, spec: JoinSpec<'_>) -> anyhow::Result<api::JoinAn
             max_sandboxes: stats.capacity.sandboxes,
         },
     };
-    let client = Client::new(spec.apiserver, Some(spec.token)).with_context(|| format!("apiserver URL {}", spec.apiserver))?;
+    let client =
+        Client::with_ca(spec.apiserver, Some(spec.token), spec.cluster_ca).with_context(|| format!("apiserver URL {}", spec.apiserver))?;
     let body = serde_json::to_vec(&req)?;
     let deadline = Instant::now() + JOIN_PATIENCE;
     loop {

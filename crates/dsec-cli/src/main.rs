@@ -1,6 +1,7 @@
 //! `dsec`: runs the platform (`dsec up`) and talks to it.
 
 mod cluster;
+mod cluster_ca_cmd;
 mod connect;
 mod cp_cmd;
 mod dockerfile_cmd;
@@ -17,6 +18,7 @@ mod project_cmd;
 mod sandbox_cmd;
 mod shell;
 mod snapshot_cmd;
+mod tls_args;
 mod trajectory_cmd;
 mod up;
 mod volume_cmd;
@@ -43,6 +45,9 @@ enum Cmd {
     /// Run the cluster's watcher: probes every registered edge and serves
     /// the view apiservers place by.
     Watcher(cluster::WatcherArgs),
+    /// The cluster's TLS: make its CA, issue node certificates.
+    #[command(subcommand)]
+    Cluster(cluster_ca_cmd::ClusterCmd),
     /// The cluster's nodes: list, drain, undrain, remove, join tokens.
     #[command(subcommand)]
     Node(node_cmd::NodeCmd),
@@ -142,6 +147,7 @@ fn main() -> std::process::ExitCode {
             Cmd::Edge(a) => cluster::edge(a).await,
             Cmd::Apiserver(a) => cluster::apiserver(a).await,
             Cmd::Watcher(a) => cluster::watcher(a).await,
+            Cmd::Cluster(c) => cluster_ca_cmd::run(c),
             Cmd::Node(c) => node_cmd::run(c).await,
             Cmd::Run(a) => sandbox_cmd::run(a).await,
             Cmd::Ps(a) => sandbox_cmd::ps(a).await,

@@ -10,6 +10,30 @@ use tokio_tungstenite::tungstenite::Message;
 
 use crate::connect::ConnectArgs;
 
+/// A byte stream a WebSocket runs over: TCP, or TLS over TCP.
+trait Io: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send {}
+impl<T: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send> Io for T {}
+
+/// Opens the WebSocket of `req` (`ws://` or `wss://`; the latter checked
+/// against the client's CA, as its HTTP requests are).
+async fn open_ws(
+    client: &dsec_client::Client,
+    req: tokio_tungstenite::tungstenite::handshake::client::Request,
+) -> anyhow::Result<tokio_tungstenite::WebSocketStream<Box<dyn Io>>> {
+    let uri = req.uri();
+    let host = uri.host().ok_or_else(|| anyhow::anyhow!("WebSocket URL {uri} has no host"))?.to_string();
+    let secure = uri.scheme_str() == Some("wss");
+    let port = uri.port_u16().unwrap_or(if secure { 443 } else { 80 });
+    let stream: Box<dyn Io> = if secure {
+        Box::new(dsec_tls::connect(client.tls_config(), &host, port).await?)
+    } else {
+        let tcp = tokio::net::TcpStream::connect((host.trim_start_matches('[').trim_end_matches(']'), port)).await?;
+        tcp.set_nodelay(true)?;
+        Box::new(tcp)
+    };
+    Ok(tokio_tungstenite::client_async(req, stream).await?.0)
+}
+
 #[derive(Args, Debug)]
 pub struct ShellArgs {
     pub id: String,
@@ -83,7 +107,7 @@ pub async fn run(a: ShellArgs) -> anyhow::Result<u8> {
     if let Some(h) = client.auth_header() {
         req.headers_mut().insert("authorization", h.parse()?);
     }
-    let (ws, _) = tokio_tungstenite::connect_async(req).await?;
+    let ws = open_ws(&client, req).await?;
     let (mut tx, mut rx) = ws.split();
     let _raw = RawMode::enter();
 

@@ -10,7 +10,6 @@ use std::time::Duration;
 use anyhow::Context;
 use clap::Args;
 use dsec_apiserver::auth::{Authenticator, TokenStore};
-use dsec_apiserver::lingering::LingeringListener;
 use dsec_apiserver::nodes::{Node, Nodes};
 use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
 use dsec_edge::cgroup::CgroupMode;
@@ -19,6 +18,7 @@ use dsec_fncall::{FnCallConfig, FnCallService, PoolConfig};
 use dsec_store::Database;
 
 use crate::image_cmd::Catalog;
+use crate::tls_args::{Bound, ServeTlsArgs};
 
 #[derive(Args, Debug)]
 pub struct UpArgs {
@@ -27,6 +27,8 @@ pub struct UpArgs {
     /// Address of the HTTP API.
     #[arg(long, default_value = "127.0.0.1:8080")]
     pub listen: SocketAddr,
+    #[command(flatten)]
+    pub tls: ServeTlsArgs,
     /// Largest file or archive upload, in MiB.
     #[arg(long, default_value_t = 4096)]
     pub max_upload_mb: u64,
@@ -397,7 +399,7 @@ pub async fn run(a: UpArgs) -> anyhow::Result<u8> {
         builder: Some(started.builder()?),
     };
     let what = format!("node {}; admin token in {}", started.edge.node(), data_dir.join("admin-token").display());
-    serve(a.listen, state, &what, Some(started.edge.clone())).await?;
+    serve(a.listen, a.tls.server_config()?, state, &what, Some(started.edge.clone())).await?;
     started.shutdown().await;
     Ok(0)
 }
@@ -429,30 +431,28 @@ impl StartedEdge {
 /// answered before this returns; `edge`, the node this process runs, if
 /// any, first has its creations in flight cut short, so that none holds the
 /// shutdown for a VM's boot.
-pub async fn serve(listen: SocketAddr, state: AppState, what: &str, edge: Option<Edge>) -> anyhow::Result<()> {
-    serve_on(bind(listen).await?, state, what, edge).await
-}
-
-pub async fn bind(listen: SocketAddr) -> anyhow::Result<tokio::net::TcpListener> {
-    tokio::net::TcpListener::bind(listen).await.with_context(|| format!("listening on {listen}"))
+pub async fn serve(
+    listen: SocketAddr,
+    tls: Option<Arc<dsec_tls::ServerConfig>>,
+    state: AppState,
+    what: &str,
+    edge: Option<Edge>,
+) -> anyhow::Result<()> {
+    serve_on(Bound::bind(listen, tls).await?, state, what, edge).await
 }
 
 /// Serves on a socket bound earlier: connections made between the bind and
 /// this call wait in its backlog and are answered.
-pub async fn serve_on(listener: tokio::net::TcpListener, state: AppState, what: &str, edge: Option<Edge>) -> anyhow::Result<()> {
+pub async fn serve_on(listener: Bound, state: AppState, what: &str, edge: Option<Edge>) -> anyhow::Result<()> {
     state.start_quota_watch();
-    let addr = listener.local_addr()?;
-    eprintln!("dsec is up at http://{addr} ({what})");
+    eprintln!("dsec is up at {} ({what})", listener.url()?);
     let signalled = async move {
         shutdown_signal().await;
         if let Some(edge) = edge {
             edge.stop_creations("the node shut down");
         }
     };
-    axum::serve(LingeringListener::new(listener), dsec_apiserver::router(state))
-        .with_graceful_shutdown(signalled)
-        .await
-        .context("serving the API")?;
+    listener.serve(dsec_apiserver::router(state), signalled).await.context("serving the API")?;
     eprintln!("dsec is shutting down");
     Ok(())
 }

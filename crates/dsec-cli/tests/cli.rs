@@ -180,7 +180,26 @@ fn lflag(fd: &OwnedFd) -> libc::tcflag_t {
 
 #[test]
 fn shell_through_a_real_pty() {
-    let p = Platform::start(true);
+    shell_session(Platform::start(true));
+}
+
+/// The same over HTTPS: every CLI call checks the server's certificate
+/// against the CA it is given, and the terminal is a `wss://` WebSocket.
+#[test]
+fn shell_through_a_real_pty_over_tls() {
+    let p = Platform::start_tls(true);
+    assert!(p.endpoint().starts_with("https://"));
+    // Without the CA the CLI refuses the server, naming why.
+    let mut untrusting = p.cli_command(&["ps"]);
+    untrusting.env_remove("DSEC_CA_CERT");
+    let out = untrusting.output().unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("certificate"), "{err}");
+    shell_session(p);
+}
+
+fn shell_session(p: Platform) {
     let id = p.dsec(&["run", "busybox"]).ok().trim().to_string();
 
     let (master, slave) = openpty(33, 101);

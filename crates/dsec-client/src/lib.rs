@@ -8,6 +8,7 @@
 //! creations, which carry an idempotency key, trajectory steps) or it was
 //! refused at connect (never sent); the replica that answered stays current.
 
+use std::path::Path;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -15,6 +16,7 @@ use bytes::Bytes;
 use dsec_api as api;
 use http::{header, Method, Request, StatusCode};
 use http_body_util::{BodyExt, Full};
+use hyper_rustls::{HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::{connect::HttpConnector, Client as HyperClient};
 use hyper_util::rt::TokioExecutor;
 use serde::de::DeserializeOwned;
@@ -33,8 +35,10 @@ pub enum ClientError {
     Connect { endpoint: String, detail: String },
     #[error("unexpected answer (HTTP {status}): {body}")]
     Protocol { status: u16, body: String },
-    #[error("invalid endpoint {0:?}")]
+    #[error("invalid endpoint {0:?} (http://HOST:PORT or https://HOST:PORT)")]
     Endpoint(String),
+    #[error(transparent)]
+    Tls(#[from] dsec_tls::TlsError),
 }
 
 impl ClientError {
@@ -48,9 +52,11 @@ impl ClientError {
 
 #[derive(Clone)]
 pub struct Client {
-    http: HyperClient<HttpConnector, Full<Bytes>>,
+    http: HyperClient<Connector, Full<Bytes>>,
     /// For request bodies sent as they are produced (`transfer`).
-    streaming: HyperClient<HttpConnector, transfer::StreamedBody>,
+    streaming: HyperClient<Connector, transfer::StreamedBody>,
+    /// What https:// endpoints are checked against (also for WebSockets).
+    tls: Arc<dsec_tls::ClientConfig>,
     /// Every endpoint, in order of preference.
     endpoints: Arc<[String]>,
     /// The index of the endpoint requests go to now (shared by clones).
@@ -62,25 +68,44 @@ pub struct Client {
 /// server answers a repeat with the first request's result.
 const REPLAY_HEADERS: [&str; 2] = [api::IDEMPOTENCY_KEY_HEADER, "x-dsec-step-id"];
 
+type Connector = HttpsConnector<HttpConnector>;
+
 impl Client {
     /// `endpoint` like `http://127.0.0.1:8080`, or several separated by
-    /// commas (replicas of one cluster).
+    /// commas (replicas of one cluster); an `https://` one is checked
+    /// against the public web's roots.
     pub fn new(endpoint: &str, token: Option<&str>) -> Result<Client, ClientError> {
+        Self::with_ca(endpoint, token, None)
+    }
+
+    /// [`Client::new`], `https://` endpoints checked against the CA in
+    /// `ca` (PEM: a cluster's CA, `dsec cluster init`) instead.
+    pub fn with_ca(endpoint: &str, token: Option<&str>, ca: Option<&Path>) -> Result<Client, ClientError> {
         let endpoints: Vec<String> =
             endpoint.split(',').map(|e| e.trim().trim_end_matches('/').to_string()).filter(|e| !e.is_empty()).collect();
         if endpoints.is_empty() {
             return Err(ClientError::Endpoint(endpoint.to_string()));
         }
-        if let Some(bad) = endpoints.iter().find(|e| !e.starts_with("http://")) {
+        let has_host = |e: &str| {
+            let rest = e.strip_prefix("http://").or_else(|| e.strip_prefix("https://"));
+            rest.is_some_and(|r| !r.is_empty() && !r.starts_with('/'))
+        };
+        if let Some(bad) = endpoints.iter().find(|e| !has_host(e)) {
             return Err(ClientError::Endpoint(bad.clone()));
         }
-        let mut connector = HttpConnector::new();
-        connector.set_nodelay(true);
+        // Loading the roots costs nothing worth avoiding for http://, and
+        // keeps one connector type.
+        let tls = dsec_tls::client_config(ca)?;
+        let mut http = HttpConnector::new();
+        http.set_nodelay(true);
+        http.enforce_http(false);
+        let connector = HttpsConnectorBuilder::new().with_tls_config((*tls).clone()).https_or_http().enable_http1().wrap_connector(http);
         let http = HyperClient::builder(TokioExecutor::new()).pool_max_idle_per_host(1024).build(connector.clone());
         let streaming = HyperClient::builder(TokioExecutor::new()).build(connector);
         Ok(Client {
             http,
             streaming,
+            tls,
             endpoints: endpoints.into(),
             current: Arc::new(AtomicUsize::new(0)),
             auth: token.map(|t| format!("Bearer {t}")),
@@ -167,7 +192,7 @@ impl Client {
         Ok(body.collect().await.map_err(|e| self.connect_error(e))?.to_bytes())
     }
 
-    fn connect_error(&self, e: impl std::fmt::Debug) -> ClientError {
+    fn connect_error(&self, e: impl std::error::Error) -> ClientError {
         connect_error(self.endpoint(), e)
     }
 
@@ -341,9 +366,18 @@ impl Client {
         self.json(Method::POST, "/v1/tenants", Some(&api::CreateTenantRequest { name: name.into() })).await
     }
 
-    /// The WebSocket URL of a streaming route, and the auth header value.
+    /// The WebSocket URL of a streaming route (`ws://` or `wss://`).
     pub fn ws_url(&self, path: &str) -> String {
-        format!("ws://{}{path}", self.endpoint().trim_start_matches("http://"))
+        let e = self.endpoint();
+        match e.strip_prefix("https://") {
+            Some(rest) => format!("wss://{rest}{path}"),
+            None => format!("ws://{}{path}", e.trim_start_matches("http://")),
+        }
+    }
+
+    /// What a `wss://` connection checks the server's certificate against.
+    pub fn tls_config(&self) -> Arc<dsec_tls::ClientConfig> {
+        self.tls.clone()
     }
 
     pub fn auth_header(&self) -> Option<&str> {
@@ -351,8 +385,8 @@ impl Client {
     }
 }
 
-fn connect_error(endpoint: &str, e: impl std::fmt::Debug) -> ClientError {
-    ClientError::Connect { endpoint: endpoint.to_string(), detail: format!("{e:?}") }
+fn connect_error(endpoint: &str, e: impl std::error::Error) -> ClientError {
+    ClientError::Connect { endpoint: endpoint.to_string(), detail: api::with_causes(&e) }
 }
 
 /// A creation's idempotency key, unique across calls and processes: std's
@@ -393,7 +427,11 @@ mod tests {
         assert_eq!(c.endpoints(), ["http://10.0.0.1:8080", "http://10.0.0.2:8080"]);
         assert_eq!(c.endpoint(), "http://10.0.0.1:8080");
         assert!(matches!(Client::new(" , ", None), Err(ClientError::Endpoint(_))));
-        assert!(matches!(Client::new("http://a:1,https://b:2", None), Err(ClientError::Endpoint(e)) if e == "https://b:2"));
+        assert!(matches!(Client::new("http://a:1,ftp://b:2", None), Err(ClientError::Endpoint(e)) if e == "ftp://b:2"));
+        assert!(matches!(Client::new("https://", None), Err(ClientError::Endpoint(_))));
+        let c = Client::new("https://10.0.0.1:8443", None).unwrap();
+        assert_eq!(c.ws_url("/v1/x"), "wss://10.0.0.1:8443/v1/x");
+        assert!(matches!(Client::with_ca("https://a:1", None, Some(Path::new("/nonexistent/ca.pem"))), Err(ClientError::Tls(_))));
     }
 
     #[test]

@@ -163,10 +163,13 @@ class Transport:
             list, stop, files...). ``None`` waits forever.
         connect_timeout: deadline for opening a TCP connection.
         max_connections: size of the connection pool (0 = unlimited).
+        ca_cert: PEM file of the CA ``https://`` endpoints are checked
+            against; ``None``: the system's trusted roots.
     """
 
     def __init__(self, endpoint: str | Sequence[str], token: str | None, *,
-                 timeout: float | None, connect_timeout: float, max_connections: int) -> None:
+                 timeout: float | None, connect_timeout: float, max_connections: int,
+                 ca_cert: str | None = None) -> None:
         endpoints = [endpoint] if isinstance(endpoint, str) else list(endpoint)
         if not endpoints:
             raise ValueError("no endpoint given")
@@ -189,6 +192,12 @@ class Transport:
         if token:
             self.headers["Authorization"] = f"Bearer {token}"
         self._origins = [_Origin(e, self.headers) for e in endpoints]
+        # One TLS context for every connection (pooled calls, aiohttp's
+        # streams): made once, since loading roots costs milliseconds. A
+        # bad CA file fails here, at construction, with its path.
+        self._ssl: ssl.SSLContext | None = None
+        if any(o.base.scheme == "https" for o in self._origins):
+            self._ssl = ssl.create_default_context(cafile=ca_cert) if ca_cert else ssl.create_default_context()
         # The endpoint calls go to: the last one that answered.
         self._current = 0
 
@@ -216,11 +225,12 @@ class Transport:
             limit_per_host=0,
             keepalive_timeout=60,
             ttl_dns_cache=300,
+            ssl=self._ssl if self._ssl is not None else True,
         )
         self._session = self._new_session(connector)
         for o in self._origins:
             o.pool = Pool(o.host, o.port,
-                          ssl=ssl.create_default_context() if o.base.scheme == "https" else None,
+                          ssl=self._ssl if o.base.scheme == "https" else None,
                           limit=self.max_connections, connect_timeout=self.connect_timeout)
 
     def _new_session(self, connector: aiohttp.BaseConnector) -> aiohttp.ClientSession:
@@ -248,7 +258,8 @@ class Transport:
         if s is None or s.closed:
             await self.ensure_open()
             s = self._streamed_session = self._new_session(
-                aiohttp.TCPConnector(limit=self.max_connections, force_close=True))
+                aiohttp.TCPConnector(limit=self.max_connections, force_close=True,
+                                     ssl=self._ssl if self._ssl is not None else True))
         return s
 
     async def close(self) -> None:

@@ -38,6 +38,9 @@ class DSecClient:
             refused at connect; the replica that answered stays current.
         token: bearer token. Default: ``DSEC_TOKEN``, else the content of the
             file named by ``DSEC_TOKEN_FILE``.
+        ca_cert: a PEM file of the CA that ``https://`` endpoints' certificates
+            must chain to (a cluster's CA, ``dsec cluster init``). Default:
+            ``DSEC_CA_CERT``, else the system's trusted roots.
         timeout: deadline in seconds for control calls (get, list, stop,
             delete, file operations). Commands use their own ``timeout``;
             creation uses the ``timeout`` of :meth:`run`.
@@ -66,13 +69,15 @@ class DSecClient:
         endpoint: str | Sequence[str] | None = None,
         token: str | None = None,
         *,
+        ca_cert: str | None = None,
         timeout: float | None = 60.0,
         connect_timeout: float = 10.0,
         max_connections: int = 1024,
     ) -> None:
         self._transport = Transport(
             resolve_endpoints(endpoint), resolve_token(token), timeout=timeout,
-            connect_timeout=connect_timeout, max_connections=max_connections)
+            connect_timeout=connect_timeout, max_connections=max_connections,
+            ca_cert=ca_cert or os.environ.get("DSEC_CA_CERT") or None)
         self._sandboxes_url = self._transport.url("/v1/sandboxes")
         #: Projects and their quotas (:class:`dsec.iam.Projects`).
         self.projects = Projects(self._transport)

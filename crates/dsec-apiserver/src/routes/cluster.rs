@@ -8,6 +8,7 @@ use dsec_edge::model::now_ms;
 use dsec_store::{ClusterStore, Membership as StoredMembership, NewToken, NodeRecord, NodeState, Store};
 
 use crate::auth::{hash, new_token, Admin, TokenStore};
+use crate::cluster_tls::ClusterTls;
 use crate::convert::rfc3339;
 use crate::error::{ApiError, ApiResult};
 use crate::extract::ApiJson;
@@ -36,11 +37,12 @@ pub async fn create_join_token(
     Ok((StatusCode::CREATED, Json(api::JoinTokenInfo { token, expires_at: expires_at_ms.map(rfc3339) })))
 }
 
-fn check_join(req: &api::JoinRequest) -> Result<(), ApiError> {
+/// How long the join waits for the edge's TLS handshake.
+const JOIN_HANDSHAKE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+
+fn check_join(req: &api::JoinRequest, tls: &ClusterTls) -> Result<(), ApiError> {
     dsec_edge::ids::validate_node_name(&req.name).map_err(ApiError::invalid)?;
-    if !req.url.starts_with("http://") || req.url.len() <= "http://".len() {
-        return Err(ApiError::invalid(format!("edge URL {:?} must be http://HOST:PORT", req.url)));
-    }
+    tls.check_url("edge", &req.url).map_err(ApiError::invalid)?;
     if req.secret.trim().is_empty() || req.secret.len() > 512 {
         return Err(ApiError::invalid("the edge's secret must be 1-512 characters"));
     }
@@ -81,7 +83,17 @@ pub async fn join(
         tracing::warn!(node = %req.name, "join refused: unknown, revoked or expired join token");
         return Err(ApiError::new(ErrorCode::JoinRefused, "the join token is unknown, revoked or expired"));
     }
-    check_join(&req)?;
+    check_join(&req, st.nodes.tls())?;
+    // In a cluster with a CA, the edge must hold a certificate of it for
+    // the address it registers: a join token alone does not let a host
+    // take requests (and the cluster secret they carry) for a node.
+    if let Err(e) = st.nodes.tls().verify_peer(&req.url, JOIN_HANDSHAKE_TIMEOUT).await {
+        tracing::warn!(node = %req.name, url = %req.url, error = %e, "join refused: the edge's certificate does not check");
+        return Err(ApiError::new(
+            ErrorCode::JoinRefused,
+            format!("the edge at {} does not present a certificate of this cluster's CA for that address: {e}", req.url),
+        ));
+    }
     if st.nodes.local_edges().any(|e| e.node() == req.name) {
         return Err(ApiError::new(ErrorCode::AlreadyExists, format!("node {} is this server's own", req.name)));
     }

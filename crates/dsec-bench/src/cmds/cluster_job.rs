@@ -17,6 +17,7 @@ use std::time::Instant;
 
 use clap::Args;
 use dsec_api as api;
+use dsec_apiserver::cluster_tls::ClusterTls;
 use dsec_apiserver::nodes::{Nodes, PlacementConfig};
 use dsec_apiserver::remote::{RemoteNode, POLL_INTERVAL};
 use dsec_edge::Caller;
@@ -52,7 +53,7 @@ pub(crate) async fn replica(edges: &FakeEdges, base: &BTreeMap<String, String>, 
     let nodes = Arc::new(Nodes::with_placement(vec![], PlacementConfig { k, ..PlacementConfig::default() }));
     for name in edges.nodes.keys() {
         let url = format!("{}/e/{name}", base[name]);
-        nodes.put_remote(Arc::new(RemoteNode::new(name, &url, "bench").map_err(anyhow::Error::msg)?));
+        nodes.put_remote(Arc::new(RemoteNode::new(name, &url, "bench", &ClusterTls::plain()).map_err(anyhow::Error::msg)?));
     }
     nodes.poll_remotes().await;
     Ok(nodes)

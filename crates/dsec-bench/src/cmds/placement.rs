@@ -14,6 +14,7 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use dsec_api as api;
+use dsec_apiserver::cluster_tls::ClusterTls;
 use dsec_apiserver::nodes::{Nodes, PlacementConfig};
 use dsec_apiserver::remote::RemoteNode;
 use dsec_placement::{Demand, NodeView, Placement};
@@ -64,7 +65,8 @@ fn views(n: usize) -> Vec<NodeView> {
 fn apiserver_nodes(n: usize, k: usize) -> anyhow::Result<Nodes> {
     let nodes = Nodes::with_placement(vec![], PlacementConfig { k, ..PlacementConfig::default() });
     for i in 0..n {
-        let r = RemoteNode::new(&format!("node-{i:04}"), "http://127.0.0.1:9", "bench").map_err(anyhow::Error::msg)?;
+        let r =
+            RemoteNode::new(&format!("node-{i:04}"), "http://127.0.0.1:9", "bench", &ClusterTls::plain()).map_err(anyhow::Error::msg)?;
         r.record(status(i), Duration::ZERO);
         nodes.put_remote(Arc::new(r));
     }

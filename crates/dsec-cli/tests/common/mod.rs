@@ -178,6 +178,9 @@ pub struct Platform {
     agents: Vec<(i32, u64)>,
     /// More `dsec up` flags.
     extra_args: Vec<String>,
+    /// Serving HTTPS: the CA the CLI is told to trust, and the directory
+    /// of the CA and the certificate.
+    tls: Option<(PathBuf, tempfile::TempDir)>,
 }
 
 impl Platform {
@@ -186,8 +189,22 @@ impl Platform {
         Platform::start_with(stop_sandboxes_on_exit, &[])
     }
 
+    /// [`Platform::start`] serving HTTPS, its certificate from a CA of its
+    /// own that the CLI commands trust (`DSEC_CA_CERT`).
+    pub fn start_tls(stop_sandboxes_on_exit: bool) -> Platform {
+        let certs = tempfile::Builder::new().prefix("dsec-cli-tls-").tempdir().unwrap();
+        let ca = dsec_tls::init_ca(&certs.path().join("ca"), "test CA").unwrap();
+        let issued = dsec_tls::issue(&certs.path().join("ca"), "up", &["127.0.0.1".into()], 1, certs.path()).unwrap();
+        let (cert, key) = (issued.cert.display().to_string(), issued.key.display().to_string());
+        Platform::start_inner(stop_sandboxes_on_exit, &["--tls-cert", &cert, "--tls-key", &key], Some((ca.cert, certs)))
+    }
+
     /// [`Platform::start`] with more `dsec up` flags.
     pub fn start_with(stop_sandboxes_on_exit: bool, extra_args: &[&str]) -> Platform {
+        Platform::start_inner(stop_sandboxes_on_exit, extra_args, None)
+    }
+
+    fn start_inner(stop_sandboxes_on_exit: bool, extra_args: &[&str], tls: Option<(PathBuf, tempfile::TempDir)>) -> Platform {
         become_subreaper();
         if std::env::var_os("DSEC_AGENT").is_none() {
             let agent = Path::new(DSEC).with_file_name("dsec-agent");
@@ -210,6 +227,7 @@ impl Platform {
             log: Arc::new(Mutex::new(String::new())),
             agents: Vec::new(),
             extra_args: extra_args.iter().map(|s| s.to_string()).collect(),
+            tls,
         };
         p.up(stop_sandboxes_on_exit);
         p
@@ -224,7 +242,8 @@ impl Platform {
     }
 
     pub fn endpoint(&self) -> String {
-        format!("http://{}", self.addr)
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        format!("{scheme}://{}", self.addr)
     }
 
     pub fn pid(&self) -> i32 {
@@ -276,7 +295,7 @@ impl Platform {
             while matches!(r.read_until(b'\n', &mut line), Ok(n) if n > 0) {
                 let text = String::from_utf8_lossy(&line).into_owned();
                 eprint!("[dsec up {node}] {text}");
-                if let Some(rest) = text.split("dsec is up at http://").nth(1) {
+                if let Some(rest) = text.split("dsec is up at http://").nth(1).or_else(|| text.split("dsec is up at https://").nth(1)) {
                     let addr: String = rest.chars().take_while(|c| c.is_ascii_digit() || matches!(c, '.' | ':')).collect();
                     let _ = tx.send(addr);
                 }
@@ -298,7 +317,9 @@ impl Platform {
             }
         };
         self.addr = addr;
-        loop {
+        // Over TLS the line above is the sign: it is printed once the
+        // socket is bound, and the CLI's own calls are the test.
+        while self.tls.is_none() {
             if matches!(http_get(&self.addr, "/healthz", None), Ok((200, _))) {
                 break;
             }
@@ -340,6 +361,10 @@ impl Platform {
         // Any fallback the CLI takes must land in this test's directory.
         cmd.env("DSEC_DATA_DIR", self.data_dir());
         cmd.env("DSEC_ENDPOINT", self.endpoint()).env("DSEC_TOKEN", &self.token).env("DSEC_LOG", "warn");
+        match &self.tls {
+            Some((ca, _)) => cmd.env("DSEC_CA_CERT", ca),
+            None => cmd.env_remove("DSEC_CA_CERT"),
+        };
         cmd
     }
 

@@ -23,6 +23,7 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import time
@@ -94,7 +95,8 @@ def _free_port() -> int:
 
 
 def _http(method: str, url: str, token: str | None = None, body: object = None,
-          timeout: float = 10) -> tuple[int, bytes]:
+          timeout: float = 10, ca: str | None = None) -> tuple[int, bytes]:
+    """One request; ``ca``: the CA an https:// server's certificate must chain to."""
     data = json.dumps(body).encode() if body is not None else None
     req = urllib.request.Request(url, data=data, method=method)
     if token:
@@ -102,7 +104,8 @@ def _http(method: str, url: str, token: str | None = None, body: object = None,
     if data is not None:
         req.add_header("Content-Type", "application/json")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        context = ssl.create_default_context(cafile=ca) if ca else None
+        with urllib.request.urlopen(req, timeout=timeout, context=context) as resp:
             return resp.status, resp.read()
     except urllib.error.HTTPError as e:
         return e.code, e.read()

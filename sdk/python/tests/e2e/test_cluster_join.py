@@ -5,8 +5,13 @@ PostgreSQL (the suite's throwaway server, ``DSEC_TEST_POSTGRES``), a
 reading the watcher's view, one probing the nodes itself) and three
 ``dsec edge --join`` processes, each in a network namespace of its own with
 its own address on a bridge the test makes (and removes, even on failure).
+Every link is TLS: ``dsec cluster init`` makes the cluster CA, ``dsec cluster
+cert`` each process's certificate, and every client (the SDK, the CLI, the
+apiservers, the watcher, the edges joining) trusts that CA alone.
 
-It checks: a wrong join token is refused; joined nodes show their backends,
+It checks: a client that does not trust the cluster CA is refused; a wrong
+join token is refused; an edge whose certificate another CA issued is
+refused; joined nodes show their backends,
 labels, capacity and state; sandboxes land on more than one node and are
 reached through either replica; a node selector keeps to labelled nodes;
 drain stops placements; a killed edge's sandboxes are ``unknown`` (never
@@ -32,7 +37,7 @@ from typing import TypeVar
 
 import pytest
 
-from dsec import DSecClient, DSecContainerRunArgs, NodeInfo, SandboxInfo
+from dsec import DSecClient, DSecConnectionError, DSecContainerRunArgs, NodeInfo, SandboxInfo
 
 from .conftest import REPO, Proc, _free_port, _http, _mounts_under, _stop
 
@@ -98,13 +103,27 @@ class Cluster:
     join_token: str
     edges: dict[str, Proc]
     procs: list[Proc]
+    #: The cluster CA's certificate (what every client trusts); ``None``:
+    #: a plain-HTTP cluster (the drills run one).
+    ca: str | None = None
 
     def node(self, i: int) -> str:
         return f"j{self.net.tag}-{i}"
 
-    def start_edge(self, i: int, token: str, labels: dict[str, str]) -> Proc:
+    def start_edge(
+        self, i: int, token: str, labels: dict[str, str], ca_dir: Path | None = None
+    ) -> Proc:
+        """Starts edge i; in a TLS cluster with a certificate for its address
+        from the CA in ``ca_dir`` (default: the cluster's)."""
         name = self.node(i)
         log = self.root / f"{name}.log"
+        tls: list[str] = []
+        if self.ca:
+            cert_dir = self.root / f"certs-{name}-{uuid.uuid4().hex[:4]}"
+            cert, key = _issue(
+                self.binary, ca_dir or self.root / "ca", name, self.net.edge_ip(i), cert_dir
+            )
+            tls = ["--tls-cert", cert, "--tls-key", key, "--cluster-ca", self.ca]
         # nsenter enters the network namespace only: `ip netns exec` would
         # also remount /sys, hiding the host's cgroup hierarchy.
         cmd = [
@@ -122,6 +141,7 @@ class Cluster:
             f"{self.net.edge_ip(i)}:8081",
             "--cluster-secret-file",
             str(self.root / f"{name}.secret"),
+            *tls,
             "--stop-sandboxes-on-exit",
             "--fncall-pools",
             "python=0:1",
@@ -161,13 +181,24 @@ def _spawn(cluster_root: Path, name: str, cmd: list[str], procs: list[Proc]) -> 
     return proc
 
 
-def _wait_up(url: str, proc: Proc) -> None:
+def _issue(binary: Path, ca_dir: Path, name: str, host: str, out: Path) -> tuple[str, str]:
+    """``dsec cluster cert``: a certificate for ``host`` signed by the CA in
+    ``ca_dir``; returns (cert, key) paths."""
+    r = _run(
+        str(binary), "cluster", "cert", "--ca-dir", str(ca_dir), "--name", name,
+        "--host", host, "--out-dir", str(out),
+    )
+    assert r.stdout.startswith("--tls-cert "), r.stdout
+    return str(out / f"{name}.pem"), str(out / f"{name}-key.pem")
+
+
+def _wait_up(url: str, proc: Proc, ca: str | None = None) -> None:
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         if proc.proc.poll() is not None:
             pytest.fail(f"process exited early:\n{proc.tail()}", pytrace=False)
         try:
-            if _http("GET", url + "/healthz", timeout=2)[0] == 200:
+            if _http("GET", url + "/healthz", timeout=2, ca=ca)[0] == 200:
                 return
         except OSError:
             pass
@@ -199,12 +230,19 @@ def cluster() -> Iterator[Cluster]:
     try:
         net.make(3)
         _psql(pg, f"CREATE DATABASE {dbname}")
+        init = _run(str(binary), "cluster", "init", "--dir", str(root / "ca"))
+        assert "cluster CA:" in init.stdout, init.stdout
+        ca = str(root / "ca" / "ca.pem")
+        assert (root / "ca" / "ca-key.pem").stat().st_mode & 0o077 == 0
+        api_cert, api_key = _issue(binary, root / "ca", "apiserver", net.host_ip, root / "certs")
+        w_cert, w_key = _issue(binary, root / "ca", "watcher", "127.0.0.1", root / "certs")
+        tls = ["--tls-cert", api_cert, "--tls-key", api_key, "--cluster-ca", ca]
         # Replica A first: it makes the schema and its admin token, which
         # the watcher checks apiservers by.
         port_w = _free_port()
-        watcher_url = f"http://127.0.0.1:{port_w}"
-        api_a = f"http://{net.host_ip}:{_free_port()}"
-        api_b = f"http://{net.host_ip}:{_free_port()}"
+        watcher_url = f"https://127.0.0.1:{port_w}"
+        api_a = f"https://{net.host_ip}:{_free_port()}"
+        api_b = f"https://{net.host_ip}:{_free_port()}"
         a = _spawn(
             root,
             "api-a",
@@ -216,13 +254,14 @@ def cluster() -> Iterator[Cluster]:
                 "--database",
                 db,
                 "--listen",
-                api_a.removeprefix("http://"),
+                api_a.removeprefix("https://"),
                 "--watcher",
                 watcher_url,
+                *tls,
             ],
             procs,
         )
-        _wait_up(api_a, a)
+        _wait_up(api_a, a, ca)
         w = _spawn(
             root,
             "watcher",
@@ -235,10 +274,16 @@ def cluster() -> Iterator[Cluster]:
                 f"127.0.0.1:{port_w}",
                 "--period-ms",
                 "300",
+                "--tls-cert",
+                w_cert,
+                "--tls-key",
+                w_key,
+                "--cluster-ca",
+                ca,
             ],
             procs,
         )
-        _wait_up(watcher_url, w)
+        _wait_up(watcher_url, w, ca)
         # Replica B probes the nodes itself (no watcher).
         b = _spawn(
             root,
@@ -251,13 +296,14 @@ def cluster() -> Iterator[Cluster]:
                 "--database",
                 db,
                 "--listen",
-                api_b.removeprefix("http://"),
+                api_b.removeprefix("https://"),
+                *tls,
             ],
             procs,
         )
-        _wait_up(api_b, b)
+        _wait_up(api_b, b, ca)
         admin = (root / "api-a" / "admin-token").read_text().strip()
-        status, raw = _http("POST", api_a + "/v1/cluster/join-tokens", admin, {})
+        status, raw = _http("POST", api_a + "/v1/cluster/join-tokens", admin, {}, ca=ca)
         assert status == 201, raw
         c = Cluster(
             root=root,
@@ -271,6 +317,7 @@ def cluster() -> Iterator[Cluster]:
             join_token=json.loads(raw)["token"],
             edges={},
             procs=procs,
+            ca=ca,
         )
         c.start_edge(1, c.join_token, {"zone": "a"})
         c.start_edge(2, c.join_token, {"zone": "b"})
@@ -324,9 +371,14 @@ def _node_of(sb_id: str) -> str:
 async def test_a_cluster_of_joined_edges(cluster: Cluster) -> None:
     n1, n2, n3 = cluster.node(1), cluster.node(2), cluster.node(3)
     async with (
-        DSecClient(cluster.api_a, cluster.admin) as admin_a,
-        DSecClient(cluster.api_b, cluster.admin) as admin_b,
+        DSecClient(cluster.api_a, cluster.admin, ca_cert=cluster.ca) as admin_a,
+        DSecClient(cluster.api_b, cluster.admin, ca_cert=cluster.ca) as admin_b,
     ):
+        # A client that does not trust the cluster CA gets no answer.
+        async with DSecClient(cluster.api_a, cluster.admin) as untrusting:
+            with pytest.raises(DSecConnectionError, match="(?i)certificate"):
+                await untrusting.nodes()
+
         # Both replicas see both nodes, ready, with what they declared.
         for admin in (admin_a, admin_b):
             nodes = await _eventually(
@@ -342,7 +394,12 @@ async def test_a_cluster_of_joined_edges(cluster: Cluster) -> None:
         )
 
         # The CLI's view.
-        env = {**os.environ, "DSEC_ENDPOINT": cluster.api_b, "DSEC_TOKEN": cluster.admin}
+        env = {
+            **os.environ,
+            "DSEC_ENDPOINT": cluster.api_b,
+            "DSEC_TOKEN": cluster.admin,
+            "DSEC_CA_CERT": cluster.ca,
+        }
         ls = subprocess.run(
             [str(cluster.binary), "node", "ls"], env=env, capture_output=True, text=True, timeout=30
         )
@@ -357,15 +414,29 @@ async def test_a_cluster_of_joined_edges(cluster: Cluster) -> None:
         assert "join_refused" in bad.log.read_text(errors="replace"), bad.tail()
         assert n3 not in _by_name(await admin_a.nodes())
 
+        # The right token, but a certificate another CA issued: the
+        # apiserver's handshake with the edge fails, and the join with it.
+        other_ca = cluster.root / "other-ca"
+        _run(str(cluster.binary), "cluster", "init", "--dir", str(other_ca))
+        forged = cluster.start_edge(3, cluster.join_token, {"zone": "c"}, ca_dir=other_ca)
+        assert forged.proc.wait(timeout=180) != 0
+        log = forged.log.read_text(errors="replace")
+        assert "join_refused" in log and "certificate" in log, forged.tail()
+        assert n3 not in _by_name(await admin_a.nodes())
+
         status, raw = _http(
             "POST",
             cluster.api_a + "/v1/tenants",
             cluster.admin,
             {"name": f"join-{cluster.net.tag}"},
+            ca=cluster.ca,
         )
         assert status == 201, raw
         token = json.loads(raw)["token"]
-        async with DSecClient(cluster.api_a, token) as ua, DSecClient(cluster.api_b, token) as ub:
+        async with (
+            DSecClient(cluster.api_a, token, ca_cert=cluster.ca) as ua,
+            DSecClient(cluster.api_b, token, ca_cert=cluster.ca) as ub,
+        ):
             # A burst lands on both nodes, through either replica.
             sandboxes = await asyncio.gather(
                 *(c.run_container(_args(), timeout=120) for c in (ua, ub) for _ in range(4))
