@@ -16,7 +16,7 @@ set -euo pipefail
 cd "$(dirname "$0")"
 CONTAINERS="create_latency throughput exec_rtt density leaks"
 SUITE="$CONTAINERS sdk_cost e2b build transfer pause trajectory fncall fncall_langs policy_cost egress_cost usage_sampler qos
-       layers lazy_burst toolkit_upgrade microvm microvm_snap vm"
+       layers lazy_burst toolkit_upgrade microvm microvm_snap vm cluster_job cluster_failure cluster_real"
 wait_quiet() {
     [ -n "${DSEC_BENCH_QUIET:-}" ] || return 0
     local max=0.5

@@ -18,7 +18,8 @@
 # PIDs it recorded), deletes the namespaces and bridge, and removes DIR.
 #
 # DSEC_BIN (default target/release/dsec) and DSEC_IMAGES_DIR (default
-# /var/lib/dsec/images, made by `dsec image setup`) say what to run.
+# /var/lib/dsec/images, made by `dsec image setup`) say what to run;
+# DSEC_CLUSTER_EDGE_FLAGS adds flags to every edge (`--no-fncall`, say).
 set -Eeuo pipefail
 cd "$(dirname "$0")/.."
 
@@ -189,7 +190,7 @@ for i in $(seq 1 "$edges"); do
     --images-dir "$images" --node "edge-$i" --listen "10.215.$subnet.$((10 + i)):8081" \
     --cluster-secret-file "$dir/edge-$i.secret" --tls-cert "$dir/certs/edge-$i.pem" \
     --tls-key "$dir/certs/edge-$i-key.pem" --cluster-ca "$ca" --stop-sandboxes-on-exit \
-    --join "$api_a" --join-token "$join_token" --label "edge=$i"
+    --join "$api_a" --join-token "$join_token" --label "edge=$i" ${DSEC_CLUSTER_EDGE_FLAGS:-}
 done
 ready=0
 for _ in $(seq 1 1200); do

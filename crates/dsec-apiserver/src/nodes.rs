@@ -192,6 +192,18 @@ impl Nodes {
     /// Rebuilds the node view from every node's last known status (after a
     /// probe round, a watcher view, a registry change).
     pub fn refresh_view(&self) -> Arc<ViewSnapshot> {
+        // Placements each node's view shows by now stop counting as in
+        // flight: a local edge's counts are live; a remote's are as of its
+        // last answered probe.
+        let now = Instant::now();
+        for name in self.local.keys() {
+            self.placement.observed(name, now);
+        }
+        for r in self.remotes() {
+            if let Some(at) = r.probed_at() {
+                self.placement.observed(&r.name, at);
+            }
+        }
         let fresh =
             Arc::new(ViewSnapshot { nodes: self.status_with(false).into_iter().map(view_of).collect(), built: Some(Instant::now()) });
         *self.view.write().unwrap_or_else(|p| p.into_inner()) = fresh.clone();
@@ -393,7 +405,10 @@ impl Nodes {
                 recorded = Some(node.clone());
             }
             match self.create_on(&node, caller, &req, key).await {
-                Ok(sb) => return Ok(sb),
+                Ok(sb) => {
+                    self.placement.settle(&node);
+                    return Ok(sb);
+                }
                 Err(e) if matches!(e.code, ErrorCode::NoCapacity | ErrorCode::EdgeUnavailable | ErrorCode::CreationQueueFull) => {
                     tracing::debug!(%node, reason = %e.message, "node refused placement");
                     self.placement.forget(&node);

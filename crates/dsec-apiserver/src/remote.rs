@@ -287,10 +287,13 @@ impl RemoteNode {
             .ok_or_else(|| ApiError::new(ErrorCode::EdgeUnavailable, format!("the edge at {} serves another node", self.url)))
     }
 
-    /// One probe, its answer recorded (the apiserver's own polling).
+    /// One probe, its answer recorded (the apiserver's own polling) as of
+    /// when it was sent: the node's counts include whatever it had admitted
+    /// by then (placement relies on that, see `Placement::observed`).
     pub async fn poll(&self) {
+        let sent = Instant::now();
         match tokio::time::timeout(PROBE_TIMEOUT, self.probe()).await {
-            Ok(Ok(status)) => self.record(status, Duration::ZERO),
+            Ok(Ok(status)) => self.record(status, sent.elapsed()),
             Ok(Err(e)) => {
                 tracing::debug!(node = %self.name, error = %e.message, "probe failed");
                 self.mark_down();
@@ -318,6 +321,11 @@ impl RemoteNode {
     /// The node failed a probe outright: `unreachable` until one succeeds.
     pub fn mark_down(&self) {
         self.down.store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// When the status of the last answered probe was current.
+    pub fn probed_at(&self) -> Option<Instant> {
+        self.view.read().unwrap_or_else(|p| p.into_inner()).as_ref().map(|(at, _)| *at)
     }
 
     /// The last answered probe and how long ago it was answered.

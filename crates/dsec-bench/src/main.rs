@@ -73,6 +73,9 @@ pub struct Common {
     pub endpoint: String,
     #[arg(long, env = "DSEC_TOKEN")]
     pub token: Option<String>,
+    /// The CA `https://` endpoints' certificates chain to (a cluster's).
+    #[arg(long, env = "DSEC_CA_CERT")]
+    pub ca_cert: Option<PathBuf>,
     /// Pid of the `dsec up` process (for its CPU time, fds, children).
     #[arg(long)]
     pub dsec_pid: Option<i32>,

@@ -50,39 +50,69 @@ impl Demand {
     }
 }
 
-/// Recent placements are assumed still "in flight" (not yet visible in the
-/// watcher's view) for this long.
+/// A placement is counted at most this long, whatever the view says (a
+/// node whose probes stopped answering must not keep its count forever).
 const RECENT_WINDOW: Duration = Duration::from_secs(5);
 
-/// One node's recent placements, oldest first, with their running sums
-/// (so a decision costs O(nodes), not O(recent placements)).
+/// One placement not yet in the view: chosen at `at`; `settled` once the
+/// node admitted it (from then on, the node's next probe shows it).
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    at: Instant,
+    cpu: f64,
+    memory_mb: u64,
+    settled: Option<Instant>,
+}
+
+/// One node's placements that its view does not show yet, oldest first,
+/// with their running sums (so a decision costs O(nodes), not O(recent
+/// placements)). Settled entries are always a prefix: `settle` marks the
+/// oldest unsettled one, `pop_latest` removes the newest.
 #[derive(Debug, Default)]
 struct Pending {
-    entries: VecDeque<(Instant, f64, u64)>,
+    entries: VecDeque<Entry>,
     cpu: f64,
     memory_mb: u64,
 }
 
 impl Pending {
     fn push(&mut self, at: Instant, d: &Demand) {
-        self.entries.push_back((at, d.cpu, d.memory_mb));
+        self.entries.push_back(Entry { at, cpu: d.cpu, memory_mb: d.memory_mb, settled: None });
         self.cpu += d.cpu;
         self.memory_mb += d.memory_mb;
     }
 
     fn expire(&mut self, now: Instant) {
-        while let Some(&(at, cpu, mem)) = self.entries.front() {
-            if now.duration_since(at) < RECENT_WINDOW {
+        while let Some(&e) = self.entries.front() {
+            if now.duration_since(e.at) < RECENT_WINDOW {
                 break;
             }
             self.entries.pop_front();
-            self.subtract(cpu, mem);
+            self.subtract(e.cpu, e.memory_mb);
         }
     }
 
     fn pop_latest(&mut self) {
-        if let Some((_, cpu, mem)) = self.entries.pop_back() {
-            self.subtract(cpu, mem);
+        if let Some(e) = self.entries.pop_back() {
+            self.subtract(e.cpu, e.memory_mb);
+        }
+    }
+
+    fn settle(&mut self, now: Instant) {
+        if let Some(e) = self.entries.iter_mut().find(|e| e.settled.is_none()) {
+            e.settled = Some(now);
+        }
+    }
+
+    /// Drops what a view taken at `at` shows: placements the node had
+    /// admitted by then.
+    fn observed(&mut self, at: Instant) {
+        while let Some(&e) = self.entries.front() {
+            if e.settled.is_none_or(|s| s > at) {
+                break;
+            }
+            self.entries.pop_front();
+            self.subtract(e.cpu, e.memory_mb);
         }
     }
 
@@ -146,6 +176,23 @@ impl Placement {
     pub fn forget(&self, node: &str) {
         if let Some(p) = self.recent.lock().unwrap_or_else(|p| p.into_inner()).get_mut(node) {
             p.pop_latest();
+        }
+    }
+
+    /// The node admitted a placement: it stays counted until a view of the
+    /// node taken after now ([`Placement::observed`]) shows it, and no
+    /// longer (else it would count twice, once in the view and once here,
+    /// and a node would look full at half its capacity).
+    pub fn settle(&self, node: &str) {
+        if let Some(p) = self.recent.lock().unwrap_or_else(|p| p.into_inner()).get_mut(node) {
+            p.settle(Instant::now());
+        }
+    }
+
+    /// The view of `node` now reflects what it had admitted at `at`.
+    pub fn observed(&self, node: &str, at: Instant) {
+        if let Some(p) = self.recent.lock().unwrap_or_else(|p| p.into_inner()).get_mut(node) {
+            p.observed(at);
         }
     }
 }
@@ -246,6 +293,36 @@ mod tests {
         assert_eq!(counts["a"], 8);
         assert_eq!(counts["b"], 8);
         assert_eq!(p.choose(&nodes, &demand(), &[]), None, "both nodes are full after 16 placements");
+    }
+
+    #[test]
+    fn an_admitted_placement_stops_counting_once_a_later_view_shows_it() {
+        let p = Placement::new(1);
+        let full = vec![node("a", 8.0)];
+        for _ in 0..8 {
+            assert_eq!(p.choose(&full, &demand(), &[]).as_deref(), Some("a"));
+        }
+        assert_eq!(p.choose(&full, &demand(), &[]), None, "8 in flight fill the node");
+        // Four are admitted; a view taken before that does not show them.
+        for _ in 0..4 {
+            p.settle("a");
+        }
+        let before = Instant::now() - Duration::from_millis(10);
+        p.observed("a", before);
+        assert_eq!(p.choose(&full, &demand(), &[]), None, "a view older than the admissions changes nothing");
+        // A view taken after them shows them in its own counts (4 of 8 CPUs
+        // free): they no longer count twice, the 4 unsettled still do.
+        p.observed("a", Instant::now());
+        let seen = vec![node("a", 4.0)];
+        assert_eq!(p.choose(&seen, &demand(), &[]), None, "4 admitted (in the view) + 4 in flight = full");
+        // One more admitted and seen (5 in the view, 3 in flight): full.
+        p.settle("a");
+        p.observed("a", Instant::now());
+        let seen = vec![node("a", 3.0)];
+        assert_eq!(p.choose(&seen, &demand(), &[]), None);
+        // One in flight refused: room for one.
+        p.forget("a");
+        assert_eq!(p.choose(&seen, &demand(), &[]).as_deref(), Some("a"));
     }
 
     #[test]

@@ -27,7 +27,14 @@ use crate::crun::{self, Crun};
 use crate::{Common, CrunOpts};
 
 pub fn client(c: &Common) -> anyhow::Result<Client> {
-    Ok(Client::new(&c.endpoint, c.token.as_deref())?)
+    Ok(Client::with_ca(&c.endpoint, c.token.as_deref(), c.ca_cert.as_deref())?)
+}
+
+/// One client per endpoint of `c`: load spread over apiserver replicas
+/// (one `Client` keeps to the replica that answered last).
+pub fn client_per_endpoint(c: &Common) -> anyhow::Result<Vec<Client>> {
+    let all = client(c)?;
+    all.endpoints().iter().map(|e| Ok(Client::with_ca(e, c.token.as_deref(), c.ca_cert.as_deref())?)).collect()
 }
 
 /// The creation request every benchmark sends (limits from the command line).

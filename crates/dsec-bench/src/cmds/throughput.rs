@@ -54,7 +54,7 @@ pub async fn run(a: ThroughputArgs) -> anyhow::Result<()> {
     let cl = client(&a.common)?;
     cl.health().await.context("the platform does not answer")?;
     let crun = crun_setup(&a.common, &a.crun).await?;
-    let result = measure(&a, &cl, crun.clone()).await;
+    let result = measure(&a, crun.clone()).await;
     if let Some(cr) = &crun {
         cr.teardown().await;
     }
@@ -96,9 +96,11 @@ pub async fn run(a: ThroughputArgs) -> anyhow::Result<()> {
     Ok(())
 }
 
-async fn measure(a: &ThroughputArgs, cl: &Client, crun: Option<Arc<Crun>>) -> anyhow::Result<Vec<Value>> {
+async fn measure(a: &ThroughputArgs, crun: Option<Arc<Crun>>) -> anyhow::Result<Vec<Value>> {
     let req = Arc::new(create_request(&a.common));
     let pid = a.common.dsec_pid;
+    // Several endpoints (replicas): creation i goes through replica i mod n.
+    let replicas = Arc::new(client_per_endpoint(&a.common)?);
     let mut levels = Vec::new();
     for (li, &conc) in a.concurrency.iter().enumerate() {
         let mut level = json!({"concurrency": conc});
@@ -106,26 +108,26 @@ async fn measure(a: &ThroughputArgs, cl: &Client, crun: Option<Arc<Crun>>) -> an
         for is_dsec in order {
             if is_dsec {
                 // Burst of creations.
-                let (c1, r1) = (cl.clone(), req.clone());
+                let (c1, r1) = (replicas.clone(), req.clone());
                 let m0 = CpuMark::now(pid);
-                let burst = run_load(a.burst, conc, progress(a.burst, &format!("dsec c={conc}"), a.common.progress), move |_| {
-                    let (c, r) = (c1.clone(), r1.clone());
+                let burst = run_load(a.burst, conc, progress(a.burst, &format!("dsec c={conc}"), a.common.progress), move |i| {
+                    let (c, r) = (c1[i % c1.len()].clone(), r1.clone());
                     async move { Ok(c.create(&r).await?.id) }
                 })
                 .await;
                 let m1 = CpuMark::now(pid);
                 let ids: Arc<Vec<String>> = Arc::new(burst.ok().map(|(_, id)| id.clone()).collect());
-                let c2 = cl.clone();
+                let c2 = replicas.clone();
                 let ids2 = ids.clone();
                 let del = run_load(ids.len(), conc, progress(ids.len(), "dsec delete", a.common.progress), move |i| {
-                    let (c, ids) = (c2.clone(), ids2.clone());
+                    let (c, ids) = (c2[i % c2.len()].clone(), ids2.clone());
                     async move { Ok(c.delete(&ids[i]).await?) }
                 })
                 .await;
                 let m2 = CpuMark::now(pid);
-                let (c3, r3) = (cl.clone(), req.clone());
-                let cycles = run_load(a.cycles, conc, progress(a.cycles, "dsec cycles", a.common.progress), move |_| {
-                    let (c, r) = (c3.clone(), r3.clone());
+                let (c3, r3) = (replicas.clone(), req.clone());
+                let cycles = run_load(a.cycles, conc, progress(a.cycles, "dsec cycles", a.common.progress), move |i| {
+                    let (c, r) = (c3[i % c3.len()].clone(), r3.clone());
                     async move {
                         let id = c.create(&r).await?.id;
                         c.delete(&id).await?;
