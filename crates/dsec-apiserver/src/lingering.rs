@@ -70,6 +70,15 @@ impl LingeringStream {
     fn stream(&mut self) -> io::Result<Pin<&mut TcpStream>> {
         self.0.as_mut().map(Pin::new).ok_or_else(|| io::ErrorKind::NotConnected.into())
     }
+
+    /// Reads what the client sent first without taking it from the
+    /// socket (the TLS listener tells a ClientHello from plain HTTP).
+    pub async fn peek(&self, buf: &mut [u8]) -> io::Result<usize> {
+        match &self.0 {
+            Some(s) => s.peek(buf).await,
+            None => Err(io::ErrorKind::NotConnected.into()),
+        }
+    }
 }
 
 impl AsyncRead for LingeringStream {

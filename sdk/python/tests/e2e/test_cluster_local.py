@@ -3,7 +3,8 @@
 ``up`` starts PostgreSQL, two apiserver replicas, a watcher and two edges,
 each edge in a network namespace of its own, every link TLS under a CA the
 script makes; it prints the lines to export. The test uses those lines as a
-user would (the SDK and the CLI, trusting the printed CA), then ``down``
+user would (the SDK and the CLI, trusting the printed CA; containers and a
+microVM, through either replica), then ``down``
 must leave nothing: no process it started, no namespace, no bridge, no
 directory.
 """
@@ -18,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from dsec import DSecClient, DSecContainerRunArgs
+from dsec import DSecClient, DSecContainerRunArgs, DSecRunArgs
 
 from .conftest import REPO, _mounts_under
 
@@ -98,6 +99,24 @@ async def test_the_local_cluster_comes_up_serves_and_goes_away_without_a_trace()
             assert ps.returncode == 0, ps.stderr
             assert all(s.id in ps.stdout for s in sandboxes)
             await asyncio.gather(*(s.delete() for s in sandboxes))
+
+            # A microVM goes to a node that runs them; reached through the
+            # other replica, over TLS too.
+            assert all("microvm" in n.backends for n in nodes), [n.backends for n in nodes]
+            vm = await client.run(
+                DSecRunArgs(
+                    backend="microvm", image="busybox", memory_limit_mb=256,
+                    cpu_cores_limit=1, disk_limit_mb=64, init_user="root",
+                ),
+                timeout=300,
+            )
+            assert vm.id.split(".", 1)[0] in ("edge-1", "edge-2")
+            async with DSecClient(
+                endpoints[::-1], exports["DSEC_TOKEN"], ca_cert=exports["DSEC_CA_CERT"]
+            ) as other:
+                r = await other.sandbox(vm.id).run_shell("echo in-a-vm")
+                assert r.exit_code == 0 and r.stdout == "in-a-vm\n"
+            await vm.delete()
     finally:
         down = _script("down", "--dir", str(where), env=env)
         if up.returncode != 0 or down.returncode != 0:
