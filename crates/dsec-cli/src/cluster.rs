@@ -17,7 +17,7 @@ use dsec_apiserver::{ApiLimits, AppState, FnCallBackend};
 use dsec_store::Database;
 
 use crate::image_cmd::Catalog;
-use crate::tls_args::{cluster_tls, Bound, ServeTlsArgs};
+use crate::tls_args::{Bound, ClusterCaArgs, ServeTlsArgs};
 use crate::up::{serve, EdgeArgs};
 
 #[derive(Args, Debug)]
@@ -29,11 +29,8 @@ pub struct EdgeCmdArgs {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub tls: ServeTlsArgs,
-    /// The cluster CA (PEM, `dsec cluster init`): peers are reached over
-    /// HTTPS and must present a certificate it issued; without it, plain
-    /// HTTP.
-    #[arg(long, env = "DSEC_CLUSTER_CA")]
-    pub cluster_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub ca: ClusterCaArgs,
     /// The secret apiservers present; created (mode 0600) if missing.
     #[arg(long)]
     pub cluster_secret_file: PathBuf,
@@ -72,11 +69,8 @@ pub struct WatcherArgs {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub tls: ServeTlsArgs,
-    /// The cluster CA (PEM, `dsec cluster init`): peers are reached over
-    /// HTTPS and must present a certificate it issued; without it, plain
-    /// HTTP.
-    #[arg(long, env = "DSEC_CLUSTER_CA")]
-    pub cluster_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub ca: ClusterCaArgs,
     /// How often each edge is probed, in milliseconds.
     #[arg(long, default_value_t = 500)]
     pub period_ms: u64,
@@ -97,11 +91,8 @@ pub struct ApiserverArgs {
     pub listen: SocketAddr,
     #[command(flatten)]
     pub tls: ServeTlsArgs,
-    /// The cluster CA (PEM, `dsec cluster init`): peers are reached over
-    /// HTTPS and must present a certificate it issued; without it, plain
-    /// HTTP.
-    #[arg(long, env = "DSEC_CLUSTER_CA")]
-    pub cluster_ca: Option<PathBuf>,
+    #[command(flatten)]
+    pub ca: ClusterCaArgs,
     /// An edge as NAME=URL (repeatable), e.g. node1=http://10.0.0.5:8081;
     /// edges may also join while it runs (`dsec edge --join`).
     #[arg(long = "edge", value_parser = parse_edge, requires = "cluster_secret_file")]
@@ -165,7 +156,7 @@ fn read_secret(path: &Path, create: bool) -> anyhow::Result<String> {
 pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
     let secret = read_secret(&a.cluster_secret_file, true)?;
     let server_tls = a.tls.server_config()?;
-    if a.cluster_ca.is_some() && server_tls.is_none() {
+    if a.ca.cluster_ca.is_some() && server_tls.is_none() {
         anyhow::bail!("--cluster-ca needs --tls-cert and --tls-key: apiservers of a cluster with a CA reach its edges over HTTPS");
     }
     let scheme = if server_tls.is_some() { "https" } else { "http" };
@@ -192,7 +183,7 @@ pub async fn edge(a: EdgeCmdArgs) -> anyhow::Result<u8> {
         let spec = crate::join::JoinSpec {
             apiserver: url,
             token,
-            cluster_ca: a.cluster_ca.as_deref(),
+            cluster_ca: a.ca.cluster_ca.as_deref(),
             url: advertise,
             secret: secret.clone(),
             labels,
@@ -233,7 +224,7 @@ pub async fn apiserver(a: ApiserverArgs) -> anyhow::Result<u8> {
     let database = a.database.clone().unwrap_or_else(|| Database::Sqlite(a.data_dir.join("apiserver.db")));
     let tokens = TokenStore::open(&database, &a.data_dir.join("admin-token")).await.with_context(|| format!("opening {database}"))?;
     let server_tls = a.tls.server_config()?;
-    let peers = cluster_tls(a.cluster_ca.as_deref())?;
+    let peers = a.ca.peers()?;
     let mut nodes = Vec::new();
     for (name, url) in &a.edges {
         nodes.push(Node::Remote(Arc::new(RemoteNode::new(name, url, &secret, &peers).map_err(anyhow::Error::msg)?)));
@@ -278,7 +269,7 @@ pub async fn watcher(a: WatcherArgs) -> anyhow::Result<u8> {
         anyhow::bail!("--period-ms must be at least 50");
     }
     let server_tls = a.tls.server_config()?;
-    let peers = cluster_tls(a.cluster_ca.as_deref())?;
+    let peers = a.ca.peers()?;
     let w = Watcher::open(&a.database, std::time::Duration::from_millis(a.period_ms), peers)
         .await
         .with_context(|| format!("opening {}", a.database))?;

@@ -3,7 +3,7 @@
 //! serves on.
 
 use std::net::SocketAddr;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::Arc;
 
 use anyhow::Context;
@@ -32,12 +32,23 @@ impl ServeTlsArgs {
     }
 }
 
-/// How this process reaches its peers: HTTPS trusting `ca` alone, or plain
-/// HTTP without one.
-pub fn cluster_tls(ca: Option<&Path>) -> anyhow::Result<ClusterTls> {
-    match ca {
-        Some(ca) => Ok(ClusterTls::trusting(dsec_tls::client_config(Some(ca)).context("loading --cluster-ca")?)),
-        None => Ok(ClusterTls::plain()),
+#[derive(Args, Debug, Clone, Default)]
+pub struct ClusterCaArgs {
+    /// The cluster CA (PEM, `dsec cluster init`): peers are reached over
+    /// HTTPS and must present a certificate it issued; without it, plain
+    /// HTTP.
+    #[arg(long, env = "DSEC_CLUSTER_CA")]
+    pub cluster_ca: Option<PathBuf>,
+}
+
+impl ClusterCaArgs {
+    /// How this process reaches its peers: HTTPS trusting the CA alone, or
+    /// plain HTTP without one.
+    pub fn peers(&self) -> anyhow::Result<ClusterTls> {
+        match &self.cluster_ca {
+            Some(ca) => Ok(ClusterTls::trusting(dsec_tls::client_config(Some(ca)).context("loading --cluster-ca")?)),
+            None => Ok(ClusterTls::plain()),
+        }
     }
 }
 

@@ -198,6 +198,8 @@ class Transport:
         self._ssl: ssl.SSLContext | None = None
         if any(o.base.scheme == "https" for o in self._origins):
             self._ssl = ssl.create_default_context(cafile=ca_cert) if ca_cert else ssl.create_default_context()
+        # aiohttp's form of it: True is its own default context.
+        self._aiohttp_ssl: ssl.SSLContext | bool = self._ssl or True
         # The endpoint calls go to: the last one that answered.
         self._current = 0
 
@@ -225,7 +227,7 @@ class Transport:
             limit_per_host=0,
             keepalive_timeout=60,
             ttl_dns_cache=300,
-            ssl=self._ssl if self._ssl is not None else True,
+            ssl=self._aiohttp_ssl,
         )
         self._session = self._new_session(connector)
         for o in self._origins:
@@ -259,7 +261,7 @@ class Transport:
             await self.ensure_open()
             s = self._streamed_session = self._new_session(
                 aiohttp.TCPConnector(limit=self.max_connections, force_close=True,
-                                     ssl=self._ssl if self._ssl is not None else True))
+                                     ssl=self._aiohttp_ssl))
         return s
 
     async def close(self) -> None:
