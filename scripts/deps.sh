@@ -37,6 +37,7 @@ PACKAGES=(
   socat           # ...that serves it from a network namespace (hands each connection to sftp-server)
   openssh-sftp-server # ...the SFTP server behind that link
   chromium        # the dashboard's tests drive Debian's headless Chromium with Playwright (no browser download)
+  curl            # scripts/cluster-local.sh's health checks and join token; the benchmarks' API calls
   postgresql      # the cluster's shared state (dsec apiserver --database postgres://...); the store's tests run on it
 )
 

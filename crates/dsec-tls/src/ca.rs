@@ -64,7 +64,7 @@ fn check_name(name: &str) -> Result<(), TlsError> {
     if ok {
         Ok(())
     } else {
-        Err(TlsError::BadHost(name.to_string()))
+        Err(TlsError::BadName(name.to_string()))
     }
 }
 
@@ -181,7 +181,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         init_ca(dir.path(), "test CA").unwrap();
         let out = dir.path().join("out");
-        assert!(matches!(issue(dir.path(), "../x", &["10.0.0.1".into()], 30, &out), Err(TlsError::BadHost(_))));
+        assert!(matches!(issue(dir.path(), "../x", &["10.0.0.1".into()], 30, &out), Err(TlsError::BadName(_))));
         assert!(matches!(issue(dir.path(), "node1", &[], 30, &out), Err(TlsError::NoHost)));
         assert!(matches!(issue(dir.path(), "node1", &["a b".into()], 30, &out), Err(TlsError::BadHost(_))));
     }

@@ -11,6 +11,8 @@ pub enum TlsError {
     NoCertificate(PathBuf),
     #[error("{} already exists: a cluster CA is made once (remove its directory to start over)", .0.display())]
     Exists(PathBuf),
+    #[error("name {0:?} must be 1-63 characters of a-z, A-Z, 0-9, '-', '_', '.' (it names the certificate's files)")]
+    BadName(String),
     #[error("host {0:?} is neither an IP address nor a DNS name")]
     BadHost(String),
     #[error("a certificate needs at least one host (an IP address or DNS name it is reached at)")]

@@ -16,7 +16,7 @@ use clap::Args;
 use dsec_api as api;
 use dsec_apiserver::cluster_tls::ClusterTls;
 use dsec_apiserver::nodes::{Nodes, PlacementConfig};
-use dsec_apiserver::remote::RemoteNode;
+use dsec_apiserver::remote::{RemoteNode, POLL_INTERVAL};
 use dsec_placement::{Demand, NodeView, Placement};
 use serde_json::json;
 
@@ -62,16 +62,28 @@ fn views(n: usize) -> Vec<NodeView> {
 
 /// An apiserver's node set over `n` remote nodes that are never called:
 /// each has a probe answer recorded, as the watcher's view leaves them.
-fn apiserver_nodes(n: usize, k: usize) -> anyhow::Result<Nodes> {
+fn apiserver_nodes(n: usize, k: usize) -> anyhow::Result<(Nodes, Vec<Arc<RemoteNode>>)> {
     let nodes = Nodes::with_placement(vec![], PlacementConfig { k, ..PlacementConfig::default() });
+    let mut remotes = Vec::with_capacity(n);
     for i in 0..n {
-        let r =
-            RemoteNode::new(&format!("node-{i:04}"), "http://127.0.0.1:9", "bench", &ClusterTls::plain()).map_err(anyhow::Error::msg)?;
+        let r = Arc::new(
+            RemoteNode::new(&format!("node-{i:04}"), "http://127.0.0.1:9", "bench", &ClusterTls::plain()).map_err(anyhow::Error::msg)?,
+        );
         r.record(status(i), Duration::ZERO);
-        nodes.put_remote(Arc::new(r));
+        nodes.put_remote(r.clone());
+        remotes.push(r);
     }
     nodes.refresh_view();
-    Ok(nodes)
+    Ok((nodes, remotes))
+}
+
+/// A probe round's answers, as the watcher brings them every period: a
+/// row longer than the view's TTL (the slow peer path over 640 nodes)
+/// would otherwise see every node go unreachable.
+fn answer_probes(remotes: &[Arc<RemoteNode>]) {
+    for (i, r) in remotes.iter().enumerate() {
+        r.record(status(i), Duration::ZERO);
+    }
 }
 
 #[derive(Clone, Copy, PartialEq)]
@@ -100,10 +112,15 @@ pub async fn run(a: PlacementArgs) -> anyhow::Result<()> {
         for &k in &a.k {
             for path in [Path::ChooseOnly, Path::Apiserver, Path::RebuildPerDecision] {
                 let p = Placement::new(k);
-                let nodes = apiserver_nodes(n, k)?;
+                let (nodes, remotes) = apiserver_nodes(n, k)?;
                 let mut us = Vec::with_capacity(a.decisions);
                 let started = Instant::now();
+                let mut probed = Instant::now();
                 for _ in 0..a.decisions {
+                    if probed.elapsed() >= POLL_INTERVAL {
+                        answer_probes(&remotes);
+                        probed = Instant::now();
+                    }
                     let t = Instant::now();
                     let got = match path {
                         Path::ChooseOnly => p.choose(&bare, &demand, &[]),
